@@ -1,0 +1,78 @@
+// `alloc_cache`: keeps idle blocks and hands them out again, to any shape or element type of
+// the same (rounded) byte size. Reuse is decided by reference counts, never by trust.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+
+#include <refpool/rounding.hpp>
+#include <refpool/stats.hpp>
+
+namespace refpool {
+
+namespace detail {
+class cache_state;
+}
+
+/// Tunables of one cache.
+struct cache_options {
+  /// Keeps no limit on idle bytes.
+  static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+
+  /// How request sizes become block sizes (and cache keys).
+  rounding_policy rounding = rounding_policy::exact();
+  /// When idle bytes exceed this, least recently released idle blocks are freed to the backend.
+  std::size_t max_idle_bytes = unlimited;
+
+  /// The defaults with REFPOOL_CONF's `rounding` and `max_idle_bytes` applied
+  /// (docs/design.md, "Configuration"). Throws `config_error` on a bad REFPOOL_CONF.
+  static cache_options from_environment();
+};
+
+/// A cache of idle blocks keyed by (backend, device, memory kind, alignment, rounded bytes).
+///
+/// A cache serves requests made on a thread while a `scope` on it is active there. A block is
+/// handed out only when no handle references it: when its last data_ref goes away it becomes
+/// idle at once, even inside the scope that allocated it, so a loop body's peak is its live
+/// working set. Blocks still referenced when their scope ends ("escapes") are counted and go
+/// idle only when their last reference drops.
+///
+/// Among idle blocks of one key the cache prefers one last used on the requesting stream, then
+/// the oldest block (lowest creation number), so a loop that repeats its requests gets the same
+/// buffers in the same order every iteration (stable addresses, as CUDA graph capture needs).
+///
+/// Thread safety: every member may be called from any thread. Threads with their own scopes on
+/// one cache do not share a lock on the hit path.
+///
+/// Destruction frees all idle blocks. Blocks still referenced outlive the cache and are freed
+/// to their backend by their last reference; a scope still active on the cache keeps its
+/// internals alive until it ends (its allocations are then no longer cached).
+class alloc_cache {
+ public:
+  /// A cache with `cache_options::from_environment()`.
+  alloc_cache();
+  explicit alloc_cache(const cache_options& options);
+  ~alloc_cache();
+  alloc_cache(const alloc_cache&) = delete;
+  alloc_cache& operator=(const alloc_cache&) = delete;
+
+  /// Counters; see cache_stats.
+  [[nodiscard]] cache_stats stats() const;
+
+  /// Frees least recently released idle blocks to their backends until at most `keep_bytes`
+  /// idle bytes remain. Returns the bytes freed. Live blocks are never touched.
+  std::size_t reclaim(std::size_t keep_bytes = 0);
+
+  /// Sets the idle limit (evicting at once if needed).
+  void set_max_idle_bytes(std::size_t bytes);
+  [[nodiscard]] std::size_t max_idle_bytes() const noexcept;
+  [[nodiscard]] const rounding_policy& rounding() const noexcept;
+
+  /// Internal.
+  [[nodiscard]] detail::cache_state& state() const noexcept { return *state_; }
+
+ private:
+  detail::cache_state* state_;
+};
+
+}  // namespace refpool

@@ -1,0 +1,17 @@
+// refpool: a scoped allocation cache whose cache holds refcounted buffers, not arrays.
+// Include this one header for the whole C++ API.
+#pragma once
+
+#include <refpool/adaptors.hpp>
+#include <refpool/alloc_cache.hpp>
+#include <refpool/array.hpp>
+#include <refpool/backend.hpp>
+#include <refpool/config.hpp>
+#include <refpool/data_ref.hpp>
+#include <refpool/error.hpp>
+#include <refpool/resource.hpp>
+#include <refpool/rounding.hpp>
+#include <refpool/scope.hpp>
+#include <refpool/shape.hpp>
+#include <refpool/stats.hpp>
+#include <refpool/types.hpp>

@@ -1,0 +1,43 @@
+// The interface every backend implements: a few primitives with one error convention.
+// refpool ships host, CUDA and HIP resources; users may implement their own.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include <refpool/types.hpp>
+
+namespace refpool {
+
+/// Raw memory source behind a `backend`. Implementations must be thread-safe: the cache calls
+/// them from any thread, never while holding its own locks.
+class resource {
+ public:
+  virtual ~resource() = default;
+
+  /// Short name for messages and stats ("host", "cuda:0 device").
+  [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  /// Device ordinal, -1 for host memory.
+  [[nodiscard]] virtual device_id device() const noexcept = 0;
+  [[nodiscard]] virtual memory_kind kind() const noexcept = 0;
+  /// Alignment every returned pointer has.
+  [[nodiscard]] virtual std::size_t alignment() const noexcept = 0;
+
+  /// Returns `bytes` (> 0) of memory usable on `stream`. Returns nullptr if and only if the
+  /// device is out of memory (the cache then reclaims and retries); any other failure throws
+  /// `backend_error`.
+  [[nodiscard]] virtual void* allocate(std::size_t bytes, stream_ref stream) = 0;
+
+  /// Gives memory from `allocate` back. `stream` is the stream it was last used on.
+  virtual void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept = 0;
+
+  /// Makes work submitted to `consumer` from now on wait for all work already submitted to
+  /// `producer`. The cache calls it when a block last used on `producer` is handed out for
+  /// `consumer`. Host memory needs nothing, hence the default.
+  virtual void order_streams(stream_ref producer, stream_ref consumer) {
+    (void)producer;
+    (void)consumer;
+  }
+};
+
+}  // namespace refpool

@@ -1,0 +1,62 @@
+// backend handles and their accounting, and the host backend.
+#include <refpool/adaptors.hpp>
+#include <refpool/backend.hpp>
+#include <refpool/error.hpp>
+
+#include "backend_state.hpp"
+
+namespace refpool {
+
+namespace detail {
+
+backend_state::backend_state(std::shared_ptr<resource> res)
+    : resource_(std::move(res)),
+      device_(resource_->device()),
+      kind_(resource_->kind()),
+      alignment_(resource_->alignment()) {}
+
+void* backend_state::allocate(std::size_t bytes, stream_ref stream) {
+  void* ptr = resource_->allocate(bytes, stream);
+  if (ptr != nullptr) {
+    outstanding_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    allocations.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ptr;
+}
+
+void backend_state::deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept {
+  resource_->deallocate(ptr, bytes, stream);
+  outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  deallocations.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+
+backend::backend(std::shared_ptr<resource> res) {
+  if (!res) throw error("refpool: backend made from a null resource");
+  state_ = std::make_shared<detail::backend_state>(std::move(res));
+}
+
+backend::backend(std::shared_ptr<detail::backend_state> state) noexcept : state_(std::move(state)) {}
+
+std::string_view backend::name() const noexcept { return state_ ? state_->res().name() : "null"; }
+device_id backend::device() const noexcept { return state_ ? state_->device() : -1; }
+memory_kind backend::kind() const noexcept { return state_ ? state_->kind() : memory_kind::host; }
+std::size_t backend::alignment() const noexcept { return state_ ? state_->alignment() : 0; }
+std::size_t backend::outstanding_bytes() const noexcept {
+  return state_ ? state_->outstanding_bytes.load() : 0;
+}
+std::uint64_t backend::allocation_count() const noexcept { return state_ ? state_->allocations.load() : 0; }
+std::uint64_t backend::deallocation_count() const noexcept {
+  return state_ ? state_->deallocations.load() : 0;
+}
+resource& backend::underlying() const noexcept { return state_->res(); }
+
+backend host_backend() {
+  static const backend shared = make_host_backend();
+  return shared;
+}
+
+backend make_host_backend() { return backend(make_host_resource()); }
+
+}  // namespace refpool

@@ -1,0 +1,38 @@
+// The shared state behind a `backend` handle: the resource and refpool's counters of it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include <refpool/resource.hpp>
+
+namespace refpool::detail {
+
+class backend_state {
+ public:
+  explicit backend_state(std::shared_ptr<resource> res);
+
+  [[nodiscard]] resource& res() const noexcept { return *resource_; }
+  [[nodiscard]] device_id device() const noexcept { return device_; }
+  [[nodiscard]] memory_kind kind() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
+
+  /// resource::allocate with accounting; nullptr means out of memory.
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref stream);
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept;
+
+  std::atomic<std::size_t> outstanding_bytes{0};
+  std::atomic<std::uint64_t> allocations{0};
+  std::atomic<std::uint64_t> deallocations{0};
+
+ private:
+  std::shared_ptr<resource> resource_;
+  // Copied out of the resource once: they are part of every cache key.
+  device_id device_;
+  memory_kind kind_;
+  std::size_t alignment_;
+};
+
+}  // namespace refpool::detail

@@ -1,0 +1,31 @@
+// Host backend: pageable memory from the C++ aligned allocator, so ASan and friends see the
+// exact bounds of every block.
+#include <new>
+
+#include <refpool/adaptors.hpp>
+#include <refpool/backend.hpp>
+
+namespace refpool {
+
+namespace {
+
+class host_resource final : public resource {
+ public:
+  std::string_view name() const noexcept override { return "host"; }
+  device_id device() const noexcept override { return -1; }
+  memory_kind kind() const noexcept override { return memory_kind::host; }
+  std::size_t alignment() const noexcept override { return host_alignment; }
+
+  void* allocate(std::size_t bytes, stream_ref) override {
+    return ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
+  }
+  void deallocate(void* ptr, std::size_t, stream_ref) noexcept override {
+    ::operator delete(ptr, std::align_val_t{host_alignment});
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<resource> make_host_resource() { return std::make_shared<host_resource>(); }
+
+}  // namespace refpool
