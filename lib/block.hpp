@@ -31,6 +31,7 @@ struct block : block_header {
   std::uint64_t id = 0;          ///< creation number in its cache: lower ids are handed out first
   std::uint64_t epoch = 0;       ///< home scope state's epoch when handed out (escape counting)
   std::uint64_t idle_since = 0;  ///< cache clock when it went idle (least recently used first)
+  std::uint64_t idle_seq = 0;    ///< its slot's release count then: orders releases within a tick
   bool idle = false;
 
   /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.

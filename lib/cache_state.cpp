@@ -105,6 +105,7 @@ void cache_state::mark_live(slot& s, block* b, bool hit) noexcept {
 void cache_state::add_idle(slot& s, block* b) noexcept {
   b->idle = true;
   b->idle_since = clock_.load(std::memory_order_relaxed);
+  b->idle_seq = ++s.releases;
   b->home->put(b);
   s.counters.idle_blocks += 1;
   s.counters.idle_bytes += b->capacity;
@@ -266,7 +267,7 @@ std::size_t cache_state::free_idle_locked(std::size_t keep,
                                           std::atomic<std::uint64_t>& counter) {
   struct candidate {
     std::uint64_t idle_since;
-    std::uint64_t id;
+    std::uint64_t idle_seq;
     block* b;
     slot* s;
   };
@@ -277,13 +278,13 @@ std::size_t cache_state::free_idle_locked(std::size_t keep,
     s->buckets.for_each([&](const bucket& bk) {
       if (!filter(bk.key)) return;
       for (block* b : bk.idle) {
-        candidates.push_back({b->idle_since, b->id, b, s.get()});
+        candidates.push_back({b->idle_since, b->idle_seq, b, s.get()});
         matching += b->capacity;
       }
     });
   }
   std::sort(candidates.begin(), candidates.end(), [](const candidate& x, const candidate& y) {
-    return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.id < y.id;
+    return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.idle_seq < y.idle_seq;
   });
   std::size_t freed = 0;
   for (const candidate& c : candidates) {
@@ -291,7 +292,7 @@ std::size_t cache_state::free_idle_locked(std::size_t keep,
     {
       std::lock_guard guard(c.s->lock);
       // Handed out and given back since we looked? Then it is newer than its place here.
-      if (!c.b->idle || c.b->home->owner != c.s || c.b->idle_since != c.idle_since) continue;
+      if (!c.b->idle || c.b->home->owner != c.s || c.b->idle_seq != c.idle_seq) continue;
       c.b->home->remove(c.b);
       remove_idle(*c.s, c.b);
     }

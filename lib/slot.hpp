@@ -62,6 +62,8 @@ struct slot {
   std::uint64_t epoch = 1;
   std::uint64_t live_in_epoch = 0;
 
+  std::uint64_t releases = 0;  ///< idle_seq source
+
   bool leased = false;    ///< a scope allocates from it now
   bool orphaned = false;  ///< its cache was destroyed: delete when unleased and no live blocks
   std::thread::id last_thread;  ///< prefer giving the slot back to the thread that used it last

@@ -1,0 +1,106 @@
+// Out of memory: reclaim idle blocks of the failing backend, retry once, then a clear error.
+// Backend errors other than OOM propagate unchanged. Nothing leaks either way.
+#include <catch2/catch.hpp>
+
+#include <refpool/refpool.hpp>
+
+using namespace refpool;
+
+TEST_CASE("out of memory reclaims idle blocks and retries", "[oom]") {
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 4096);
+  const backend be(limited);
+  alloc_cache cache{cache_options{}};
+  scope s(cache);
+  { auto a = allocate(be, 3000); }  // idle now, holding 3000 of 4096
+  auto b = allocate(be, 2000);      // fails, reclaims the idle 3000, succeeds
+  const auto st = cache.stats();
+  CHECK(st.oom_retries == 1);
+  CHECK(st.reclaimed_blocks == 1);
+  CHECK(st.idle_bytes == 0);
+  CHECK(limited->used() == 2000);
+}
+
+TEST_CASE("out of memory after reclaim throws an error naming sizes and cache state", "[oom][errors]") {
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 4096);
+  const backend be(limited);
+  alloc_cache cache{cache_options{}};
+  scope s(cache);
+  auto live = allocate(be, 3000);
+  { auto idle = allocate(be, 1000); }
+  try {
+    (void)allocate(be, 2048);
+    FAIL("no exception");
+  } catch (const out_of_memory& e) {
+    CHECK(e.requested_bytes() == 2048);
+    CHECK(e.device() == -1);
+    const std::string message = e.what();
+    CHECK_THAT(message, Catch::Contains("2048 B") && Catch::Contains("3000 B live") &&
+                            Catch::Contains("reclaiming 1000 B") && Catch::Contains("device -1"));
+  }
+  const auto st = cache.stats();
+  CHECK(st.live_bytes == 3000);
+  CHECK(st.idle_bytes == 0);
+  CHECK(limited->used() == 3000);
+  live = {};
+  CHECK(cache.reclaim() == 3000);
+  CHECK(limited->used() == 0);
+}
+
+TEST_CASE("reclaim on OOM only touches the failing backend", "[oom]") {
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 1024);
+  const backend small(limited);
+  const backend other = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  scope s(cache);
+  { auto a = allocate(other, 512); }
+  { auto b = allocate(small, 1024); }
+  auto c = allocate(small, 600);  // reclaims small's idle 1024, not other's 512
+  CHECK(other.outstanding_bytes() == 512);
+  CHECK(cache.stats().idle_bytes == 512);
+}
+
+TEST_CASE("a failing backend at every allocation leaves the cache consistent", "[oom][faults]") {
+  // The Nth backend call fails, for every N of a scenario that makes K calls.
+  const auto scenario = [](const backend& be) {
+    alloc_cache cache{cache_options{}};
+    std::vector<data_ref> keep;
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      scope s(cache);
+      auto a = empty<float>(be, {256});
+      auto b = empty<float>(be, {512});
+      a = {};
+      auto c = empty<double>(be, {128});
+      auto d = empty<float>(be, {static_cast<std::size_t>(64 * (iteration + 1))});
+      if (iteration == 1) keep.push_back(d.ref());  // escapes its scope
+    }
+    keep.clear();
+    return cache.stats();
+  };
+  auto host = make_host_resource();
+  auto failing = std::make_shared<failing_resource>(host);
+  const backend be(failing);
+  const auto clean = scenario(be);
+  const std::uint64_t calls = failing->calls();
+  REQUIRE(calls == clean.backend_allocations);
+  REQUIRE(be.outstanding_bytes() == 0);
+  for (auto how : {failing_resource::failure::out_of_memory, failing_resource::failure::backend_error}) {
+    for (std::uint64_t n = 1; n <= calls; ++n) {
+      CAPTURE(n, static_cast<int>(how));
+      failing->arm(n, how == failing_resource::failure::out_of_memory ? 2 : 1, how);  // OOM twice: the retry fails too
+      if (how == failing_resource::failure::out_of_memory) {
+        CHECK_THROWS_AS(scenario(be), out_of_memory);
+      } else {
+        CHECK_THROWS_AS(scenario(be), backend_error);
+      }
+      CHECK(be.outstanding_bytes() == 0);
+      failing->arm(n, 1, failing_resource::failure::out_of_memory);  // once: the retry succeeds
+      const auto recovered = scenario(be);
+      CHECK(recovered.oom_retries == 1);
+      CHECK(recovered.live_blocks == 0);
+      CHECK(recovered.escapes == 1);
+      CHECK(be.outstanding_bytes() == 0);
+    }
+  }
+  failing->disarm();
+  CHECK(failing->injected() == 5 * calls);  // OOM: 2 + 1 per n; backend error: 1 + 1 per n
+}
