@@ -144,7 +144,12 @@ block* cache_state::acquire(slot& s, const backend& be, std::size_t bytes, strea
   if (b == nullptr) {
     b = allocate_new(s, *target, be, key.bytes, bytes, stream);
   } else if (other_stream) {
-    wait_for_streams(b, stream);
+    try {
+      wait_for_streams(b, stream);
+    } catch (...) {
+      release_block(b, false);  // still ordered after its old stream: idle again, unchanged
+      throw;
+    }
   }
   b->last_stream = stream;
   b->requested = bytes;

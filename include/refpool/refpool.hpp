@@ -7,6 +7,7 @@
 #include <refpool/array.hpp>
 #include <refpool/backend.hpp>
 #include <refpool/config.hpp>
+#include <refpool/cuda.hpp>
 #include <refpool/data_ref.hpp>
 #include <refpool/error.hpp>
 #include <refpool/resource.hpp>

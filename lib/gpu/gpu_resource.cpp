@@ -1,0 +1,107 @@
+// The GPU resource shared by every runtime: allocation by memory kind, out-of-memory as nullptr
+// (so the cache reclaims and retries), and stream ordering through an event.
+#include <cstdio>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <refpool/error.hpp>
+
+#include "runtime_api.hpp"
+
+namespace refpool::detail::gpu {
+
+void throw_error(const runtime_api& api, status code, std::string_view call, std::string_view details) {
+  const char* name = api.error_name != nullptr ? api.error_name(code) : nullptr;
+  const char* text = api.error_string != nullptr ? api.error_string(code) : nullptr;
+  throw backend_error(fmt::format("refpool: {} error {} ({}): {}, in {}{}{}", api.runtime, name ? name : "unknown",
+                                  code, text ? text : "no description", call, details.empty() ? "" : " ",
+                                  details.empty() ? std::string{} : fmt::format("({})", details)),
+                      code);
+}
+
+device_guard::device_guard(const runtime_api& api, int device) : api_(api) {
+  check(api_, api_.activate(device, &saved_), "activate device", fmt::format("device {}", device));
+}
+
+device_guard::~device_guard() { api_.restore(saved_); }
+
+namespace {
+
+class gpu_resource final : public resource {
+ public:
+  gpu_resource(const runtime_api& api, int device, memory_kind kind, std::string name)
+      : api_(api), device_(device), kind_(kind), name_(std::move(name)) {}
+
+  ~gpu_resource() override {
+    if (event_ != nullptr) api_.event_destroy(event_);
+  }
+
+  std::string_view name() const noexcept override { return name_; }
+  device_id device() const noexcept override { return device_; }
+  memory_kind kind() const noexcept override { return kind_; }
+  // Device allocations are 256-byte aligned by both runtimes; pinned host pages more.
+  std::size_t alignment() const noexcept override { return 256; }
+
+  void* allocate(std::size_t bytes, stream_ref stream) override {
+    device_guard guard(api_, device_);
+    void* ptr = nullptr;
+    status code = api_.success;
+    std::string_view call;
+    switch (kind_) {
+      case memory_kind::device: code = api_.mem_alloc(&ptr, bytes); call = "device allocation"; break;
+      case memory_kind::device_async:
+        code = api_.mem_alloc_async(&ptr, bytes, stream.handle);
+        call = "stream-ordered allocation";
+        break;
+      case memory_kind::pinned_host: code = api_.host_alloc(&ptr, bytes); call = "pinned host allocation"; break;
+      case memory_kind::host: throw backend_error("refpool: a GPU resource cannot hand out pageable host memory", -1);
+    }
+    if (code == api_.out_of_memory) return nullptr;
+    check(api_, code, call, fmt::format("{} B on device {}", bytes, device_));
+    return ptr;
+  }
+
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    try {
+      device_guard guard(api_, device_);
+      status code = api_.success;
+      switch (kind_) {
+        case memory_kind::device: code = api_.mem_free(ptr); break;
+        case memory_kind::device_async: code = api_.mem_free_async(ptr, stream.handle); break;
+        case memory_kind::pinned_host: code = api_.host_free(ptr); break;
+        case memory_kind::host: break;
+      }
+      check(api_, code, "free", fmt::format("{} B at {} on device {}", bytes, ptr, device_));
+    } catch (const std::exception& e) {
+      // Cannot throw from here; a failed free at shutdown is worth a line, not a crash.
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  void order_streams(stream_ref producer, stream_ref consumer) override {
+    if (producer == consumer) return;
+    device_guard guard(api_, device_);
+    // One event suffices: a wait captures the event's latest record when it is enqueued.
+    std::lock_guard lock(event_mutex_);
+    if (event_ == nullptr) check(api_, api_.event_create(&event_), "event creation");
+    check(api_, api_.event_record(event_, producer.handle), "event record", "stream ordering");
+    check(api_, api_.stream_wait_event(consumer.handle, event_), "stream wait", "stream ordering");
+  }
+
+ private:
+  const runtime_api& api_;
+  const int device_;
+  const memory_kind kind_;
+  const std::string name_;
+  std::mutex event_mutex_;
+  handle event_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name) {
+  return std::make_shared<gpu_resource>(api, device, kind, std::move(name));
+}
+
+}  // namespace refpool::detail::gpu

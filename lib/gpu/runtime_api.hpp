@@ -1,0 +1,69 @@
+// The few entry points a GPU runtime (CUDA driver API, HIP runtime) provides to refpool, as a
+// table of plain functions returning the runtime's status code. One implementation of the GPU
+// resource (gpu_resource.cpp) serves every runtime through it; only lib/cuda/ and lib/hip/
+// include their vendor headers to fill it in.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <refpool/resource.hpp>
+
+namespace refpool::detail::gpu {
+
+using status = int;
+using handle = void*;  // a stream, event or saved context of the runtime
+
+struct runtime_api {
+  std::string_view runtime;  ///< "CUDA", "HIP": the prefix of messages
+  status success = 0;
+  status out_of_memory = 0;
+
+  /// Makes `device` current on this thread; `*saved` receives what to give `restore`.
+  status (*activate)(int device, handle* saved) = nullptr;
+  status (*restore)(handle saved) = nullptr;
+
+  status (*mem_alloc)(void** ptr, std::size_t bytes) = nullptr;
+  status (*mem_free)(void* ptr) = nullptr;
+  status (*mem_alloc_async)(void** ptr, std::size_t bytes, handle stream) = nullptr;
+  status (*mem_free_async)(void* ptr, handle stream) = nullptr;
+  status (*host_alloc)(void** ptr, std::size_t bytes) = nullptr;
+  status (*host_free)(void* ptr) = nullptr;
+
+  status (*event_create)(handle* event) = nullptr;  ///< without timing: used only to order streams
+  status (*event_destroy)(handle event) = nullptr;
+  status (*event_record)(handle event, handle stream) = nullptr;
+  status (*stream_wait_event)(handle stream, handle event) = nullptr;
+
+  const char* (*error_name)(status) = nullptr;
+  const char* (*error_string)(status) = nullptr;
+};
+
+/// Throws `backend_error`: "<runtime> error NAME (code): description, in CALL (DETAILS)".
+[[noreturn]] void throw_error(const runtime_api& api, status code, std::string_view call, std::string_view details);
+
+/// Throws as above unless `code` is success.
+inline void check(const runtime_api& api, status code, std::string_view call, std::string_view details = {}) {
+  if (code != api.success) throw_error(api, code, call, details);
+}
+
+/// Makes a device current for a scope, restoring the previous one after.
+class device_guard {
+ public:
+  device_guard(const runtime_api& api, int device);
+  ~device_guard();
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  const runtime_api& api_;
+  handle saved_ = nullptr;
+};
+
+/// The resource for `kind` memory (device, device_async, pinned_host) of `device`.
+/// Stream safety: order_streams records an event on the producer and makes the consumer wait.
+std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name);
+
+}  // namespace refpool::detail::gpu
