@@ -1,7 +1,7 @@
 // refpool-demo: a loop whose body allocates arrays of changing shapes (the same byte sizes)
-// inside a cache scope. From the second iteration on, every request is a hit.
-#include <cstdio>
-#include <numeric>
+// inside a cache scope, on the GPU when one is usable, else on the host. From the second
+// iteration on every request is a hit and no memory is allocated from the backend.
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -9,35 +9,61 @@
 
 namespace {
 
+struct device_context {
+  refpool::backend be;
+  refpool::stream_ref stream;
+  bool gpu = false;
+};
+
+void fill(const device_context& ctx, void* p, unsigned char value, std::size_t bytes) {
+  if (ctx.gpu) {
+    refpool::cuda::fill(p, value, bytes, ctx.stream);
+  } else {
+    std::memset(p, value, bytes);
+  }
+}
+
 // One "training step": temporaries of equal byte sizes in rotating shapes and element types.
-float step(const refpool::backend& be, int iteration) {
+void step(const device_context& ctx) {
   using refpool::empty;
-  auto a = empty<float>(be, {16});          // 64 B
-  auto b = empty<float>(be, {4, 4});        // 64 B, another shape
-  auto c = empty<double>(be, {8});          // 64 B, another element type
-  auto big = empty<float>(be, {1024, 1024});  // 4 MiB
-  std::iota(a.data(), a.data() + a.size(), static_cast<float>(iteration));
-  std::copy_n(a.data(), b.size(), b.data());
-  c.unsafe_free();                          // released early: reusable at once
-  auto flat = big.reshape({1048576});       // same buffer, another shape
-  flat.data()[0] = b.data()[15];
-  return flat.data()[0];
+  auto a = empty<float>(ctx.be, {16}, ctx.stream);            // 64 B
+  fill(ctx, a.data(), 1, a.bytes());
+  a.unsafe_free();                                            // released early: reusable at once
+  auto b = empty<float>(ctx.be, {4, 4}, ctx.stream);          // 64 B, a's buffer as 4x4
+  auto c = empty<double>(ctx.be, {8}, ctx.stream);            // 64 B, another element type
+  auto m = empty<float>(ctx.be, {1024, 1024}, ctx.stream);    // 4 MiB
+  fill(ctx, m.data(), 0, m.bytes());
+  auto flat = m.reshape({1048576});                           // same buffer, another shape
+  m = {};
+  auto wide = empty<float>(ctx.be, {512, 2048}, ctx.stream);  // 4 MiB while flat is live
+  fill(ctx, wide.data(), 2, wide.bytes());
+  fill(ctx, b.data(), 3, b.bytes());
+  fill(ctx, c.data(), 4, c.bytes());
 }
 
 }  // namespace
 
 int main() {
-  const refpool::backend be = refpool::host_backend();
+  device_context ctx{refpool::host_backend(), {}, false};
+  std::unique_ptr<refpool::cuda::stream> stream;
+  if (refpool::cuda::available()) {
+    stream = std::make_unique<refpool::cuda::stream>(0);
+    ctx = {refpool::cuda::device(0), stream->ref(), true};
+    fmt::print("running on {} (CUDA driver {})\n", refpool::cuda::device_name(0), refpool::cuda::driver_version());
+  } else {
+    fmt::print("running on the host backend ({})\n", refpool::cuda::unavailable_reason());
+  }
   refpool::alloc_cache cache;
   constexpr int iterations = 10;
-  float checksum = 0;
   for (int i = 0; i < iterations; ++i) {
     const auto before = cache.stats();
-    checksum += refpool::cached(cache, [&] { return step(be, i); });
+    const auto allocations_before = ctx.be.allocation_count();
+    refpool::cached(cache, [&] { step(ctx); });
     const auto after = cache.stats();
     fmt::print("iteration {:2}: {} hits, {} misses, {} backend allocations\n", i, after.hits - before.hits,
-               after.misses - before.misses, after.backend_allocations - before.backend_allocations);
+               after.misses - before.misses, ctx.be.allocation_count() - allocations_before);
   }
-  fmt::print("\nbackend: {} (checksum {})\n{}", be.name(), checksum, cache.stats());
+  if (ctx.gpu) refpool::cuda::synchronize(ctx.stream);
+  fmt::print("\nbackend {}:\n{}", ctx.be.name(), cache.stats());
   return 0;
 }
