@@ -125,7 +125,7 @@ TEST_CASE("saxpy and a reduction on pool buffers match the host", "[cuda][kernel
     const auto sums = download(partial, s);
     double expected_sum = 0;
     for (std::uint32_t i = 0; i < n; ++i) {
-      const float want = alpha * x[i] + y[i];
+      const float want = std::fma(alpha, x[i], y[i]);  // the GPU contracts a * x + y into one FMA
       if (got[i] != want) FAIL("saxpy element " << i << ": " << got[i] << " != " << want);
       expected_sum += want;
     }
