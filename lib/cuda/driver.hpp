@@ -16,6 +16,7 @@ namespace refpool::detail::cuda {
   X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxSynchronize)          \
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemHostAlloc)              \
   X(cuMemFreeHost) X(cuMemGetInfo) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)         \
+  X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo)                                                    \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                                    \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuStreamWaitEvent)                       \
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)               \
