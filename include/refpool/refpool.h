@@ -1,0 +1,299 @@
+/* refpool.h: the C API of refpool, for C programs and foreign-function interfaces (Python ctypes,
+ * Julia ccall, Rust bindgen). Plain C11; the same header compiles as C++.
+ *
+ * What the C API is: the C++ API's objects behind handles. A buffer handle is one `data_ref` plus
+ * dims and an element size, i.e. an array view; backends, caches and scopes are the C++ objects
+ * of the same name. Semantics (reuse by reference count, scopes, escapes, unsafe_free) are exactly
+ * those of the C++ API: see docs/design.md; docs/embedding.md and docs/api.md describe this header.
+ *
+ * Handles. Every handle is a small struct holding a 64-bit id, passed by value; zero-initialise
+ * one (`refpool_buffer b = {0};`) for a null handle. An id names a slot of a process-wide table
+ * of its kind together with the slot's generation: destroying or releasing a handle frees the
+ * slot and bumps its generation, so every later use of the old id, including a second release,
+ * is detected and answered with REFPOOL_ERROR_INVALID_HANDLE ("already released"); it can never
+ * reach an object that took the slot since. An id of another kind, or one never handed out, is
+ * detected too. Nothing is left allocated for a dead handle. A slot is retired, never reused,
+ * once its generation reaches 2^28 - 1, so detection stays exact for the life of the process.
+ *
+ * Errors. Every function returns a refpool_status; REFPOOL_OK is 0. On failure the function sets
+ * this thread's last-error message (refpool_last_error) and leaves its out-parameters untouched.
+ * No C++ exception crosses this API: every one, std::bad_alloc included, becomes a status.
+ *
+ * Thread safety. Every function may be called from any thread, on any handle, concurrently:
+ * handle lookups are locked and each object has its own lock, so even a release racing with a
+ * use of the same handle is safe (the use either completes first or gets INVALID_HANDLE).
+ * Scopes are the exception by nature: a scope is active on the thread that entered it, and must
+ * be exited on that thread, innermost first (like refpool::scope).
+ */
+#ifndef REFPOOL_REFPOOL_H
+#define REFPOOL_REFPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+/* In C++ the enums get int as their underlying type, so any value a C caller passes is valid
+ * there too (an unscoped C++ enum without one only holds the range of its enumerators). */
+#define REFPOOL_ENUM_BASE : int
+#else
+#define REFPOOL_ENUM_BASE
+#endif
+
+/// What a refpool C function reports. Values are stable (part of the ABI).
+typedef enum refpool_status REFPOOL_ENUM_BASE {
+  REFPOOL_OK = 0,
+  /// A buffer was used after refpool_unsafe_free released it (data, retain, reshape).
+  REFPOOL_ERROR_USE_AFTER_FREE = 1,
+  /// A reshape that changes the element count. The message names both shapes.
+  REFPOOL_ERROR_SHAPE = 2,
+  /// A size that overflows size_t (dims product, times the element size, rounding).
+  REFPOOL_ERROR_SIZE = 3,
+  /// The backend is out of memory even after the cache reclaimed its idle blocks and retried,
+  /// or host memory for refpool's own bookkeeping ran out (std::bad_alloc).
+  REFPOOL_ERROR_OUT_OF_MEMORY = 4,
+  /// A backend call failed for a reason other than out-of-memory.
+  REFPOOL_ERROR_BACKEND = 5,
+  /// A scope exited out of order (not the innermost on its thread) or on another thread.
+  REFPOOL_ERROR_SCOPE = 6,
+  /// A bad value in REFPOOL_CONF or in refpool_cache_options.
+  REFPOOL_ERROR_CONFIG = 7,
+  /// A null handle, a null pointer where one is needed, an element size of 0, dims NULL with a
+  /// rank above 0, an output array too small.
+  REFPOOL_ERROR_INVALID_ARGUMENT = 8,
+  /// A handle that was already released or destroyed (a second release, a use after release),
+  /// one of another kind, or an id never handed out. The message says which.
+  REFPOOL_ERROR_INVALID_HANDLE = 9,
+  /// A backend cannot be used here (library missing, no device, built without it).
+  REFPOOL_ERROR_BACKEND_UNAVAILABLE = 10,
+  /// Any other failure inside refpool (a bug: please report it with the message).
+  REFPOOL_ERROR_INTERNAL = 11
+} refpool_status;
+
+/// A backend: where buffers come from (host memory for now). Release with
+/// refpool_backend_release; buffers allocated from it keep it alive on their own.
+typedef struct refpool_backend {
+  uint64_t id;
+} refpool_backend;
+
+/// A cache of idle buffers (refpool::alloc_cache). Destroy with refpool_cache_destroy.
+typedef struct refpool_cache {
+  uint64_t id;
+} refpool_cache;
+
+/// An active scope on a cache (refpool::scope). End with refpool_scope_exit.
+typedef struct refpool_scope {
+  uint64_t id;
+} refpool_scope;
+
+/// A buffer view: one reference to a buffer, plus dims and an element size. Release with
+/// refpool_release; the buffer goes back to its cache when the last handle to it is released.
+typedef struct refpool_buffer {
+  uint64_t id;
+} refpool_buffer;
+
+/// How a cache rounds request sizes into block sizes (refpool::rounding_policy).
+typedef enum refpool_rounding REFPOOL_ENUM_BASE {
+  /// Blocks have exactly the requested size.
+  REFPOOL_ROUNDING_EXACT = 0,
+  /// Round up to a multiple of rounding_parameter bytes (> 0).
+  REFPOOL_ROUNDING_STEP = 1,
+  /// Split each [2^k, 2^(k+1)) into rounding_parameter steps (a power of two, 1..64).
+  REFPOOL_ROUNDING_POW2 = 2
+} refpool_rounding;
+
+/// max_idle_bytes value for "no limit".
+#define REFPOOL_UNLIMITED SIZE_MAX
+
+/// Tunables of a cache (refpool::cache_options). Fill with refpool_cache_options_init or
+/// refpool_cache_options_from_environment, then change fields.
+typedef struct refpool_cache_options {
+  refpool_rounding rounding;  ///< default REFPOOL_ROUNDING_EXACT
+  size_t rounding_parameter;  ///< step bytes, or pow2 divisions; ignored for exact (default 1)
+  size_t max_idle_bytes;      ///< idle bytes above this are freed, oldest first (default unlimited)
+} refpool_cache_options;
+
+/// A snapshot of a cache's counters: the fields of refpool::cache_stats, in its order, with its
+/// meaning. Exact when no other thread uses the cache. hit rate = hits / (hits + misses).
+typedef struct refpool_cache_stats {
+  uint64_t hits;                 ///< requests served by an idle block
+  uint64_t misses;               ///< requests that needed a backend allocation
+  uint64_t steals;               ///< hits taken from another scope's idle blocks (part of hits)
+  uint64_t backend_allocations;  ///< successful backend allocations by this cache
+  uint64_t backend_frees;        ///< blocks this cache gave back to a backend
+  uint64_t unsafe_frees;         ///< buffers that came back through unsafe_free
+  uint64_t escapes;              ///< buffers still referenced when their scope ended
+  uint64_t evictions;            ///< idle blocks freed to stay under max_idle_bytes
+  uint64_t reclaimed_blocks;     ///< idle blocks freed by reclaim or on out-of-memory
+  uint64_t oom_retries;          ///< backend out-of-memory answered by reclaim + retry
+  uint64_t cross_stream_reuses;  ///< hits on a block last used on another stream
+  uint64_t scope_entries;        ///< scopes entered on this cache (outermost per thread)
+  uint64_t uncached_entries;     ///< of those, entries that ran uncached (warm-up)
+  size_t live_blocks;            ///< blocks held by handles
+  size_t idle_blocks;            ///< blocks ready for reuse
+  size_t live_bytes;             ///< block bytes held by handles
+  size_t idle_bytes;             ///< block bytes ready for reuse
+  size_t held_bytes;             ///< live + idle: bytes this cache holds from backends
+  size_t peak_held_bytes;        ///< highest held_bytes so far
+} refpool_cache_stats;
+
+/// A backend's own accounting (refpool::backend's counters).
+typedef struct refpool_backend_stats {
+  size_t outstanding_bytes;     ///< allocated from the backend and not given back (cached or live)
+  uint64_t allocation_count;    ///< successful backend allocations so far
+  uint64_t deallocation_count;  ///< backend deallocations so far
+} refpool_backend_stats;
+
+/// What a buffer handle views, besides its dims (see refpool_dims).
+typedef struct refpool_buffer_info {
+  size_t rank;           ///< number of dims; 0 for a scalar
+  size_t element_count;  ///< product of the dims (1 for rank 0)
+  size_t element_size;   ///< bytes per element, as given to refpool_alloc
+  size_t bytes;          ///< element_count * element_size
+  int is_freed;          ///< 1 after refpool_unsafe_free on this handle, else 0
+} refpool_buffer_info;
+
+/* ---- errors and version ------------------------------------------------------------------ */
+
+/// The message of the last failing refpool call on this thread: a complete sentence naming what
+/// failed; "" if none failed yet. Successful calls leave it unchanged. The string is owned by
+/// refpool and valid until the next failing call on this thread. Never returns NULL.
+const char* refpool_last_error(void);
+
+/// The name of a status ("REFPOOL_ERROR_SHAPE"); "REFPOOL_UNKNOWN_STATUS" for other values.
+/// Static storage. Thread-safe.
+const char* refpool_status_name(refpool_status status);
+
+/// The library's version ("0.1.0"). Static storage. Thread-safe.
+const char* refpool_version(void);
+
+/* ---- backends ---------------------------------------------------------------------------- */
+
+/// A new handle to the process-wide host backend (pageable memory, 256-byte aligned).
+/// All handles from this function name the same backend, so their buffers share cache keys.
+/// The caller owns *out and releases it with refpool_backend_release.
+/// Errors: INVALID_ARGUMENT (out NULL), OUT_OF_MEMORY.
+refpool_status refpool_backend_host(refpool_backend* out);
+
+/// A new host backend with its own counters (outstanding bytes start at 0); it is another
+/// backend than refpool_backend_host's, so caches never exchange their blocks. Owned by the
+/// caller. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY.
+refpool_status refpool_backend_new_host(refpool_backend* out);
+
+/// A new host backend that fails (out of memory) any allocation that would take its
+/// outstanding bytes past `capacity_bytes` (refpool::limiting_resource). For tests and for
+/// capping memory. Owned by the caller. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY.
+refpool_status refpool_backend_new_host_limited(size_t capacity_bytes, refpool_backend* out);
+
+/// Releases a backend handle. Buffers allocated from it, and caches holding its idle blocks,
+/// keep the backend alive as long as they need it. Errors: INVALID_ARGUMENT (null handle),
+/// INVALID_HANDLE (already released).
+refpool_status refpool_backend_release(refpool_backend backend);
+
+/// The backend's counters. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out);
+
+/* ---- caches ------------------------------------------------------------------------------ */
+
+/// Fills *options with the defaults: exact rounding, no idle limit. Errors: INVALID_ARGUMENT.
+refpool_status refpool_cache_options_init(refpool_cache_options* options);
+
+/// Fills *options with the defaults plus REFPOOL_CONF's rounding and max_idle_bytes.
+/// Errors: INVALID_ARGUMENT, CONFIG (bad REFPOOL_CONF; the message names the key).
+refpool_status refpool_cache_options_from_environment(refpool_cache_options* options);
+
+/// Creates a cache. `options` NULL means refpool_cache_options_from_environment. The caller
+/// owns *out and destroys it with refpool_cache_destroy. Errors: INVALID_ARGUMENT (out NULL),
+/// CONFIG (bad rounding mode or parameter, bad REFPOOL_CONF), OUT_OF_MEMORY.
+refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out);
+
+/// Destroys a cache handle and the cache: its idle blocks go back to their backends. Buffers
+/// still referenced stay valid and go to their backend when their last handle is released; a
+/// scope still active on the cache keeps working, uncached, until it exits.
+/// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already destroyed).
+refpool_status refpool_cache_destroy(refpool_cache cache);
+
+/// The cache's counters, into *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out);
+
+/// Frees least recently released idle blocks until at most `keep_bytes` idle bytes remain;
+/// live buffers are never touched. Stores the bytes freed in *freed_bytes unless it is NULL.
+/// Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_cache_reclaim(refpool_cache cache, size_t keep_bytes, size_t* freed_bytes);
+
+/// Sets the cache's idle limit (REFPOOL_UNLIMITED: none), evicting at once if needed.
+/// Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_idle_bytes);
+
+/* ---- scopes ------------------------------------------------------------------------------ */
+
+/// Makes `cache` the active cache of the calling thread until the scope exits: refpool_alloc
+/// on this thread then goes through it. Scopes nest, the innermost wins (as refpool::scope).
+/// The caller owns *out and must exit it on this thread, innermost first, before the thread
+/// ends. Errors: INVALID_ARGUMENT, INVALID_HANDLE (cache destroyed), OUT_OF_MEMORY.
+refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out);
+
+/// Ends a scope. Buffers it handed out that are still referenced are counted as escapes and
+/// stay valid. Errors: INVALID_ARGUMENT, INVALID_HANDLE (already exited), SCOPE (not the
+/// innermost scope of the calling thread, or called on another thread: the scope then stays
+/// active and the handle valid; exit the inner scopes first, on the entering thread).
+refpool_status refpool_scope_exit(refpool_scope scope);
+
+/* ---- buffers ----------------------------------------------------------------------------- */
+
+/// A new uninitialised buffer of `rank` dims `dims[0..rank)` (row-major) of `element_size`
+/// bytes each: from the innermost active scope's cache on this thread (an idle buffer of the
+/// same rounded byte size, whatever its previous dims), else directly from `backend`. rank 0 is
+/// a scalar (dims may be NULL); a zero dim gives a buffer of zero elements that owns no memory.
+/// The caller owns *out and releases it with refpool_release.
+/// Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0),
+/// INVALID_HANDLE, SIZE (overflow), OUT_OF_MEMORY, BACKEND, CONFIG (bad REFPOOL_CONF).
+refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
+                             refpool_buffer* out);
+
+/// A new handle viewing the same buffer with other dims and the same element size; the element
+/// count must not change. The buffer is shared (its use count grows by one); the caller owns
+/// *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE, SHAPE (element count differs),
+/// SIZE (overflow), USE_AFTER_FREE.
+refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank, refpool_buffer* out);
+
+/// A new handle sharing the buffer, with the same dims (a refcount increment). The caller owns
+/// *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE, USE_AFTER_FREE.
+refpool_status refpool_retain(refpool_buffer buffer, refpool_buffer* out);
+
+/// Releases a handle: drops its reference (if unsafe_free did not already) and frees the handle.
+/// The buffer returns to its cache, or to its backend, when its last reference goes. Releasing
+/// the same handle again gives INVALID_HANDLE, never undefined behaviour.
+/// Errors: INVALID_ARGUMENT (null handle), INVALID_HANDLE (already released).
+refpool_status refpool_release(refpool_buffer buffer);
+
+/// Drops this handle's reference to its buffer now (refpool::data_ref::unsafe_free): the buffer
+/// is reusable at once if no other handle shares it. The handle stays valid for queries and must
+/// still be released; refpool_data, refpool_retain and refpool_reshape on it then give
+/// USE_AFTER_FREE. Idempotent. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_unsafe_free(refpool_buffer buffer);
+
+/// The number of handles sharing the buffer (C++ data_refs included); 0 after unsafe_free and
+/// for zero-element buffers. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_use_count(refpool_buffer buffer, long* out);
+
+/// The buffer's first element (a host address for host memory); NULL for zero elements. The
+/// pointer is valid while a handle holds the buffer. Errors: INVALID_ARGUMENT, INVALID_HANDLE,
+/// USE_AFTER_FREE.
+refpool_status refpool_data(refpool_buffer buffer, void** out);
+
+/// The rank into *rank and, when `dims` is not NULL, the dims into dims[0..rank). A freed
+/// buffer still has its dims. Errors: INVALID_ARGUMENT (rank NULL, or dims not NULL and
+/// `capacity` < rank: *rank is then still set, so a caller can size its array), INVALID_HANDLE.
+refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity, size_t* rank);
+
+/// Rank, element count and size, bytes, freed flag. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out);
+
+#undef REFPOOL_ENUM_BASE
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // REFPOOL_REFPOOL_H
