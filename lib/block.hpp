@@ -17,7 +17,8 @@ namespace refpool::detail {
 
 struct bucket;
 
-struct block : block_header {
+// Cache-line aligned: blocks of different threads must not share a line (false sharing).
+struct alignas(64) block : block_header {
   void* ptr = nullptr;
   std::size_t capacity = 0;   ///< bytes allocated from the backend (rounded)
   std::size_t requested = 0;  ///< bytes of the current request (<= capacity)

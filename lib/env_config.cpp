@@ -78,9 +78,9 @@ env_config load() {
   return config;
 }
 
-std::unique_ptr<alloc_log> log_instance;
-
 }  // namespace
+
+alloc_log* log_pointer = nullptr;
 
 env_config parse_conf(std::string_view conf) {
   env_config config;
@@ -120,12 +120,12 @@ bool parse_no_caching(std::string_view value) {
 const env_config& environment() {
   static const env_config config = [] {
     env_config loaded = load();
-    if (!loaded.log_path.empty()) log_instance = std::make_unique<alloc_log>(loaded.log_path);
+    // Never closed: frees may be logged by static destructors until the process ends.
+    if (!loaded.log_path.empty()) log_pointer = new alloc_log(loaded.log_path);
     return loaded;
   }();
   return config;
 }
 
-alloc_log* active_log() noexcept { return log_instance.get(); }
 
 }  // namespace refpool::detail

@@ -29,7 +29,9 @@ bool parse_no_caching(std::string_view value);
 /// The process's configuration, read on first use. Throws `config_error` (at each use) while
 /// the environment holds a bad value.
 const env_config& environment();
-/// The allocation log, or null when REFPOOL_CONF has no log key.
-alloc_log* active_log() noexcept;
+/// Set once, while environment() is first read; never changed after.
+extern alloc_log* log_pointer;
+/// The allocation log, or null when REFPOOL_CONF has no log key. Valid once environment() ran.
+inline alloc_log* active_log() noexcept { return log_pointer; }
 
 }  // namespace refpool::detail

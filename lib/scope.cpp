@@ -128,13 +128,17 @@ bool caching_active() noexcept {
 
 data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream) {
   if (!be) throw error("refpool: allocate from a null backend");
-  detail::environment();  // a bad REFPOOL_CONF fails here, clearly, and the log is open before use
   if (bytes == 0)
     throw size_error("refpool: cannot allocate 0 bytes (zero-element arrays need no buffer: empty<T> "
                      "makes them without allocating)");
   const detail::scope_frame* f = detail::current_frame;
-  detail::block* b = f != nullptr && f->lease != nullptr ? f->cache->acquire(*f->lease, be, bytes, stream)
-                                                         : detail::allocate_direct(be, bytes, stream);
+  detail::block* b = nullptr;
+  if (f != nullptr && f->lease != nullptr) {
+    b = f->cache->acquire(*f->lease, be, bytes, stream);  // the scope read the environment already
+  } else {
+    detail::environment();  // a bad REFPOOL_CONF fails here, clearly, and the log is open before use
+    b = detail::allocate_direct(be, bytes, stream);
+  }
   if (detail::alloc_log* log = detail::active_log()) log->record(true, b->ptr, bytes, stream);
   return data_ref(b);
 }

@@ -11,17 +11,21 @@ bool newer(const block* a, const block* b) noexcept { return a->id > b->id; }
 
 block* bucket::take(stream_ref stream) noexcept {
   if (idle.empty()) return nullptr;
+  block* oldest = idle.back();
+  if (oldest->last_stream == stream) {  // the common case: one stream
+    idle.pop_back();
+    return oldest;
+  }
   // Oldest block of the requesting stream first: same-stream reuse needs no synchronisation.
-  for (auto it = idle.rbegin(); it != idle.rend(); ++it) {
+  for (auto it = idle.rbegin() + 1; it != idle.rend(); ++it) {
     if ((*it)->last_stream == stream) {
       block* b = *it;
       idle.erase(std::next(it).base());
       return b;
     }
   }
-  block* b = idle.back();
   idle.pop_back();
-  return b;
+  return oldest;
 }
 
 void bucket::put(block* b) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -18,14 +19,29 @@ namespace refpool::detail {
 class cache_state;
 struct slot;
 
+/// An allocator of whole cache lines, so the idle lists of different threads never share one.
+template <class T>
+struct line_allocator {
+  using value_type = T;
+  static constexpr std::size_t line = 64;
+  line_allocator() = default;
+  template <class U>
+  line_allocator(const line_allocator<U>&) noexcept {}  // NOLINT: rebinding is implicit
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new((n * sizeof(T) + line - 1) / line * line, std::align_val_t{line}));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{line}); }
+  friend bool operator==(const line_allocator&, const line_allocator&) { return true; }
+};
+
 /// Idle blocks of one key within one slot.
-struct bucket {
+struct alignas(64) bucket {
   block_key key;
   std::shared_ptr<backend_state> backend_owner;  ///< keeps the backend alive for its blocks
   slot* owner = nullptr;
   /// Sorted by id, highest first, so back() is the oldest block: handing out the oldest makes
   /// a repeated request sequence get the same blocks each iteration.
-  std::vector<block*> idle;
+  std::vector<block*, line_allocator<block*>> idle;
 
   /// Takes the oldest idle block last used on `stream`, else the oldest; null if none.
   block* take(stream_ref stream) noexcept;
@@ -49,7 +65,7 @@ struct slot_counters {
   std::size_t idle_bytes = 0;
 };
 
-struct slot {
+struct alignas(64) slot {
   explicit slot(cache_state* c) : cache(c) {}
 
   spinlock lock;

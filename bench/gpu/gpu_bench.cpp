@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
   fmt::print("refpool GPU benchmarks on {} (CUDA driver {}), {}\n", refpool::cuda::device_name(0), refpool::cuda::driver_version(), date);
   fmt::print("anchors built in: cuMemAlloc, cuMemAllocAsync{}{}\n", REFPOOL_BENCH_CUB ? ", CUB" : " (CUB: not built)",
              REFPOOL_BENCH_TORCH ? ", PyTorch c10" : " (PyTorch: not built)");
+  use_device_0();
   runner r;
   r.json.add(fmt::format(R"({{"workload": "machine", "gpu": "{}", "driver": {}, "date": "{}"}})", refpool::cuda::device_name(0),
                          refpool::cuda::driver_version(), date));

@@ -24,6 +24,10 @@ inline double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
+/// Makes device 0's primary context current on this thread, as the raw driver anchors need
+/// (refpool, CUB and PyTorch make it current themselves).
+inline void use_device_0() { check(driver().cuCtxSetCurrent(detail::cuda::context(0)), "cuCtxSetCurrent"); }
+
 /// Device memory in use now (all allocators and contexts), from cuMemGetInfo.
 inline std::size_t device_used_bytes() {
   std::size_t free = 0;
@@ -222,6 +226,7 @@ double threaded_pairs(A& a, int threads, std::size_t bytes, std::size_t pairs_pe
   std::vector<refpool::cuda::stream> streams;
   for (int t = 0; t < threads; ++t) streams.emplace_back(0);
   const auto body = [&](int t) {
+    use_device_0();
     const CUstream s = static_cast<CUstream>(streams[static_cast<std::size_t>(t)].ref().handle);
     std::optional<scope> per_thread;
     if constexpr (is_refpool<A>) per_thread.emplace(a.cache());
