@@ -8,6 +8,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -189,16 +190,23 @@ class torch_allocator {
 #endif
 
 /// Calls `f(allocator)` for a fresh allocator of every kind built in, in a fixed order.
+template <class A, class F>
+void run_with(F& f) {
+  A a;
+  std::fprintf(stderr, "  [%s]\n", a.name().c_str());  // where a failure happened
+  f(a);
+}
+
 template <class F>
 void for_each_allocator(F&& f) {
-  { refpool_allocator a; f(a); }
-  { driver_allocator a; f(a); }
-  { async_pool_allocator a; f(a); }
+  run_with<refpool_allocator>(f);
+  run_with<driver_allocator>(f);
+  run_with<async_pool_allocator>(f);
 #if REFPOOL_BENCH_CUB
-  { cub_allocator a; f(a); }
+  run_with<cub_allocator>(f);
 #endif
 #if REFPOOL_BENCH_TORCH
-  { torch_allocator a; f(a); }
+  run_with<torch_allocator>(f);
 #endif
 }
 

@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
       chosen.insert(argv[i]);
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not swallow the lines before it
   if (!refpool::cuda::available()) {
     fmt::print("gpu_bench needs a CUDA device: {}\n", refpool::cuda::unavailable_reason());
     return 77;
