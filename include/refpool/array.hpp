@@ -47,12 +47,33 @@ class array {
   using value_type = T;
 
   array() = default;
+  array(const array&) = default;
+  array& operator=(const array&) = default;
+  /// A move leaves the source like a default array: no buffer and no elements (the implicit
+  /// move kept the source's size() and offset() with a null data()).
+  array(array&& other) noexcept
+      : ref_(std::move(other.ref_)),
+        dims_(std::move(other.dims_)),
+        size_(std::exchange(other.size_, 0)),
+        offset_(std::exchange(other.offset_, 0)) {}
+  array& operator=(array&& other) noexcept {
+    if (this != &other) {
+      ref_ = std::move(other.ref_);
+      dims_ = std::move(other.dims_);
+      size_ = std::exchange(other.size_, 0);
+      offset_ = std::exchange(other.offset_, 0);
+    }
+    return *this;
+  }
+  ~array() = default;
 
   /// A view over `ref`. Throws `shape_error` if `offset + count` elements do not fit
   /// `ref.bytes()`, `size_error` if the dims overflow, `use_after_free` if `ref` was freed.
   array(data_ref ref, shape dims, std::size_t offset = 0)
       : ref_(std::move(ref)), dims_(std::move(dims)), offset_(offset) {
-    size_ = detail::checked_view(dims_, sizeof(T), offset_, ref_ ? ref_.bytes() : 0);
+    // A freed `ref` moved in is still freed: bytes() throws use_after_free.
+    size_ = detail::checked_view(dims_, sizeof(T), offset_, ref_ || ref_.is_freed() ? ref_.bytes() : 0);
+    if (size_ == 0) ref_.reset();  // zero elements own no buffer (data() is nullptr), as from empty<T>
   }
 
   /// First element; nullptr for a zero-element array. Throws `use_after_free`.
