@@ -1,0 +1,1305 @@
+// The fuzz harness: decodes input bytes into operations, runs each on the main or the helper
+// thread (one at a time, so results are deterministic), and compares refpool with the model
+// after every operation: results and exception types, the address each allocation got, every
+// backend call, all stats of both caches, backend bytes outstanding, and the state of every
+// handle. Every live buffer carries its owner's byte pattern, checked before it is dropped and
+// every 16 operations, so a buffer handed to two owners would show the other owner's bytes.
+#include "harness.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <refpool/refpool.hpp>
+
+#include "model.hpp"
+#include "tracking_resource.hpp"
+
+namespace rp = refpool;
+
+namespace refpool_fuzz {
+
+namespace {
+
+// ---- element types ------------------------------------------------------------------------
+
+struct rgb {
+  std::uint8_t r, g, b;
+};
+struct vec3 {
+  float x, y, z;
+};
+static_assert(sizeof(rgb) == 3 && sizeof(vec3) == 12);
+
+using handle = std::variant<std::monostate, rp::array<std::uint8_t>, rp::array<std::uint16_t>, rp::array<float>,
+                            rp::array<double>, rp::array<std::uint64_t>, rp::array<rgb>, rp::array<vec3>, rp::data_ref>;
+constexpr int type_count = 7;  // handle index 1 + type
+constexpr int ref_kind = 8;    // handle index of data_ref
+constexpr std::size_t elem_size[type_count] = {1, 2, 4, 8, 8, 3, 12};
+constexpr std::size_t elem_align[type_count] = {1, 2, 4, 8, 8, 1, 4};
+constexpr const char* type_name[type_count] = {"u8", "u16", "float", "double", "u64", "rgb", "vec3"};
+
+template <class F>
+void with_type(int type, F&& f) {
+  switch (type) {
+    case 0: f.template operator()<std::uint8_t>(); break;
+    case 1: f.template operator()<std::uint16_t>(); break;
+    case 2: f.template operator()<float>(); break;
+    case 3: f.template operator()<double>(); break;
+    case 4: f.template operator()<std::uint64_t>(); break;
+    case 5: f.template operator()<rgb>(); break;
+    default: f.template operator()<vec3>(); break;
+  }
+}
+
+// ---- tunables -----------------------------------------------------------------------------
+
+constexpr int handle_count = 12;          // handle slots shared by both threads
+constexpr std::size_t max_depth = 8;      // scopes and guards per thread
+constexpr std::size_t max_operations = 4096;  // per input
+constexpr std::size_t backend0_capacity = std::size_t{1} << 20;
+// Element counts: few distinct byte sizes over 7 element types, so requests meet idle blocks often.
+constexpr std::size_t counts[] = {16, 16, 16, 16, 64, 64, 64, 256, 0, 1, 2, 4, 8, 32, 128, 512, 3, 12, 24, 100};
+constexpr std::size_t raw_sizes[] = {8, 16, 24, 32, 48, 64, 96, 100, 128, 256, 512, 1000, 1024, 4096};
+constexpr std::size_t keeps[] = {0, 256, 1024, 4096, 16384, unlimited};
+constexpr std::size_t limits[] = {unlimited, unlimited, unlimited, unlimited, unlimited, unlimited, unlimited, unlimited,
+                                  unlimited, unlimited, unlimited, unlimited, 0, 1024, 4096, 16384};
+constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+
+// ---- reporting ----------------------------------------------------------------------------
+
+totals all;
+bool tracing = std::getenv("REFPOOL_FUZZ_TRACE") != nullptr;
+std::uint64_t op_index = 0;
+std::size_t op_code = 0;  // which operation of the table; -1: setup and cleanup
+bool in_cleanup = false;
+int op_thread = 0;
+
+template <class... Args>
+void trace(fmt::format_string<Args...> format, Args&&... args) {
+  if (tracing) fmt::print(stderr, "  {}\n", fmt::format(format, std::forward<Args>(args)...));
+}
+
+std::uint8_t pattern(std::uint64_t stamp, std::size_t i) noexcept {
+  return static_cast<std::uint8_t>((stamp + (i >> 3) * 0x9E3779B97F4A7C15ull) >> ((i & 7) * 8));
+}
+
+std::uint64_t splitmix(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// ---- the helper thread ----------------------------------------------------------------------
+
+class helper_thread {
+ public:
+  helper_thread() : thread_([this] { loop(); }) {}
+  ~helper_thread() {
+    {
+      std::lock_guard guard(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  /// Runs `job` on the helper and waits for it.
+  void run(const std::function<void()>& job) {
+    std::unique_lock lock(mutex_);
+    job_ = &job;
+    done_ = false;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || job_ != nullptr; });
+      if (stop_) return;
+      const std::function<void()>* job = job_;
+      lock.unlock();
+      (*job)();
+      lock.lock();
+      job_ = nullptr;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const std::function<void()>* job_ = nullptr;
+  bool done_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+helper_thread& helper() {
+  static helper_thread instance;
+  return instance;
+}
+
+// ---- running one call and classifying what it threw ---------------------------------------
+
+struct result {
+  outcome got = outcome::ok;
+  std::string message;
+  std::size_t oom_bytes = 0;
+  int oom_device = 0;
+  int native_code = 0;
+};
+
+template <class F>
+result attempt(F&& f) {
+  result r;
+  try {
+    f();
+  } catch (const rp::size_error& e) {
+    r = {outcome::size_error, e.what()};
+  } catch (const rp::shape_error& e) {
+    r = {outcome::shape_error, e.what()};
+  } catch (const rp::use_after_free& e) {
+    r = {outcome::use_after_free, e.what()};
+  } catch (const rp::out_of_memory& e) {
+    r = {outcome::out_of_memory, e.what(), e.requested_bytes(), e.device()};
+  } catch (const rp::backend_error& e) {
+    r = {outcome::backend_error, e.what()};
+    r.native_code = e.native_code();
+  } catch (const rp::scope_error& e) {
+    r = {outcome::scope_error, e.what()};
+  } catch (const rp::config_error& e) {
+    r = {outcome::config_error, e.what()};
+  } catch (const rp::error& e) {
+    r = {outcome::error, e.what()};
+  } catch (const std::exception& e) {
+    r = {outcome::other, e.what()};
+  }
+  return r;
+}
+
+// ---- decoding -----------------------------------------------------------------------------
+
+class reader {
+ public:
+  reader(const std::uint8_t* data, std::size_t size) : p_(data), n_(size) {}
+  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+  std::uint8_t byte() noexcept {
+    if (n_ == 0) return 0;
+    --n_;
+    return *p_++;
+  }
+  /// A number below `k` (0 when k <= 1).
+  std::size_t below(std::size_t k) noexcept {
+    if (k <= 1) return 0;
+    if (k <= 256) return byte() % k;
+    const std::size_t v = byte() | static_cast<std::size_t>(byte()) << 8;
+    return v % k;
+  }
+
+ private:
+  const std::uint8_t* p_;
+  std::size_t n_;
+};
+
+// Element count of dims and their bytes, as shape.hpp and array.hpp document them.
+outcome checked_bytes(const std::vector<std::size_t>& dims, std::size_t elem, std::size_t& count, std::size_t& bytes) {
+  count = 1;
+  if (std::find(dims.begin(), dims.end(), std::size_t{0}) != dims.end()) {
+    count = bytes = 0;
+    return outcome::ok;
+  }
+  for (std::size_t d : dims)
+    if (__builtin_mul_overflow(count, d, &count)) return outcome::size_error;
+  if (__builtin_mul_overflow(count, elem, &bytes)) return outcome::size_error;
+  return outcome::ok;
+}
+
+rp::shape to_shape(const std::vector<std::size_t>& dims) { return rp::shape(std::span<const std::size_t>(dims)); }
+
+struct model_handle {
+  int kind = 0;  ///< variant index
+  std::uint64_t gid = 0;
+  bool freed = false;
+  void* freed_ptr = nullptr;
+  std::size_t freed_bytes = 0;
+  std::size_t size = 0;  ///< elements (arrays)
+  std::size_t offset = 0;
+  std::vector<std::size_t> dims;
+};
+
+struct real_frame {
+  std::unique_ptr<rp::scope> scope;
+  std::unique_ptr<rp::uncached_guard> guard;
+  void close() const { scope ? scope->close() : guard->close(); }
+};
+
+// ---- one input ----------------------------------------------------------------------------
+
+class session {
+ public:
+  session(const std::uint8_t* data, std::size_t size) : in_(data, size) {}
+  void run();
+
+ private:
+  using op = void (session::*)(int);
+
+  // Setup and teardown.
+  void make_backends();
+  rp::cache_options decode_options(int thread, model_rounding& rounding);
+  void cleanup();
+
+  // Operations; the argument is the thread that runs it.
+  void op_alloc(int t);
+  void op_alloc_raw(int t);
+  void op_alloc_misuse(int t);
+  void op_drop(int t);
+  void op_copy(int t);
+  void op_move(int t);
+  void op_ref_out(int t);
+  void op_reshape(int t);
+  void op_reinterpret(int t);
+  void op_view(int t);
+  void op_unsafe_free(int t);
+  void op_access(int t);
+  void op_write(int t);
+  void op_record_stream(int t);
+  void op_scope(int t);
+  void op_guard(int t);
+  void op_close(int t);
+  void op_close_misuse(int t);
+  void op_reclaim(int t);
+  void op_set_limit(int t);
+  void op_arm(int t);
+  void op_recreate(int t);
+  void op_verify(int t);
+  void op_repeat(int t);
+  void step();
+
+  // Helpers.
+  template <class F>
+  result on(int t, F&& f);
+  void expect(const result& r, outcome want, const char* what);
+  int pick_handle() { return static_cast<int>(in_.below(handle_count)); }
+  std::size_t pick_count() { return counts[in_.below(std::size(counts))]; }
+  void* pick_stream() {
+    const std::size_t s = in_.below(8);
+    return s < 6 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s - 5) << 12);
+  }
+  std::vector<std::size_t> make_dims(std::size_t count);
+  std::vector<std::size_t> overflow_dims();
+  std::uint64_t next_stamp() { return splitmix(++stamps_ ^ seed_); }
+  void fill(void* ptr, std::size_t from, std::size_t bytes, std::uint64_t stamp);
+  void verify_block(std::uint64_t gid, const char* when);
+  void verify_all(const char* when);
+  void pre_drop_verify(int i);
+  void drop_model(int i);
+  void accept_block(std::uint64_t gid, void* got, std::uint64_t stamp, const char* what);
+  void check_handle(int i);
+  void check_all();
+  void check_oom(const result& r, std::size_t bytes);
+
+  reader in_;
+  std::uint64_t seed_ = 0;
+  event_log log_;
+  model m_{log_};
+  std::shared_ptr<rp::limiting_resource> limited_[backends];
+  std::shared_ptr<rp::failing_resource> failing_[backends];
+  rp::backend be_[backends];
+  std::unique_ptr<rp::alloc_cache> cache_[2];
+  int cur_[2] = {-1, -1};
+  std::vector<real_frame> frames_[threads];
+  handle h_[handle_count];
+  model_handle mh_[handle_count];
+  std::uint64_t stamps_ = 0;
+  std::size_t steps_ = 0;
+  bool repeating_ = false;
+};
+
+template <class F>
+result session::on(int t, F&& f) {
+  op_thread = t;
+  if (t == 0) return attempt(f);
+  result r;
+  helper().run([&] { r = attempt(f); });
+  return r;
+}
+
+void session::expect(const result& r, outcome want, const char* what) {
+  if (r.got != want)
+    fail(fmt::format("{}: refpool gave {} ({}), the model expected {}", what, to_string(r.got),
+                     r.message.empty() ? "no message" : r.message, to_string(want)));
+  if (want != outcome::ok) all.expected_errors += 1;
+  if (want == outcome::backend_error && r.native_code != -1)
+    fail(fmt::format("{}: backend_error carries native code {}, not the injected -1", what, r.native_code));
+}
+
+void session::check_oom(const result& r, std::size_t bytes) {
+  if (r.oom_bytes != bytes || r.oom_device != -1)
+    fail(fmt::format("out_of_memory reports {} B on device {}, the model expected {} B on device -1", r.oom_bytes,
+                     r.oom_device, bytes));
+}
+
+std::vector<std::size_t> session::make_dims(std::size_t count) {
+  std::vector<std::size_t> dims;
+  if (count == 0) {
+    const std::size_t rank = 1 + in_.below(3);
+    for (std::size_t i = 0; i < rank; ++i) dims.push_back(in_.below(5));
+    dims[in_.below(rank)] = 0;
+    return dims;
+  }
+  std::size_t rank = in_.below(5);
+  if (rank == 0 && count != 1) rank = 1;
+  std::size_t rest = count;
+  for (std::size_t k = 0; k + 1 < rank; ++k) {
+    std::size_t divisors[64];
+    std::size_t n = 0;
+    for (std::size_t d = 1; d <= rest && n < 64; ++d)
+      if (rest % d == 0) divisors[n++] = d;
+    const std::size_t d = divisors[in_.below(n)];
+    dims.push_back(d);
+    rest /= d;
+  }
+  if (rank > 0) dims.push_back(rest);
+  return dims;
+}
+
+std::vector<std::size_t> session::overflow_dims() {
+  switch (in_.below(3)) {
+    case 0: return {huge / 2 + 1, 3};
+    case 1: return {std::size_t{1} << 33, std::size_t{1} << 33};
+    default: return {huge, 2, 1};
+  }
+}
+
+// ---- buffers and their owners' patterns ---------------------------------------------------
+
+void session::fill(void* ptr, std::size_t from, std::size_t bytes, std::uint64_t stamp) {
+  auto* p = static_cast<std::uint8_t*>(ptr);
+  for (std::size_t i = 0; i < bytes; ++i) p[i] = pattern(stamp, from + i);
+}
+
+void session::verify_block(std::uint64_t gid, const char* when) {
+  const model_block& b = m_.blocks.at(gid);
+  const auto* p = static_cast<const std::uint8_t*>(b.ptr);
+  for (std::size_t i = 0; i < b.requested; ++i) {
+    if (p[i] != pattern(b.stamp, i)) {
+      fail(fmt::format("{}: buffer {} ({} B, block {}) lost its owner's pattern at byte {}: another owner wrote it "
+                       "(found {:#04x}, expected {:#04x})",
+                       when, b.ptr, b.requested, gid, i, p[i], pattern(b.stamp, i)));
+    }
+  }
+}
+
+void session::verify_all(const char* when) {
+  for (const auto& [gid, b] : m_.blocks)
+    if (b.refs > 0) verify_block(gid, when);
+}
+
+void session::pre_drop_verify(int i) {
+  const model_handle& h = mh_[i];
+  if (h.gid != 0 && m_.blocks.at(h.gid).refs == 1) verify_block(h.gid, "before its last handle went");
+}
+
+void session::drop_model(int i) {
+  model_handle& h = mh_[i];
+  if (h.gid != 0) m_.drop_ref(h.gid, false);
+  h = model_handle{};
+}
+
+void session::accept_block(std::uint64_t gid, void* got, std::uint64_t stamp, const char* what) {
+  model_block& b = m_.blocks.at(gid);
+  if (got != b.ptr) {
+    std::string whose = "no block the model knows";
+    for (const auto& [g, other] : m_.blocks) {
+      if (got >= other.ptr && static_cast<char*>(got) < static_cast<char*>(other.ptr) + other.capacity)
+        whose = other.refs > 0 && g != gid
+                    ? fmt::format("block {}, which is LIVE with {} handles: one buffer, two owners", g, other.refs)
+                    : fmt::format("block {} ({})", g, other.idle ? "idle, but not the one the rules pick" : "not idle");
+    }
+    fail(fmt::format("{}: refpool returned {} ({}); the model expected block {} at {}", what, got, whose, gid, b.ptr));
+  }
+  b.stamp = stamp;
+}
+
+// ---- checks after each operation ----------------------------------------------------------
+
+void session::check_handle(int i) {
+  const model_handle& m = mh_[i];
+  if (static_cast<int>(h_[i].index()) != m.kind)
+    fail(fmt::format("handle {} holds alternative {}, the model expected {}", i, h_[i].index(), m.kind));
+  const model_block* b = m.gid != 0 ? &m_.blocks.at(m.gid) : nullptr;
+  const long refs = b != nullptr ? b->refs : 0;
+  std::visit(
+      [&](const auto& x) {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<X, std::monostate>) {
+          return;
+        } else {
+          if (x.is_freed() != m.freed || x.use_count() != refs)
+            fail(fmt::format("handle {}: is_freed {} use_count {}, the model expected {} and {}", i, x.is_freed(),
+                             x.use_count(), m.freed, refs));
+          if constexpr (std::is_same_v<X, rp::data_ref>) {
+            if (static_cast<bool>(x) != (b != nullptr)) fail(fmt::format("handle {}: data_ref null-ness differs", i));
+            if (!m.freed && b != nullptr &&
+                (x.data() != b->ptr || x.bytes() != b->requested || x.capacity() != b->capacity ||
+                 x.stream().handle != b->last_stream || x.source() != be_[b->backend]))
+              fail(fmt::format("handle {}: data_ref reports {} {} B (capacity {} B, stream {}), the model expected {} "
+                               "{} B (capacity {} B, stream {})",
+                               i, x.data(), x.bytes(), x.capacity(), x.stream().handle, b->ptr, b->requested,
+                               b->capacity, b->last_stream));
+          } else {
+            using T = typename X::value_type;
+            const std::vector<std::size_t> dims(x.dims().begin(), x.dims().end());
+            if (x.size() != m.size || x.offset() != m.offset || dims != m.dims || x.bytes() != m.size * sizeof(T))
+              fail(fmt::format("handle {}: array of {} elements at offset {} dims {}, the model expected {} at {} dims "
+                               "{}",
+                               i, x.size(), x.offset(), dims, m.size, m.offset, m.dims));
+            if (!m.freed) {
+              const void* want = b != nullptr && m.size != 0 ? static_cast<char*>(b->ptr) + m.offset * sizeof(T) : nullptr;
+              if (x.data() != want)
+                fail(fmt::format("handle {}: data() is {}, the model expected {}", i, fmt::ptr(x.data()), want));
+            }
+          }
+        }
+      },
+      h_[i]);
+}
+
+void session::check_all() {
+  m_.expect_no_more_events("after the operation");
+  std::size_t held = 0;
+  for (int c = 0; c < 2; ++c) {
+    const rp::cache_stats real = cache_[c]->stats();
+    const rp::cache_stats want = m_.stats(cur_[c]);
+    std::string diffs;
+#define REFPOOL_FUZZ_FIELD(f) \
+  if (real.f != want.f) diffs += fmt::format(" {}: refpool {}, model {};", #f, real.f, want.f);
+    REFPOOL_FUZZ_FIELD(hits)
+    REFPOOL_FUZZ_FIELD(misses)
+    REFPOOL_FUZZ_FIELD(steals)
+    REFPOOL_FUZZ_FIELD(backend_allocations)
+    REFPOOL_FUZZ_FIELD(backend_frees)
+    REFPOOL_FUZZ_FIELD(unsafe_frees)
+    REFPOOL_FUZZ_FIELD(escapes)
+    REFPOOL_FUZZ_FIELD(evictions)
+    REFPOOL_FUZZ_FIELD(reclaimed_blocks)
+    REFPOOL_FUZZ_FIELD(oom_retries)
+    REFPOOL_FUZZ_FIELD(cross_stream_reuses)
+    REFPOOL_FUZZ_FIELD(scope_entries)
+    REFPOOL_FUZZ_FIELD(uncached_entries)
+    REFPOOL_FUZZ_FIELD(live_blocks)
+    REFPOOL_FUZZ_FIELD(idle_blocks)
+    REFPOOL_FUZZ_FIELD(live_bytes)
+    REFPOOL_FUZZ_FIELD(idle_bytes)
+    REFPOOL_FUZZ_FIELD(held_bytes)
+    REFPOOL_FUZZ_FIELD(peak_held_bytes)
+#undef REFPOOL_FUZZ_FIELD
+    if (!diffs.empty()) fail(fmt::format("stats of cache {} differ:{}", c, diffs));
+    if (real.held_bytes != real.live_bytes + real.idle_bytes)
+      fail(fmt::format("cache {}: held {} B is not live {} B + idle {} B", c, real.held_bytes, real.live_bytes,
+                       real.idle_bytes));
+    held += real.held_bytes;
+  }
+  // No leak: what the backends have out is what the caches hold, plus live uncached buffers,
+  // plus live buffers of destroyed caches.
+  std::size_t outstanding = 0;
+  for (int b = 0; b < backends; ++b) {
+    const std::size_t real = be_[b].outstanding_bytes();
+    if (real != m_.be[b].outstanding || real != m_.allocated_bytes(b) || real != limited_[b]->used() ||
+        failing_[b]->calls() != m_.be[b].calls)
+      fail(fmt::format("backend {}: {} B outstanding (limit adaptor {} B, {} calls since arm), the model expected {} B "
+                       "({} calls)",
+                       b, real, limited_[b]->used(), failing_[b]->calls(), m_.be[b].outstanding, m_.be[b].calls));
+    outstanding += real;
+  }
+  std::size_t elsewhere = 0;
+  for (const auto& [gid, b] : m_.blocks)
+    if (b.cache < 0 || m_.caches[static_cast<std::size_t>(b.cache)].closed) elsewhere += b.capacity;
+  if (outstanding != held + elsewhere)
+    fail(fmt::format("backends have {} B outstanding, but the caches hold {} B and uncached or orphaned buffers {} B",
+                     outstanding, held, elsewhere));
+  for (int i = 0; i < handle_count; ++i) check_handle(i);
+}
+
+// ---- setup --------------------------------------------------------------------------------
+
+void session::make_backends() {
+  constexpr std::size_t small[] = {2048, 4096, 8192, 16384, 65536};
+  const std::size_t caps[backends] = {backend0_capacity, small[in_.below(std::size(small))]};
+  for (int b = 0; b < backends; ++b) {
+    limited_[b] = std::make_shared<rp::limiting_resource>(rp::make_host_resource(), caps[b]);
+    failing_[b] = std::make_shared<rp::failing_resource>(limited_[b]);
+    be_[b] = rp::backend(std::make_shared<tracking_resource>(failing_[b], b, log_));
+    m_.be[b].capacity = caps[b];
+  }
+}
+
+rp::cache_options session::decode_options(int t, model_rounding& rounding) {
+  rp::cache_options options;
+  const std::size_t choice = in_.below(12);
+  rounding = {};
+  switch (choice) {
+    case 0: case 1: case 2: case 3: break;
+    case 4: rounding = {model_rounding::mode::step, 8}; break;
+    case 5: rounding = {model_rounding::mode::step, 64}; break;
+    case 6: rounding = {model_rounding::mode::step, 100}; break;
+    case 7: rounding = {model_rounding::mode::step, 512}; break;
+    case 8: rounding = {model_rounding::mode::pow2, 1}; break;
+    case 9: rounding = {model_rounding::mode::pow2, 2}; break;
+    case 10: rounding = {model_rounding::mode::pow2, 4}; break;
+    default: {  // a bad policy first: config_error, then exact
+      const std::size_t bad = in_.below(4);
+      const result r = on(t, [&] {
+        if (bad == 0) (void)rp::rounding_policy::step(0);
+        if (bad == 1) (void)rp::rounding_policy::pow2(0);
+        if (bad == 2) (void)rp::rounding_policy::pow2(3);
+        if (bad == 3) (void)rp::rounding_policy::pow2(128);
+      });
+      expect(r, outcome::config_error, "a bad rounding policy");
+      break;
+    }
+  }
+  if (rounding.how == model_rounding::mode::step) options.rounding = rp::rounding_policy::step(rounding.parameter);
+  if (rounding.how == model_rounding::mode::pow2)
+    options.rounding = rp::rounding_policy::pow2(static_cast<unsigned>(rounding.parameter));
+  options.max_idle_bytes = limits[in_.below(std::size(limits))];
+  return options;
+}
+
+// ---- operations ---------------------------------------------------------------------------
+
+void session::op_alloc(int t) {
+  const int hi = pick_handle();
+  const std::size_t pick = in_.below(2 * type_count);  // half the requests are floats
+  const int type = pick < type_count ? static_cast<int>(pick) : 2;
+  const int b = in_.below(8) == 0 ? 1 : 0;
+  const std::vector<std::size_t> dims = make_dims(pick_count());
+  void* stream = pick_stream();
+  const std::uint64_t stamp = next_stamp();
+  trace("empty<{}>({}, backend {}, stream {}) -> handle {}", type_name[type], dims, b, stream, hi);
+  pre_drop_verify(hi);
+  void* got = nullptr;
+  const result r = on(t, [&] {
+    with_type(type, [&]<class T>() {
+      auto a = rp::empty<T>(be_[b], to_shape(dims), rp::stream_ref{stream});
+      got = a.data();
+      if (got != nullptr) fill(got, 0, a.bytes(), stamp);
+      h_[hi] = std::move(a);
+    });
+  });
+  std::size_t count = 0, bytes = 0, oom = 0;
+  std::uint64_t gid = 0;
+  outcome want = checked_bytes(dims, elem_size[type], count, bytes);
+  if (want == outcome::ok && bytes > 0) want = m_.allocate(t, b, bytes, stream, gid, oom);
+  expect(r, want, "empty<T>");
+  if (want == outcome::out_of_memory) check_oom(r, oom);
+  if (want != outcome::ok) return;
+  if (gid != 0) {
+    accept_block(gid, got, stamp, "empty<T>");
+  } else if (got != nullptr) {
+    fail("a zero-element array has a buffer");
+  }
+  drop_model(hi);
+  mh_[hi] = {type + 1, gid, false, nullptr, 0, count, 0, dims};
+}
+
+void session::op_alloc_raw(int t) {
+  const int hi = pick_handle();
+  const int b = in_.below(8) == 0 ? 1 : 0;
+  const std::size_t bytes = raw_sizes[in_.below(std::size(raw_sizes))];
+  void* stream = pick_stream();
+  const std::uint64_t stamp = next_stamp();
+  trace("allocate({} B, backend {}, stream {}) -> handle {}", bytes, b, stream, hi);
+  pre_drop_verify(hi);
+  void* got = nullptr;
+  const result r = on(t, [&] {
+    rp::data_ref ref = rp::allocate(be_[b], bytes, rp::stream_ref{stream});
+    got = ref.data();
+    fill(got, 0, bytes, stamp);
+    h_[hi] = std::move(ref);
+  });
+  std::uint64_t gid = 0;
+  std::size_t oom = 0;
+  const outcome want = m_.allocate(t, b, bytes, stream, gid, oom);
+  expect(r, want, "allocate");
+  if (want == outcome::out_of_memory) check_oom(r, oom);
+  if (want != outcome::ok) return;
+  accept_block(gid, got, stamp, "allocate");
+  drop_model(hi);
+  mh_[hi] = model_handle{};
+  mh_[hi].kind = ref_kind;
+  mh_[hi].gid = gid;
+}
+
+// Requests that must fail: zero bytes, overflowing dims, a null backend, more than the backend has.
+void session::op_alloc_misuse(int t) {
+  const int b = in_.byte() & 1;
+  const std::size_t kind = in_.below(4);
+  if (kind == 0) {
+    trace("allocate(0 B)");
+    expect(on(t, [&] { (void)rp::allocate(be_[b], 0); }), outcome::size_error, "allocate(0 bytes)");
+  } else if (kind == 1) {
+    const int type = static_cast<int>(in_.below(type_count));
+    const std::vector<std::size_t> dims = overflow_dims();
+    trace("empty<{}>({}) overflowing", type_name[type], dims);
+    expect(on(t, [&] { with_type(type, [&]<class T>() { (void)rp::empty<T>(be_[b], to_shape(dims)); }); }),
+           outcome::size_error, "empty<T> with overflowing dims");
+  } else if (kind == 2) {
+    trace("allocate from a null backend");
+    expect(on(t, [&] { (void)rp::allocate(rp::backend{}, 8); }), outcome::error, "allocate from a null backend");
+  } else {
+    const std::size_t sizes[] = {m_.be[b].capacity + 1, huge / 2, huge - 7, huge};
+    const std::size_t bytes = sizes[in_.below(4)];
+    trace("allocate({} B) on backend {}: more than it has", bytes, b);
+    const result r = on(t, [&] { (void)rp::allocate(be_[b], bytes); });
+    std::uint64_t gid = 0;
+    std::size_t oom = 0;
+    const outcome want = m_.allocate(t, b, bytes, nullptr, gid, oom);
+    if (want == outcome::ok) fail("the model let a request larger than the backend succeed");
+    expect(r, want, "allocate more than the backend has");
+    if (want == outcome::out_of_memory) check_oom(r, oom);
+  }
+}
+
+void session::op_drop(int t) {
+  const int hi = pick_handle();
+  trace("drop handle {}", hi);
+  pre_drop_verify(hi);
+  expect(on(t, [&] { h_[hi] = std::monostate{}; }), outcome::ok, "drop");
+  drop_model(hi);
+}
+
+void session::op_copy(int t) {
+  const int a = pick_handle();
+  const int b = pick_handle();
+  trace("handle {} = copy of handle {}", b, a);
+  pre_drop_verify(b);
+  const result r = on(t, [&] {
+    handle copy = h_[a];  // throws before handle b changes
+    h_[b] = std::move(copy);
+  });
+  const model_handle source = mh_[a];
+  expect(r, source.freed ? outcome::use_after_free : outcome::ok, "copy");
+  if (source.freed) {
+    if (r.message.find(fmt::format("{}", source.freed_ptr)) == std::string::npos)
+      fail(fmt::format("use_after_free does not name the buffer {}: {}", source.freed_ptr, r.message));
+    return;
+  }
+  if (source.gid != 0) m_.add_ref(source.gid);
+  drop_model(b);
+  mh_[b] = source;
+}
+
+void session::op_move(int t) {
+  const int a = pick_handle();
+  int b = pick_handle();
+  if (b == a) b = (a + 1) % handle_count;
+  trace("handle {} = move(handle {})", b, a);
+  pre_drop_verify(b);
+  expect(on(t, [&] { h_[b] = std::move(h_[a]); }), outcome::ok, "move");
+  const model_handle moved = mh_[a];
+  drop_model(b);
+  mh_[b] = moved;
+  mh_[a] = model_handle{};
+  mh_[a].kind = moved.kind;  // a moved-from array or data_ref is empty: no buffer, no elements
+}
+
+void session::op_ref_out(int t) {
+  const int a = pick_handle();
+  const int b = pick_handle();
+  if (mh_[a].kind == 0) return;
+  trace("handle {} = data_ref of handle {}", b, a);
+  pre_drop_verify(b);
+  const result r = on(t, [&] {
+    rp::data_ref ref = std::visit(
+        [](const auto& x) -> rp::data_ref {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, std::monostate>) {
+            return {};
+          } else if constexpr (std::is_same_v<X, rp::data_ref>) {
+            return x;
+          } else {
+            return x.ref();
+          }
+        },
+        h_[a]);
+    h_[b] = std::move(ref);
+  });
+  const model_handle source = mh_[a];
+  expect(r, source.freed ? outcome::use_after_free : outcome::ok, "data_ref copy");
+  if (source.freed) return;
+  if (source.gid != 0) m_.add_ref(source.gid);
+  drop_model(b);
+  mh_[b] = model_handle{};
+  mh_[b].kind = ref_kind;
+  mh_[b].gid = source.gid;
+}
+
+void session::op_reshape(int t) {
+  const int a = pick_handle();
+  const int b = pick_handle();
+  const model_handle source = mh_[a];
+  if (source.kind < 1 || source.kind > type_count) return;
+  const int type = source.kind - 1;
+  std::vector<std::size_t> dims;
+  const std::size_t how = in_.below(8);
+  if (how < 6) {
+    dims = make_dims(source.size);
+  } else if (how == 6) {
+    std::size_t count = pick_count();
+    if (count == source.size) count += 1;
+    dims = make_dims(count);
+  } else {
+    dims = overflow_dims();
+  }
+  trace("handle {} = handle {}.reshape({})", b, a, dims);
+  pre_drop_verify(b);
+  const result r = on(t, [&] {
+    with_type(type, [&]<class T>() {
+      auto out = std::get<rp::array<T>>(h_[a]).reshape(to_shape(dims));
+      h_[b] = std::move(out);
+    });
+  });
+  std::size_t count = 0, bytes = 0;
+  outcome want = checked_bytes(dims, 1, count, bytes);
+  if (want == outcome::ok && count != source.size) want = outcome::shape_error;
+  if (want == outcome::ok && source.freed) want = outcome::use_after_free;
+  expect(r, want, "reshape");
+  if (want != outcome::ok) return;
+  if (source.gid != 0) m_.add_ref(source.gid);
+  drop_model(b);
+  mh_[b] = {source.kind, source.gid, false, nullptr, 0, source.size, source.offset, dims};
+}
+
+void session::op_reinterpret(int t) {
+  const int a = pick_handle();
+  const int b = pick_handle();
+  const model_handle source = mh_[a];
+  if (source.kind < 1 || source.kind > type_count) return;
+  const int from = source.kind - 1;
+  const int to = static_cast<int>(in_.below(type_count));
+  const std::size_t src_bytes = source.size * elem_size[from];
+  const bool keep_dims = in_.below(4) == 0;  // reinterpret<U>() without dims
+  std::vector<std::size_t> dims;
+  if (keep_dims) {
+    dims = elem_size[to] == elem_size[from] ? source.dims : std::vector<std::size_t>{src_bytes / elem_size[to]};
+  } else {
+    const std::size_t how = in_.below(8);
+    if (how < 6 && src_bytes % elem_size[to] == 0) {
+      dims = make_dims(src_bytes / elem_size[to]);
+    } else if (how < 7) {
+      dims = make_dims(pick_count());
+    } else {
+      dims = overflow_dims();
+    }
+  }
+  trace("handle {} = handle {}.reinterpret<{}>({}{})", b, a, type_name[to], keep_dims ? "kept or flat: " : "", dims);
+  pre_drop_verify(b);
+  const result r = on(t, [&] {
+    with_type(from, [&]<class T>() {
+      with_type(to, [&]<class U>() {
+        const auto& x = std::get<rp::array<T>>(h_[a]);
+        auto out = keep_dims ? x.template reinterpret<U>() : x.template reinterpret<U>(to_shape(dims));
+        h_[b] = std::move(out);
+      });
+    });
+  });
+  std::size_t count = 0, bytes = 0;
+  outcome want = checked_bytes(dims, elem_size[to], count, bytes);
+  const std::size_t byte_offset = source.offset * elem_size[from];
+  if (want == outcome::ok && bytes != src_bytes) want = outcome::shape_error;
+  if (want == outcome::ok && (byte_offset % elem_size[to] != 0 || byte_offset % elem_align[to] != 0))
+    want = outcome::shape_error;
+  if (want == outcome::ok && source.freed) want = outcome::use_after_free;
+  expect(r, want, "reinterpret");
+  if (want != outcome::ok) return;
+  if (source.gid != 0) m_.add_ref(source.gid);
+  drop_model(b);
+  mh_[b] = {to + 1, source.gid, false, nullptr, 0, count, byte_offset / elem_size[to], dims};
+}
+
+// array<U>(ref, dims, offset): a view over another handle's buffer, by copy or by move.
+void session::op_view(int t) {
+  const int a = pick_handle();
+  const int b = pick_handle();
+  const model_handle source = mh_[a];
+  if (source.kind == 0) return;
+  const int to = static_cast<int>(in_.below(type_count));
+  const bool by_move = source.kind == ref_kind && in_.below(4) == 0;
+  const std::size_t buffer = source.gid != 0 ? m_.blocks.at(source.gid).requested : 0;
+  const std::size_t fits = buffer / elem_size[to];
+  std::vector<std::size_t> dims;
+  std::size_t offset = 0;
+  const std::size_t how = in_.below(8);
+  if (how < 5) {
+    const std::size_t count = in_.below(fits + 1);
+    offset = in_.below(fits - count + 1);
+    dims = make_dims(count);
+  } else if (how == 5) {
+    const std::size_t count = 1 + in_.below(8);
+    offset = fits - std::min(fits, count) + 1 + in_.below(3);  // one past what fits, or more
+    dims = make_dims(count);
+  } else if (how == 6) {
+    offset = huge - in_.below(2);
+    dims = make_dims(in_.below(2) == 0 ? 0 : 1 + in_.below(4));
+  } else {
+    dims = overflow_dims();
+  }
+  trace("handle {} = array<{}>({}handle {}, {}, offset {})", b, type_name[to], by_move ? "move of " : "", a, dims, offset);
+  pre_drop_verify(b);
+  if (by_move) pre_drop_verify(a);
+  const result r = on(t, [&] {
+    with_type(to, [&]<class U>() {
+      if (by_move) {
+        rp::array<U> view(std::move(std::get<rp::data_ref>(h_[a])), to_shape(dims), offset);
+        h_[b] = std::move(view);
+      } else {
+        const rp::data_ref& ref = std::visit(
+            [](const auto& x) -> const rp::data_ref& {
+              using X = std::decay_t<decltype(x)>;
+              if constexpr (std::is_same_v<X, std::monostate>) {
+                static const rp::data_ref none;
+                return none;
+              } else if constexpr (std::is_same_v<X, rp::data_ref>) {
+                return x;
+              } else {
+                return x.ref();
+              }
+            },
+            h_[a]);
+        rp::array<U> view(ref, to_shape(dims), offset);
+        h_[b] = std::move(view);
+      }
+    });
+  });
+  std::size_t count = 0, bytes = 0;
+  outcome want = source.freed ? outcome::use_after_free : checked_bytes(dims, elem_size[to], count, bytes);
+  if (want == outcome::ok && count != 0) {
+    std::size_t end = 0, end_bytes = 0;
+    if (__builtin_add_overflow(offset, count, &end) || __builtin_mul_overflow(end, elem_size[to], &end_bytes) ||
+        end_bytes > buffer)
+      want = outcome::shape_error;
+  }
+  if (by_move) {  // moved into the constructor's parameter
+    mh_[a] = model_handle{};
+    mh_[a].kind = ref_kind;
+  }
+  expect(r, want, by_move ? "array view over a moved data_ref" : "array view over a data_ref");
+  // A view of zero elements owns no buffer (array.hpp); a failed one dropped what it was given.
+  const bool keeps_ref = want == outcome::ok && count != 0;
+  if (keeps_ref && !by_move && source.gid != 0) m_.add_ref(source.gid);
+  if (!keeps_ref && by_move && source.gid != 0) m_.drop_ref(source.gid, false);
+  if (want != outcome::ok) return;
+  drop_model(b);
+  mh_[b] = {to + 1, keeps_ref ? source.gid : 0, false, nullptr, 0, count, offset, dims};
+}
+
+void session::op_unsafe_free(int t) {
+  const int hi = pick_handle();
+  const bool twice = in_.below(4) == 0;
+  trace("handle {}.unsafe_free(){}", hi, twice ? " twice" : "");
+  pre_drop_verify(hi);
+  expect(on(t,
+            [&] {
+              std::visit(
+                  [&](auto& x) {
+                    if constexpr (!std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) {
+                      x.unsafe_free();
+                      if (twice) x.unsafe_free();  // idempotent: no double free
+                    }
+                  },
+                  h_[hi]);
+            }),
+         outcome::ok, "unsafe_free");
+  model_handle& m = mh_[hi];
+  if (m.gid == 0 || m.freed) return;
+  const model_block& b = m_.blocks.at(m.gid);
+  m.freed = true;
+  m.freed_ptr = b.ptr;
+  m.freed_bytes = b.requested;
+  const std::uint64_t gid = std::exchange(m.gid, 0);
+  m_.drop_ref(gid, true);
+}
+
+// Access through a handle after unsafe_free: each way must throw use_after_free naming the buffer.
+void session::op_access(int t) {
+  const int hi = pick_handle();
+  const model_handle m = mh_[hi];
+  if (!m.freed) {
+    // Live handles: data() and friends from this thread (check_handle compares the values).
+    expect(on(t, [&] { std::visit([](const auto& x) { if constexpr (!std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) (void)x.data(); }, h_[hi]); }),
+           outcome::ok, "data() on a live handle");
+    return;
+  }
+  const std::size_t way = in_.below(8);
+  trace("access {} to handle {} after unsafe_free", way, hi);
+  const result r = on(t, [&] {
+    std::visit(
+        [&](const auto& x) {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, rp::data_ref>) {
+            switch (way) {
+              case 0: (void)x.data(); break;
+              case 1: (void)x.bytes(); break;
+              case 2: (void)x.capacity(); break;
+              case 3: (void)x.source(); break;
+              case 4: (void)x.stream(); break;
+              case 5: { rp::data_ref copy(x); break; }
+              case 6: { rp::data_ref target; target = x; break; }
+              default: x.record_stream({}); break;
+            }
+          } else if constexpr (!std::is_same_v<X, std::monostate>) {
+            switch (way) {
+              case 0: (void)x.data(); break;
+              case 1: (void)x.reshape(x.dims()); break;
+              case 2: { X copy(x); break; }
+              case 3: (void)x.template reinterpret<std::uint8_t>(); break;
+              case 4: x.record_stream({}); break;
+              case 5: (void)x.ref().data(); break;
+              case 6: { X view(x.ref(), x.dims(), x.offset()); break; }
+              default: { X target; target = x; break; }
+            }
+          }
+        },
+        h_[hi]);
+  });
+  expect(r, outcome::use_after_free, "access after unsafe_free");
+  if (r.message.find(fmt::format("{}", m.freed_ptr)) == std::string::npos ||
+      r.message.find(fmt::format("({} B)", m.freed_bytes)) == std::string::npos)
+    fail(fmt::format("use_after_free does not name the buffer {} ({} B): {}", m.freed_ptr, m.freed_bytes, r.message));
+}
+
+void session::op_write(int t) {
+  const int hi = pick_handle();
+  const model_handle& m = mh_[hi];
+  if (m.gid == 0) return;
+  const model_block& b = m_.blocks.at(m.gid);
+  trace("write handle {} (block {})", hi, m.gid);
+  expect(on(t,
+            [&] {
+              std::visit(
+                  [&](const auto& x) {
+                    using X = std::decay_t<decltype(x)>;
+                    if constexpr (std::is_same_v<X, rp::data_ref>) {
+                      fill(x.data(), 0, x.bytes(), b.stamp);
+                    } else if constexpr (!std::is_same_v<X, std::monostate>) {
+                      using T = typename X::value_type;
+                      fill(x.data(), x.offset() * sizeof(T), x.bytes(), b.stamp);
+                    }
+                  },
+                  h_[hi]);
+            }),
+         outcome::ok, "write");
+  verify_block(m.gid, "after a write through one of its views");
+}
+
+void session::op_record_stream(int t) {
+  const int hi = pick_handle();
+  void* stream = pick_stream();
+  trace("handle {}.record_stream({})", hi, stream);
+  const result r = on(t, [&] {
+    std::visit(
+        [&](const auto& x) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) x.record_stream({stream});
+        },
+        h_[hi]);
+  });
+  const model_handle& m = mh_[hi];
+  expect(r, m.freed ? outcome::use_after_free : outcome::ok, "record_stream");
+  if (m.gid != 0) m_.record_stream(m.gid, stream);
+}
+
+void session::op_scope(int t) {
+  const int c = in_.byte() & 1;
+  const std::size_t warmup = in_.below(8) == 0 ? 1 + in_.below(2) : 0;
+  if (frames_[t].size() >= max_depth) return op_close(t);
+  trace("thread {}: scope on cache {} (warm-up {})", t, c, warmup);
+  bool caching = false, active = false;
+  expect(on(t,
+            [&] {
+              real_frame f;
+              f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{warmup});
+              caching = f.scope->caching();
+              active = rp::caching_active();
+              frames_[t].push_back(std::move(f));
+            }),
+         outcome::ok, "scope");
+  m_.enter_scope(t, cur_[c], warmup);
+  const bool want = m_.frames[t].back().lease >= 0;
+  if (caching != want || active != want)
+    fail(fmt::format("scope::caching() {} caching_active() {}, the model expected {}", caching, active, want));
+}
+
+void session::op_guard(int t) {
+  if (frames_[t].size() >= max_depth) return op_close(t);
+  trace("thread {}: uncached_guard", t);
+  bool active = true;
+  expect(on(t,
+            [&] {
+              real_frame f;
+              f.guard = std::make_unique<rp::uncached_guard>();
+              active = rp::caching_active();
+              frames_[t].push_back(std::move(f));
+            }),
+         outcome::ok, "uncached_guard");
+  m_.enter_guard(t);
+  if (active) fail("caching_active() inside an uncached_guard");
+}
+
+void session::op_close(int t) {
+  if (frames_[t].empty()) return;
+  trace("thread {}: close its innermost {}", t, m_.frames[t].back().guard ? "guard" : "scope");
+  bool active = false;
+  expect(on(t,
+            [&] {
+              frames_[t].back().close();
+              frames_[t].back().close();  // idempotent
+              frames_[t].pop_back();
+              active = rp::caching_active();
+            }),
+         outcome::ok, "close");
+  if (m_.close_frame(t, t, m_.frames[t].size() - 1) != outcome::ok) fail("model: closing the innermost frame failed");
+  const bool want = !m_.frames[t].empty() && m_.frames[t].back().lease >= 0;
+  if (active != want) fail(fmt::format("caching_active() {} after close, the model expected {}", active, want));
+}
+
+// Closing a scope or guard that is not the closing thread's innermost: scope_error, nothing changes.
+void session::op_close_misuse(int t) {
+  int owner = in_.byte() & 1;
+  if (frames_[owner].empty()) owner = 1 - owner;
+  if (frames_[owner].empty()) return;
+  std::size_t index = in_.below(frames_[owner].size());
+  if (owner == t && index + 1 == frames_[owner].size()) {
+    if (index == 0) {
+      if (frames_[1 - t].empty()) return;
+      owner = 1 - t;
+      index = frames_[owner].size() - 1;
+    } else {
+      index -= 1;
+    }
+  }
+  trace("thread {}: close frame {} of thread {} (misuse)", t, index, owner);
+  const result r = on(t, [&] { frames_[owner][index].close(); });
+  const outcome want = m_.close_frame(t, owner, index);
+  expect(r, want, "closing a scope out of order or on another thread");
+  const char* says = owner == t ? "still open" : "on the thread that opened them";
+  if (r.message.find("out of order") == std::string::npos || r.message.find(says) == std::string::npos)
+    fail(fmt::format("scope_error message does not say why (\"{}\"): {}", says, r.message));
+}
+
+void session::op_reclaim(int t) {
+  const int c = in_.byte() & 1;
+  const std::size_t keep = keeps[in_.below(std::size(keeps))];
+  trace("thread {}: cache {}.reclaim({})", t, c, keep);
+  std::size_t freed = 0;
+  expect(on(t, [&] { freed = cache_[c]->reclaim(keep); }), outcome::ok, "reclaim");
+  const std::size_t want = m_.reclaim(cur_[c], keep);
+  if (freed != want) fail(fmt::format("reclaim({}) freed {} B, the model expected {} B", keep, freed, want));
+}
+
+void session::op_set_limit(int t) {
+  const int c = in_.byte() & 1;
+  const std::size_t limit = limits[in_.below(std::size(limits))];
+  trace("thread {}: cache {}.set_max_idle_bytes({})", t, c, limit);
+  std::size_t now = 0;
+  expect(on(t,
+            [&] {
+              cache_[c]->set_max_idle_bytes(limit);
+              now = cache_[c]->max_idle_bytes();
+            }),
+         outcome::ok, "set_max_idle_bytes");
+  m_.set_max_idle(cur_[c], limit);
+  if (now != limit) fail(fmt::format("max_idle_bytes() is {} after setting {}", now, limit));
+}
+
+void session::op_arm(int) {
+  const int b = in_.byte() & 1;
+  model_backend& m = m_.be[b];
+  if (in_.below(4) == 0) {
+    trace("backend {}: disarm", b);
+    failing_[b]->disarm();
+    m.count = 0;
+    return;
+  }
+  m.first = 1 + in_.below(16);
+  m.count = 1 + in_.below(3);
+  m.inject_backend_error = in_.below(2) == 0;
+  m.calls = 0;
+  trace("backend {}: fail calls {}..{} with {}", b, m.first, m.first + m.count - 1,
+        m.inject_backend_error ? "backend_error" : "out of memory");
+  failing_[b]->arm(m.first, m.count,
+                   m.inject_backend_error ? rp::failing_resource::failure::backend_error
+                                          : rp::failing_resource::failure::out_of_memory);
+}
+
+// Destroys a cache (scopes on it may still be open, buffers from it still live) and makes another.
+void session::op_recreate(int t) {
+  const int c = in_.byte() & 1;
+  if (in_.below(4) != 0) return op_verify(t);
+  model_rounding rounding;
+  const rp::cache_options options = decode_options(t, rounding);
+  trace("thread {}: destroy cache {}, make one with rounding {} and max_idle_bytes {}", t, c,
+        options.rounding.to_string(), options.max_idle_bytes);
+  expect(on(t,
+            [&] {
+              cache_[c].reset();
+              cache_[c] = std::make_unique<rp::alloc_cache>(options);
+            }),
+         outcome::ok, "destroy and make a cache");
+  m_.close_cache(cur_[c]);
+  cur_[c] = m_.new_cache(rounding, options.max_idle_bytes);
+  if (cache_[c]->rounding() != options.rounding || cache_[c]->max_idle_bytes() != options.max_idle_bytes)
+    fail("a new cache does not report the options it was made with");
+}
+
+void session::op_verify(int) { verify_all("periodic check"); }
+
+// Runs the next few operations again and again, as a training loop repeats its body: later
+// rounds meet the blocks earlier rounds released.
+void session::op_repeat(int) {
+  if (repeating_) return;
+  const std::size_t body = 2 + in_.below(7);
+  const std::size_t rounds = 2 + in_.below(3);
+  trace("repeat the next {} operations {} times", body, rounds);
+  const reader start = in_;
+  repeating_ = true;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    in_ = start;
+    for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k) step();
+  }
+  repeating_ = false;
+}
+
+void session::step() {
+  static constexpr op table[] = {
+      &session::op_alloc,        &session::op_alloc,         &session::op_alloc,        &session::op_alloc,
+      &session::op_alloc,        &session::op_alloc,         &session::op_alloc_raw,    &session::op_alloc_misuse,
+      &session::op_drop,         &session::op_drop,          &session::op_drop,         &session::op_copy,
+      &session::op_copy,         &session::op_move,          &session::op_ref_out,      &session::op_reshape,
+      &session::op_reinterpret,  &session::op_view,          &session::op_unsafe_free,  &session::op_unsafe_free,
+      &session::op_access,       &session::op_write,         &session::op_record_stream, &session::op_scope,
+      &session::op_scope,        &session::op_guard,         &session::op_close,        &session::op_close,
+      &session::op_close_misuse, &session::op_reclaim,       &session::op_set_limit,    &session::op_arm,
+      &session::op_recreate,     &session::op_verify,        &session::op_repeat,       &session::op_repeat,
+  };
+  const std::uint8_t code = in_.byte();
+  const int t = code >> 6 == 3 ? 1 : 0;  // a quarter of the operations run on the helper
+  const std::size_t which = (code & 0x3f) % std::size(table);
+  const std::size_t n = steps_++;
+  op_index = n;
+  op_code = which;
+  (this->*table[which])(t);
+  all.operations += 1;
+  check_all();
+  if (n % 16 == 15) verify_all("periodic check");
+  if (n % 64 == 63) log_.compact();
+}
+
+// ---- the input ----------------------------------------------------------------------------
+
+void session::cleanup() {
+  in_cleanup = true;
+  for (int t = 0; t < threads; ++t)
+    while (!frames_[t].empty()) op_close(t);
+  for (int i = 0; i < handle_count; ++i) {
+    pre_drop_verify(i);
+    h_[i] = std::monostate{};
+    drop_model(i);
+  }
+  check_all();
+  for (int c = 0; c < 2; ++c) {
+    cache_[c].reset();
+    m_.close_cache(cur_[c]);
+  }
+  m_.expect_no_more_events("destroying the caches");
+  if (!m_.blocks.empty()) fail(fmt::format("model: {} blocks left at the end", m_.blocks.size()));
+  for (int b = 0; b < backends; ++b)
+    if (be_[b].outstanding_bytes() != 0 || limited_[b]->used() != 0)
+      fail(fmt::format("leak: backend {} has {} B outstanding at the end", b, be_[b].outstanding_bytes()));
+  for (const model_cache& c : m_.caches) {
+    for (const model_slot& s : c.slots) {
+      all.hits += s.hits;
+      all.misses += s.misses;
+      all.steals += s.steals;
+      all.escapes += s.escapes;
+      all.unsafe_frees += s.unsafe_frees;
+    }
+    all.evictions += c.evictions;
+    all.reclaimed += c.reclaimed;
+    all.oom_retries += c.oom_retries;
+  }
+  for (int b = 0; b < backends; ++b) {
+    all.injected_faults += m_.be[b].injected;
+    all.limit_failures += m_.be[b].limit_failures;
+    if (failing_[b]->injected() != m_.be[b].injected)
+      fail(fmt::format("backend {}: {} faults injected, the model counted {}", b, failing_[b]->injected(),
+                       m_.be[b].injected));
+  }
+}
+
+void session::run() {
+  seed_ = in_.byte();
+  make_backends();
+  for (int c = 0; c < 2; ++c) {
+    model_rounding rounding;
+    const rp::cache_options options = decode_options(0, rounding);
+    cache_[c] = std::make_unique<rp::alloc_cache>(options);
+    cur_[c] = m_.new_cache(rounding, options.max_idle_bytes);
+  }
+  // Most inputs start inside a scope on each thread, as code using a cache does.
+  for (int t = 0; t < threads; ++t)
+    if (in_.below(4) != 0) op_scope(t);
+  trace("input: backend 1 holds {} B; caches: {} / {}", m_.be[1].capacity, cache_[0]->rounding().to_string(),
+        cache_[1]->rounding().to_string());
+  while (steps_ < max_operations && !in_.empty()) step();
+  cleanup();
+  all.inputs += 1;
+}
+
+}  // namespace
+
+void fail(const std::string& what) {
+  const std::string where = in_cleanup ? "cleanup" : fmt::format("operation {} (code {})", op_index, op_code);
+  fmt::print(stderr, "\nrefpool fuzz: MISMATCH in {} on thread {}:\n  {}\n", where, op_thread, what);
+  if (!tracing) fmt::print(stderr, "  (rerun with REFPOOL_FUZZ_TRACE=1 to print every operation)\n");
+  std::fflush(stderr);
+  std::abort();
+}
+
+void run_input(const std::uint8_t* data, std::size_t size) {
+  in_cleanup = false;
+  op_index = 0;
+  if (tracing) fmt::print(stderr, "input of {} bytes\n", size);
+  session s(data, size);
+  s.run();
+}
+
+const totals& get_totals() noexcept { return all; }
+
+void print_totals() {
+  fmt::print(stderr,
+             "refpool fuzz: {} operations in {} inputs; hits {}, misses {}, steals {}, escapes {}, unsafe frees {}, "
+             "evictions {}, reclaimed {}, oom retries {}; faults injected {}, limit refusals {}; expected errors "
+             "checked {}\n",
+             all.operations, all.inputs, all.hits, all.misses, all.steals, all.escapes, all.unsafe_frees, all.evictions,
+             all.reclaimed, all.oom_retries, all.injected_faults, all.limit_failures, all.expected_errors);
+  std::fflush(stderr);
+}
+
+}  // namespace refpool_fuzz

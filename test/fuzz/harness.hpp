@@ -1,0 +1,28 @@
+// The model-based fuzz harness: decodes bytes into refpool operations on two caches, two
+// backends and two threads, runs each against refpool and the reference model (model.hpp), and
+// aborts with a report at the first difference. Shared by the libFuzzer target and the
+// corpus replay executable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace refpool_fuzz {
+
+/// Runs one input. Deterministic: the same bytes give the same operations and results.
+void run_input(const std::uint8_t* data, std::size_t size);
+
+/// Counts over all inputs run in this process.
+struct totals {
+  std::uint64_t inputs = 0;
+  std::uint64_t operations = 0;       ///< decoded operations executed and checked
+  std::uint64_t injected_faults = 0;  ///< failing_resource failures (out of memory or backend_error)
+  std::uint64_t limit_failures = 0;   ///< limiting_resource refusals (real out of memory)
+  std::uint64_t hits = 0, misses = 0, steals = 0, escapes = 0, unsafe_frees = 0, evictions = 0,
+                reclaimed = 0, oom_retries = 0, expected_errors = 0;
+};
+[[nodiscard]] const totals& get_totals() noexcept;
+/// "N operations in M inputs: ..." for the logs.
+void print_totals();
+
+}  // namespace refpool_fuzz

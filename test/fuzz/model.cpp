@@ -1,0 +1,566 @@
+// The reference model's rules. Each function says which documented rule it follows; none of
+// it is copied from lib/.
+#include "model.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include <fmt/format.h>
+
+namespace refpool_fuzz {
+
+const char* to_string(outcome o) noexcept {
+  switch (o) {
+    case outcome::ok: return "ok";
+    case outcome::size_error: return "size_error";
+    case outcome::shape_error: return "shape_error";
+    case outcome::use_after_free: return "use_after_free";
+    case outcome::out_of_memory: return "out_of_memory";
+    case outcome::backend_error: return "backend_error";
+    case outcome::scope_error: return "scope_error";
+    case outcome::config_error: return "config_error";
+    case outcome::error: return "refpool::error";
+    case outcome::other: return "another exception";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string describe(const backend_event& e) {
+  switch (e.what) {
+    case backend_event::kind::allocate:
+      return fmt::format("allocate({} B) on backend {} -> {}{}", e.bytes, e.backend, e.ptr, e.threw ? " (threw)" : "");
+    case backend_event::kind::deallocate:
+      return fmt::format("deallocate({}, {} B) on backend {}", e.ptr, e.bytes, e.backend);
+    case backend_event::kind::order_streams:
+      return fmt::format("order_streams({} -> {}) on backend {}", e.producer, e.consumer, e.backend);
+  }
+  return "?";
+}
+
+bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+}  // namespace
+
+// rounding.hpp: exact; step: up to a multiple; pow2:d: [2^k, 2^(k+1)) in d steps.
+bool model_rounding::round(std::size_t bytes, std::size_t& out) const noexcept {
+  std::size_t step = 1;
+  switch (how) {
+    case mode::exact: out = bytes; return true;
+    case mode::step: step = parameter; break;
+    case mode::pow2: {
+      const std::size_t floor = std::bit_floor(bytes);
+      if (floor == bytes) {
+        out = bytes;
+        return true;
+      }
+      step = std::max<std::size_t>(floor / parameter, 1);
+      break;
+    }
+  }
+  const std::size_t rest = bytes % step;
+  if (rest == 0) {
+    out = bytes;
+    return true;
+  }
+  return !__builtin_add_overflow(bytes, step - rest, &out);
+}
+
+// ---- backend calls ------------------------------------------------------------------------
+
+const backend_event& model::next_event(const char* expected) {
+  const backend_event* e = log_.next();
+  if (e == nullptr) fail(fmt::format("model expected a backend call ({}), but refpool made none", expected));
+  return *e;
+}
+
+void model::expect_no_more_events(const char* where) {
+  if (const backend_event* e = log_.peek_pending(0))
+    fail(fmt::format("{}: refpool made a backend call the model did not expect: {} ({} unexpected calls)", where,
+                     describe(*e), log_.pending()));
+}
+
+// failing_resource: calls first..first+count-1 since arm() fail; limiting_resource: nullptr past
+// its capacity; the host resource otherwise succeeds.
+model::backend_result model::backend_allocate(int backend, std::size_t bytes, void*& ptr) {
+  model_backend& m = be[backend];
+  m.calls += 1;
+  backend_result expect = backend_result::ok;
+  if (m.calls >= m.first && m.calls < m.first + m.count) {
+    m.injected += 1;
+    expect = m.inject_backend_error ? backend_result::error : backend_result::out_of_memory;
+  } else if (bytes > m.capacity || m.outstanding > m.capacity - bytes) {
+    m.limit_failures += 1;
+    expect = backend_result::out_of_memory;
+  }
+  const backend_event& e = next_event("allocate");
+  if (e.what != backend_event::kind::allocate || e.backend != backend || e.bytes != bytes)
+    fail(fmt::format("model expected allocate({} B) on backend {}, refpool made {}", bytes, backend, describe(e)));
+  switch (expect) {
+    case backend_result::error:
+      if (!e.threw) fail(fmt::format("injected backend_error did not happen: {}", describe(e)));
+      return expect;
+    case backend_result::out_of_memory:
+      if (e.threw || e.ptr != nullptr) fail(fmt::format("expected out of memory, got {}", describe(e)));
+      return expect;
+    case backend_result::ok:
+      if (e.threw || e.ptr == nullptr) fail(fmt::format("expected a successful allocation, got {}", describe(e)));
+      break;
+  }
+  if (reinterpret_cast<std::uintptr_t>(e.ptr) % 256 != 0) fail(fmt::format("misaligned block {}", e.ptr));
+  for (const auto& [gid, b] : blocks)
+    if (overlaps(e.ptr, bytes, b.ptr, b.capacity))
+      fail(fmt::format("the backend returned {} ({} B), overlapping block {} at {} ({} B) that is still allocated",
+                       e.ptr, bytes, gid, b.ptr, b.capacity));
+  m.outstanding += bytes;
+  ptr = e.ptr;
+  return expect;
+}
+
+void model::backend_free(const model_block& b) {
+  const backend_event& e = next_event("deallocate");
+  if (e.what != backend_event::kind::deallocate || e.backend != b.backend || e.ptr != b.ptr || e.bytes != b.capacity)
+    fail(fmt::format("model expected deallocate({}, {} B) on backend {} (block {}), refpool made {}", b.ptr,
+                     b.capacity, b.backend, b.gid, describe(e)));
+  be[b.backend].outstanding -= b.capacity;
+}
+
+std::size_t model::allocated_bytes(int backend) const {
+  std::size_t sum = 0;
+  for (const auto& [gid, b] : blocks)
+    if (b.backend == backend) sum += b.capacity;
+  return sum;
+}
+
+// ---- caches and scopes --------------------------------------------------------------------
+
+int model::new_cache(model_rounding rounding, std::size_t max_idle) {
+  model_cache c;
+  c.rounding = rounding;
+  c.max_idle = max_idle;
+  caches.push_back(std::move(c));
+  return static_cast<int>(caches.size()) - 1;
+}
+
+// A scope gets back the slot its thread used last when free, else any free slot, else a new one.
+int model::lease(model_cache& c, int thread) {
+  if (c.closed) return -1;
+  int s = -1;
+  for (std::size_t i = c.free_slots.size(); i-- > 0;) {
+    if (c.slots[static_cast<std::size_t>(c.free_slots[i])].last_thread == thread) {
+      s = c.free_slots[i];
+      c.free_slots.erase(c.free_slots.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  if (s < 0 && !c.free_slots.empty()) {
+    s = c.free_slots.back();
+    c.free_slots.pop_back();
+  }
+  if (s < 0) {
+    c.slots.emplace_back();
+    s = static_cast<int>(c.slots.size()) - 1;
+  }
+  model_slot& slot = c.slots[static_cast<std::size_t>(s)];
+  slot.leased = true;
+  slot.last_thread = thread;
+  return s;
+}
+
+// Escapes: blocks handed out by this lease and still referenced when it ends.
+void model::give_back(model_cache& c, int s) {
+  model_slot& slot = c.slots[static_cast<std::size_t>(s)];
+  slot.escapes += slot.live_in_epoch;
+  slot.live_in_epoch = 0;
+  slot.epoch += 1;
+  slot.leased = false;
+  if (slot.orphaned) {
+    if (slot.live_blocks == 0) slot.erased = true;
+  } else {
+    c.free_slots.push_back(s);
+  }
+  c.clock += 1;
+}
+
+void model::enter_scope(int thread, int c, std::size_t warmup) {
+  model_frame f;
+  f.cache = c;
+  bool nested = false;
+  for (auto it = frames[thread].rbegin(); it != frames[thread].rend(); ++it) {
+    if (!it->guard && it->cache == c) {  // nesting on a cache in use here shares its state
+      f.lease = it->lease;
+      nested = true;
+      break;
+    }
+  }
+  if (!nested) {
+    model_cache& cache = caches[static_cast<std::size_t>(c)];
+    const bool warm = cache.scope_entries < warmup;
+    cache.scope_entries += 1;
+    if (warm) {
+      cache.uncached_entries += 1;
+    } else {
+      f.lease = lease(cache, thread);
+      f.owns = f.lease >= 0;
+    }
+  }
+  frames[thread].push_back(f);
+}
+
+void model::enter_guard(int thread) {
+  model_frame f;
+  f.guard = true;
+  frames[thread].push_back(f);
+}
+
+outcome model::close_frame(int closer, int owner, std::size_t index) {
+  if (closer != owner || index + 1 != frames[owner].size()) return outcome::scope_error;
+  const model_frame f = frames[owner].back();
+  frames[owner].pop_back();
+  if (!f.guard && f.owns) give_back(caches[static_cast<std::size_t>(f.cache)], f.lease);
+  return outcome::ok;
+}
+
+// ---- handing out --------------------------------------------------------------------------
+
+// Among idle blocks of one key: the oldest last used on the requesting stream, else the oldest.
+std::uint64_t model::take(model_slot& s, std::pair<int, std::size_t> key, void* stream) {
+  auto it = s.idle.find(key);
+  if (it == s.idle.end() || it->second.empty()) return 0;
+  std::vector<std::uint64_t>& v = it->second;
+  for (std::size_t i = v.size(); i-- > 0;) {
+    if (blocks.at(v[i]).last_stream == stream) {
+      const std::uint64_t gid = v[i];
+      v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+      return gid;
+    }
+  }
+  const std::uint64_t gid = v.back();
+  v.pop_back();
+  return gid;
+}
+
+void model::mark_live(model_slot& s, model_block& b, bool hit) {
+  (hit ? s.hits : s.misses) += 1;
+  s.live_blocks += 1;
+  s.live_bytes += b.capacity;
+  s.live_in_epoch += 1;
+  b.epoch = s.epoch;
+  b.idle = false;
+}
+
+void model::add_idle(model_cache& c, model_slot& s, model_block& b) {
+  b.idle = true;
+  b.idle_since = c.clock;
+  b.idle_seq = ++s.releases;
+  std::vector<std::uint64_t>& v = s.idle[{b.backend, b.capacity}];
+  const auto pos = std::upper_bound(v.begin(), v.end(), b.id,
+                                    [&](std::uint64_t id, std::uint64_t g) { return id > blocks.at(g).id; });
+  v.insert(pos, b.gid);
+  s.idle_blocks += 1;
+  s.idle_bytes += b.capacity;
+}
+
+void model::remove_idle(model_slot& s, model_block& b) {
+  b.idle = false;
+  s.idle_blocks -= 1;
+  s.idle_bytes -= b.capacity;
+}
+
+std::size_t model::idle_total(const model_cache& c) const {
+  std::size_t sum = 0;
+  for (const model_slot& s : c.slots)
+    if (!s.erased) sum += s.idle_bytes;
+  return sum;
+}
+
+// A block reused on another stream waits for its last stream and any recorded streams.
+void model::wait_for_streams(model_block& b, void* stream) {
+  auto expect_order = [&](void* producer) {
+    const backend_event& e = next_event("order_streams");
+    if (e.what != backend_event::kind::order_streams || e.backend != b.backend || e.producer != producer ||
+        e.consumer != stream)
+      fail(fmt::format("model expected order_streams({} -> {}) for block {}, refpool made {}", producer, stream, b.gid,
+                       describe(e)));
+  };
+  expect_order(b.last_stream);
+  for (void* s : b.extra_streams)
+    if (s != stream) expect_order(s);
+  b.extra_streams.clear();
+}
+
+outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                        std::size_t& oom_bytes) {
+  const model_frame* f = frames[thread].empty() ? nullptr : &frames[thread].back();
+  void* ptr = nullptr;
+  if (f == nullptr || f->lease < 0) {  // no active cache: straight to the backend
+    const backend_result r = backend_allocate(backend, bytes, ptr);
+    if (r == backend_result::error) return outcome::backend_error;
+    if (r == backend_result::out_of_memory) {
+      oom_bytes = bytes;
+      return outcome::out_of_memory;
+    }
+    model_block b;
+    b.gid = next_gid++;
+    b.ptr = ptr;
+    b.capacity = b.requested = bytes;
+    b.backend = backend;
+    b.last_stream = stream;
+    b.refs = 1;
+    gid = b.gid;
+    blocks.emplace(b.gid, b);
+    return outcome::ok;
+  }
+  const int ci = f->cache;
+  const int si = f->lease;
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  std::size_t rounded = 0;
+  if (!c.rounding.round(bytes, rounded)) return outcome::size_error;
+  const std::pair<int, std::size_t> key{backend, rounded};
+  bool other_stream = false;
+  std::uint64_t g = take(c.slots[static_cast<std::size_t>(si)], key, stream);
+  if (g != 0) {
+    model_block& b = blocks.at(g);
+    remove_idle(c.slots[static_cast<std::size_t>(si)], b);
+    mark_live(c.slots[static_cast<std::size_t>(si)], b, true);
+    other_stream = b.last_stream != stream || !b.extra_streams.empty();
+    if (other_stream) c.slots[static_cast<std::size_t>(si)].cross_stream += 1;
+  } else {
+    // Local miss: an idle block of the same key from another slot, in slot creation order.
+    for (std::size_t v = 0; v < c.slots.size() && g == 0; ++v) {
+      if (static_cast<int>(v) == si || c.slots[v].erased) continue;
+      g = take(c.slots[v], key, stream);
+      if (g == 0) continue;
+      model_block& b = blocks.at(g);
+      remove_idle(c.slots[v], b);
+      b.slot = si;
+      other_stream = b.last_stream != stream || !b.extra_streams.empty();
+      model_slot& thief = c.slots[static_cast<std::size_t>(si)];
+      mark_live(thief, b, true);
+      thief.steals += 1;
+      if (other_stream) thief.cross_stream += 1;
+    }
+  }
+  if (g == 0) {
+    backend_result r = backend_allocate(backend, rounded, ptr);
+    if (r == backend_result::error) return outcome::backend_error;
+    if (r == backend_result::out_of_memory) {
+      // Out of memory: free every idle block of this backend in this cache, retry once.
+      free_idle(ci, 0, backend, c.reclaimed);
+      c.oom_retries += 1;
+      r = backend_allocate(backend, rounded, ptr);
+      if (r == backend_result::error) return outcome::backend_error;
+      if (r == backend_result::out_of_memory) {
+        oom_bytes = rounded;
+        return outcome::out_of_memory;
+      }
+    }
+    model_block b;
+    b.gid = next_gid++;
+    b.ptr = ptr;
+    b.capacity = rounded;
+    b.backend = backend;
+    b.cache = ci;
+    b.slot = si;
+    b.id = c.next_id++;
+    b.last_stream = stream;
+    g = b.gid;
+    model_block& placed = blocks.emplace(b.gid, b).first->second;
+    c.backend_allocations += 1;
+    c.held += rounded;
+    c.peak = std::max(c.peak, c.held);
+    mark_live(c.slots[static_cast<std::size_t>(si)], placed, false);
+  } else if (other_stream) {
+    wait_for_streams(blocks.at(g), stream);
+  }
+  model_block& b = blocks.at(g);
+  b.last_stream = stream;
+  b.requested = bytes;
+  b.refs = 1;
+  gid = g;
+  return outcome::ok;
+}
+
+void model::add_ref(std::uint64_t gid) { blocks.at(gid).refs += 1; }
+
+void model::record_stream(std::uint64_t gid, void* stream) {
+  model_block& b = blocks.at(gid);
+  if (stream != b.last_stream && std::find(b.extra_streams.begin(), b.extra_streams.end(), stream) == b.extra_streams.end())
+    b.extra_streams.push_back(stream);
+}
+
+// ---- giving back --------------------------------------------------------------------------
+
+void model::free_block(model_cache& c, std::uint64_t gid) {
+  const model_block& b = blocks.at(gid);
+  c.held -= b.capacity;
+  c.backend_frees += 1;
+  backend_free(b);
+  blocks.erase(gid);
+}
+
+// The last handle went: idle in its home slot (then the idle limit), or freed when uncached or
+// when its cache is gone.
+void model::drop_ref(std::uint64_t gid, bool via_unsafe_free) {
+  model_block& b = blocks.at(gid);
+  if (b.refs <= 0) fail(fmt::format("model: block {} released with no references", gid));
+  if (--b.refs > 0) return;
+  if (b.cache < 0) {
+    backend_free(b);
+    blocks.erase(gid);
+    return;
+  }
+  const int ci = b.cache;
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  model_slot& s = c.slots[static_cast<std::size_t>(b.slot)];
+  s.live_blocks -= 1;
+  s.live_bytes -= b.capacity;
+  if (b.epoch == s.epoch && s.leased) s.live_in_epoch -= 1;
+  if (via_unsafe_free) s.unsafe_frees += 1;
+  if (s.orphaned) {
+    const bool remove = s.live_blocks == 0 && !s.leased;
+    free_block(c, gid);
+    if (remove) s.erased = true;
+    return;
+  }
+  add_idle(c, s, b);
+  if (c.max_idle != unlimited && idle_total(c) > c.max_idle) enforce_limit(ci);
+}
+
+std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_t& counter) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  struct candidate {
+    std::uint64_t since, seq, gid;
+    std::size_t slot;
+  };
+  std::vector<candidate> candidates;
+  std::size_t matching = 0;
+  for (std::size_t si = 0; si < c.slots.size(); ++si) {
+    if (c.slots[si].erased) continue;
+    for (const auto& [key, ids] : c.slots[si].idle) {
+      if (backend >= 0 && key.first != backend) continue;
+      for (std::uint64_t gid : ids) {
+        const model_block& b = blocks.at(gid);
+        candidates.push_back({b.idle_since, b.idle_seq, gid, si});
+        matching += b.capacity;
+      }
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const candidate& x, const candidate& y) {
+    return x.since != y.since ? x.since < y.since : x.seq < y.seq;
+  });
+  std::size_t freed = 0;
+  for (std::size_t i = 0; i < candidates.size();) {
+    std::size_t j = i;
+    while (j < candidates.size() && candidates[j].since == candidates[i].since && candidates[j].seq == candidates[i].seq) ++j;
+    // Blocks released at the same moment in different slots: the cache may free them in any
+    // order, so the log says which came first.
+    std::vector<candidate> group(candidates.begin() + static_cast<std::ptrdiff_t>(i),
+                                 candidates.begin() + static_cast<std::ptrdiff_t>(j));
+    while (!group.empty()) {
+      if (matching - freed <= keep) return freed;
+      std::size_t pick = 0;
+      if (group.size() > 1) {
+        const backend_event* e = log_.peek_pending(0);
+        pick = group.size();
+        for (std::size_t k = 0; e != nullptr && k < group.size(); ++k)
+          if (e->what == backend_event::kind::deallocate && e->ptr == blocks.at(group[k].gid).ptr) pick = k;
+        if (pick == group.size())
+          fail(fmt::format("reclaim/eviction: expected one of {} equally old idle blocks to be freed next, refpool made {}",
+                           group.size(), e != nullptr ? describe(*e) : std::string("no call")));
+      }
+      const candidate chosen = group[pick];
+      group.erase(group.begin() + static_cast<std::ptrdiff_t>(pick));
+      model_block& b = blocks.at(chosen.gid);
+      model_slot& s = c.slots[chosen.slot];
+      std::vector<std::uint64_t>& ids = s.idle[{b.backend, b.capacity}];
+      ids.erase(std::find(ids.begin(), ids.end(), chosen.gid));
+      remove_idle(s, b);
+      freed += b.capacity;
+      counter += 1;
+      free_block(c, chosen.gid);
+    }
+    i = j;
+  }
+  return freed;
+}
+
+void model::enforce_limit(int ci) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  if (c.closed || idle_total(c) <= c.max_idle) return;
+  free_idle(ci, c.max_idle, -1, c.evictions);
+}
+
+std::size_t model::reclaim(int ci, std::size_t keep) {
+  return free_idle(ci, keep, -1, caches[static_cast<std::size_t>(ci)].reclaimed);
+}
+
+void model::set_max_idle(int ci, std::size_t bytes) {
+  caches[static_cast<std::size_t>(ci)].max_idle = bytes;
+  if (bytes != unlimited) enforce_limit(ci);
+}
+
+// Destroying a cache frees its idle blocks; slots still leased or holding live blocks live on.
+void model::close_cache(int ci) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  c.closed = true;
+  c.free_slots.clear();
+  std::vector<std::uint64_t> idle;
+  for (model_slot& s : c.slots) {
+    if (s.erased) continue;
+    for (auto& [key, ids] : s.idle) idle.insert(idle.end(), ids.begin(), ids.end());
+    s.idle.clear();
+    s.idle_blocks = 0;
+    s.idle_bytes = 0;
+    if (s.leased || s.live_blocks != 0) s.orphaned = true;
+  }
+  for (std::size_t n = idle.size(); n > 0; --n) {  // in an order the model does not fix
+    const backend_event* e = log_.peek_pending(0);
+    auto it = std::find_if(idle.begin(), idle.end(), [&](std::uint64_t g) {
+      return e != nullptr && e->what == backend_event::kind::deallocate && e->ptr == blocks.at(g).ptr;
+    });
+    if (it == idle.end())
+      fail(fmt::format("destroying a cache: expected one of its {} idle blocks to be freed, refpool made {}", n,
+                       e != nullptr ? describe(*e) : std::string("no call")));
+    const std::uint64_t gid = *it;
+    idle.erase(it);
+    free_block(c, gid);
+  }
+  for (model_slot& s : c.slots)
+    if (!s.orphaned) s.erased = true;
+}
+
+refpool::cache_stats model::stats(int ci) const {
+  const model_cache& c = caches[static_cast<std::size_t>(ci)];
+  refpool::cache_stats out;
+  for (const model_slot& s : c.slots) {
+    if (s.erased) continue;
+    out.hits += s.hits;
+    out.misses += s.misses;
+    out.steals += s.steals;
+    out.unsafe_frees += s.unsafe_frees;
+    out.escapes += s.escapes;
+    out.cross_stream_reuses += s.cross_stream;
+    out.live_blocks += s.live_blocks;
+    out.idle_blocks += s.idle_blocks;
+    out.live_bytes += s.live_bytes;
+    out.idle_bytes += s.idle_bytes;
+  }
+  out.backend_allocations = c.backend_allocations;
+  out.backend_frees = c.backend_frees;
+  out.evictions = c.evictions;
+  out.reclaimed_blocks = c.reclaimed;
+  out.oom_retries = c.oom_retries;
+  out.scope_entries = c.scope_entries;
+  out.uncached_entries = c.uncached_entries;
+  out.held_bytes = c.held;
+  out.peak_held_bytes = c.peak;
+  return out;
+}
+
+}  // namespace refpool_fuzz
