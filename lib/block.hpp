@@ -16,6 +16,8 @@
 namespace refpool::detail {
 
 struct bucket;
+class plan;
+class plan_run;
 
 // Cache-line aligned: blocks of different threads must not share a line (false sharing).
 struct alignas(64) block : block_header {
@@ -34,6 +36,13 @@ struct alignas(64) block : block_header {
   std::uint64_t idle_since = 0;  ///< cache clock when it went idle (least recently used first)
   std::uint64_t idle_seq = 0;    ///< its slot's release count then: orders releases within a tick
   bool idle = false;
+
+  // Planned scopes. A region of a plan's arena has region_of set (and no home); any block handed
+  // out in a planned scope has `run` set until its last handle goes, so the run learns lifetimes.
+  plan* region_of = nullptr;
+  std::uint32_t plan_index = 0;
+  plan_run* run = nullptr;
+  std::uint32_t run_index = 0;
 
   /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.
   spinlock streams_lock;

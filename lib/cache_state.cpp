@@ -339,7 +339,13 @@ void cache_state::set_max_idle_bytes(std::size_t bytes) {
 
 // ---- destruction --------------------------------------------------------------------------
 
+void cache_state::add_escapes(slot& s, std::size_t count) noexcept {
+  std::lock_guard guard(s.lock);
+  s.counters.escapes += count;
+}
+
 void cache_state::close() noexcept {
+  plans_.clear();
   std::lock_guard guard(mutex_);
   closed_ = true;
   free_slots_.clear();
@@ -397,6 +403,7 @@ cache_stats cache_state::stats() const {
   out.uncached_entries = uncached_entries_.load();
   out.held_bytes = held_bytes_.load();
   out.peak_held_bytes = peak_held_bytes_.load();
+  plans_.add_counters(out);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <refpool/backend.hpp>
 
 #include "block.hpp"
+#include "plan.hpp"
 #include "slot.hpp"
 
 namespace refpool::detail {
@@ -51,6 +52,11 @@ class cache_state {
     return max_idle_bytes_.load(std::memory_order_relaxed);
   }
   [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
+
+  /// The plans of planned scopes on this cache.
+  [[nodiscard]] plan_store& plans() noexcept { return plans_; }
+  /// Counts buffers that a planned run saw escape (regions and direct blocks).
+  void add_escapes(slot& s, std::size_t count) noexcept;
 
  private:
   ~cache_state();
@@ -94,6 +100,10 @@ class cache_state {
   std::atomic<std::uint64_t> uncached_entries_{0};
   std::atomic<std::size_t> held_bytes_{0};
   std::atomic<std::size_t> peak_held_bytes_{0};
+  plan_store plans_;
 };
+
+/// A block straight from `be`, owned by no cache: freed to `be` on its last release.
+block* allocate_direct(const backend& be, std::size_t bytes, stream_ref stream);
 
 }  // namespace refpool::detail

@@ -10,6 +10,7 @@
 #include "block.hpp"
 #include "cache_state.hpp"
 #include "env_config.hpp"
+#include "plan.hpp"
 
 namespace refpool {
 
@@ -19,6 +20,14 @@ void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
   block* b = as_block(h);
   b->refs.store(0, std::memory_order_relaxed);
   if (alloc_log* log = active_log()) log->record(false, b->ptr, b->requested, b->last_stream);
+  if (plan_run* run = std::exchange(b->run, nullptr)) {
+    run->on_release(b->run_index, b->home == nullptr, via_unsafe_free && b->home == nullptr && b->region_of == nullptr);
+    run->release();
+  }
+  if (b->region_of != nullptr) {
+    b->region_of->release_region(b, via_unsafe_free);
+    return;
+  }
   if (b->home != nullptr) {
     b->home->owner->cache->release_block(b, via_unsafe_free);
     return;

@@ -49,6 +49,8 @@ void pop(scope_frame& frame, std::string_view what) {
   std::terminate();
 }
 
+}  // namespace
+
 block* allocate_direct(const backend& be, std::size_t bytes, stream_ref stream) {
   auto made = std::make_unique<block>();
   void* ptr = be.state()->allocate(bytes, stream);
@@ -67,7 +69,6 @@ block* allocate_direct(const backend& be, std::size_t bytes, stream_ref stream) 
   return made.release();
 }
 
-}  // namespace
 }  // namespace detail
 
 scope::scope(alloc_cache& cache, scope_options options) {
@@ -78,6 +79,7 @@ scope::scope(alloc_cache& cache, scope_options options) {
   for (const detail::scope_frame* f = detail::current_frame; f != nullptr && !nested; f = f->previous) {
     if (f->cache == &state) {  // nested on a cache already active here: share its state
       frame_.lease = f->lease;
+      frame_.run = f->run;
       nested = true;
     }
   }
@@ -86,6 +88,10 @@ scope::scope(alloc_cache& cache, scope_options options) {
     if (!warmup) {
       frame_.lease = state.lease(std::this_thread::get_id());
       frame_.owns_lease = frame_.lease != nullptr;
+    }
+    if (frame_.lease != nullptr && !options.plan.empty()) {
+      frame_.run = new detail::plan_run(state, std::string(options.plan));
+      frame_.owns_run = true;
     }
   }
   state.retain();
@@ -103,6 +109,12 @@ scope::~scope() {
 void scope::close() {
   if (!frame_.open) return;
   detail::pop(frame_, "a refpool scope was");
+  if (frame_.owns_run) {
+    frame_.run->finish(frame_.lease);
+    frame_.run->release();
+  }
+  frame_.run = nullptr;
+  frame_.owns_run = false;
   if (frame_.owns_lease) frame_.cache->give_back(frame_.lease);
   frame_.cache->release();
   frame_.lease = nullptr;
@@ -133,7 +145,9 @@ data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream) {
                      "makes them without allocating)");
   const detail::scope_frame* f = detail::current_frame;
   detail::block* b = nullptr;
-  if (f != nullptr && f->lease != nullptr) {
+  if (f != nullptr && f->run != nullptr) {
+    b = f->run->acquire(f->lease, be, bytes, stream);
+  } else if (f != nullptr && f->lease != nullptr) {
     b = f->cache->acquire(*f->lease, be, bytes, stream);  // the scope read the environment already
   } else {
     detail::environment();  // a bad REFPOOL_CONF fails here, clearly, and the log is open before use

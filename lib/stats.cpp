@@ -28,6 +28,16 @@ std::string to_string(const cache_stats& s) {
   row("idle bytes", s.idle_bytes);
   row("held bytes", s.held_bytes);
   row("peak held bytes", s.peak_held_bytes);
+  if (s.plans + s.plan_hits + s.plan_misses + s.plan_recordings != 0) {
+    row("plan hits", s.plan_hits);
+    row("plan misses", s.plan_misses);
+    row("plan recordings", s.plan_recordings);
+    row("plans", s.plans);
+    row("arena bytes", s.arena_bytes);
+    row("planned peak live", s.planned_peak_live_bytes);
+    if (s.planned_peak_live_bytes != 0)
+      row("arena / peak live", fmt::format("{:.3f}", static_cast<double>(s.arena_bytes) / s.planned_peak_live_bytes));
+  }
   return out;
 }
 

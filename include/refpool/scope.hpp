@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 #include <utility>
 
 #include <refpool/alloc_cache.hpp>
@@ -10,6 +11,7 @@ namespace refpool {
 
 namespace detail {
 class cache_state;
+class plan_run;
 struct slot;
 
 /// One entry of the calling thread's stack of active scopes and guards.
@@ -18,6 +20,8 @@ struct scope_frame {
   cache_state* cache = nullptr;  ///< null: allocations go straight to the backend
   slot* lease = nullptr;         ///< the cache's per-scope state this frame allocates from
   bool owns_lease = false;       ///< false when an outer frame on this thread holds the lease
+  plan_run* run = nullptr;       ///< the planned run this frame allocates through, if any
+  bool owns_run = false;
   bool open = false;
 };
 }  // namespace detail
@@ -26,6 +30,12 @@ struct scope_options {
   /// Run the first N entries of scopes on this cache (counted per cache over all threads)
   /// uncached, so one-off warm-up allocations (autotuning workspaces) are never kept.
   std::size_t uncached_warmup_entries = 0;
+  /// Non-empty: a planned scope (docs/design.md, "Planned scopes"). The first run under this key
+  /// records its requests and their lifetimes; its end packs them into one arena; later runs
+  /// with the same sequence get regions of that arena: no driver calls, memory held near the
+  /// recorded peak of live bytes. A request whose bytes a live handle can still reach, or a run
+  /// that diverges, falls back to the normal cache. The key's text is copied.
+  std::string_view plan;
 };
 
 /// Makes `cache` the active cache on this thread until the scope ends. Scopes nest; the

@@ -30,7 +30,13 @@ struct cache_stats {
   std::size_t live_bytes = 0;             ///< block bytes held by handles
   std::size_t idle_bytes = 0;             ///< block bytes ready for reuse
   std::size_t held_bytes = 0;             ///< live + idle: bytes this cache holds from backends
-  std::size_t peak_held_bytes = 0;        ///< highest held_bytes so far
+  std::size_t peak_held_bytes = 0;        ///< highest held_bytes so far (plan arenas not included)
+  std::uint64_t plan_hits = 0;            ///< planned-scope requests served by a plan's region
+  std::uint64_t plan_misses = 0;          ///< divergences, shorter runs and live-region conflicts
+  std::uint64_t plan_recordings = 0;      ///< plans made (first runs, diverged or stale runs)
+  std::size_t plans = 0;                  ///< plans kept now
+  std::size_t arena_bytes = 0;            ///< bytes of their arenas
+  std::size_t planned_peak_live_bytes = 0;  ///< peak live bytes of the runs they were made from
 
   /// hits / (hits + misses), 0 when there were no requests.
   [[nodiscard]] double hit_rate() const noexcept {

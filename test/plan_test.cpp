@@ -1,0 +1,242 @@
+// Planned scopes: the placement, plan hits with no backend calls, and above all that no request
+// is ever given bytes that a live handle can still reach (escapes, late releases, unsafe_free,
+// divergence).
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <vector>
+
+#include <refpool/refpool.hpp>
+
+#include "plan.hpp"
+
+using namespace refpool;
+
+namespace {
+
+// Every live buffer holds its own stamp in every word; check() verifies them all.
+struct stamped {
+  array<std::uint64_t> a;
+  std::uint64_t stamp = 0;
+};
+
+class owners {
+ public:
+  void add(array<std::uint64_t> a) {
+    stamped s{std::move(a), ++next_};
+    std::fill_n(s.a.data(), s.a.size(), s.stamp);
+    live_.push_back(std::move(s));
+  }
+  // True when every live buffer still holds only its own stamp.
+  bool check() const {
+    for (const auto& s : live_)
+      for (std::size_t i = 0; i < s.a.size(); ++i)
+        if (s.a.data()[i] != s.stamp) return false;
+    return true;
+  }
+  void drop(std::size_t i, bool early) {
+    if (early) live_[i].a.unsafe_free();
+    live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  std::vector<stamped>& live() { return live_; }
+
+ private:
+  std::vector<stamped> live_;
+  std::uint64_t next_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("greedy-by-size placement never overlaps requests alive together", "[plan][placement]") {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t n = 1 + rng() % 60;
+    std::vector<std::size_t> sizes(n);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> life(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      sizes[i] = 1 + rng() % 5000;
+      const std::uint64_t start = rng() % 100;
+      life[i] = {start, start + 1 + rng() % 40};
+    }
+    const auto [offsets, arena] = detail::place_greedy_by_size(sizes, life, 256);
+    std::size_t peak = 0;
+    for (std::uint64_t t = 0; t < 200; ++t) {
+      std::size_t live = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if (life[i].first <= t && t < life[i].second) live += (sizes[i] + 255) / 256 * 256;
+      peak = std::max(peak, live);
+    }
+    CHECK(arena >= peak);
+    for (std::size_t i = 0; i < n; ++i) {
+      CHECK(offsets[i] % 256 == 0);
+      CHECK(offsets[i] + sizes[i] <= arena);
+      for (std::size_t j = i + 1; j < n; ++j) {
+        const bool together = life[i].first < life[j].second && life[j].first < life[i].second;
+        const bool share = offsets[i] < offsets[j] + sizes[j] && offsets[j] < offsets[i] + sizes[i];
+        if (together && share) FAIL("requests " << i << " and " << j << " overlap while both live");
+      }
+    }
+  }
+  // A chain of non-overlapping lifetimes packs into the largest request alone.
+  const auto [offsets, arena] = detail::place_greedy_by_size({1024, 4096, 512}, {{0, 1}, {1, 2}, {2, 3}}, 256);
+  CHECK(arena == 4096);
+  CHECK(offsets == std::vector<std::size_t>{0, 0, 0});
+}
+
+TEST_CASE("a repeated loop is served from the plan with no backend calls", "[plan]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const scope_options planned{.plan = "step"};
+  std::uint64_t after_first = 0;
+  std::vector<std::vector<void*>> pointers;
+  for (int iteration = 0; iteration < 6; ++iteration) {
+    scope s(cache, planned);
+    std::vector<void*> seen;
+    auto a = empty<float>(be, {1024});
+    auto b = empty<float>(be, {32, 64});
+    seen = {a.data(), b.data()};
+    a = {};
+    auto c = empty<double>(be, {256});  // can take a's bytes
+    auto d = empty<std::uint8_t>(be, {10000});
+    seen.push_back(c.data());
+    seen.push_back(d.data());
+    b = {};
+    c = {};
+    auto e = empty<float>(be, {4096});
+    seen.push_back(e.data());
+    pointers.push_back(seen);
+    if (iteration == 0) after_first = be.allocation_count();
+  }
+  const auto st = cache.stats();
+  CHECK(st.plan_recordings == 1);
+  CHECK(st.plans == 1);
+  CHECK(st.plan_hits == 5 * 5);
+  CHECK(st.plan_misses == 0);
+  CHECK(be.allocation_count() == after_first + 1);  // the arena, once
+  CHECK(st.arena_bytes <= st.planned_peak_live_bytes * 105 / 100 + 5 * 256);
+  for (int i = 2; i < 6; ++i) CHECK(pointers[i] == pointers[1]);  // stable addresses
+  CHECK(st.escapes == 0);
+}
+
+TEST_CASE("no request gets bytes a live handle can reach: random loops with escapes", "[plan][safety]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  std::mt19937 rng(17);
+  owners held;  // buffers kept across runs (escapes and late releases)
+  for (int round = 0; round < 40; ++round) {
+    // A few distinct sequences under one key, some runs perturbed: escapes, early and late frees.
+    const unsigned sequence = rng() % 3;
+    std::mt19937 shape_rng(sequence);  // same sequence, same shapes
+    const bool perturb = rng() % 4 == 0;
+    scope s(cache, {.plan = "loop"});
+    owners run;
+    for (int k = 0; k < 30; ++k) {
+      run.add(empty<std::uint64_t>(be, {1 + shape_rng() % 300}));
+      REQUIRE(run.check());
+      REQUIRE(held.check());
+      if (run.live().size() > 3) run.drop(shape_rng() % run.live().size(), shape_rng() % 2 == 0);
+      if (perturb && rng() % 10 == 0 && !run.live().empty()) {  // a late release the plan did not foresee
+        held.live().push_back(std::move(run.live().back()));
+        run.live().pop_back();
+      }
+    }
+    if (rng() % 3 == 0 && !run.live().empty()) {  // escapes
+      held.live().push_back(std::move(run.live().front()));
+      run.live().erase(run.live().begin());
+    }
+    while (held.live().size() > 6) held.drop(rng() % held.live().size(), false);
+  }
+  REQUIRE(held.check());
+  const auto st = cache.stats();
+  CHECK(st.plan_hits > 0);
+  CHECK(st.plan_misses > 0);  // the conflicts and perturbations were noticed
+  CHECK(st.plans <= detail::plan_store::plans_per_key);
+  CHECK(st.escapes > 0);
+}
+
+TEST_CASE("an escaped region is never reused while held; the plan is re-recorded", "[plan][escape]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const scope_options planned{.plan = "k"};
+  array<float> escaped;
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    scope s(cache, planned);
+    auto a = empty<float>(be, {256});
+    if (iteration == 1) escaped = a;  // a region of the plan escapes
+  }
+  CHECK(cache.stats().escapes == 1);
+  escaped.data()[0] = 7.0f;
+  {
+    scope s(cache, planned);
+    auto a = empty<float>(be, {256});  // the plan's region is held: fall back
+    CHECK(a.data() != escaped.data());
+    a.data()[0] = -1.0f;
+  }
+  CHECK(escaped.data()[0] == 7.0f);
+  const auto st = cache.stats();
+  CHECK(st.plan_misses == 1);
+  CHECK(st.plan_recordings == 2);  // the stale plan was replaced by this run's recording
+  escaped = {};
+  {
+    scope s(cache, planned);
+    auto a = empty<float>(be, {256});
+  }
+  CHECK(cache.stats().plan_hits == 2);
+}
+
+TEST_CASE("divergence falls back and records one plan per sequence", "[plan][divergence]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const auto run = [&](std::size_t n) {
+    scope s(cache, {.plan = "varlen"});
+    auto x = empty<float>(be, {n});
+    auto y = empty<float>(be, {n, 4});
+    x = {};
+    auto z = empty<float>(be, {n * 2});
+  };
+  run(100);  // records plan A
+  run(100);  // hits A
+  CHECK(cache.stats().plan_hits == 3);
+  run(200);  // diverges at its first request: normal cache, then records plan B
+  CHECK(cache.stats().plan_misses == 1);
+  CHECK(cache.stats().plan_recordings == 2);
+  const auto allocations = be.allocation_count();
+  for (int i = 0; i < 4; ++i) run(i % 2 == 0 ? 100 : 200);
+  CHECK(cache.stats().plan_hits == 3 + 12);
+  CHECK(be.allocation_count() == allocations);  // both sequences: no backend call
+  CHECK(cache.stats().plans == 2);
+}
+
+TEST_CASE("unsafe_free in a planned scope returns the region; old handles throw", "[plan][unsafe_free]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    scope s(cache, {.plan = "u"});
+    auto a = empty<float>(be, {512});
+    a.unsafe_free();
+    auto b = empty<float>(be, {512});  // the plan may give it a's bytes: a no longer reaches them
+    CHECK_THROWS_AS(a.data(), use_after_free);
+    b.data()[511] = 1.0f;
+  }
+  CHECK(cache.stats().unsafe_frees >= 3);
+  CHECK(cache.stats().plan_hits == 4);
+}
+
+TEST_CASE("a cache destroyed while regions live: they stay valid, the arena goes last", "[plan][lifetime]") {
+  const backend be = make_host_backend();
+  array<float> survivor;
+  {
+    alloc_cache cache{cache_options{}};
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      scope s(cache, {.plan = "p"});
+      auto a = empty<float>(be, {64});
+      if (iteration == 1) survivor = a;
+    }
+  }
+  CHECK(be.outstanding_bytes() > 0);
+  survivor.data()[63] = 2.0f;
+  survivor = {};
+  CHECK(be.outstanding_bytes() == 0);
+}
