@@ -10,6 +10,7 @@
 #include <refpool/cuda.hpp>
 #include <refpool/data_ref.hpp>
 #include <refpool/error.hpp>
+#include <refpool/hip.hpp>
 #include <refpool/resource.hpp>
 #include <refpool/rounding.hpp>
 #include <refpool/scope.hpp>

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include <refpool/backend.hpp>
 #include <refpool/resource.hpp>
 
 namespace refpool::detail::gpu {
@@ -65,5 +66,14 @@ class device_guard {
 /// The resource for `kind` memory (device, device_async, pinned_host) of `device`.
 /// Stream safety: order_streams records an event on the producer and makes the consumer wait.
 std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name);
+
+/// The process-wide backend for `kind` memory on `device` of `api`'s runtime, named
+/// "<prefix>:<device> <kind>" ("hip:0 device"): made at first use and the same handle at every
+/// later call, so caches key their blocks by it. Before the device_async backend is made,
+/// `keep_pool_memory(device)` (when given) sets up the runtime's stream-ordered pool. The caller
+/// has checked that `device` exists. Thread-safe; when making a backend throws, nothing is kept.
+/// Throws `backend_unavailable` for `memory_kind::host` (that is refpool::host_backend()).
+backend shared_backend(const runtime_api& api, std::string_view prefix, int device, memory_kind kind,
+                       void (*keep_pool_memory)(int device) = nullptr);
 
 }  // namespace refpool::detail::gpu

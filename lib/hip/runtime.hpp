@@ -1,0 +1,72 @@
+// The HIP runtime (libamdhip64), loaded at run time: one X-macro list of the entry points refpool
+// uses, expanded into a table of pointers filled once, thread-safely, through dlsym. Only files in
+// lib/hip/ include this (and hip/hip_runtime_api.h).
+#pragma once
+
+// Without the header's C++ convenience overloads (hipMalloc(T**), ...), decltype(&name) is the C
+// entry point's type; the few overloads the macro leaves (hipMallocAsync) are TYPED below.
+#define __HIP_DISABLE_CPP_FUNCTIONS__
+#include <hip/hip_runtime_api.h>
+
+#include <string>
+
+#include "../gpu/runtime_api.hpp"
+
+namespace refpool::detail::hip {
+
+// The C entry points of names the header also overloads in C++ (hipMallocAsync with a pool).
+using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
+
+// X(name) takes the type of the header's declaration; TYPED(name, type) names the type of an
+// overloaded name's C entry point.
+#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                       \
+  X(hipRuntimeGetVersion) X(hipDriverGetVersion) X(hipGetDeviceCount) X(hipGetDevice)              \
+  X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) X(hipMemGetInfo)                             \
+  X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t)                               \
+  X(hipFreeAsync) X(hipHostMalloc) X(hipHostFree)                                                  \
+  X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute)                                          \
+  X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize)                          \
+  X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)            \
+  X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync)                                        \
+  X(hipModuleLoadData) X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel)         \
+  X(hipGetErrorName) X(hipGetErrorString)
+
+struct runtime_api {
+#define REFPOOL_HIP_DECLARE(name) decltype(&::name) name = nullptr;
+#define REFPOOL_HIP_DECLARE_TYPED(name, type) type name = nullptr;  // static_cast below checks the type
+  REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_DECLARE, REFPOOL_HIP_DECLARE_TYPED)
+#undef REFPOOL_HIP_DECLARE
+#undef REFPOOL_HIP_DECLARE_TYPED
+  std::string library;   ///< the file name that loaded ("libamdhip64.so.5")
+  int version = 0;       ///< hipRuntimeGetVersion: major * 10'000'000 + minor * 100'000 + patch
+  int device_count = 0;  ///< at least 1 once loaded
+};
+
+// A TYPED entry must name the type of one of the header's declarations (else the cast fails).
+#define REFPOOL_HIP_CHECK_TYPED(name, type) static_assert(sizeof(static_cast<type>(&::name)) != 0);
+#define REFPOOL_HIP_IGNORE(name)
+REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_IGNORE, REFPOOL_HIP_CHECK_TYPED)
+#undef REFPOOL_HIP_CHECK_TYPED
+#undef REFPOOL_HIP_IGNORE
+
+/// The library names tried, in order: ROCm 6, ROCm 5 (Debian 12's libamdhip64-5), the dev symlink.
+inline constexpr const char* library_names[] = {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"};
+
+/// Oldest runtime refpool accepts (HIP 5.2: stream-ordered allocation).
+inline constexpr int minimum_runtime_version = 50'200'000;
+
+/// The loaded runtime. Throws `backend_unavailable` saying why it cannot be used.
+const runtime_api& runtime();
+/// Empty when the runtime is usable, else the reason. Never throws.
+std::string unavailable_reason() noexcept;
+/// Throws `backend_unavailable` unless the runtime is usable and has device `ordinal`.
+void check_device(int ordinal);
+/// The table the shared GPU resource uses for HIP. Valid only once runtime() succeeded.
+const gpu::runtime_api& runtime_table();
+
+/// Throws `backend_error` (formatted by the shared GPU code) unless `result` is hipSuccess.
+inline void check(hipError_t result, const char* call, const std::string& details = {}) {
+  gpu::check(runtime_table(), result, call, details);
+}
+
+}  // namespace refpool::detail::hip
