@@ -369,7 +369,7 @@ void plan_store::add_counters(cache_stats& out) const {
     out.plans += 1;
     out.unsafe_frees += p->unsafe_frees.load();
     if (std::find(arenas.begin(), arenas.end(), p->memory()) == arenas.end()) arenas.push_back(p->memory());
-    auto k = std::find_if(peak_by_key.begin(), peak_by_key.end(), [&](const auto& e) { return e.first == key; });
+    auto k = std::find_if(peak_by_key.begin(), peak_by_key.end(), [&key = key](const auto& e) { return e.first == key; });
     if (k == peak_by_key.end()) {
       peak_by_key.emplace_back(key, p->peak_live_bytes());
     } else {
