@@ -3,9 +3,6 @@
 #include <refpool/cuda.hpp>
 #include <refpool/error.hpp>
 
-#include <map>
-#include <mutex>
-
 #include <fmt/format.h>
 
 #include "../gpu/runtime_api.hpp"
@@ -62,26 +59,8 @@ std::pair<std::size_t, std::size_t> memory_info(int ordinal) {
 }
 
 backend device(int ordinal, memory_kind kind) {
-  if (kind == memory_kind::host)
-    throw backend_unavailable("refpool: the CUDA backend has device, device_async and pinned_host memory; "
-                              "pageable host memory is refpool::host_backend()");
-  detail::cuda::context(ordinal);  // throws for missing driver or device
-  // Leaked on purpose: blocks may be freed by static destructors after this map would be gone.
-  static auto* backends = new std::map<std::pair<int, memory_kind>, backend>;
-  static std::mutex mutex;
-  std::lock_guard lock(mutex);
-  auto [it, inserted] = backends->try_emplace({ordinal, kind});
-  if (inserted) {
-    try {
-      if (kind == memory_kind::device_async) keep_default_pool_memory(ordinal);
-      it->second = backend(detail::gpu::make_resource(detail::cuda::runtime_table(), ordinal, kind,
-                                                      fmt::format("cuda:{} {}", ordinal, to_string(kind))));
-    } catch (...) {
-      backends->erase(it);
-      throw;
-    }
-  }
-  return it->second;
+  if (kind != memory_kind::host) detail::cuda::context(ordinal);  // throws for missing driver or device
+  return detail::gpu::shared_backend(detail::cuda::runtime_table(), "cuda", ordinal, kind, keep_default_pool_memory);
 }
 
 stream::stream(int ordinal) : device_(ordinal) {
