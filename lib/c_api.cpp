@@ -208,7 +208,7 @@ struct cache_object {
 };
 
 struct scope_object {
-  explicit scope_object(refpool::alloc_cache& cache) : scope(cache) {}
+  scope_object(refpool::alloc_cache& cache, const refpool::scope_options& options) : scope(cache, options) {}
   std::mutex mutex;
   refpool::scope scope;
 };
@@ -277,6 +277,23 @@ refpool_status backend_handle(refpool::backend (*make)(), refpool_backend* out, 
   return guarded([&] {
     refpool_backend& result = required(out, function, "out");
     result = make_handle<refpool_backend>(std::make_shared<backend_object>(backend_object{make()}));
+  });
+}
+
+refpool_status enter_scope(refpool_cache cache, const refpool_scope_options* options, refpool_scope* out,
+                           const char* function) {
+  return guarded([&] {
+    refpool_scope& result = required(out, function, "out");
+    const auto object = lookup<cache_object>(cache, function);
+    refpool::scope_options chosen;
+    if (options != nullptr) {
+      chosen.uncached_warmup_entries = options->uncached_warmup_entries;
+      if (options->plan != nullptr) chosen.plan = options->plan;  // the scope copies the text
+    }
+    // Made on the heap and never moved: the thread's scope stack points at it. If making the
+    // handle fails, destroying `entered` ends the scope again (it is innermost).
+    auto entered = std::make_shared<scope_object>(object->cache, chosen);
+    result = make_handle<refpool_scope>(std::move(entered));
   });
 }
 
@@ -406,7 +423,9 @@ refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats*
     result = refpool_cache_stats{s.hits, s.misses, s.steals, s.backend_allocations, s.backend_frees,
                                  s.unsafe_frees, s.escapes, s.evictions, s.reclaimed_blocks, s.oom_retries,
                                  s.cross_stream_reuses, s.scope_entries, s.uncached_entries, s.live_blocks,
-                                 s.idle_blocks, s.live_bytes, s.idle_bytes, s.held_bytes, s.peak_held_bytes};
+                                 s.idle_blocks, s.live_bytes, s.idle_bytes, s.held_bytes, s.peak_held_bytes,
+                                 s.plan_hits, s.plan_misses, s.plan_recordings, s.plans, s.arena_bytes,
+                                 s.planned_peak_live_bytes};
   });
 }
 
@@ -426,14 +445,12 @@ refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_
 // ---- scopes -------------------------------------------------------------------------------
 
 refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out) {
-  return guarded([&] {
-    refpool_scope& result = required(out, "refpool_scope_enter", "out");
-    const auto object = lookup<cache_object>(cache, "refpool_scope_enter");
-    // Made on the heap and never moved: the thread's scope stack points at it.
-    // If making the handle fails, destroying `entered` ends the scope again (it is innermost).
-    auto entered = std::make_shared<scope_object>(object->cache);
-    result = make_handle<refpool_scope>(std::move(entered));
-  });
+  return enter_scope(cache, nullptr, out, "refpool_scope_enter");
+}
+
+refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
+                                                refpool_scope* out) {
+  return enter_scope(cache, options, out, "refpool_scope_enter_with_options");
 }
 
 refpool_status refpool_scope_exit(refpool_scope scope) {

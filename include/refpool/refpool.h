@@ -134,8 +134,25 @@ typedef struct refpool_cache_stats {
   size_t live_bytes;             ///< block bytes held by handles
   size_t idle_bytes;             ///< block bytes ready for reuse
   size_t held_bytes;             ///< live + idle: bytes this cache holds from backends
-  size_t peak_held_bytes;        ///< highest held_bytes so far
+  size_t peak_held_bytes;        ///< highest held_bytes so far (plan arenas not included)
+  uint64_t plan_hits;            ///< planned-scope requests served by a plan's region
+  uint64_t plan_misses;          ///< divergences, shorter runs and live-region conflicts
+  uint64_t plan_recordings;      ///< plans made (first runs, diverged or stale runs)
+  size_t plans;                  ///< plans kept now
+  size_t arena_bytes;            ///< bytes of their arenas
+  size_t planned_peak_live_bytes;  ///< peak live bytes of the runs they were made from
 } refpool_cache_stats;
+
+/// How a scope runs (refpool::scope_options). Zero-initialise for a plain scope.
+typedef struct refpool_scope_options {
+  /// Run the first N entries of scopes on this cache (over all threads) uncached, so one-off
+  /// warm-up allocations are never kept.
+  size_t uncached_warmup_entries;
+  /// NULL or "": a plain scope. Otherwise a planned scope under this key (docs/design.md,
+  /// "Planned scopes"): the first run records its requests, later runs with the same sequence get
+  /// regions of one arena. The text is copied.
+  const char* plan;
+} refpool_scope_options;
 
 /// A backend's own accounting (refpool::backend's counters).
 typedef struct refpool_backend_stats {
@@ -232,6 +249,11 @@ refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_
 /// The caller owns *out and must exit it on this thread, innermost first, before the thread
 /// ends. Errors: INVALID_ARGUMENT, INVALID_HANDLE (cache destroyed), OUT_OF_MEMORY.
 refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out);
+
+/// As refpool_scope_enter, with options (warm-up entries, a plan key); `options` NULL is a plain
+/// scope. Errors: as refpool_scope_enter, and CONFIG (bad REFPOOL_CONF).
+refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
+                                                refpool_scope* out);
 
 /// Ends a scope. Buffers it handed out that are still referenced are counted as escapes and
 /// stay valid. Errors: INVALID_ARGUMENT, INVALID_HANDLE (already exited), SCOPE (not the

@@ -1,5 +1,6 @@
 /* The C API from C11: the seed case (16 floats, then 4x4 floats, one buffer), use after
- * unsafe_free, double release and every other stale handle, stats, errors, scopes across threads.
+ * unsafe_free, double release and every other stale handle, stats, errors, scope options (warm-up,
+ * planned scopes), scopes across threads.
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
@@ -358,6 +359,52 @@ static void test_errors(void) {
   OK(refpool_backend_release(be));
 }
 
+/* Scope options: warm-up entries run uncached; a planned scope records its first run and replays
+ * it from one arena. */
+static void test_scope_options(void) {
+  refpool_backend be = {0};
+  OK(refpool_backend_new_host(&be));
+  refpool_cache cache = exact_cache();
+  const size_t flat[] = {16};
+  const size_t square[] = {4, 4};
+
+  refpool_scope_options warmup = {1, NULL};
+  for (int run = 0; run < 2; ++run) {
+    refpool_scope scope = {0};
+    OK(refpool_scope_enter_with_options(cache, &warmup, &scope));
+    OK(refpool_release(alloc_floats(be, flat, 1)));
+    OK(refpool_scope_exit(scope));
+  }
+  refpool_cache_stats stats;
+  OK(refpool_cache_get_stats(cache, &stats));
+  CHECK(stats.scope_entries == 2 && stats.uncached_entries == 1);
+  CHECK(stats.misses == 1 && stats.hits == 0);
+
+  refpool_scope_options planned = {0, "c-api-step"};
+  for (int run = 0; run < 3; ++run) {
+    refpool_scope scope = {0};
+    OK(refpool_scope_enter_with_options(cache, &planned, &scope));
+    refpool_buffer a = alloc_floats(be, flat, 1);
+    refpool_buffer b = alloc_floats(be, square, 2);  /* both live: two regions */
+    CHECK(data_of(a) != data_of(b));
+    OK(refpool_release(a));
+    OK(refpool_release(b));
+    OK(refpool_scope_exit(scope));
+  }
+  OK(refpool_cache_get_stats(cache, &stats));
+  CHECK(stats.plan_recordings == 1 && stats.plans == 1);
+  CHECK(stats.plan_hits == 4 && stats.plan_misses == 0);
+  CHECK(stats.arena_bytes >= 128 && stats.planned_peak_live_bytes == 128);
+
+  refpool_scope scope = {0};
+  EXPECT(refpool_scope_enter_with_options(cache, &planned, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("refpool_scope_enter_with_options"));
+  OK(refpool_scope_enter_with_options(cache, NULL, &scope));  /* NULL options: a plain scope */
+  OK(refpool_scope_exit(scope));
+  OK(refpool_cache_destroy(cache));
+  OK(refpool_backend_release(be));
+}
+
 /* Scope order on one thread, and a scope exited on another thread. */
 static refpool_scope shared_scope;
 static refpool_status other_thread_status;
@@ -456,6 +503,7 @@ int main(void) {
   test_stale_handles();
   test_stats_escapes_reclaim();
   test_errors();
+  test_scope_options();
   test_scope_order();
   test_threads();
   if (failures != 0) {

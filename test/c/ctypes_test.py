@@ -24,14 +24,15 @@ class CacheOptions(Structure):
     _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t)]
 
 
-STAT_FIELDS = ["hits", "misses", "steals", "backend_allocations", "backend_frees", "unsafe_frees", "escapes",
-               "evictions", "reclaimed_blocks", "oom_retries", "cross_stream_reuses", "scope_entries",
-               "uncached_entries"]
-SIZE_FIELDS = ["live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes"]
-
-
 class CacheStats(Structure):
-    _fields_ = [(name, c_uint64) for name in STAT_FIELDS] + [(name, c_size_t) for name in SIZE_FIELDS]
+    """refpool_cache_stats: the fields of refpool::cache_stats, in its order."""
+    _fields_ = [(name, c_uint64) for name in [
+        "hits", "misses", "steals", "backend_allocations", "backend_frees", "unsafe_frees", "escapes", "evictions",
+        "reclaimed_blocks", "oom_retries", "cross_stream_reuses", "scope_entries", "uncached_entries"]] + \
+        [(name, c_size_t) for name in [
+            "live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes"]] + \
+        [(name, c_uint64) for name in ["plan_hits", "plan_misses", "plan_recordings"]] + \
+        [(name, c_size_t) for name in ["plans", "arena_bytes", "planned_peak_live_bytes"]]
 
 
 class RefpoolError(Exception):
@@ -113,7 +114,7 @@ class Refpool:
     def stats(self, cache):
         stats = CacheStats()
         self.call("refpool_cache_get_stats", cache, byref(stats))
-        return {name: getattr(stats, name) for name in STAT_FIELDS + SIZE_FIELDS}
+        return {name: getattr(stats, name) for name, _ in CacheStats._fields_}
 
     def exact_cache(self):
         options = CacheOptions()
