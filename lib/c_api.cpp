@@ -179,7 +179,7 @@ class handle_table {
     const std::uint64_t index = id & index_mask;
     if (id_tag != tag())
       fail(REFPOOL_ERROR_INVALID_HANDLE, fmt::format("refpool: {}: handle {:#x} is not a {} handle ({})", function,
-                                                     id, name, id_tag <= 4 ? kind_name(id_tag) : "corrupt"));
+                                                     id, name, id_tag <= static_cast<std::uint64_t>(kind::buffer) ? kind_name(id_tag) : "corrupt"));
     if (index >= slots_.size() || generation == 0 || generation > slots_[index].generation)
       fail(REFPOOL_ERROR_INVALID_HANDLE, fmt::format("refpool: {}: {} handle {:#x} was never handed out (an "
                                                      "uninitialised or corrupted handle)",
@@ -273,7 +273,9 @@ refpool_buffer new_buffer(refpool::data_ref ref, refpool::shape dims, std::size_
   return make_handle<refpool_buffer>(std::move(object));
 }
 
-refpool_status backend_handle(refpool::backend (*make)(), refpool_backend* out, const char* function) {
+/// Stores a new handle to the backend `make()` returns in *out.
+template <class Make>
+refpool_status backend_handle(Make make, refpool_backend* out, const char* function) {
   return guarded([&] {
     refpool_backend& result = required(out, function, "out");
     result = make_handle<refpool_backend>(std::make_shared<backend_object>(backend_object{make()}));
@@ -369,11 +371,11 @@ refpool_status refpool_backend_new_host(refpool_backend* out) {
 }
 
 refpool_status refpool_backend_new_host_limited(size_t capacity_bytes, refpool_backend* out) {
-  return guarded([&] {
-    refpool_backend& result = required(out, "refpool_backend_new_host_limited", "out");
-    refpool::backend be(std::make_shared<refpool::limiting_resource>(refpool::make_host_resource(), capacity_bytes));
-    result = make_handle<refpool_backend>(std::make_shared<backend_object>(backend_object{std::move(be)}));
-  });
+  return backend_handle(
+      [&] {
+        return refpool::backend(std::make_shared<refpool::limiting_resource>(refpool::make_host_resource(), capacity_bytes));
+      },
+      out, "refpool_backend_new_host_limited");
 }
 
 refpool_status refpool_backend_release(refpool_backend backend) {
