@@ -31,6 +31,14 @@ void keep_default_pool_memory(int ordinal) {
   check(driver().cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolSetAttribute");
 }
 
+// Synchronises and destroys a stream refpool made, retiring its handle first (see retire_stream).
+void destroy_stream(void* handle) noexcept {
+  if (handle == nullptr) return;
+  driver().cuStreamSynchronize(static_cast<CUstream>(handle));
+  detail::gpu::retire_stream(handle);
+  driver().cuStreamDestroy(static_cast<CUstream>(handle));
+}
+
 }  // namespace
 
 bool available() noexcept { return detail::cuda::unavailable_reason().empty(); }
@@ -67,16 +75,20 @@ stream::stream(int ordinal) : device_(ordinal) {
   auto guard = on_device(ordinal);
   CUstream s = nullptr;
   check(driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate", fmt::format("device {}", ordinal));
+  detail::gpu::revive_stream(s);
   handle_ = s;
 }
 
-stream::~stream() {
-  if (handle_ != nullptr) driver().cuStreamDestroy(static_cast<CUstream>(handle_));
+stream::~stream() { destroy_stream(handle_); }
+
+void retire_stream(stream_ref s, int ordinal) {
+  synchronize(s, ordinal);
+  detail::gpu::retire_stream(s.handle);
 }
 
 stream& stream::operator=(stream&& other) noexcept {
   if (this != &other) {
-    if (handle_ != nullptr) driver().cuStreamDestroy(static_cast<CUstream>(handle_));
+    destroy_stream(handle_);
     handle_ = std::exchange(other.handle_, nullptr);
     device_ = other.device_;
   }

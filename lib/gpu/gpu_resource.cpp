@@ -2,6 +2,7 @@
 // (so the cache reclaims and retries), and stream ordering through an event.
 #include <cstdio>
 #include <mutex>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -18,6 +19,33 @@ void throw_error(const runtime_api& api, status code, std::string_view call, std
                                   code, text ? text : "no description", call, details.empty() ? "" : " ",
                                   details.empty() ? std::string{} : fmt::format("({})", details)),
                       code);
+}
+
+namespace {
+struct retired_streams {
+  std::mutex mutex;
+  std::unordered_set<handle> handles;
+};
+retired_streams& retired() {
+  static auto* instance = new retired_streams;  // leaked: blocks may be freed by static destructors
+  return *instance;
+}
+}  // namespace
+
+void retire_stream(handle stream) {
+  std::lock_guard guard(retired().mutex);
+  retired().handles.insert(stream);
+}
+
+void revive_stream(handle stream) {
+  std::lock_guard guard(retired().mutex);
+  retired().handles.erase(stream);
+}
+
+bool stream_retired(handle stream) {
+  if (stream == nullptr) return false;  // the default stream lives as long as the context
+  std::lock_guard guard(retired().mutex);
+  return retired().handles.count(stream) != 0;
 }
 
 device_guard::device_guard(const runtime_api& api, int device) : api_(api) {
@@ -68,7 +96,9 @@ class gpu_resource final : public resource {
       status code = api_.success;
       switch (kind_) {
         case memory_kind::device: code = api_.mem_free(ptr); break;
-        case memory_kind::device_async: code = api_.mem_free_async(ptr, stream.handle); break;
+        case memory_kind::device_async:  // a destroyed last stream was synchronised: free on the default one
+          code = api_.mem_free_async(ptr, stream_retired(stream.handle) ? nullptr : stream.handle);
+          break;
         case memory_kind::pinned_host: code = api_.host_free(ptr); break;
         case memory_kind::host: break;
       }
@@ -80,7 +110,7 @@ class gpu_resource final : public resource {
   }
 
   void order_streams(stream_ref producer, stream_ref consumer) override {
-    if (producer == consumer) return;
+    if (producer == consumer || stream_retired(producer.handle)) return;
     device_guard guard(api_, device_);
     // One event suffices: a wait captures the event's latest record when it is enqueued.
     std::lock_guard lock(event_mutex_);

@@ -63,6 +63,14 @@ class device_guard {
   handle saved_ = nullptr;
 };
 
+/// Streams destroyed after refpool synchronised them. Blocks may still name such a stream as the
+/// one they were last used on; ordering after it is unnecessary (its work is done) and passing its
+/// handle to the runtime again would be invalid, so the resource skips it. A new stream that gets a
+/// retired handle's address is revived. Thread-safe.
+void retire_stream(handle stream);
+void revive_stream(handle stream);
+bool stream_retired(handle stream);
+
 /// The resource for `kind` memory (device, device_async, pinned_host) of `device`.
 /// Stream safety: order_streams records an event on the producer and makes the consumer wait.
 std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name);

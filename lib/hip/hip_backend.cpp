@@ -73,16 +73,25 @@ stream::stream(int ordinal) : device_(ordinal) {
   hipStream_t s = nullptr;
   check(runtime().hipStreamCreateWithFlags(&s, hipStreamNonBlocking), "hipStreamCreateWithFlags",
         fmt::format("device {}", ordinal));
+  detail::gpu::revive_stream(s);
   handle_ = s;
 }
 
-stream::~stream() {
-  if (handle_ != nullptr) (void)runtime().hipStreamDestroy(static_cast<hipStream_t>(handle_));
+namespace {
+// Synchronises and destroys a stream refpool made, retiring its handle first (see retire_stream).
+void destroy_stream(void* handle) noexcept {
+  if (handle == nullptr) return;
+  (void)runtime().hipStreamSynchronize(static_cast<hipStream_t>(handle));
+  detail::gpu::retire_stream(handle);
+  (void)runtime().hipStreamDestroy(static_cast<hipStream_t>(handle));
 }
+}  // namespace
+
+stream::~stream() { destroy_stream(handle_); }
 
 stream& stream::operator=(stream&& other) noexcept {
   if (this != &other) {
-    if (handle_ != nullptr) (void)runtime().hipStreamDestroy(static_cast<hipStream_t>(handle_));
+    destroy_stream(handle_);
     handle_ = std::exchange(other.handle_, nullptr);
     device_ = other.device_;
   }
