@@ -2,44 +2,16 @@
 // file covers, and regression tests for what the fuzzer found in array<T>.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <string>
 #include <thread>
 
 #include <refpool/refpool.hpp>
 
 #include "alloc_log.hpp"
+#include "in_child.hpp"
 
 using namespace refpool;
 
-namespace {
-
-// Runs `f` in a child process with stderr captured; returns (terminated by SIGABRT, stderr).
-template <class F>
-std::pair<bool, std::string> in_child(F&& f) {
-  int pipe_fds[2];
-  REQUIRE(pipe(pipe_fds) == 0);
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    dup2(pipe_fds[1], STDERR_FILENO);
-    f();
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  std::string output;
-  char buffer[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof buffer)) > 0;) output.append(buffer, static_cast<std::size_t>(n));
-  close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  return {WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, output};
-}
-
-}  // namespace
 
 // Found by the fuzzer: the implicit move kept size() and offset(), so a moved-from array said it
 // had 64 elements while data() was null, and reshape({64}) of it "succeeded".
@@ -131,7 +103,7 @@ TEST_CASE("closing an uncached_guard out of order throws scope_error and keeps i
 }
 
 TEST_CASE("destroying a scope on another thread terminates with a clear message", "[misuse][scope][threads]") {
-  const auto [aborted, output] = in_child([] {
+  const auto [aborted, output] = test_support::in_child([] {
     alloc_cache cache{cache_options{}};
     auto s = std::make_unique<scope>(cache);
     std::thread([&] { s.reset(); }).join();  // the destructor cannot throw: it must terminate

@@ -1,14 +1,13 @@
 // Scope rules: uncached guard, warm-up entries, ordering errors, threads with their own scopes.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <string>
 #include <thread>
 
 #include <refpool/refpool.hpp>
+
+#include "in_child.hpp"
 
 using namespace refpool;
 
@@ -37,7 +36,7 @@ TEST_CASE("an uncached guard sends allocations straight to the backend", "[scope
 TEST_CASE("warm-up entries run uncached and are counted", "[scope][warmup]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
-  const scope_options warmup{.uncached_warmup_entries = 2};
+  const scope_options warmup{.uncached_warmup_entries = 2, .plan = {}};
   for (int iteration = 0; iteration < 5; ++iteration) {
     scope s(cache, warmup);
     CHECK(s.caching() == (iteration >= 2));
@@ -89,27 +88,13 @@ TEST_CASE("closing a scope on another thread throws scope_error", "[scope][error
 }
 
 TEST_CASE("destroying a scope out of order terminates with a clear message", "[scope][errors]") {
-  int pipe_fds[2];
-  REQUIRE(pipe(pipe_fds) == 0);
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    dup2(pipe_fds[1], STDERR_FILENO);
+  const auto [aborted, output] = test_support::in_child([] {
     alloc_cache cache{cache_options{}};
     auto outer = std::make_unique<scope>(cache);
     scope inner(cache);
     outer.reset();  // the destructor cannot throw: it must terminate
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  std::string output;
-  char buffer[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof buffer)) > 0;) output.append(buffer, static_cast<std::size_t>(n));
-  close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  CHECK(WIFSIGNALED(status));
-  CHECK(WTERMSIG(status) == SIGABRT);
+  });
+  CHECK(aborted);
   CHECK_THAT(output, Catch::Contains("closed out of order"));
 }
 
