@@ -17,3 +17,4 @@
 #include <refpool/shape.hpp>
 #include <refpool/stats.hpp>
 #include <refpool/types.hpp>
+#include <refpool/virtual_memory.hpp>

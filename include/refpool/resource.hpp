@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include <refpool/types.hpp>
+#include <refpool/virtual_memory.hpp>
 
 namespace refpool {
 
@@ -38,6 +39,10 @@ class resource {
     (void)producer;
     (void)consumer;
   }
+
+  /// The backend's reserve/commit interface, or nullptr when it has none (the default). Owned by
+  /// the resource; lives as long as it. The segment allocator grows segments through it.
+  [[nodiscard]] virtual virtual_memory* address_space() noexcept { return nullptr; }
 };
 
 }  // namespace refpool
