@@ -321,6 +321,23 @@ TEST_CASE("with virtual memory a segment grows in place: contiguous addresses, n
   CHECK(heap.stats().free_ranges == 1);  // coalesced across commits
 }
 
+TEST_CASE("growing in place keeps the streams of the free tail it extends", "[segments][vm][streams]") {
+  heap_fixture f;
+  segment_heap heap(f.be, vm_options());
+  const auto a = must_carve(heap, 2 * MiB, stream(1));
+  const auto b = must_carve(heap, 2 * MiB, stream(1));
+  heap.give_back(b, stream(2));  // the free tail [2, 4) MiB was last used on stream 2
+  auto c = heap.carve(3 * MiB, stream(3));  // extends it by a commit of 2 MiB
+  REQUIRE(c);
+  CHECK(addr(c->p) == addr(a) + 2 * MiB);
+  CHECK(heap.stats().grows == 2);
+  CHECK(c->waits.size() == 1);
+  CHECK(has(c->waits, stream(2)));
+  heap.give_back(a, stream(1));
+  heap.give_back(c->p, stream(3));
+  heap.check();
+}
+
 TEST_CASE("small requests grow their own pool in place, 2 MiB at a time", "[segments][vm]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options());
