@@ -6,6 +6,7 @@
 // and malloc/free. `--sweep` adds the size-class measurements docs/segments.md cites.
 // Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [TRACE.csv...]
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -149,12 +150,16 @@ struct outcome {
 };
 
 // RMM's random_allocations, as bench/gpu/workloads.hpp runs it on the GPU. With `measure`,
-// the allocator's footprint is sampled after every operation (not timed).
+// the allocator's footprint is sampled after every operation (not timed). `small_share` > 0
+// draws that share of the sizes from [1, 64 KiB] instead (a mix of small and large requests).
 template <class A>
 outcome random_allocations(A& a, std::size_t max_bytes, int ops, std::size_t live_cap, bool measure,
-                           unsigned seed = 1) {
+                           unsigned seed = 1, double small_share = 0) {
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<std::size_t> size(1, max_bytes);
+  std::uniform_int_distribution<std::size_t> large_size(1, max_bytes);
+  std::uniform_int_distribution<std::size_t> small_size(1, std::size_t{64} << 10);
+  std::bernoulli_distribution is_small(small_share);
+  const auto size = [&](std::mt19937_64& r) { return small_share > 0 && is_small(r) ? small_size(r) : large_size(r); };
   std::bernoulli_distribution allocate_now(0.73);
   std::vector<std::pair<typename A::handle, std::size_t>> live;
   outcome out;
@@ -181,12 +186,32 @@ outcome random_allocations(A& a, std::size_t max_bytes, int ops, std::size_t liv
   return out;
 }
 
+// Measures malloc's footprint in a new process (this program run again with --malloc-measure):
+// glibc's heap only grows in a process whose heap no earlier run has shaped.
+outcome malloc_in_new_process(std::size_t max_bytes, int ops, std::size_t cap) {
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw std::runtime_error("cannot find /proc/self/exe");
+  const std::string command = fmt::format("'{}' --malloc-measure {} {} {}", self, max_bytes, ops, cap);
+  std::FILE* child = ::popen(command.c_str(), "r");
+  if (child == nullptr) throw std::runtime_error("cannot run " + command);
+  outcome o;
+  unsigned long long live = 0, held = 0;
+  const int fields = std::fscanf(child, "%llu %llu", &live, &held);
+  if (::pclose(child) != 0 || fields != 2) throw std::runtime_error("measuring child failed: " + command);
+  o.peak_live = live;
+  o.peak_held = held;
+  return o;
+}
+
 // Runs a workload on fresh allocators: once measuring the footprint, then `repeats` times timed;
 // the median time.
 template <class Make, class Workload>
-outcome run(Make make, Workload workload, int repeats) {
+outcome run(Make make, Workload workload, int repeats, std::optional<outcome> measured_elsewhere = std::nullopt) {
   outcome measured;
-  {
+  if (measured_elsewhere) {
+    measured = *measured_elsewhere;
+  } else {
     auto a = make();
     measured = workload(*a, true);
   }
@@ -285,6 +310,12 @@ segment_heap_options plain_defaults() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--malloc-measure") == 0) {
+    malloc_allocator a;
+    const outcome o = random_allocations(a, std::stoull(argv[2]), std::stoi(argv[3]), std::stoull(argv[4]), true);
+    fmt::print("{} {}\n", o.peak_live, o.peak_held);
+    return 0;
+  }
   std::string json_path = "segment_bench.json";
   int ops = 20000;                 // as on the H200 (docs/benchmarks.md §4)
   std::size_t cap = 8 * GiB;       // the H200 run's live cap
@@ -315,10 +346,13 @@ int main(int argc, char** argv) {
              cap / GiB, ops, repeats);
   fmt::print("{:<28} | {:>9} {:>9} {:>8} | {:>9} {:>9} {:>8}\n", "allocator", "1M ns/op", "held/live", "calls",
              "64M ns/op", "held/live", "calls");
-  const auto row = [&](const std::string& label, auto make) {
+  const auto row = [&](const std::string& label, auto make, bool new_process = false) {
     std::string line = fmt::format("{:<28} |", label);
     for (std::size_t max : {1 * MiB, 64 * MiB}) {
-      const outcome o = run(make, [&](auto& a, bool m) { return random_allocations(a, max, ops, cap, m); }, repeats);
+      std::optional<outcome> elsewhere;
+      if (new_process) elsewhere = malloc_in_new_process(max, ops, cap);
+      const outcome o = run(make, [&](auto& a, bool m) { return random_allocations(a, max, ops, cap, m); }, repeats,
+                            elsewhere);
       line += fmt::format(" {:>9.0f} {:>8.3f}x {:>8} |", o.ns_per_op, o.ratio(), o.backend_calls);
       json.add(fmt::format(R"({{"workload": "random", "max_bytes": {}, "ops": {}, "live_cap": {}, "allocator": "{}", )"
                            R"("ns_per_op": {:.1f}, "peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
@@ -332,7 +366,7 @@ int main(int argc, char** argv) {
   row("segment heap, allocations", make_heap(plain_defaults(), "heap plain"));
   row("idle blocks, exact keys", make_idle(refpool::rounding_policy::exact(), "exact"));
   row("idle blocks, pow2:4 keys", make_idle(refpool::rounding_policy::pow2(4), "pow2:4"));
-  row("malloc/free", [] { return std::make_unique<malloc_allocator>(); });
+  row("malloc/free", [] { return std::make_unique<malloc_allocator>(); }, true);
 
   if (!traces.empty()) {
     const int iterations = 30;
@@ -343,7 +377,7 @@ int main(int argc, char** argv) {
       const auto steps = read_trace(path);
       const std::string name = path.substr(path.find_last_of('/') + 1);
       const auto trace_row = [&](const std::string& label, auto make) {
-        const outcome o = run(make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, 3);
+        const outcome o = run(make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, repeats);
         fmt::print("{:<16} {:<28} | {:>9.0f} {:>8.3f}x {:>12}\n", name, label, o.ns_per_op, o.ratio(), o.backend_calls);
         json.add(fmt::format(R"({{"workload": "trace", "trace": "{}", "allocator": "{}", "ns_per_request": {:.1f}, )"
                              R"("peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
@@ -358,7 +392,15 @@ int main(int argc, char** argv) {
   }
 
   if (sweep) {
-    fmt::print("\nsize classes: held/live of the random workloads (max 1 MiB | 64 MiB) under other options\n");
+    // Mean held/live over seeds 1..5 for the random workloads ("mixed": half the requests of
+    // at most 64 KiB, half up to 64 MiB), and the traces, under each change of one option.
+    const int seeds = 5;
+    std::vector<std::pair<std::string, std::vector<step>>> loaded;
+    for (const std::string& path : traces) loaded.emplace_back(path.substr(path.find_last_of('/') + 1), read_trace(path));
+    fmt::print("\nsize classes: held/live under one changed option (random: mean of {} seeds)\n", seeds);
+    std::string header = fmt::format("{:<36} | {:>8} {:>8} {:>8}", "heap, option", "1M", "64M", "mixed");
+    for (const auto& [name, steps] : loaded) header += fmt::format(" {:>14}", name);
+    fmt::print("{}\n", header);
     struct variant {
       std::string label;
       segment_heap_options options;
@@ -381,16 +423,29 @@ int main(int argc, char** argv) {
     add("large segments 4 MiB", [](segment_heap_options& o) { o.large_segment = 4 * MiB; });
     add("own segment from 16 MiB", [](segment_heap_options& o) { o.own_segment_min = 16 * MiB; });
     add("own segment from 64 MiB", [](segment_heap_options& o) { o.own_segment_min = 64 * MiB; });
+    add("no own segments", [](segment_heap_options& o) { o.own_segment_min = SIZE_MAX; });
     for (const variant& v : variants) {
       std::string line = fmt::format("{:<36} |", v.label);
-      for (std::size_t max : {1 * MiB, 64 * MiB}) {
+      std::string fields;
+      const auto mean_ratio = [&](std::size_t max, double small_share) {
+        double sum = 0;
+        for (int seed = 1; seed <= seeds; ++seed) {
+          heap_allocator a(v.options, v.label);
+          sum += random_allocations(a, max, ops, cap, true, static_cast<unsigned>(seed), small_share).ratio();
+        }
+        return sum / seeds;
+      };
+      const double r1 = mean_ratio(1 * MiB, 0), r64 = mean_ratio(64 * MiB, 0), mixed = mean_ratio(64 * MiB, 0.5);
+      line += fmt::format(" {:>7.3f}x {:>7.3f}x {:>7.3f}x", r1, r64, mixed);
+      fields += fmt::format(R"("random_1m": {:.4f}, "random_64m": {:.4f}, "mixed": {:.4f})", r1, r64, mixed);
+      for (const auto& [name, steps] : loaded) {
         heap_allocator a(v.options, v.label);
-        const outcome o = random_allocations(a, max, ops, cap, true);
-        line += fmt::format(" {:>8.3f}x", o.ratio());
-        json.add(fmt::format(R"({{"workload": "sweep", "max_bytes": {}, "variant": "{}", "held_over_live": {:.4f}}})",
-                             max, v.label, o.ratio()));
+        const double r = replay(a, steps, 30, true).ratio();
+        line += fmt::format(" {:>13.3f}x", r);
+        fields += fmt::format(R"(, "{}": {:.4f})", name, r);
       }
       fmt::print("{}\n", line);
+      json.add(fmt::format(R"({{"workload": "sweep", "variant": "{}", "seeds": {}, {}}})", v.label, seeds, fields));
     }
   }
 

@@ -4,13 +4,16 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include <refpool/error.hpp>
 
+#include "in_child.hpp"
 #include "segments/fixture.hpp"
+#include "segments/poison.hpp"
 
 using namespace refpool;
 using refpool::test::addr;
@@ -742,3 +745,22 @@ TEST_CASE("adaptors pass virtual memory on: a limit charges commits, injection c
     failing.release(range, 4 * MiB);
   }
 }
+
+#ifdef REFPOOL_ASAN
+TEST_CASE("under ASan, free bytes of host segments are poisoned: a write after give_back is reported",
+          "[segments][asan]") {
+  const bool vm = GENERATE(false, true);
+  const auto [aborted, output] = test_support::in_child([vm] {
+    heap_fixture f;
+    segment_heap heap(f.be, vm ? vm_options() : plain_options());
+    const auto p = must_carve(heap, 4 * KiB);
+    auto* bytes = static_cast<volatile unsigned char*>(p.address);
+    bytes[100] = 1;  // live: fine
+    heap.give_back(p, {});
+    std::fputs("given back\n", stderr);
+    bytes[100] = 2;  // free: ASan reports it
+  });
+  (void)aborted;
+  CHECK_THAT(output, Catch::Contains("given back") && Catch::Contains("use-after-poison"));
+}
+#endif

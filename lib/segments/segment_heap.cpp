@@ -12,6 +12,7 @@
 #include <refpool/error.hpp>
 
 #include "../backend_state.hpp"
+#include "poison.hpp"
 #include "size_math.hpp"
 
 namespace refpool::detail {
@@ -42,8 +43,9 @@ void unlink(segment& seg, range* r) noexcept {
 }  // namespace
 
 segment_heap::segment_heap(backend be, segment_heap_options options)
-    : backend_(std::move(be)), options_(options), granule_(0) {
+    : backend_(std::move(be)), options_(options), granule_(0), host_visible_(false) {
   if (!backend_) throw error("refpool: a segment heap needs a backend");
+  host_visible_ = backend_.kind() == memory_kind::host || backend_.kind() == memory_kind::pinned_host;
   const auto power_of_two = [](std::size_t v) { return v != 0 && std::has_single_bit(v); };
   if (!power_of_two(options_.piece_granularity))
     throw config_error(fmt::format("refpool: segment heap piece granularity {} B is not a power of two",
@@ -170,6 +172,7 @@ segment_heap::carved segment_heap::take(pool_state& pool, fit f, std::size_t byt
     pool.free.insert(rest);
     ++counts_.splits;
   }
+  if (host_visible_) unpoison_bytes(start, bytes);
   ++seg.pieces;
   seg.last_use = ++tick_;
   used_ += bytes;
@@ -209,6 +212,7 @@ void segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept
   pool_state& pool = pools_[static_cast<std::size_t>(seg.pool)];
   r->free = true;
   r->streams = used_on;
+  if (host_visible_) poison_bytes(r->address, r->bytes);
   used_ -= r->bytes;
   --pieces_out_;
   --seg.pieces;

@@ -201,6 +201,7 @@ class segment_heap {
   virtual_memory* vm_ = nullptr;
   segment_heap_options options_;
   std::size_t granule_;  ///< piece granularity
+  bool host_visible_;    ///< host memory: free bytes are poisoned under ASan
   std::array<pool_state, 2> pools_;
   std::vector<std::unique_ptr<segment>> segments_;
   /// Range records made ahead of a carve (prepare_carve), so that take() cannot fail.

@@ -5,6 +5,7 @@
 #include <refpool/error.hpp>
 
 #include "../backend_state.hpp"
+#include "poison.hpp"
 #include "segment_heap.hpp"
 
 namespace refpool::detail {
@@ -52,6 +53,7 @@ std::size_t segment_heap::release_segment(segment& seg) {
   }
   const std::size_t bytes = seg.committed;
   pools_[static_cast<std::size_t>(seg.pool)].free.erase(r);
+  if (host_visible_) unpoison_bytes(seg.base, bytes);  // the backend (or a later mapping) reuses them
   if (seg.virtual_memory) {
     // Decommit commit by commit: each was one physical allocation, and a GPU unmaps whole ones.
     std::size_t end = seg.committed;
@@ -82,6 +84,7 @@ std::size_t segment_heap::decommit_last_commit(segment& seg) noexcept {
   const std::size_t bytes = seg.committed - start;
   free_index& index = pools_[static_cast<std::size_t>(seg.pool)].free;
   index.erase(last);
+  if (host_visible_) unpoison_bytes(seg.base + start, bytes);
   vm_->decommit(reinterpret_cast<void*>(seg.base + start), bytes);
   seg.committed = start;
   seg.commit_ends.pop_back();
