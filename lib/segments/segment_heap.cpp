@@ -129,11 +129,11 @@ std::optional<segment_heap::fit> segment_heap::find_fit(pool_state& pool, std::s
   return std::nullopt;
 }
 
-void segment_heap::prepare_carve() {
-  // Nodes for the carve's worst case (two remainders and a grown range) and one more per piece
-  // out, so that give_back never allocates.
-  pools_[0].free.reserve(pieces_out_ + 3);
-  pools_[1].free.reserve(pieces_out_ + 3);
+void segment_heap::prepare_carve(pool_state& pool) {
+  // Index nodes for the carve's worst case (a grown range and two remainders) and one more per
+  // piece out, so that give_back never allocates: each pool keeps at least as many spare nodes
+  // as it has pieces out, and a give_back uses at most one.
+  pool.free.reserve(pieces_out_ + 3);
   while (spare_ranges_.size() < 2) spare_ranges_.push_back(std::make_unique<range>());
 }
 
@@ -185,7 +185,7 @@ std::optional<segment_heap::carved> segment_heap::carve_free(std::size_t bytes, 
                                                              placement where) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
-  prepare_carve();
+  prepare_carve(pool);
   const auto f = find_fit(pool, n, where);
   if (!f) return std::nullopt;
   return take(pool, *f, n, stream);
@@ -194,13 +194,13 @@ std::optional<segment_heap::carved> segment_heap::carve_free(std::size_t bytes, 
 std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, stream_ref stream, placement where) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
-  prepare_carve();
+  prepare_carve(pool);
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
   range* r = grow(pool, id, n, where, stream);
   if (r == nullptr) return std::nullopt;
   const auto offset = offset_in(*r, n, where);
-  assert(offset.has_value());
+  if (!offset) throw error("refpool: segment heap grew a range that cannot hold the piece (a bug in refpool)");
   return take(pool, fit{r, *offset}, n, stream);
 }
 

@@ -178,7 +178,7 @@ class segment_heap {
   [[nodiscard]] std::optional<std::size_t> offset_in(const range& r, std::size_t bytes,
                                                      placement where) const noexcept;
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
-  void prepare_carve();
+  void prepare_carve(pool_state& pool);
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.
