@@ -356,9 +356,11 @@ void cache_state::release_orphaned(slot& s, block* b) noexcept {
 }
 
 void cache_state::drop_orphan_ref(slot& s) noexcept {
-  if (s.orphan_refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   {
+    // Under mutex_, so a release that sees the orphan marker while close() is still counting
+    // this slot's references waits for the count.
     std::lock_guard guard(mutex_);
+    if (--s.orphan_refs != 0) return;
     std::erase_if(slots_, [&](const std::unique_ptr<slot>& p) { return p.get() == &s; });
   }
   release();  // each orphaned slot held the cache's state
@@ -480,12 +482,12 @@ void cache_state::close() noexcept {
       live += bk.live;
     });
     const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
-    s->orphan_refs.store(live + (leased ? 1 : 0), std::memory_order_relaxed);
+    s->orphan_refs = live + (leased ? 1 : 0);
     if (live != 0 || leased) retain();  // an orphaned slot needs our counters until its last block goes
   }
   idle_total_.store(0, std::memory_order_relaxed);
   leave_all();
-  std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs.load() == 0; });
+  std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs == 0; });
   for (block* b : idle) free_to_backend(b);
 }
 

@@ -103,9 +103,9 @@ struct alignas(64) slot {
   bool ambient = false;     ///< serves a thread's cache-level allocations (not a scope)
   const void* last_thread = nullptr;  ///< prefer giving the slot back to the thread that used it last
 
-  // After the cache is destroyed: live blocks + (leased ? 1 : 0). Whoever drops it to zero
-  // deletes the slot.
-  std::atomic<std::size_t> orphan_refs{0};
+  // After the cache is destroyed: live blocks + (leased ? 1 : 0), under the cache's mutex.
+  // Whoever drops it to zero deletes the slot.
+  std::size_t orphan_refs = 0;
 
   /// The bucket for `key`, made if absent. Caller holds the slot.
   bucket& bucket_for(const block_key& key) {
