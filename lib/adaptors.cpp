@@ -33,7 +33,7 @@ bool fault_schedule::next(failure& how) noexcept {
 
 limiting_virtual_memory::limiting_virtual_memory(virtual_memory& upstream, std::shared_ptr<byte_budget> budget)
     : upstream_(upstream), budget_(std::move(budget)) {
-  if (!budget_) throw error("refpool: limiting_virtual_memory needs a byte budget");
+  if (!budget_) throw invalid_argument("refpool: limiting_virtual_memory needs a byte budget");
 }
 
 bool limiting_virtual_memory::commit(void* addr, std::size_t bytes) {
@@ -56,7 +56,7 @@ void limiting_virtual_memory::decommit(void* addr, std::size_t bytes) noexcept {
 
 failing_virtual_memory::failing_virtual_memory(virtual_memory& upstream, std::shared_ptr<fault_schedule> schedule)
     : upstream_(upstream), schedule_(std::move(schedule)) {
-  if (!schedule_) throw error("refpool: failing_virtual_memory needs a fault schedule");
+  if (!schedule_) throw invalid_argument("refpool: failing_virtual_memory needs a fault schedule");
 }
 
 void* failing_virtual_memory::reserve(std::size_t bytes) {
@@ -81,7 +81,7 @@ bool failing_virtual_memory::commit(void* addr, std::size_t bytes) {
 
 limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity)
     : upstream_(std::move(upstream)), budget_(std::make_shared<byte_budget>(capacity)) {
-  if (!upstream_) throw error("refpool: limiting_resource needs an upstream resource");
+  if (!upstream_) throw invalid_argument("refpool: limiting_resource needs an upstream resource");
   if (virtual_memory* vm = upstream_->address_space())
     address_space_ = std::make_unique<limiting_virtual_memory>(*vm, budget_);
   name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity);
@@ -107,7 +107,7 @@ void limiting_resource::deallocate(void* ptr, std::size_t bytes, stream_ref stre
 
 failing_resource::failing_resource(std::shared_ptr<resource> upstream)
     : upstream_(std::move(upstream)), schedule_(std::make_shared<fault_schedule>()) {
-  if (!upstream_) throw error("refpool: failing_resource needs an upstream resource");
+  if (!upstream_) throw invalid_argument("refpool: failing_resource needs an upstream resource");
   if (virtual_memory* vm = upstream_->address_space())
     address_space_ = std::make_unique<failing_virtual_memory>(*vm, schedule_);
   name_ = fmt::format("{} (fault injection)", upstream_->name());

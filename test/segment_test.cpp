@@ -658,7 +658,7 @@ TEST_CASE("bad options are config errors", "[segments][errors]") {
   o = plain_options();
   o.large_segment = 1000;
   CHECK_THROWS_AS(segment_heap(f.be, o), config_error);
-  CHECK_THROWS_AS(segment_heap(backend{}, plain_options()), error);
+  CHECK_THROWS_AS(segment_heap(backend{}, plain_options()), invalid_argument);
 }
 
 TEST_CASE("host virtual memory: reserve, commit, decommit, release", "[segments][vm][host]") {

@@ -2,6 +2,8 @@
 // and the same two for virtual memory, so segment growth can be limited and made to fail.
 #pragma once
 
+#include <refpool/detail/export.hpp>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -15,7 +17,7 @@ namespace refpool {
 
 /// A count of bytes in use against a fixed capacity, shared by the adaptors that charge it
 /// (a limiting_resource and its address space charge one budget). Thread-safe.
-class byte_budget {
+class REFPOOL_API byte_budget {
  public:
   explicit byte_budget(std::size_t capacity) noexcept : capacity_(capacity) {}
   /// Charges `bytes` if they fit under the capacity; false (and nothing charged) otherwise.
@@ -34,7 +36,7 @@ class byte_budget {
 /// (1-based, counted from construction or the last `arm`) fail as out of memory or with
 /// `backend_error`. Shared by a failing_resource and its address space, so "the Nth call"
 /// counts allocations, reservations and commits in the order they happen. Thread-safe.
-class fault_schedule {
+class REFPOOL_API fault_schedule {
  public:
   enum class failure { out_of_memory, backend_error };
 
@@ -62,7 +64,7 @@ class fault_schedule {
 /// the budget's used bytes past its capacity; decommits give the bytes back. Reservations are
 /// address space, not memory, and are not charged. `upstream` is not owned and must outlive
 /// the adaptor. Thread-safe.
-class limiting_virtual_memory final : public virtual_memory {
+class REFPOOL_API limiting_virtual_memory final : public virtual_memory {
  public:
   limiting_virtual_memory(virtual_memory& upstream, std::shared_ptr<byte_budget> budget);
   limiting_virtual_memory(virtual_memory& upstream, std::size_t capacity)
@@ -88,7 +90,7 @@ class limiting_virtual_memory final : public virtual_memory {
 /// returns false (out of memory) or throws `backend_error`. Both kinds of call count in the
 /// schedule; decommit and release never fail. `upstream` is not owned and must outlive the
 /// adaptor. Thread-safe.
-class failing_virtual_memory final : public virtual_memory {
+class REFPOOL_API failing_virtual_memory final : public virtual_memory {
  public:
   explicit failing_virtual_memory(virtual_memory& upstream,
                                   std::shared_ptr<fault_schedule> schedule = std::make_shared<fault_schedule>());
@@ -112,7 +114,7 @@ class failing_virtual_memory final : public virtual_memory {
 /// Its address space (when the upstream has one) is a limiting_virtual_memory charging the same
 /// budget: committed memory is memory, and a limit that commits could bypass would not limit a
 /// segment heap that grows through virtual memory. `used()` counts both.
-class limiting_resource final : public resource {
+class REFPOOL_API limiting_resource final : public resource {
  public:
   limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity);
 
@@ -147,7 +149,7 @@ class limiting_resource final : public resource {
 /// address space (a failing_virtual_memory over the upstream's, sharing the schedule, when the
 /// upstream has one). Counting them in one sequence lets a sweep that fails "the Nth call"
 /// reach every path, whether a segment grows through virtual memory or by allocation.
-class failing_resource final : public resource {
+class REFPOOL_API failing_resource final : public resource {
  public:
   using failure = fault_schedule::failure;
 
@@ -184,6 +186,6 @@ class failing_resource final : public resource {
 };
 
 /// A new resource for pageable host memory (what host_backend() wraps).
-[[nodiscard]] std::shared_ptr<resource> make_host_resource();
+[[nodiscard]] REFPOOL_API std::shared_ptr<resource> make_host_resource();
 
 }  // namespace refpool

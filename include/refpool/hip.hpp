@@ -16,6 +16,9 @@
 
 namespace refpool::hip {
 
+// Everything declared here is part of librefpool's ABI (it is built with hidden visibility).
+#pragma GCC visibility push(default)
+
 /// True when the runtime loaded and has at least one AMD GPU. Never throws.
 [[nodiscard]] bool available() noexcept;
 /// Empty when available(); otherwise why not: built without HIP, libamdhip64 missing, runtime
@@ -66,6 +69,11 @@ class stream {
 /// Waits for all work on `s` (the null stream when null) of device `ordinal`.
 void synchronize(stream_ref s, int ordinal = 0);
 
+/// Call before destroying a stream you created yourself and used with refpool (hip::stream does
+/// this itself): waits for its work and tells every cache never to order after it again (HIP 7
+/// turns calls on a destroyed stream into crashes). As cuda::retire_stream.
+void retire_stream(stream_ref s, int ordinal = 0);
+
 /// A kernel of a loaded module.
 struct kernel {
   void* function = nullptr;
@@ -115,5 +123,7 @@ void copy(void* dst, const void* src, std::size_t bytes, stream_ref s, int ordin
 void fill(void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal = 0);
 /// Copies between devices (hipMemcpyPeerAsync), ordered on `s` (a stream of either device).
 void copy_peer(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s);
+
+#pragma GCC visibility pop
 
 }  // namespace refpool::hip

@@ -8,7 +8,8 @@
 
 #include <refpool/error.hpp>
 
-#include "../backend_state.hpp"
+#include "access.hpp"
+#include "cache/backend_state.hpp"
 #include "segment_heap.hpp"
 #include "size_math.hpp"
 
@@ -51,7 +52,7 @@ segment_heap::growth segment_heap::grow_in_place(pool_state& pool, segment& seg,
   committed_ += size;
   ++physical_;
   ++counts_.grows;
-  backend_.state()->outstanding_bytes.fetch_add(size, std::memory_order_relaxed);
+  access::state(backend_)->outstanding_bytes.fetch_add(size, std::memory_order_relaxed);
   if (tail != nullptr) {
     // The new bytes join the free tail (two free neighbours are never left apart); they carry
     // no stream, so the tail's streams stand for the whole.
@@ -103,7 +104,7 @@ range* segment_heap::new_vm_segment(pool_state& pool, pool_id id, std::size_t re
   seg->committed = commit;
   seg->commit_ends.push_back(commit);
   ++physical_;
-  backend_.state()->outstanding_bytes.fetch_add(commit, std::memory_order_relaxed);
+  access::state(backend_)->outstanding_bytes.fetch_add(commit, std::memory_order_relaxed);
   if (growable) {
     // The old growable segment is full: it keeps serving its free ranges, and trim may still
     // decommit its tail, but it grows no more.
@@ -117,7 +118,7 @@ range* segment_heap::new_plain_segment(pool_state& pool, pool_id id, std::size_t
   segments_.reserve(segments_.size() + 1);
   auto seg = std::make_unique<segment>();
   auto whole = std::make_unique<range>();
-  void* base = backend_.state()->allocate(bytes, stream);  // counts outstanding bytes itself
+  void* base = access::state(backend_)->allocate(bytes, stream);  // counts outstanding bytes itself
   if (base == nullptr) return nullptr;
   seg->base = reinterpret_cast<std::uintptr_t>(base);
   seg->reserved = bytes;

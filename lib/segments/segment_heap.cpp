@@ -6,12 +6,14 @@
 #include <bit>
 #include <cassert>
 #include <cstdint>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
 #include <refpool/error.hpp>
 
-#include "../backend_state.hpp"
+#include "access.hpp"
+#include "cache/backend_state.hpp"
 #include "poison.hpp"
 #include "size_math.hpp"
 
@@ -44,7 +46,7 @@ void unlink(segment& seg, range* r) noexcept {
 
 segment_heap::segment_heap(backend be, segment_heap_options options)
     : backend_(std::move(be)), options_(options), granule_(0), host_visible_(false) {
-  if (!backend_) throw error("refpool: a segment heap needs a backend");
+  if (!backend_) throw invalid_argument("refpool: a segment heap needs a backend");
   host_visible_ = backend_.kind() == memory_kind::host || backend_.kind() == memory_kind::pinned_host;
   const auto power_of_two = [](std::size_t v) { return v != 0 && std::has_single_bit(v); };
   if (!power_of_two(options_.piece_granularity))
@@ -200,7 +202,7 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
   range* r = grow(pool, id, n, where, stream);
   if (r == nullptr) return std::nullopt;
   const auto offset = offset_in(*r, n, where);
-  if (!offset) throw error("refpool: segment heap grew a range that cannot hold the piece (a bug in refpool)");
+  if (!offset) throw std::logic_error("refpool: segment heap grew a range that cannot hold the piece (a bug in refpool)");
   return take(pool, fit{r, *offset}, n, stream);
 }
 
@@ -281,7 +283,7 @@ std::vector<segment_heap::range_view> segment_heap::ranges() const {
 }
 
 void segment_heap::check() const {
-  const auto fail = [](std::string what) { throw error("refpool: segment heap inconsistent: " + what); };
+  const auto fail = [](std::string what) { throw std::logic_error("refpool: segment heap inconsistent: " + what); };
   std::size_t reserved = 0, committed = 0, used = 0, pieces = 0, physical = 0;
   std::array<std::size_t, 2> free_ranges{};
   for (const auto& seg_ptr : segments_) {

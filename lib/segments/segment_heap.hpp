@@ -117,7 +117,8 @@ class segment_heap {
     stream_set streams;
   };
 
-  /// Serves `be` (keeps it alive). Throws `config_error` if the options are unusable.
+  /// Serves `be` (keeps it alive). Throws `invalid_argument` for a null backend, `config_error` if
+  /// the options are unusable.
   explicit segment_heap(backend be, segment_heap_options options = {});
   /// Releases every segment; a piece still out is a caller bug (reported on stderr, asserted,
   /// and its segment left allocated so that its memory stays valid).
@@ -141,7 +142,7 @@ class segment_heap {
   /// virtual-memory segments, one commit at a time. Returns the bytes given back. Throws only
   /// what resource::order_streams throws (before changing anything for that segment).
   std::size_t trim(std::size_t keep_bytes = 0);
-  /// Gives every segment back. Throws `refpool::error` (and changes nothing) if a piece is out.
+  /// Gives every segment back. Throws `invalid_argument` (and changes nothing) if a piece is out.
   void release_all();
   /// Forgets the streams of all free ranges: call after waiting for all work on the device.
   void forget_streams() noexcept;
@@ -160,7 +161,7 @@ class segment_heap {
   [[nodiscard]] std::vector<range_view> ranges() const;
   /// Checks every invariant (ranges tile each segment's committed bytes, no two free
   /// neighbours, the free indexes hold exactly the free ranges, counters match); throws
-  /// `refpool::error` naming the first violation. For tests.
+  /// std::logic_error naming the first violation. For tests.
   void check() const;
 
  private:

@@ -4,7 +4,8 @@
 
 #include <refpool/error.hpp>
 
-#include "../backend_state.hpp"
+#include "access.hpp"
+#include "cache/backend_state.hpp"
 #include "poison.hpp"
 #include "segment_heap.hpp"
 
@@ -37,7 +38,7 @@ std::size_t segment_heap::trim(std::size_t keep_bytes) {
 
 void segment_heap::release_all() {
   if (pieces_out_ != 0)
-    throw error(fmt::format("refpool: cannot release the segments of {}: {} pieces ({} B) are still out",
+    throw invalid_argument(fmt::format("refpool: cannot release the segments of {}: {} pieces ({} B) are still out",
                             backend_.name(), pieces_out_, used_));
   while (!segments_.empty()) release_segment(*segments_.back());
 }
@@ -65,9 +66,9 @@ std::size_t segment_heap::release_segment(segment& seg) {
     }
     vm_->release(reinterpret_cast<void*>(seg.base), seg.reserved);
     physical_ -= seg.commit_ends.size();
-    backend_.state()->outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    access::state(backend_)->outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   } else {
-    backend_.state()->deallocate(reinterpret_cast<void*>(seg.base), seg.reserved, last_stream);
+    access::state(backend_)->deallocate(reinterpret_cast<void*>(seg.base), seg.reserved, last_stream);
     --physical_;
   }
   committed_ -= bytes;
@@ -92,7 +93,7 @@ std::size_t segment_heap::decommit_last_commit(segment& seg) noexcept {
   --physical_;
   ++counts_.decommits;
   counts_.trimmed_bytes += bytes;
-  backend_.state()->outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  access::state(backend_)->outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   last->bytes -= bytes;
   if (last->bytes != 0) {
     index.insert(last);
