@@ -105,8 +105,8 @@ class Library:
                 function = getattr(self.cdll, name)
             except AttributeError:
                 raise LibraryError(
-                    f"refpool: {self.path} has no function {name}: the library was built from an older refpool "
-                    f"than this package (version {self.version()}); rebuild it from the same source") from None
+                    f"refpool: librefpool {self.version()} at {self.path} has no function {name}: it was built from "
+                    "an older refpool than this package; rebuild it from the same source") from None
             function.restype = restype
             function.argtypes = argtypes
             self._functions[name] = function

@@ -1,0 +1,108 @@
+"""The framework entry points of librefpool called through ctypes exactly as PyTorch's
+CUDAPluggableAllocator and CuPy's CFunctionAllocator call them, and the process-wide allocator behind
+them. Without a CUDA device they must fail cleanly (NULL and a reason); with one (the H200), serve
+and reuse device memory."""
+import ctypes
+
+import pytest
+
+import refpool
+import refpool._library
+from conftest import cuda_device_count, run_python
+
+ENTRY_POINTS = ["refpool_torch_malloc", "refpool_torch_free", "refpool_cupy_malloc", "refpool_cupy_free"]
+
+
+def lib():
+    return refpool._library.lib()
+
+
+def require_cuda():
+    # Checked inside each test: a library without the CUDA entry point fails the test, never skips it.
+    if cuda_device_count() == 0:
+        pytest.skip("needs a CUDA device")
+
+
+def test_entry_points_are_exported():
+    for name in ENTRY_POINTS:
+        assert lib().address(name), name
+
+
+def test_zero_bytes_from_the_entry_points():
+    # NULL is also what a failure returns: a failure would replace this thread's last error.
+    with pytest.raises(refpool.InvalidArgumentError):
+        refpool.free(ctypes.addressof(ctypes.c_int()))
+    marker = lib().last_error()
+    assert lib().fn("refpool_torch_malloc")(0, 0, None) is None
+    lib().fn("refpool_torch_free")(None, 0, 0, None)
+    assert lib().fn("refpool_cupy_malloc")(None, 0, 0) is None
+    lib().fn("refpool_cupy_free")(None, None, 0)
+    assert lib().last_error() == marker
+
+
+def test_without_cuda_the_entry_points_fail_cleanly():
+    if cuda_device_count() > 0:
+        pytest.skip("checks the failure without CUDA")
+    torch_malloc = lib().fn("refpool_torch_malloc")
+    assert torch_malloc(1 << 20, 0, None) is None
+    message = lib().last_error()
+    assert "CUDA" in message or "cuda" in message, message
+    assert lib().fn("refpool_cupy_malloc")(None, 4096, 0) is None
+    with pytest.raises(refpool.RefpoolError) as raised:
+        refpool.allocator.malloc(4096, 0)
+    assert raised.value.status_name in ("REFPOOL_ERROR_BACKEND_UNAVAILABLE", "REFPOOL_ERROR_BACKEND")
+    assert refpool.allocator.stats()["live_bytes"] == 0
+
+
+def test_torch_and_cupy_shaped_calls_share_the_allocator_cache():
+    require_cuda()
+    torch_malloc, torch_free = lib().fn("refpool_torch_malloc"), lib().fn("refpool_torch_free")
+    cupy_malloc, cupy_free = lib().fn("refpool_cupy_malloc"), lib().fn("refpool_cupy_free")
+    size = 3 << 20
+    with refpool.allocator.step():
+        first = torch_malloc(size, 0, None)
+        assert first
+        assert refpool.allocator.stats()["live_bytes"] >= size
+        torch_free(first, size, 0, None)
+        second = cupy_malloc(None, size, 0)
+        assert second == first  # the block torch's call released, as CuPy's call asks the same size
+        cupy_free(None, second, 0)
+    allocations = refpool.allocator.stats()["backend_allocations"]
+    for _ in range(5):
+        with refpool.allocator.step(plan="loop"):
+            pointers = [torch_malloc(n, 0, None) for n in (size, 1 << 16, 0)]
+            for pointer, n in zip(pointers, (size, 1 << 16, 0)):
+                torch_free(pointer, n, 0, None)
+    stats = refpool.allocator.stats()
+    assert stats["live_bytes"] == 0 and stats["escapes"] == 0
+    assert stats["plan_hits"] > 0
+    # Only the recording run and its arena may reach the driver after the first step.
+    assert stats["backend_allocations"] + stats["uncached_allocations"] <= allocations + 3 + 1
+
+
+def test_allocator_configuration_is_fixed_by_the_first_allocation():
+    require_cuda()
+    result = run_python("""
+        import refpool
+        refpool.allocator.configure(kind="device_async", rounding="pow2", rounding_parameter=4)
+        address = refpool.allocator.malloc(1000)
+        refpool.allocator.free(address)
+        try:
+            refpool.allocator.configure(kind="device")
+        except refpool.ConfigError as e:
+            print("refused:", e)
+    """)
+    assert "refused: REFPOOL_ERROR_CONFIG" in result.stdout
+
+
+def test_allocator_configuration_is_checked():
+    result = run_python("""
+        import refpool
+        for kind in ("host", "pinned_host"):
+            try:
+                refpool.allocator.configure(kind=kind)
+            except refpool.RefpoolError as e:
+                print(e.status_name)
+    """)
+    assert result.stdout.split() == ["REFPOOL_ERROR_CONFIG"] * 2 or \
+        result.stdout.split() == ["REFPOOL_ERROR_INVALID_ARGUMENT"] * 2, result.stdout
