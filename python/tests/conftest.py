@@ -52,3 +52,10 @@ def cuda_device_count():
         return 1
     except refpool.BackendUnavailableError:
         return 0
+
+
+def child_json(code, env=None, timeout=240):
+    """Runs `code` in a child Python and returns the JSON object it printed on its last line."""
+    import json
+    result = run_python(code, env=env, timeout=timeout)
+    return json.loads(result.stdout.strip().splitlines()[-1])
