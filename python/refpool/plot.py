@@ -5,6 +5,7 @@ bytes requested and not yet released), per stream where there are several, and t
 held at each sample of a stats file (refpool.StatsRecorder, or one `cache.stats()` dict as JSON),
 above a table of the log's figures and the cache's counters. Needs matplotlib (Agg, no display)."""
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -103,9 +104,7 @@ def main(argv=None):
     parser.add_argument("--stats", help="stats JSON: refpool.StatsRecorder.write(), or json of cache.stats()")
     parser.add_argument("--title", help="title of the memory plot")
     args = parser.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         print("refpool.plot needs matplotlib (Debian: apt-get install python3-matplotlib)", file=sys.stderr)
         return 2
     try:
