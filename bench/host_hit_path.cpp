@@ -78,14 +78,14 @@ int main(int argc, char** argv) {
         refpool::scope s(cache);
         for (std::size_t i = 0; i < n; ++i) {
           refpool::data_ref r = refpool::allocate(be, bytes);
-          keep(r.block());
+          keep(r.data());
         }
       });
       const double arrays = threaded(threads, ops, [&](std::size_t n) {
         refpool::scope s(cache);
         for (std::size_t i = 0; i < n; ++i) {
           auto a = refpool::empty<float>(be, {bytes / 4});
-          keep(a.ref().block());
+          keep(a.data());
         }
       });
       const double plain = threaded(threads, ops, [&](std::size_t n) {

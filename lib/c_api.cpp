@@ -80,6 +80,9 @@ refpool_status guarded(F&& body) noexcept {
   } catch (const refpool::config_error& e) {
     set_error(e.what());
     return REFPOOL_ERROR_CONFIG;
+  } catch (const refpool::invalid_argument& e) {
+    set_error(e.what());
+    return REFPOOL_ERROR_INVALID_ARGUMENT;
   } catch (const std::bad_alloc&) {
     set_static_error("refpool: out of host memory for refpool's own bookkeeping (std::bad_alloc)");
     return REFPOOL_ERROR_OUT_OF_MEMORY;
@@ -422,12 +425,9 @@ refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats*
   return guarded([&] {
     refpool_cache_stats& result = required(out, "refpool_cache_get_stats", "out");
     const refpool::cache_stats s = lookup<cache_object>(cache, "refpool_cache_get_stats")->cache.stats();
-    result = refpool_cache_stats{s.hits, s.misses, s.steals, s.backend_allocations, s.backend_frees,
-                                 s.unsafe_frees, s.escapes, s.evictions, s.reclaimed_blocks, s.oom_retries,
-                                 s.cross_stream_reuses, s.scope_entries, s.uncached_entries, s.live_blocks,
-                                 s.idle_blocks, s.live_bytes, s.idle_bytes, s.held_bytes, s.peak_held_bytes,
-                                 s.plan_hits, s.plan_misses, s.plan_recordings, s.plans, s.arena_bytes,
-                                 s.planned_peak_live_bytes};
+#define REFPOOL_STATS_FIELD(type, name, description) result.name = s.name;
+    REFPOOL_CACHE_STATS(REFPOOL_STATS_FIELD)
+#undef REFPOOL_STATS_FIELD
   });
 }
 

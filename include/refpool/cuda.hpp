@@ -15,6 +15,9 @@
 
 namespace refpool::cuda {
 
+// Everything declared here is part of librefpool's ABI (it is built with hidden visibility).
+#pragma GCC visibility push(default)
+
 /// True when the driver loaded and has at least one device. Never throws.
 [[nodiscard]] bool available() noexcept;
 /// Empty when available(); otherwise why not: built without CUDA, libcuda.so.1 missing, driver
@@ -115,5 +118,7 @@ void copy(void* dst, const void* src, std::size_t bytes, stream_ref s, int ordin
 void fill(void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal = 0);
 /// Copies between devices (cuMemcpyPeerAsync), ordered on `s` (a stream of either device).
 void copy_peer(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s);
+
+#pragma GCC visibility pop
 
 }  // namespace refpool::cuda

@@ -16,6 +16,9 @@
 
 namespace refpool::hip {
 
+// Everything declared here is part of librefpool's ABI (it is built with hidden visibility).
+#pragma GCC visibility push(default)
+
 /// True when the runtime loaded and has at least one AMD GPU. Never throws.
 [[nodiscard]] bool available() noexcept;
 /// Empty when available(); otherwise why not: built without HIP, libamdhip64 missing, runtime
@@ -115,5 +118,7 @@ void copy(void* dst, const void* src, std::size_t bytes, stream_ref s, int ordin
 void fill(void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal = 0);
 /// Copies between devices (hipMemcpyPeerAsync), ordered on `s` (a stream of either device).
 void copy_peer(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s);
+
+#pragma GCC visibility pop
 
 }  // namespace refpool::hip

@@ -1,5 +1,5 @@
 // Buckets: each key's idle blocks in one slot, oldest handed out first.
-#include "slot.hpp"
+#include "cache/slot.hpp"
 
 #include <algorithm>
 
@@ -41,14 +41,11 @@ void bucket::remove(block* b) noexcept {
   if (it != idle.end() && *it == b) idle.erase(it);
 }
 
-bucket& slot::bucket_for(const block_key& key, const std::shared_ptr<backend_state>& backend) {
-  return buckets.find_or_insert(key, [&] {
-    auto made = std::make_unique<bucket>();
-    made->key = key;
-    made->backend_owner = backend;
-    made->owner = this;
-    return made;
-  });
+void slot::erase_if_unused(bucket& b) noexcept {
+  if (!b.unused()) return;
+  if (last_bucket == &b) last_bucket = nullptr;
+  const block_key key = b.key;  // b dies in erase
+  buckets.erase(key);
 }
 
 }  // namespace refpool::detail
