@@ -75,3 +75,21 @@ def test_a_file_that_is_not_a_log(tmp_path):
     result = run_module(["refpool.plot", str(bad), str(tmp_path / "x.png")])
     assert result.returncode == 1 and "bad.csv:3" in result.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_live_bytes_per_stream(tmp_path):
+    log = tmp_path / "streams.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                   "7,10.000001,allocate,0x1000,100,0x0\n"
+                   "8,10.000002,allocate,0x2000,300,0x55d0\n"
+                   "7,10.000003,free,0x1000,100,0x0\n"
+                   "8,10.000004,allocate,0x3000,50,0x55d0\n")
+    events = read_log(log)
+    assert live_bytes(events) == [100, 400, 300, 350]
+    assert live_bytes(events, stream=0x55D0) == [0, 300, 300, 350]
+    figures = summary(events)
+    assert (figures["threads"], figures["streams"], figures["live_bytes_at_end"]) == (2, 2, 350)
+    assert abs(figures["seconds"] - 3e-6) < 1e-9
+    out = tmp_path / "streams.png"
+    assert run_module(["refpool.plot", str(log), str(out)]).returncode == 0
+    assert out.read_bytes().startswith(PNG_SIGNATURE)
