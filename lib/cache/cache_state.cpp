@@ -119,8 +119,9 @@ slot* cache_state::lease_ambient() {
   if (closed_.load(std::memory_order_relaxed)) return nullptr;
   slot* s = lease_locked(free_ambient_slots_, this_thread_token());
   s->ambient = true;
-  s->epoch = step_epoch_.load(std::memory_order_relaxed);  // steps change it under mutex_ too
-  s->live_in_epoch = 0;
+  // Blocks an earlier thread got from this slot in the open step still count for it.
+  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);  // steps change it under mutex_ too
+  if (s->epoch != epoch) roll_epoch(*s, epoch);
   return s;
 }
 
