@@ -8,7 +8,7 @@ OK = 0
 # refpool_memory_kind
 MEMORY_KINDS = {"host": 0, "device": 1, "device_async": 2, "pinned_host": 3}
 # refpool_runtime
-RUNTIMES = {"cuda": 0, "hip": 1}
+RUNTIMES = {"cuda": 0, "hip": 1, "host": 2}
 # refpool_rounding
 ROUNDINGS = {"exact": 0, "step": 1, "pow2": 2}
 

@@ -178,8 +178,8 @@ _LOST = {
     "cuda_graphs": "CUDA graph capture keeps private memory pools in PyTorch's allocator; the hook has none, so "
                    "memory a captured graph uses could be reused after capture. Do not capture graphs with refpool "
                    "as PyTorch's allocator",
-    "out_of_memory": "With the hook, PyTorch does not check the allocator's result: an allocation refpool cannot "
-                     "serve (out of memory, after reclaiming idle blocks and retrying) reaches PyTorch as a null "
-                     "pointer instead of torch.cuda.OutOfMemoryError",
+    "out_of_memory": "A request refpool cannot serve (out of memory after reclaiming idle blocks and retrying) "
+                     "raises refpool's error through PyTorch, with refpool's message, not torch.cuda.OutOfMemoryError: "
+                     "code that catches that type (to retry with a smaller batch, say) must catch this one too",
 }
 LOST_FEATURES = dict(_LOST)

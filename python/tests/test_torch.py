@@ -144,3 +144,21 @@ def test_lost_features_fail_with_what_to_use_instead():
     assert "max_idle_bytes" in lines[3]
     assert "wait_stream" in lines[4]
     assert "cudnn.benchmark" in lines[5]
+
+
+def test_out_of_memory_reaches_python_with_refpools_message():
+    result = run_python("""
+        import torch, refpool.torch
+        refpool.torch.install()
+        kept = torch.ones(1 << 20, device="cuda")
+        try:
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # a pebibyte
+            print("no error")
+        except Exception as e:
+            print(type(e).__name__, str(e).replace(chr(10), " "))
+        print(float(kept.sum()), refpool.torch.memory_stats()["num_ooms"])
+    """)
+    error, after = result.stdout.splitlines()
+    assert error.split()[0] in ("RuntimeError", "MemoryError", "OutOfMemoryError"), error
+    assert "refpool" in error and str(1 << 50) in error.replace(",", "")
+    assert after == f"{float(1 << 20)} 1"  # the process goes on, its memory intact; one OOM counted
