@@ -19,6 +19,6 @@ py_result() {  # py_result NAME STATUS LOGFILE
   "$py_dir/venv/bin/pip" install --no-build-isolation --no-index . >>"$py_dir/install.log" 2>&1
 py_result python-pip-install $? "$py_dir/install.log"
 (cd "$py_dir" && env -u REFPOOL_LIBRARY -u PYTHONPATH "$py_dir/venv/bin/python" -m pytest -v -p no:cacheprovider \
-  "$OLDPWD/python/tests/test_core.py" "$OLDPWD/python/tests/test_plot.py") >"$py_dir/pytest.log" 2>&1
+  "$OLDPWD"/python/tests/test_{core,steps,entry_points,plot}.py) >"$py_dir/pytest.log" 2>&1
 py_result python-installed-package $? "$py_dir/pytest.log"
 logs+=("$py_log")

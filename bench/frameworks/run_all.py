@@ -105,12 +105,12 @@ def markdown(rows):
         return str(value)
 
     lines = ["| benchmark | mode | step (ms, median) | vs own | peak used over context (MiB) | "
-             "allocator peak held / reserved (MiB) | peak live / allocated (MiB) | held ÷ live | "
+             "allocator peak held / reserved (MiB) | peak live / allocated (MiB) | held ÷ live | plan arenas (MiB) | "
              "driver allocations after warm-up | outputs identical to own |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "note" in row:
-            lines.append(f"| {row['benchmark']} | {row['mode']} | {row['note']} ||||||||")
+            lines.append(f"| {row['benchmark']} | {row['mode']} | {row['note']} |||||||||")
             continue
         identical = cell(row["identical"])
         ratio = row["peak_held_mib"] / row["peak_live_mib"] if row["peak_held_mib"] and row["peak_live_mib"] else None
@@ -118,7 +118,8 @@ def markdown(rows):
             identical = "(reference)" if row["own_deterministic"] else "**own runs differ**"
         lines.append(f"| {row['benchmark']} | {row['mode']} | {cell(row['median_step_ms'], 2)} | "
                      f"{cell(row['vs_own'], 3)} | {cell(row['peak_used_mib'], 0)} | {cell(row['peak_held_mib'], 0)} | "
-                     f"{cell(row['peak_live_mib'], 0)} | {cell(ratio, 3)} | {row['driver_calls_after_warmup']} | {identical} |")
+                     f"{cell(row['peak_live_mib'], 0)} | {cell(ratio, 3)} | {cell(row['arena_mib'], 0)} | "
+                     f"{row['driver_calls_after_warmup']} | {identical} |")
     return "\n".join(lines)
 
 

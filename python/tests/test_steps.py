@@ -213,3 +213,18 @@ def test_reset_peaks(backend, cache):
     stats = cache.stats()
     assert stats["peak_live_bytes"] == 4096 and stats["peak_held_bytes"] == stats["held_bytes"]
     refpool.free(small)
+
+
+def test_planned_regions_count_as_live_and_held(backend, cache):
+    # The contract (issue 15): live_bytes = bytes handed out and still referenced (PyTorch's
+    # "allocated"), held_bytes = idle + live + arenas (PyTorch's "reserved"), whatever served them.
+    for run in range(3):
+        with cache.step(plan="p"):
+            first, second = cache.malloc(backend, 1000), cache.malloc(backend, 3000)
+            stats = cache.stats()
+            refpool.free(first)
+            refpool.free(second)
+    assert stats["plan_hits"] >= 2  # the last run was a replay
+    assert stats["live_bytes"] >= 4000, stats
+    assert stats["held_bytes"] >= stats["arena_bytes"] >= 4000, stats
+    assert cache.stats()["peak_live_bytes"] >= 4000
