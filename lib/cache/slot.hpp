@@ -49,8 +49,15 @@ struct alignas(64) bucket {
 
   /// Takes the oldest idle block last used on `stream`, else the oldest; null if none.
   block* take(stream_ref stream) noexcept;
-  /// Puts an idle block back in order.
-  void put(block* b);
+  /// Puts an idle block back in order (capacity is reserved: never reallocates).
+  void put(block* b) noexcept {
+    if (idle.empty() || idle.back()->id > b->id) [[likely]] {
+      idle.push_back(b);  // the common case: b is the oldest
+    } else {
+      insert_in_order(b);
+    }
+  }
+  void insert_in_order(block* b) noexcept;
   /// Removes `b` (known to be idle here).
   void remove(block* b) noexcept;
   [[nodiscard]] bool unused() const noexcept { return live == 0 && idle.empty(); }
