@@ -1,0 +1,78 @@
+// refpool's HIP backend against the fake HIP runtime (test/gpu/fake_amdhip64.cpp), which stands
+// in for libamdhip64 in CI and records every call, the device current at each, and what the real
+// runtime would crash or abort on. Meson runs this program once per runtime it pretends to be
+// (the tags): "[hip-5.2]" as Debian 12's HIP 5.2, with two devices.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <refpool/refpool.hpp>
+
+#include "fake_hip/app.hpp"
+#include "fake_hip/code_object.hpp"
+
+using namespace refpool;
+using fake_hip::fake;
+using fake_hip::symbol;
+
+namespace {
+
+std::vector<std::uint8_t> download(const void* src, std::size_t bytes, stream_ref s) {
+  std::vector<std::uint8_t> out(bytes);
+  hip::copy(out.data(), src, bytes, s);
+  hip::synchronize(s);
+  return out;
+}
+
+bool all_equal(const std::vector<std::uint8_t>& bytes, std::uint8_t value) {
+  return std::all_of(bytes.begin(), bytes.end(), [&](std::uint8_t v) { return v == value; });
+}
+
+std::size_t count_calls(const std::vector<fake_hip::call>& calls, std::string_view name) {
+  return static_cast<std::size_t>(
+      std::count_if(calls.begin(), calls.end(), [&](const fake_hip::call& c) { return c.name == name; }));
+}
+
+}  // namespace
+
+TEST_CASE("the cache runs on the fake runtime: allocation, streams, events, copies, reclaim", "[hip-5.2]") {
+  REQUIRE(hip::available());
+  fake().clear_calls();
+  const backend be = hip::device(0);
+  hip::stream a;
+  hip::stream b;
+  alloc_cache cache{cache_options{}};
+  {
+    scope sc(cache);
+    auto first = empty<std::uint8_t>(be, {1 << 20}, a);
+    const void* address = first.data();
+    hip::fill(first.data(), 7, first.bytes(), a);
+    first = {};
+    auto reused = empty<std::uint8_t>(be, {1 << 19, 2}, b);  // the same block, on stream b
+    CHECK(reused.data() == address);
+    CHECK(all_equal(download(reused.data(), reused.bytes(), b), 7));
+  }
+  const auto calls = fake().calls();
+  CHECK(count_calls(calls, "hipMalloc") == 1);
+  CHECK(count_calls(calls, "hipEventRecord") == 1);  // b waits for a
+  CHECK(count_calls(calls, "hipStreamWaitEvent") == 1);
+  CHECK(cache.stats().cross_stream_reuses == 1);
+  CHECK(fake().device_bytes_in_use(0) == std::size_t{1} << 20);
+  cache.reclaim();
+  CHECK(fake().device_bytes_in_use(0) == 0);
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("out of memory on the fake runtime: the cache reclaims and retries", "[hip-5.2]") {
+  const backend be = hip::device(0);
+  const std::size_t total = hip::memory_info(0).second;
+  alloc_cache cache{cache_options{}};
+  scope sc(cache);
+  { auto idle = empty<std::uint8_t>(be, {total / 2 + total / 4}); }
+  auto fits_after_reclaim = empty<std::uint8_t>(be, {total / 2});  // the idle block must go first
+  CHECK(cache.stats().oom_retries == 1);
+  CHECK_THROWS_AS(empty<std::uint8_t>(be, {total / 2 + total / 4}), out_of_memory);
+  CHECK(fake().violations().empty());
+}
