@@ -37,7 +37,8 @@ struct runtime_api {
   REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_DECLARE, REFPOOL_HIP_DECLARE_TYPED)
 #undef REFPOOL_HIP_DECLARE
 #undef REFPOOL_HIP_DECLARE_TYPED
-  std::string library;   ///< the file name that loaded ("libamdhip64.so.5")
+  std::string library;   ///< the name that loaded ("libamdhip64.so.5")
+  bool already_loaded = false;  ///< the process had loaded it before refpool
   int version = 0;       ///< hipRuntimeGetVersion: major * 10'000'000 + minor * 100'000 + patch
   int device_count = 0;  ///< at least 1 once loaded
 };
@@ -49,8 +50,20 @@ REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_IGNORE, REFPOOL_HIP_CHECK_TYPED)
 #undef REFPOOL_HIP_CHECK_TYPED
 #undef REFPOOL_HIP_IGNORE
 
-/// The library names tried, in order: ROCm 6, ROCm 5 (Debian 12's libamdhip64-5), the dev symlink.
-inline constexpr const char* library_names[] = {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"};
+/// A name the runtime is loaded by, and the HIP major its SONAME stands for (0: unversioned).
+struct library_name {
+  const char* name;
+  int major;
+};
+
+/// The names tried, newest first: first whichever of them this process has already loaded (a
+/// second runtime would know nothing of the application's streams and pointers), then each in
+/// turn. The unversioned name (a development link) comes last.
+inline constexpr library_name library_names[] = {
+    {"libamdhip64.so.7", 7}, {"libamdhip64.so.6", 6}, {"libamdhip64.so.5", 5}, {"libamdhip64.so", 0}};
+
+/// The HIP majors refpool has been reviewed against (docs/hip.md); others are refused.
+inline constexpr int reviewed_majors[] = {5, 6, 7};
 
 /// Oldest runtime refpool accepts (HIP 5.2: stream-ordered allocation).
 inline constexpr int minimum_runtime_version = 50'200'000;

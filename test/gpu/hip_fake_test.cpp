@@ -1,7 +1,8 @@
 // refpool's HIP backend against the fake HIP runtime (test/gpu/fake_amdhip64.cpp), which stands
 // in for libamdhip64 in CI and records every call, the device current at each, and what the real
 // runtime would crash or abort on. Meson runs this program once per runtime it pretends to be
-// (the tags): "[hip-5.2]" as Debian 12's HIP 5.2, with two devices.
+// (the tags): "[hip-7]" as HIP 7 (sticky last error), "[hip-5.2]" as Debian 12's HIP 5.2; both with
+// two devices.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -37,7 +38,7 @@ std::size_t count_calls(const std::vector<fake_hip::call>& calls, std::string_vi
 
 }  // namespace
 
-TEST_CASE("the cache runs on the fake runtime: allocation, streams, events, copies, reclaim", "[hip-5.2]") {
+TEST_CASE("the cache runs on the fake runtime: allocation, streams, events, copies, reclaim", "[hip-7][hip-5.2]") {
   REQUIRE(hip::available());
   fake().clear_calls();
   const backend be = hip::device(0);
@@ -65,7 +66,7 @@ TEST_CASE("the cache runs on the fake runtime: allocation, streams, events, copi
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("out of memory on the fake runtime: the cache reclaims and retries", "[hip-5.2]") {
+TEST_CASE("out of memory on the fake runtime: the cache reclaims and retries", "[hip-7][hip-5.2]") {
   const backend be = hip::device(0);
   const std::size_t total = hip::memory_info(0).second;
   alloc_cache cache{cache_options{}};

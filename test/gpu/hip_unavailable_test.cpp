@@ -17,7 +17,7 @@ bool contains(const std::string& text, const char* part) { return text.find(part
 #if REFPOOL_HAS_HIP
 // Whether the HIP runtime library itself can be loaded here (the names refpool tries).
 bool runtime_library_loads() {
-  for (const char* name : {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"})
+  for (const char* name : {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"})
     if (dlopen(name, RTLD_NOW | RTLD_LOCAL) != nullptr) return true;
   return false;
 }
