@@ -38,9 +38,11 @@ namespace refpool::hip {
 
 /// The process-wide backend for memory of `kind` on device `ordinal`: `memory_kind::device`
 /// (hipMalloc), `device_async` (hipMallocAsync on the request's stream, from the device's
-/// default pool) or `pinned_host` (hipHostMalloc, portable). Every call returns the same handle
-/// for the same arguments, so caches key their blocks by it. Thread-safe.
-/// Throws `backend_unavailable` (no runtime, no such device) or `backend_error`.
+/// default pool; HIP 5.3 or newer, since 5.2 crashes on the default stream) or `pinned_host`
+/// (hipHostMalloc, portable). Every call returns the same handle for the same arguments, so
+/// caches key their blocks by it. Thread-safe.
+/// Throws `backend_unavailable` (no runtime, no such device, device_async before HIP 5.3) or
+/// `backend_error`.
 [[nodiscard]] backend device(int ordinal = 0, memory_kind kind = memory_kind::device);
 
 /// An owning, non-blocking HIP stream on a device. Move-only. Thread-safe to use.

@@ -65,6 +65,12 @@ std::pair<std::size_t, std::size_t> memory_info(int ordinal) {
 
 backend device(int ordinal, memory_kind kind) {
   if (kind != memory_kind::host) detail::hip::check_device(ordinal);  // throws for missing runtime or device
+  if (kind == memory_kind::device_async && runtime().version < detail::hip::minimum_async_version)
+    throw backend_unavailable(fmt::format(
+        "refpool: HIP stream-ordered memory (memory_kind::device_async) needs HIP {} or newer: the HIP {} of {} "
+        "crashes in hipMallocAsync on the default stream; use memory_kind::device",
+        detail::hip::version_text(detail::hip::minimum_async_version), detail::hip::version_text(runtime().version),
+        runtime().library));
   return detail::gpu::shared_backend(detail::hip::runtime_table(), "hip", ordinal, kind, keep_default_pool_memory);
 }
 

@@ -20,9 +20,6 @@ struct loaded {
   std::string failure;  // why the runtime cannot be used; empty on success
 };
 
-std::string version_text(int version) {
-  return fmt::format("{}.{}.{}", version / 10'000'000, version / 100'000 % 100, version % 100'000);
-}
 
 // "5, 6 and 7"
 std::string reviewed_text() {
@@ -114,6 +111,10 @@ const loaded& state() {
 }
 
 }  // namespace
+
+std::string version_text(int version) {
+  return fmt::format("{}.{}.{}", version / 10'000'000, version / 100'000 % 100, version % 100'000);
+}
 
 const runtime_api& runtime() {
   const loaded& s = state();

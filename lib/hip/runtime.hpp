@@ -68,10 +68,17 @@ inline constexpr int reviewed_majors[] = {5, 6, 7};
 /// Oldest runtime refpool accepts (HIP 5.2: stream-ordered allocation).
 inline constexpr int minimum_runtime_version = 50'200'000;
 
+/// Oldest runtime whose stream-ordered allocation refpool offers (`memory_kind::device_async`):
+/// HIP 5.2's hipMallocAsync and hipFreeAsync dereference the stream before their null-stream
+/// branch, so on the default stream they crash (fixed in 5.3).
+inline constexpr int minimum_async_version = 50'300'000;
+
 /// The loaded runtime. Throws `backend_unavailable` saying why it cannot be used.
 const runtime_api& runtime();
 /// Empty when the runtime is usable, else the reason. Never throws.
 std::string unavailable_reason() noexcept;
+/// "5.2.21153" for 50'221'153.
+std::string version_text(int version);
 /// Throws `backend_unavailable` unless the runtime is usable and has device `ordinal`.
 void check_device(int ordinal);
 /// The table the shared GPU resource uses for HIP. Valid only once runtime() succeeded.

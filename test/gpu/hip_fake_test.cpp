@@ -77,3 +77,25 @@ TEST_CASE("out of memory on the fake runtime: the cache reclaims and retries", "
   CHECK_THROWS_AS(empty<std::uint8_t>(be, {total / 2 + total / 4}), out_of_memory);
   CHECK(fake().violations().empty());
 }
+
+TEST_CASE("HIP 5.2: stream-ordered memory is refused, saying why", "[hip-5.2]") {
+  REQUIRE(hip::runtime_version() < 50'300'000);
+  try {
+    const backend be = hip::device(0, memory_kind::device_async);
+    auto block = allocate(be, 4096);  // on the default stream, where HIP 5.2's hipMallocAsync crashes
+    FAIL("device_async was offered on HIP " << hip::runtime_version());
+  } catch (const backend_unavailable& e) {
+    CHECK_THAT(e.what(), Catch::Contains("device_async") && Catch::Contains("HIP 5.3.0 or newer") &&
+                             Catch::Contains("HIP 5.2.21153") && Catch::Contains("memory_kind::device"));
+  }
+  CHECK_NOTHROW(allocate(hip::device(0, memory_kind::device), 4096));
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("HIP 5.3 and newer: stream-ordered memory on the default stream", "[hip-7]") {
+  const backend be = hip::device(0, memory_kind::device_async);
+  { auto block = allocate(be, 4096); }
+  CHECK(be.allocation_count() == 1);
+  CHECK(be.outstanding_bytes() == 0);
+  CHECK(fake().violations().empty());
+}
