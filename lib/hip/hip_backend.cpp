@@ -119,11 +119,19 @@ module::module(int ordinal, std::string_view image) : device_(ordinal) {
   handle_ = m;
 }
 
+// Module calls run with the module's device current: hipModuleGetFunction aborts the process
+// (ROCm 5.2 to 6.3) when another device is current.
 module::~module() {
-  if (handle_ != nullptr) (void)runtime().hipModuleUnload(static_cast<hipModule_t>(handle_));
+  if (handle_ == nullptr) return;
+  try {
+    auto guard = on_device(device_);
+    (void)runtime().hipModuleUnload(static_cast<hipModule_t>(handle_));
+  } catch (const std::exception&) {  // the device cannot be made current: the module goes with the process
+  }
 }
 
 kernel module::function(const char* name) const {
+  auto guard = on_device(device_);
   hipFunction_t f = nullptr;
   check(runtime().hipModuleGetFunction(&f, static_cast<hipModule_t>(handle_), name), "hipModuleGetFunction", name);
   return {f, device_};

@@ -3,6 +3,9 @@
 // runtime would crash or abort on. Meson runs this program once per runtime it pretends to be
 // (the tags): "[hip-7]" as HIP 7 (sticky last error), "[hip-5.2]" as Debian 12's HIP 5.2; both with
 // two devices.
+#define __HIP_DISABLE_CPP_FUNCTIONS__
+#include <hip/hip_runtime_api.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -30,6 +33,12 @@ std::vector<std::uint8_t> download(const void* src, std::size_t bytes, stream_re
 bool all_equal(const std::vector<std::uint8_t>& bytes, std::uint8_t value) {
   return std::all_of(bytes.begin(), bytes.end(), [&](std::uint8_t v) { return v == value; });
 }
+
+// The application's own HIP calls, straight into the loaded runtime.
+#define APP_HIP(name) symbol<decltype(::name)>(#name)
+
+// A code object for the fake's device (gfx90a) with the fake's host kernel fill_u8.
+const std::string fill_module = fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a", fake_hip::kernels({"fill_u8"})}});
 
 std::size_t count_calls(const std::vector<fake_hip::call>& calls, std::string_view name) {
   return static_cast<std::size_t>(
@@ -97,5 +106,30 @@ TEST_CASE("HIP 5.3 and newer: stream-ordered memory on the default stream", "[hi
   { auto block = allocate(be, 4096); }
   CHECK(be.allocation_count() == 1);
   CHECK(be.outstanding_bytes() == 0);
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("module calls run with the module's device current, whatever device the thread has", "[hip-7][hip-5.2]") {
+  const auto buffer = allocate(hip::device(0), 4096);
+  REQUIRE(APP_HIP(hipSetDevice)(1) == hipSuccess);  // the application works on device 1
+  fake().clear_calls();
+  {
+    const hip::module m(0, fill_module);
+    const hip::kernel k = m.function("fill_u8");
+    hip::launch_with(k, {1}, {64}, {}, buffer.data(), std::uint32_t{4096}, std::uint32_t{9});
+  }
+  std::size_t module_calls = 0;
+  for (const auto& c : fake().calls())
+    if (c.name.rfind("hipModule", 0) == 0) {
+      ++module_calls;
+      INFO(c.name << " made with device " << c.device << " current");
+      CHECK(c.device == 0);
+    }
+  CHECK(module_calls == 4);  // load, get function, launch, unload
+  int current = -1;
+  CHECK(APP_HIP(hipGetDevice)(&current) == hipSuccess);
+  CHECK(current == 1);  // as the application left it
+  REQUIRE(APP_HIP(hipSetDevice)(0) == hipSuccess);
+  CHECK(all_equal(download(buffer.data(), 4096, {}), 9));
   CHECK(fake().violations().empty());
 }
