@@ -84,7 +84,9 @@ struct dims3 {
 /// hipModuleLoadData on a device. Move-only.
 class module {
  public:
-  /// Throws `backend_error` on an image the runtime cannot load (e.g. for another gfx target).
+  /// Throws `backend_error` on an image the runtime cannot load (e.g. without code for the
+  /// device's gfx target). Before HIP 5.4, which aborts the process on such an image, refpool
+  /// reads the image's targets first (clang offload bundle or AMDGPU ELF) and refuses it itself.
   module(int ordinal, std::string_view image);
   ~module();
   module(module&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)), device_(other.device_) {}

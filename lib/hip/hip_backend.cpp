@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "code_object.hpp"
 #include "runtime.hpp"
 
 namespace refpool::hip {
@@ -113,6 +114,7 @@ void synchronize(stream_ref s, int ordinal) {
 
 module::module(int ordinal, std::string_view image) : device_(ordinal) {
   auto guard = on_device(ordinal);
+  if (runtime().version < detail::hip::minimum_checked_load_version) detail::hip::check_code_object(ordinal, image);
   hipModule_t m = nullptr;
   check(runtime().hipModuleLoadData(&m, image.data()), "hipModuleLoadData",
         fmt::format("device {}, {} B image", ordinal, image.size()));

@@ -76,6 +76,11 @@ loaded use(void* library, library_name name, bool already_loaded) {
   REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_RESOLVE, REFPOOL_HIP_RESOLVE_TYPED)
 #undef REFPOOL_HIP_RESOLVE
 #undef REFPOOL_HIP_RESOLVE_TYPED
+#define REFPOOL_HIP_RESOLVE_OPTIONAL(symbol) api.symbol = reinterpret_cast<decltype(api.symbol)>(dlsym(library, #symbol));
+#define REFPOOL_HIP_RESOLVE_OPTIONAL_TYPED(symbol, type) REFPOOL_HIP_RESOLVE_OPTIONAL(symbol)
+  REFPOOL_HIP_OPTIONAL_SYMBOLS(REFPOOL_HIP_RESOLVE_OPTIONAL, REFPOOL_HIP_RESOLVE_OPTIONAL_TYPED)
+#undef REFPOOL_HIP_RESOLVE_OPTIONAL
+#undef REFPOOL_HIP_RESOLVE_OPTIONAL_TYPED
   const std::string loaded_text = fmt::format("{}, HIP {}", api.library, version_text(api.version));
   const hipError_t count = api.hipGetDeviceCount(&api.device_count);
   if (count == hipErrorNoDevice || (count == hipSuccess && api.device_count <= 0)) {

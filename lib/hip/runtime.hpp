@@ -31,10 +31,26 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
   X(hipModuleLoadData) X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel)         \
   X(hipGetErrorName) X(hipGetErrorString)
 
+// The hipDeviceProp_t of HIP 5.2 and 5.3 (the same in both: 792 bytes, gcnArchName at 396, read
+// from their headers), which their hipGetDeviceProperties fills. Declared here, not taken from the
+// header compiled against: ROCm 6 headers name another layout (hipDeviceProp_tR0600) so.
+struct device_properties_5 {
+  alignas(8) char before[396];
+  char gcnArchName[256];  ///< "gfx90a:sramecc+:xnack-"
+  char after[140];
+};
+static_assert(sizeof(device_properties_5) == 792);
+using get_device_properties_5_t = hipError_t (*)(device_properties_5*, int);
+
+// Entry points refpool uses only on some releases or where present; null where absent.
+// hipGetDeviceProperties reads the device's target before HIP 5.4 (code_object.hpp).
+#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED) TYPED(hipGetDeviceProperties, get_device_properties_5_t)
+
 struct runtime_api {
 #define REFPOOL_HIP_DECLARE(name) decltype(&::name) name = nullptr;
 #define REFPOOL_HIP_DECLARE_TYPED(name, type) type name = nullptr;  // static_cast below checks the type
   REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_DECLARE, REFPOOL_HIP_DECLARE_TYPED)
+  REFPOOL_HIP_OPTIONAL_SYMBOLS(REFPOOL_HIP_DECLARE, REFPOOL_HIP_DECLARE_TYPED)
 #undef REFPOOL_HIP_DECLARE
 #undef REFPOOL_HIP_DECLARE_TYPED
   std::string library;   ///< the name that loaded ("libamdhip64.so.5")

@@ -335,13 +335,24 @@ FAKE_API hipError_t hipDeviceGetName(char* name, int length, hipDevice_t device)
   return e.done(hipSuccess);
 }
 
-FAKE_API hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) {
+// The hipDeviceProp_t of HIP 5.x (gcnArchName at 396 of 792 bytes), whatever the header compiled
+// against says (ROCm 6 headers name another layout so): refpool reads it only from HIP 5.2 and 5.3.
+struct device_properties_5 {
+  alignas(8) char name[256];
+  std::size_t total_global_mem;
+  char between[396 - 256 - 8];
+  char gcn_arch_name[256];
+  char after[140];
+};
+static_assert(sizeof(device_properties_5) == 792);
+FAKE_API hipError_t get_device_properties_5(device_properties_5* prop, int device) __asm__("hipGetDeviceProperties");
+FAKE_API hipError_t get_device_properties_5(device_properties_5* prop, int device) {
   entry e("hipGetDeviceProperties");
   if (!e.device_ok(device)) return e.done(hipErrorInvalidDevice);
-  *prop = hipDeviceProp_t{};
+  *prop = device_properties_5{};
   std::snprintf(prop->name, sizeof prop->name, "Fake AMD GPU %d", device);
-  std::snprintf(prop->gcnArchName, sizeof prop->gcnArchName, "%s", e.s.arch.c_str());
-  prop->totalGlobalMem = e.s.memory;
+  std::snprintf(prop->gcn_arch_name, sizeof prop->gcn_arch_name, "%s", e.s.arch.c_str());
+  prop->total_global_mem = e.s.memory;
   return e.done(hipSuccess);
 }
 

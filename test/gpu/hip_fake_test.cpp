@@ -133,3 +133,47 @@ TEST_CASE("module calls run with the module's device current, whatever device th
   CHECK(all_equal(download(buffer.data(), 4096, {}), 9));
   CHECK(fake().violations().empty());
 }
+
+TEST_CASE("HIP 5.2 and 5.3: a code object without code for the device is refused before loading", "[hip-5.2]") {
+  REQUIRE(hip::runtime_version() < 50'400'000);
+  fake().clear_violations();
+  using fake_hip::make_bundle;
+  using fake_hip::make_elf;
+  const std::string kernel = fake_hip::kernels({"fill_u8"});
+  const auto refused = [](const std::string& image, const char* why) {
+    try {
+      hip::module m(0, image);
+      FAIL("loaded a code object that HIP " << hip::runtime_version() << " aborts on");
+    } catch (const backend_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("device 0 (gfx90a:sramecc+:xnack-)") && Catch::Contains(why));
+    }
+  };
+  SECTION("another processor") {
+    refused(make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx1030", kernel}}), "it has code for gfx1030");
+    refused(make_elf(fake_hip::elf_mach_gfx1030, kernel), "it has code for gfx1030");
+  }
+  SECTION("the processor, with another feature setting") {
+    refused(make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+", kernel}}), "it has code for gfx90a:xnack+");
+    refused(make_elf(fake_hip::elf_mach_gfx90a | 0x300, kernel), "it has code for gfx90a:xnack+");
+  }
+  SECTION("neither a bundle nor an AMDGPU ELF") { refused("this is not a code object", "neither"); }
+  SECTION("code for the device loads") {
+    const std::string images[] = {
+        make_bundle({{"hip-amdgcn-amd-amdhsa-gfx906", kernel}, {"hipv4-amdgcn-amd-amdhsa--gfx90a:xnack-", kernel}}),
+        make_elf(fake_hip::elf_mach_gfx90a | fake_hip::elf_xnack_off_v4 | fake_hip::elf_sramecc_on_v4, kernel),
+        make_elf(fake_hip::elf_mach_gfx90a, kernel, 1),  // code object v3: no feature settings
+    };
+    for (const auto& image : images) CHECK(hip::module(0, image).function("fill_u8").function != nullptr);
+  }
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("HIP 5.4 and newer: the runtime itself says a code object has no code for the device", "[hip-7]") {
+  try {
+    hip::module m(0, fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx1030", fake_hip::kernels({"fill_u8"})}}));
+    FAIL("no error");
+  } catch (const backend_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("hipErrorNoBinaryForGpu") && Catch::Contains("hipModuleLoadData"));
+  }
+  CHECK(fake().violations().empty());
+}
