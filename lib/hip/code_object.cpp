@@ -113,7 +113,8 @@ void check_code_object(int ordinal, std::string_view image) {
                                     version_text(api.version)),
                         hipErrorNotSupported);
   device_properties_5 properties{};
-  check(api.hipGetDeviceProperties(&properties, ordinal), "hipGetDeviceProperties", fmt::format("device {}", ordinal));
+  check(call(api.hipGetDeviceProperties, &properties, ordinal), "hipGetDeviceProperties",
+        fmt::format("device {}", ordinal));
   const std::string_view device(properties.gcnArchName, strnlen(properties.gcnArchName, sizeof properties.gcnArchName));
   const std::string why =
       fmt::format("HIP {} aborts the process on a code object without code for the device, so refpool checks first; "
@@ -127,9 +128,9 @@ void check_code_object(int ordinal, std::string_view image) {
                         hipErrorInvalidImage);
   for (const std::string& target : *targets)
     if (runs_on(target, device)) return;
+  const std::string found = targets->empty() ? "no GPU" : fmt::format("{}", fmt::join(*targets, ", "));
   throw backend_error(fmt::format("refpool: the code object has no code for device {} ({}): it has code for {} ({})",
-                                  ordinal, device, targets->empty() ? "no GPU" : fmt::format("{}", fmt::join(*targets, ", ")),
-                                  why),
+                                  ordinal, device, found, why),
                       hipErrorNoBinaryForGpu);
 }
 

@@ -15,6 +15,7 @@ namespace refpool::hip {
 
 namespace {
 
+using detail::hip::call;
 using detail::hip::check;
 using detail::hip::runtime;
 
@@ -26,9 +27,9 @@ hipStream_t as_stream(stream_ref s) { return static_cast<hipStream_t>(s.handle);
 // refpool's own cache does, instead of returning it to the system at every synchronisation.
 void keep_default_pool_memory(int ordinal) {
   hipMemPool_t pool = nullptr;
-  check(runtime().hipDeviceGetDefaultMemPool(&pool, ordinal), "hipDeviceGetDefaultMemPool");
+  check(call(runtime().hipDeviceGetDefaultMemPool, &pool, ordinal), "hipDeviceGetDefaultMemPool");
   std::uint64_t threshold = ~std::uint64_t{0};
-  check(runtime().hipMemPoolSetAttribute(pool, hipMemPoolAttrReleaseThreshold, &threshold), "hipMemPoolSetAttribute");
+  check(call(runtime().hipMemPoolSetAttribute, pool, hipMemPoolAttrReleaseThreshold, &threshold), "hipMemPoolSetAttribute");
 }
 
 }  // namespace
@@ -43,16 +44,16 @@ int runtime_version() { return runtime().version; }
 
 int driver_version() {
   int version = 0;
-  check(runtime().hipDriverGetVersion(&version), "hipDriverGetVersion");
+  check(call(runtime().hipDriverGetVersion, &version), "hipDriverGetVersion");
   return version;
 }
 
 std::string device_name(int ordinal) {
   detail::hip::check_device(ordinal);
   hipDevice_t device = 0;
-  check(runtime().hipDeviceGet(&device, ordinal), "hipDeviceGet");
+  check(call(runtime().hipDeviceGet, &device, ordinal), "hipDeviceGet");
   char name[256] = {};
-  check(runtime().hipDeviceGetName(name, sizeof name, device), "hipDeviceGetName");
+  check(call(runtime().hipDeviceGetName, name, sizeof name, device), "hipDeviceGetName");
   return name;
 }
 
@@ -60,7 +61,7 @@ std::pair<std::size_t, std::size_t> memory_info(int ordinal) {
   auto guard = on_device(ordinal);
   std::size_t free = 0;
   std::size_t total = 0;
-  check(runtime().hipMemGetInfo(&free, &total), "hipMemGetInfo", fmt::format("device {}", ordinal));
+  check(call(runtime().hipMemGetInfo, &free, &total), "hipMemGetInfo", fmt::format("device {}", ordinal));
   return {free, total};
 }
 
@@ -78,7 +79,7 @@ backend device(int ordinal, memory_kind kind) {
 stream::stream(int ordinal) : device_(ordinal) {
   auto guard = on_device(ordinal);
   hipStream_t s = nullptr;
-  check(runtime().hipStreamCreateWithFlags(&s, hipStreamNonBlocking), "hipStreamCreateWithFlags",
+  check(call(runtime().hipStreamCreateWithFlags, &s, hipStreamNonBlocking), "hipStreamCreateWithFlags",
         fmt::format("device {}", ordinal));
   detail::gpu::revive_stream(s);
   handle_ = s;
@@ -88,9 +89,9 @@ namespace {
 // Synchronises and destroys a stream refpool made, retiring its handle first (see retire_stream).
 void destroy_stream(void* handle) noexcept {
   if (handle == nullptr) return;
-  (void)runtime().hipStreamSynchronize(static_cast<hipStream_t>(handle));
+  (void)call(runtime().hipStreamSynchronize, static_cast<hipStream_t>(handle));
   detail::gpu::retire_stream(handle);
-  (void)runtime().hipStreamDestroy(static_cast<hipStream_t>(handle));
+  (void)call(runtime().hipStreamDestroy, static_cast<hipStream_t>(handle));
 }
 }  // namespace
 
@@ -109,14 +110,14 @@ void stream::synchronize() const { hip::synchronize(ref(), device_); }
 
 void synchronize(stream_ref s, int ordinal) {
   auto guard = on_device(ordinal);
-  check(runtime().hipStreamSynchronize(as_stream(s)), "hipStreamSynchronize");
+  check(call(runtime().hipStreamSynchronize, as_stream(s)), "hipStreamSynchronize");
 }
 
 module::module(int ordinal, std::string_view image) : device_(ordinal) {
   auto guard = on_device(ordinal);
   if (runtime().version < detail::hip::minimum_checked_load_version) detail::hip::check_code_object(ordinal, image);
   hipModule_t m = nullptr;
-  check(runtime().hipModuleLoadData(&m, image.data()), "hipModuleLoadData",
+  check(call(runtime().hipModuleLoadData, &m, image.data()), "hipModuleLoadData",
         fmt::format("device {}, {} B image", ordinal, image.size()));
   handle_ = m;
 }
@@ -127,7 +128,7 @@ module::~module() {
   if (handle_ == nullptr) return;
   try {
     auto guard = on_device(device_);
-    (void)runtime().hipModuleUnload(static_cast<hipModule_t>(handle_));
+    (void)call(runtime().hipModuleUnload, static_cast<hipModule_t>(handle_));
   } catch (const std::exception&) {  // the device cannot be made current: the module goes with the process
   }
 }
@@ -135,13 +136,13 @@ module::~module() {
 kernel module::function(const char* name) const {
   auto guard = on_device(device_);
   hipFunction_t f = nullptr;
-  check(runtime().hipModuleGetFunction(&f, static_cast<hipModule_t>(handle_), name), "hipModuleGetFunction", name);
+  check(call(runtime().hipModuleGetFunction, &f, static_cast<hipModule_t>(handle_), name), "hipModuleGetFunction", name);
   return {f, device_};
 }
 
 void launch(const kernel& k, dims3 grid, dims3 block, stream_ref s, void** args, unsigned shared_bytes) {
   auto guard = on_device(k.device);
-  check(runtime().hipModuleLaunchKernel(static_cast<hipFunction_t>(k.function), grid.x, grid.y, grid.z, block.x,
+  check(call(runtime().hipModuleLaunchKernel, static_cast<hipFunction_t>(k.function), grid.x, grid.y, grid.z, block.x,
                                         block.y, block.z, shared_bytes, as_stream(s), args, nullptr),
         "hipModuleLaunchKernel",
         fmt::format("grid ({}, {}, {}), block ({}, {}, {})", grid.x, grid.y, grid.z, block.x, block.y, block.z));
@@ -149,20 +150,20 @@ void launch(const kernel& k, dims3 grid, dims3 block, stream_ref s, void** args,
 
 void copy(void* dst, const void* src, std::size_t bytes, stream_ref s, int ordinal) {
   auto guard = on_device(ordinal);
-  check(runtime().hipMemcpyAsync(dst, src, bytes, hipMemcpyDefault, as_stream(s)), "hipMemcpyAsync",
+  check(call(runtime().hipMemcpyAsync, dst, src, bytes, hipMemcpyDefault, as_stream(s)), "hipMemcpyAsync",
         fmt::format("{} B from {} to {}", bytes, src, dst));
 }
 
 void fill(void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal) {
   auto guard = on_device(ordinal);
-  check(runtime().hipMemsetAsync(dst, value, bytes, as_stream(s)), "hipMemsetAsync",
+  check(call(runtime().hipMemsetAsync, dst, value, bytes, as_stream(s)), "hipMemsetAsync",
         fmt::format("{} B at {}", bytes, dst));
 }
 
 void copy_peer(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s) {
   detail::hip::check_device(src_device);
   auto guard = on_device(dst_device);
-  check(runtime().hipMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, as_stream(s)), "hipMemcpyPeerAsync",
+  check(call(runtime().hipMemcpyPeerAsync, dst, dst_device, src, src_device, bytes, as_stream(s)), "hipMemcpyPeerAsync",
         fmt::format("{} B from device {} to device {}", bytes, src_device, dst_device));
 }
 

@@ -19,32 +19,32 @@ int as_device(handle h) { return static_cast<int>(reinterpret_cast<std::intptr_t
 status activate(int device, handle* saved) {
   check_device(device);
   int current = 0;
-  if (const hipError_t r = runtime().hipGetDevice(&current); r != hipSuccess) return r;
+  if (const hipError_t r = call(runtime().hipGetDevice, &current); r != hipSuccess) return r;
   *saved = as_handle(current);
-  return current == device ? hipSuccess : runtime().hipSetDevice(device);
+  return current == device ? hipSuccess : call(runtime().hipSetDevice, device);
 }
 
 status restore(handle saved) {
   int current = 0;
-  if (const hipError_t r = runtime().hipGetDevice(&current); r != hipSuccess) return r;
-  return current == as_device(saved) ? hipSuccess : runtime().hipSetDevice(as_device(saved));
+  if (const hipError_t r = call(runtime().hipGetDevice, &current); r != hipSuccess) return r;
+  return current == as_device(saved) ? hipSuccess : call(runtime().hipSetDevice, as_device(saved));
 }
 
-status mem_alloc(void** ptr, std::size_t bytes) { return runtime().hipMalloc(ptr, bytes); }
-status mem_free(void* ptr) { return runtime().hipFree(ptr); }
+status mem_alloc(void** ptr, std::size_t bytes) { return call(runtime().hipMalloc, ptr, bytes); }
+status mem_free(void* ptr) { return call(runtime().hipFree, ptr); }
 status mem_alloc_async(void** ptr, std::size_t bytes, handle stream) {
-  return runtime().hipMallocAsync(ptr, bytes, as_stream(stream));
+  return call(runtime().hipMallocAsync, ptr, bytes, as_stream(stream));
 }
-status mem_free_async(void* ptr, handle stream) { return runtime().hipFreeAsync(ptr, as_stream(stream)); }
-status host_alloc(void** ptr, std::size_t bytes) { return runtime().hipHostMalloc(ptr, bytes, hipHostMallocPortable); }
-status host_free(void* ptr) { return runtime().hipHostFree(ptr); }
+status mem_free_async(void* ptr, handle stream) { return call(runtime().hipFreeAsync, ptr, as_stream(stream)); }
+status host_alloc(void** ptr, std::size_t bytes) { return call(runtime().hipHostMalloc, ptr, bytes, hipHostMallocPortable); }
+status host_free(void* ptr) { return call(runtime().hipHostFree, ptr); }
 status event_create(handle* event) {
-  return runtime().hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(event), hipEventDisableTiming);
+  return call(runtime().hipEventCreateWithFlags, reinterpret_cast<hipEvent_t*>(event), hipEventDisableTiming);
 }
-status event_destroy(handle event) { return runtime().hipEventDestroy(as_event(event)); }
-status event_record(handle event, handle stream) { return runtime().hipEventRecord(as_event(event), as_stream(stream)); }
+status event_destroy(handle event) { return call(runtime().hipEventDestroy, as_event(event)); }
+status event_record(handle event, handle stream) { return call(runtime().hipEventRecord, as_event(event), as_stream(stream)); }
 status stream_wait_event(handle stream, handle event) {
-  return runtime().hipStreamWaitEvent(as_stream(stream), as_event(event), 0);
+  return call(runtime().hipStreamWaitEvent, as_stream(stream), as_event(event), 0);
 }
 const char* error_name(status code) { return runtime().hipGetErrorName(static_cast<hipError_t>(code)); }
 const char* error_string(status code) { return runtime().hipGetErrorString(static_cast<hipError_t>(code)); }

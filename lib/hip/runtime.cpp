@@ -76,7 +76,8 @@ loaded use(void* library, library_name name, bool already_loaded) {
   REFPOOL_HIP_RUNTIME_SYMBOLS(REFPOOL_HIP_RESOLVE, REFPOOL_HIP_RESOLVE_TYPED)
 #undef REFPOOL_HIP_RESOLVE
 #undef REFPOOL_HIP_RESOLVE_TYPED
-#define REFPOOL_HIP_RESOLVE_OPTIONAL(symbol) api.symbol = reinterpret_cast<decltype(api.symbol)>(dlsym(library, #symbol));
+#define REFPOOL_HIP_RESOLVE_OPTIONAL(symbol) \
+  api.symbol = reinterpret_cast<decltype(api.symbol)>(dlsym(library, #symbol));
 #define REFPOOL_HIP_RESOLVE_OPTIONAL_TYPED(symbol, type) REFPOOL_HIP_RESOLVE_OPTIONAL(symbol)
   REFPOOL_HIP_OPTIONAL_SYMBOLS(REFPOOL_HIP_RESOLVE_OPTIONAL, REFPOOL_HIP_RESOLVE_OPTIONAL_TYPED)
 #undef REFPOOL_HIP_RESOLVE_OPTIONAL
@@ -90,6 +91,7 @@ loaded use(void* library, library_name name, bool already_loaded) {
     out.failure = fmt::format("hipGetDeviceCount failed: {} ({}): {} ({})", api.hipGetErrorName(count),
                               static_cast<int>(count), api.hipGetErrorString(count), loaded_text);
   }
+  if (count != hipSuccess) (void)api.hipGetLastError();  // as call() does (runtime.hpp)
   if (!out.failure.empty()) api.device_count = 0;
   return out;
 }

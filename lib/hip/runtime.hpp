@@ -9,6 +9,7 @@
 #include <hip/hip_runtime_api.h>
 
 #include <string>
+#include <utility>
 
 #include "../gpu/runtime_api.hpp"
 
@@ -29,7 +30,7 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
   X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)            \
   X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync)                                        \
   X(hipModuleLoadData) X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel)         \
-  X(hipGetErrorName) X(hipGetErrorString)
+  X(hipGetErrorName) X(hipGetErrorString) X(hipGetLastError)
 
 // The hipDeviceProp_t of HIP 5.2 and 5.3 (the same in both: 792 bytes, gcnArchName at 396, read
 // from their headers), which their hipGetDeviceProperties fills. Declared here, not taken from the
@@ -99,6 +100,17 @@ std::string version_text(int version);
 void check_device(int ordinal);
 /// The table the shared GPU resource uses for HIP. Valid only once runtime() succeeded.
 const gpu::runtime_api& runtime_table();
+
+/// Calls a runtime entry point; when it fails, clears the runtime's last error. refpool handles
+/// every failure itself (retries after out-of-memory, an exception otherwise), and HIP 7 keeps the
+/// last error until hipGetLastError: the application's next check would see refpool's. Every HIP
+/// call refpool makes goes through here.
+template <class... Parameters, class... Arguments>
+hipError_t call(hipError_t (*entry)(Parameters...), Arguments&&... arguments) {
+  const hipError_t result = entry(std::forward<Arguments>(arguments)...);
+  if (result != hipSuccess) (void)runtime().hipGetLastError();
+  return result;
+}
 
 /// Throws `backend_error` (formatted by the shared GPU code) unless `result` is hipSuccess.
 inline void check(hipError_t result, const char* call, const std::string& details = {}) {

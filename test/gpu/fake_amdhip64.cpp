@@ -668,7 +668,8 @@ FAKE_API hipError_t hipMemAddressFree(void* ptr, size_t bytes) {
   const auto it = e.s.reservations.find(at);
   if (it == e.s.reservations.end() || it->second != bytes) return e.done(hipErrorInvalidValue, ptr);
   const auto mapped = e.s.regions.lower_bound(at);
-  if (mapped != e.s.regions.end() && mapped->first < at + bytes) return e.done(hipErrorInvalidValue, ptr);  // still mapped
+  if (mapped != e.s.regions.end() && mapped->first < at + bytes)
+    return e.done(hipErrorInvalidValue, ptr);  // pieces are still mapped
   munmap(ptr, bytes);
   e.s.reservations.erase(it);
   return e.done(hipSuccess, ptr);
@@ -741,7 +742,8 @@ FAKE_API hipError_t hipMemSetAccess(void* ptr, size_t bytes, const hipMemAccessD
   if (next != at + bytes) return e.done(hipErrorInvalidValue, ptr);
   const bool rw = desc->flags == hipMemAccessFlagsProtReadWrite;
   mprotect(ptr, bytes, rw ? PROT_READ | PROT_WRITE : PROT_NONE);
-  for (auto it = e.s.regions.find(at); it != e.s.regions.end() && it->first < at + bytes; ++it) it->second.accessible = rw;
+  for (auto it = e.s.regions.find(at); it != e.s.regions.end() && it->first < at + bytes; ++it)
+    it->second.accessible = rw;
   return e.done(hipSuccess, ptr);
 }
 

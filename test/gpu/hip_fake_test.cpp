@@ -38,7 +38,8 @@ bool all_equal(const std::vector<std::uint8_t>& bytes, std::uint8_t value) {
 #define APP_HIP(name) symbol<decltype(::name)>(#name)
 
 // A code object for the fake's device (gfx90a) with the fake's host kernel fill_u8.
-const std::string fill_module = fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a", fake_hip::kernels({"fill_u8"})}});
+const std::string fill_module =
+    fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a", fake_hip::kernels({"fill_u8"})}});
 
 std::size_t count_calls(const std::vector<fake_hip::call>& calls, std::string_view name) {
   return static_cast<std::size_t>(
@@ -176,4 +177,31 @@ TEST_CASE("HIP 5.4 and newer: the runtime itself says a code object has no code 
     CHECK_THAT(e.what(), Catch::Contains("hipErrorNoBinaryForGpu") && Catch::Contains("hipModuleLoadData"));
   }
   CHECK(fake().violations().empty());
+}
+
+TEST_CASE("HIP 7: after an error refpool handles, the application's next check sees none", "[hip-7]") {
+  const auto get_last_error = APP_HIP(hipGetLastError);
+  // Control: the fake keeps an error until it is read, even across later successful calls, as HIP 7.
+  REQUIRE(APP_HIP(hipSetDevice)(99) == hipErrorInvalidDevice);
+  REQUIRE(APP_HIP(hipSetDevice)(0) == hipSuccess);
+  REQUIRE(get_last_error() == hipErrorInvalidDevice);
+  REQUIRE(get_last_error() == hipSuccess);
+  const backend be = hip::device(0);
+  const std::size_t total = hip::memory_info(0).second;
+  alloc_cache cache{cache_options{}};
+  SECTION("an out-of-memory the cache recovers from") {
+    scope sc(cache);
+    { auto idle = empty<std::uint8_t>(be, {total / 2 + total / 4}); }
+    auto fits_after_reclaim = empty<std::uint8_t>(be, {total / 2});
+    REQUIRE(cache.stats().oom_retries == 1);
+    CHECK(get_last_error() == hipSuccess);
+  }
+  SECTION("an out-of-memory reported as out_of_memory") {
+    CHECK_THROWS_AS(allocate(be, total + 1), out_of_memory);
+    CHECK(get_last_error() == hipSuccess);
+  }
+  SECTION("an error reported as backend_error") {
+    CHECK_THROWS_AS(hip::module(0, "this is not a code object"), backend_error);
+    CHECK(get_last_error() == hipSuccess);
+  }
 }

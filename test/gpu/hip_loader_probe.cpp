@@ -22,7 +22,8 @@ std::vector<std::string> loaded_runtimes() {
   dl_iterate_phdr(
       [](dl_phdr_info* info, std::size_t, void* data) {
         const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
-        if (path.find("libamdhip64") != std::string::npos) static_cast<std::vector<std::string>*>(data)->push_back(path);
+        if (path.find("libamdhip64") != std::string::npos)
+          static_cast<std::vector<std::string>*>(data)->push_back(path);
         return 0;
       },
       &out);
