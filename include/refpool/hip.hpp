@@ -45,7 +45,8 @@ namespace refpool::hip {
 /// `backend_error`.
 [[nodiscard]] backend device(int ordinal = 0, memory_kind kind = memory_kind::device);
 
-/// An owning, non-blocking HIP stream on a device. Move-only. Thread-safe to use.
+/// An owning, non-blocking HIP stream on a device. Move-only. Thread-safe to use. Its destructor
+/// waits for the stream's work and retires it (see retire_stream) before destroying it.
 class stream {
  public:
   explicit stream(int ordinal = 0);
@@ -68,6 +69,12 @@ class stream {
 
 /// Waits for all work on `s` (the null stream when null) of device `ordinal`.
 void synchronize(stream_ref s, int ordinal = 0);
+
+/// Call before destroying a stream you created yourself and used with refpool (hip::stream does
+/// this itself): waits for its work and tells every cache never to order after it again, since
+/// idle blocks may still name it as their last stream. Using a destroyed stream's handle with the
+/// runtime is an error up to ROCm 6 and a crash from ROCm 7.
+void retire_stream(stream_ref s, int ordinal = 0);
 
 /// A kernel of a loaded module.
 struct kernel {

@@ -97,6 +97,11 @@ void destroy_stream(void* handle) noexcept {
 
 stream::~stream() { destroy_stream(handle_); }
 
+void retire_stream(stream_ref s, int ordinal) {
+  synchronize(s, ordinal);
+  detail::gpu::retire_stream(s.handle);
+}
+
 stream& stream::operator=(stream&& other) noexcept {
   if (this != &other) {
     destroy_stream(handle_);

@@ -205,3 +205,49 @@ TEST_CASE("HIP 7: after an error refpool handles, the application's next check s
     CHECK(get_last_error() == hipSuccess);
   }
 }
+
+namespace {
+
+// Blocks of 4 and 8 KiB left idle in `cache`, last used on a stream the application made; then the
+// application retires (or not) and destroys that stream, and the cache reuses the 4 KiB block on
+// another stream and frees the 8 KiB one.
+void reuse_after_the_stream_is_destroyed(memory_kind kind, bool retire) {
+  const backend be = hip::device(0, kind);
+  alloc_cache cache{cache_options{}};
+  hipStream_t user = nullptr;
+  REQUIRE(APP_HIP(hipStreamCreateWithFlags)(&user, 0) == hipSuccess);
+  {
+    scope sc(cache);
+    auto a = empty<std::uint8_t>(be, {4096}, {user});
+    auto b = empty<std::uint8_t>(be, {8192}, {user});
+  }
+  if (retire) hip::retire_stream({user});
+  REQUIRE(APP_HIP(hipStreamDestroy)(user) == hipSuccess);
+  hip::stream other;
+  {
+    scope sc(cache);
+    auto reused = empty<std::uint8_t>(be, {4096}, other);
+    CHECK(cache.stats().cross_stream_reuses == 1);
+  }
+  cache.reclaim();
+  CHECK(be.outstanding_bytes() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("a stream destroyed without hip::retire_stream is still used by the cache (control)", "[hip-7]") {
+  fake().clear_violations();
+  CHECK_THROWS_AS(reuse_after_the_stream_is_destroyed(memory_kind::device, false), backend_error);
+  REQUIRE(fake().violations().size() == 1);
+  CHECK_THAT(fake().violations()[0], Catch::Contains("hipEventRecord on a destroyed stream"));
+  fake().clear_violations();
+}
+
+TEST_CASE("hip::retire_stream: the cache never uses a retired stream again", "[hip-7]") {
+  fake().clear_violations();
+  for (memory_kind kind : {memory_kind::device, memory_kind::device_async}) {
+    CAPTURE(to_string(kind));
+    reuse_after_the_stream_is_destroyed(kind, true);
+  }
+  CHECK(fake().violations().empty());
+}

@@ -63,5 +63,6 @@ int main() {
   ok = throws_unavailable("hip::device_count()", [] { (void)refpool::hip::device_count(); }) && ok;
   ok = throws_unavailable("hip::stream()", [] { refpool::hip::stream s; }) && ok;
   ok = throws_unavailable("hip::copy()", [] { refpool::hip::copy(nullptr, nullptr, 0, {}); }) && ok;
+  ok = throws_unavailable("hip::retire_stream()", [] { refpool::hip::retire_stream({}); }) && ok;
   return ok ? 0 : 1;
 }
