@@ -91,6 +91,7 @@ class gpu_resource final : public resource {
   }
 
   void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    if (api_.torn_down != nullptr && api_.torn_down()) return;  // at exit, after the runtime's teardown
     try {
       device_guard guard(api_, device_);
       status code = api_.success;

@@ -40,6 +40,11 @@ struct runtime_api {
 
   const char* (*error_name)(status) = nullptr;
   const char* (*error_string)(status) = nullptr;
+
+  /// True once the runtime may be torn down (the process is exiting): frees are skipped, the
+  /// memory goes with the process. Null for a runtime that reports calls after its teardown as
+  /// errors (CUDA: CUDA_ERROR_DEINITIALIZED).
+  bool (*torn_down)() noexcept = nullptr;
 };
 
 /// Throws `backend_error`: "<runtime> error NAME (code): description, in CALL (DETAILS)".

@@ -67,6 +67,7 @@ const gpu::runtime_api table = {
     .stream_wait_event = stream_wait_event,
     .error_name = error_name,
     .error_string = error_string,
+    .torn_down = process_exiting,
 };
 
 }  // namespace

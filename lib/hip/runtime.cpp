@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <iterator>
 
 #include <fmt/format.h>
@@ -96,12 +98,23 @@ loaded use(void* library, library_name name, bool already_loaded) {
   return out;
 }
 
+std::atomic<bool> exiting{false};
+
+// Registered after the runtime's library is loaded, so it runs before the runtime's teardown.
+void mark_exiting() { exiting = true; }
+
 loaded load() {
   for (const library_name& name : library_names)
-    if (void* library = dlopen(name.name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) return use(library, name, true);
+    if (void* library = dlopen(name.name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+      std::atexit(mark_exiting);
+      return use(library, name, true);
+    }
   std::string errors;
   for (const library_name& name : library_names) {
-    if (void* library = dlopen(name.name, RTLD_NOW | RTLD_LOCAL)) return use(library, name, false);
+    if (void* library = dlopen(name.name, RTLD_NOW | RTLD_LOCAL)) {
+      std::atexit(mark_exiting);
+      return use(library, name, false);
+    }
     const char* why = dlerror();
     errors += fmt::format("{}{}", errors.empty() ? "" : "; ", why != nullptr ? why : name.name);
   }
@@ -118,6 +131,8 @@ const loaded& state() {
 }
 
 }  // namespace
+
+bool process_exiting() noexcept { return exiting.load(std::memory_order_relaxed); }
 
 std::string version_text(int version) {
   return fmt::format("{}.{}.{}", version / 10'000'000, version / 100'000 % 100, version % 100'000);

@@ -101,12 +101,22 @@ void check_device(int ordinal);
 /// The table the shared GPU resource uses for HIP. Valid only once runtime() succeeded.
 const gpu::runtime_api& runtime_table();
 
+/// True once the process has begun to exit after refpool loaded the runtime. HIP tears itself down
+/// in a static destructor registered when its library loads, so the destructors of statics made
+/// before that (a global cache, a global optional stream) run after it and would call into freed
+/// runtime state. refpool's own exit handler, registered right after loading, runs just before
+/// the runtime's teardown and sets this; from then on refpool makes no HIP call (device memory
+/// still held goes with the process).
+bool process_exiting() noexcept;
+
 /// Calls a runtime entry point; when it fails, clears the runtime's last error. refpool handles
 /// every failure itself (retries after out-of-memory, an exception otherwise), and HIP 7 keeps the
-/// last error until hipGetLastError: the application's next check would see refpool's. Every HIP
-/// call refpool makes goes through here.
+/// last error until hipGetLastError: the application's next check would see refpool's. Once the
+/// process is exiting (process_exiting()) nothing is called and the result is
+/// hipErrorDeinitialized. Every HIP call refpool makes goes through here.
 template <class... Parameters, class... Arguments>
 hipError_t call(hipError_t (*entry)(Parameters...), Arguments&&... arguments) {
+  if (process_exiting()) return hipErrorDeinitialized;
   const hipError_t result = entry(std::forward<Arguments>(arguments)...);
   if (result != hipSuccess) (void)runtime().hipGetLastError();
   return result;

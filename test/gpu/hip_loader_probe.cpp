@@ -3,6 +3,8 @@
 //   --preload NAME        the application loads NAME itself first (dlopen, RTLD_GLOBAL)
 //   --expect-version N    refpool's HIP is usable and reports version N
 //   --expect-reason TEXT  refpool's HIP is unusable and the reason contains TEXT
+//   --exit-with-hip-objects  statics made before refpool loads HIP (so destroyed after the
+//                         runtime's own teardown at exit) hold an idle block, a stream and a module
 // Always checked: exactly one libamdhip64 is loaded in the end (never a second runtime).
 // Prints what it finds; exits 0 when every expectation holds.
 #include <dlfcn.h>
@@ -10,10 +12,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <refpool/refpool.hpp>
+
+#include "fake_hip/code_object.hpp"
 
 namespace {
 
@@ -30,15 +35,36 @@ std::vector<std::string> loaded_runtimes() {
   return out;
 }
 
+// Statics constructed before HIP is loaded, filled after: their destructors run after HIP's
+// teardown (registered when the library loads), as a program's globals would.
+void exit_with_hip_objects() {
+  static refpool::alloc_cache cache{refpool::cache_options{}};
+  static std::optional<refpool::hip::stream> stream;
+  static std::optional<refpool::hip::module> module;
+  if (!refpool::hip::available()) return;
+  stream.emplace(0);
+  const std::string code = fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a", fake_hip::kernels({"fill_u8"})}});
+  module.emplace(0, code);
+  refpool::scope sc(cache);
+  auto block = refpool::allocate(refpool::hip::device(0), 4096, *stream);
+  std::puts("at exit: an idle block in a static cache, a static stream and a static module");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool ok = true;
   const char* expect_version = nullptr;
   const char* expect_reason = nullptr;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string option = argv[i];
-    if (option == "--preload") {
+    if (option == "--exit-with-hip-objects") {
+      exit_with_hip_objects();
+      --i;
+    } else if (i + 1 == argc) {
+      std::printf("%s needs a value\n", option.c_str());
+      return 1;
+    } else if (option == "--preload") {
       if (dlopen(argv[i + 1], RTLD_NOW | RTLD_GLOBAL) == nullptr) {
         std::printf("the application could not load %s: %s\n", argv[i + 1], dlerror());
         return 1;
