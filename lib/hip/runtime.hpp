@@ -7,6 +7,9 @@
 // entry point's type; the few overloads the macro leaves (hipMallocAsync) are TYPED below.
 #define __HIP_DISABLE_CPP_FUNCTIONS__
 #include <hip/hip_runtime_api.h>
+// ROCm 6 headers rename hipGetDeviceProperties to hipGetDevicePropertiesR0600 (a new layout), which
+// would also rename the entry point dlsym()ed below; refpool wants HIP 5.x's, by its own name.
+#undef hipGetDeviceProperties
 
 #include <string>
 #include <utility>
