@@ -38,7 +38,10 @@ inline constexpr int minimum_driver_version = 12000;
 /// The loaded driver. Throws `backend_unavailable` saying why it cannot be used.
 const driver_api& driver();
 /// Empty when the driver is usable, else the reason. Never throws.
-std::string unavailable_reason() noexcept;
+const std::string& failure() noexcept;
+/// The driver's device count and version (cuDriverGetVersion); valid once failure() is empty.
+int device_count();
+int version();
 /// The retained primary context of `ordinal` (retained at first use). Throws
 /// `backend_unavailable` for an ordinal out of range.
 CUcontext context(int ordinal);

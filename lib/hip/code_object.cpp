@@ -9,9 +9,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <refpool/error.hpp>
-
-#include "runtime.hpp"
 
 namespace refpool::detail::hip {
 
@@ -105,33 +102,37 @@ bool runs_on(std::string_view target, std::string_view device) {
   return true;
 }
 
-void check_code_object(int ordinal, std::string_view image) {
+hipError_t check_code_object(int ordinal, std::string_view image, std::string* why) {
   const runtime_api& api = runtime();
-  if (api.hipGetDeviceProperties == nullptr)
-    throw backend_error(fmt::format("refpool: cannot check a code object on HIP {}: the runtime lacks "
-                                    "hipGetDeviceProperties",
-                                    version_text(api.version)),
-                        hipErrorNotSupported);
+  const std::string version = version_text(api.version);
+  if (api.hipGetDeviceProperties == nullptr) {
+    *why = fmt::format("refpool cannot check code objects on HIP {}: the runtime lacks hipGetDeviceProperties",
+                       version);
+    return hipErrorNotSupported;
+  }
   device_properties_5 properties{};
-  check(call(api.hipGetDeviceProperties, &properties, ordinal), "hipGetDeviceProperties",
-        fmt::format("device {}", ordinal));
+  if (const hipError_t r = call(api.hipGetDeviceProperties, &properties, ordinal); r != hipSuccess) {
+    *why = fmt::format("refpool cannot read device {}'s target (hipGetDeviceProperties: {})", ordinal,
+                       api.hipGetErrorName(r));
+    return r;
+  }
   const std::string_view device(properties.gcnArchName, strnlen(properties.gcnArchName, sizeof properties.gcnArchName));
-  const std::string why =
-      fmt::format("HIP {} aborts the process on a code object without code for the device, so refpool checks first; "
-                  "HIP {} and newer report it",
-                  version_text(api.version), version_text(minimum_checked_load_version));
+  const std::string aborts = fmt::format("HIP {} aborts the process on a code object without code for the device, so "
+                                         "refpool checks first; HIP {} and newer report it",
+                                         version, version_text(minimum_checked_load_version));
   const auto targets = code_object_targets(image);
-  if (!targets)
-    throw backend_error(fmt::format("refpool: cannot load this code object on device {} ({}): it is neither a clang "
-                                    "offload bundle nor an AMDGPU ELF ({})",
-                                    ordinal, device, why),
-                        hipErrorInvalidImage);
+  if (!targets) {
+    *why = fmt::format("refpool cannot read what device {} ({}) would run: the image is neither a clang offload "
+                       "bundle nor an AMDGPU ELF ({})",
+                       ordinal, device, aborts);
+    return hipErrorInvalidImage;
+  }
   for (const std::string& target : *targets)
-    if (runs_on(target, device)) return;
+    if (runs_on(target, device)) return hipSuccess;
   const std::string found = targets->empty() ? "no GPU" : fmt::format("{}", fmt::join(*targets, ", "));
-  throw backend_error(fmt::format("refpool: the code object has no code for device {} ({}): it has code for {} ({})",
-                                  ordinal, device, found, why),
-                      hipErrorNoBinaryForGpu);
+  *why = fmt::format("the code object has no code for device {} ({}): it has code for {} ({})", ordinal, device, found,
+                     aborts);
+  return hipErrorNoBinaryForGpu;
 }
 
 }  // namespace refpool::detail::hip

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime.hpp"
+
 namespace refpool::detail::hip {
 
 /// The targets ("gfx90a:xnack-") a code object has code for: each amdgcn entry of a clang offload
@@ -22,7 +24,9 @@ bool runs_on(std::string_view target, std::string_view device);
 /// Oldest runtime that reports a code object without code for the device as an error.
 inline constexpr int minimum_checked_load_version = 50'400'000;
 
-/// Throws `backend_error` unless `image` has code that runs on device `ordinal` (before HIP 5.4).
-void check_code_object(int ordinal, std::string_view image);
+/// hipSuccess if `image` has code that runs on device `ordinal`; else hipErrorNoBinaryForGpu or
+/// hipErrorInvalidImage (neither format) with `*why` saying what the image and device have.
+/// Before HIP 5.4 the module loader calls this first.
+hipError_t check_code_object(int ordinal, std::string_view image, std::string* why);
 
 }  // namespace refpool::detail::hip

@@ -11,16 +11,14 @@
 
 #include <fmt/format.h>
 
-#include <refpool/error.hpp>
+
+#include "../gpu/loaded_runtime.hpp"
 
 namespace refpool::detail::hip {
 
 namespace {
 
-struct loaded {
-  runtime_api api;
-  std::string failure;  // why the runtime cannot be used; empty on success
-};
+using loaded = gpu::loaded_runtime<runtime_api>;
 
 
 // "5, 6 and 7"
@@ -138,25 +136,12 @@ std::string version_text(int version) {
   return fmt::format("{}.{}.{}", version / 10'000'000, version / 100'000 % 100, version % 100'000);
 }
 
-const runtime_api& runtime() {
-  const loaded& s = state();
-  if (!s.failure.empty()) throw backend_unavailable(fmt::format("refpool: HIP is unavailable: {}", s.failure));
-  return s.api;
-}
+const runtime_api& runtime() { return gpu::usable_entries(state(), "HIP"); }
 
-std::string unavailable_reason() noexcept {
-  try {
-    return state().failure;
-  } catch (...) {
-    return "the HIP runtime could not be loaded";
-  }
-}
+const std::string& failure() noexcept { return gpu::load_failure(state, "the HIP runtime could not be loaded"); }
 
-void check_device(int ordinal) {
-  const runtime_api& api = runtime();
-  if (ordinal < 0 || ordinal >= api.device_count)
-    throw backend_unavailable(
-        fmt::format("refpool: HIP device {} does not exist ({} device(s) present)", ordinal, api.device_count));
-}
+int device_count() { return runtime().device_count; }
+
+int version() { return runtime().version; }
 
 }  // namespace refpool::detail::hip

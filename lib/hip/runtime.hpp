@@ -14,7 +14,6 @@
 #include <string>
 #include <utility>
 
-#include "../gpu/runtime_api.hpp"
 
 namespace refpool::detail::hip {
 
@@ -96,14 +95,12 @@ inline constexpr int minimum_async_version = 50'300'000;
 /// The loaded runtime. Throws `backend_unavailable` saying why it cannot be used.
 const runtime_api& runtime();
 /// Empty when the runtime is usable, else the reason. Never throws.
-std::string unavailable_reason() noexcept;
+const std::string& failure() noexcept;
+/// The runtime's device count and version (hipRuntimeGetVersion); valid once failure() is empty.
+int device_count();
+int version();
 /// "5.2.21153" for 50'221'153.
 std::string version_text(int version);
-/// Throws `backend_unavailable` unless the runtime is usable and has device `ordinal`.
-void check_device(int ordinal);
-/// The table the shared GPU resource uses for HIP. Valid only once runtime() succeeded.
-const gpu::runtime_api& runtime_table();
-
 /// True once the process has begun to exit after refpool loaded the runtime. HIP tears itself down
 /// in a static destructor registered when its library loads, so the destructors of statics made
 /// before that (a global cache, a global optional stream) run after it and would call into freed
@@ -123,11 +120,6 @@ hipError_t call(hipError_t (*entry)(Parameters...), Arguments&&... arguments) {
   const hipError_t result = entry(std::forward<Arguments>(arguments)...);
   if (result != hipSuccess) (void)runtime().hipGetLastError();
   return result;
-}
-
-/// Throws `backend_error` (formatted by the shared GPU code) unless `result` is hipSuccess.
-inline void check(hipError_t result, const char* call, const std::string& details = {}) {
-  gpu::check(runtime_table(), result, call, details);
 }
 
 }  // namespace refpool::detail::hip
