@@ -16,19 +16,14 @@
 
 #include "fake_hip/app.hpp"
 #include "fake_hip/code_object.hpp"
+#include "runtime_under_test.hpp"
 
 using namespace refpool;
 using fake_hip::fake;
 using fake_hip::symbol;
+using gpu_test::download;
 
 namespace {
-
-std::vector<std::uint8_t> download(const void* src, std::size_t bytes, stream_ref s) {
-  std::vector<std::uint8_t> out(bytes);
-  hip::copy(out.data(), src, bytes, s);
-  hip::synchronize(s);
-  return out;
-}
 
 bool all_equal(const std::vector<std::uint8_t>& bytes, std::uint8_t value) {
   return std::all_of(bytes.begin(), bytes.end(), [&](std::uint8_t v) { return v == value; });
