@@ -55,10 +55,12 @@ class gpu_resource final : public resource {
       std::string_view call;
       switch (kind_) {
         case memory_kind::device: code = api_.mem_free(ptr); call = api_.mem_free.name; break;
-        case memory_kind::device_async:  // a destroyed last stream was synchronised: free on the default one
-          code = api_.mem_free_async(ptr, stream_retired(stream.handle) ? nullptr : stream.handle);
+        case memory_kind::device_async: {  // a destroyed last stream was synchronised: free on the default one
+          const retirement_lock streams;
+          code = api_.mem_free_async(ptr, streams.retired(stream.handle) ? nullptr : stream.handle);
           call = api_.mem_free_async.name;
           break;
+        }
         case memory_kind::pinned_host: code = api_.host_free(ptr); call = api_.host_free.name; break;
         case memory_kind::host: break;
       }
@@ -70,7 +72,9 @@ class gpu_resource final : public resource {
   }
 
   void order_streams(stream_ref producer, stream_ref consumer) override {
-    if (producer == consumer || stream_retired(producer.handle)) return;
+    if (producer == consumer) return;
+    const retirement_lock streams;  // the producer, if not retired, stays valid until the wait is enqueued
+    if (streams.retired(producer.handle)) return;
     device_guard guard(api_, device_);
     // One event suffices: a wait captures the event's latest record when it is enqueued.
     std::lock_guard lock(event_mutex_);

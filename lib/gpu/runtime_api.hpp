@@ -144,7 +144,21 @@ class device_guard {
 /// retired handle's address is revived. Thread-safe.
 void retire_stream(handle stream);
 void revive_stream(handle stream);
-bool stream_retired(handle stream);
+
+/// Holds retirement off while it lives, so that a stream it finds not retired stays valid until it
+/// ends: a thread that retires and then destroys its stream waits for every holder that may be
+/// using it (a cross-stream reuse recording an event on it, a free ordered on it). Hold it around
+/// the check and the runtime calls that use the stream. Thread-safe; readers do not exclude each
+/// other.
+class retirement_lock {
+ public:
+  retirement_lock();
+  ~retirement_lock();
+  retirement_lock(const retirement_lock&) = delete;
+  retirement_lock& operator=(const retirement_lock&) = delete;
+  /// Whether `stream` was retired; the default (null) stream never is.
+  [[nodiscard]] bool retired(handle stream) const;
+};
 
 /// The resource for `kind` memory (device, device_async, pinned_host) of `device`.
 /// Stream safety: order_streams records an event on the producer and makes the consumer wait.

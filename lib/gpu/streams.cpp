@@ -1,5 +1,6 @@
 // The front end's streams (refpool/gpu.hpp), and the streams refpool must never use again.
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -10,29 +11,31 @@ namespace refpool::detail::gpu {
 
 namespace {
 struct retired_streams {
-  std::mutex mutex;
+  std::shared_mutex mutex;  // shared: users of streams; exclusive: retire and revive
   std::unordered_set<handle> handles;
 };
-retired_streams& retired() {
+retired_streams& retired_set() {
   static auto* instance = new retired_streams;  // leaked: blocks may be freed by static destructors
   return *instance;
 }
 }  // namespace
 
 void retire_stream(handle stream) {
-  std::lock_guard guard(retired().mutex);
-  retired().handles.insert(stream);
+  std::unique_lock guard(retired_set().mutex);
+  retired_set().handles.insert(stream);
 }
 
 void revive_stream(handle stream) {
-  std::lock_guard guard(retired().mutex);
-  retired().handles.erase(stream);
+  std::unique_lock guard(retired_set().mutex);
+  retired_set().handles.erase(stream);
 }
 
-bool stream_retired(handle stream) {
-  if (stream == nullptr) return false;  // the default stream lives as long as the context
-  std::lock_guard guard(retired().mutex);
-  return retired().handles.count(stream) != 0;
+retirement_lock::retirement_lock() { retired_set().mutex.lock_shared(); }
+
+retirement_lock::~retirement_lock() { retired_set().mutex.unlock_shared(); }
+
+bool retirement_lock::retired(handle stream) const {
+  return stream != nullptr && retired_set().handles.count(stream) != 0;
 }
 
 }  // namespace refpool::detail::gpu
