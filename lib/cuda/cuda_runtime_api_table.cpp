@@ -1,4 +1,6 @@
 // The CUDA driver's entries in the shared GPU runtime table: thin wrappers over the loaded driver.
+#include <cstdint>
+
 #include <fmt/format.h>
 
 #include "../gpu/runtime_api.hpp"
@@ -142,6 +144,66 @@ constexpr std::string_view copy_peer_call = "cuMemcpyPeerAsync";
 status copy_peer(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, handle stream) {
   return driver().cuMemcpyPeerAsync(as_device_ptr(dst), context(dst_device), as_device_ptr(src), context(src_device),
                                     bytes, as_stream(stream));
+}
+
+// Virtual memory: device memory pinned to one device, readable and writable by it.
+CUmemAllocationProp pinned_to(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+CUmemGenericAllocationHandle as_physical(handle h) {
+  return static_cast<CUmemGenericAllocationHandle>(reinterpret_cast<std::uintptr_t>(h));
+}
+
+constexpr std::string_view vm_supported_call = "cuDeviceGetAttribute";
+status vm_supported(int ordinal, bool* supported) {
+  CUdevice device = 0;
+  int value = 0;
+  if (const CUresult r = driver().cuDeviceGet(&device, ordinal); r != CUDA_SUCCESS) return r;
+  const CUresult r =
+      driver().cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+  *supported = value != 0;
+  return r;
+}
+constexpr std::string_view vm_granularity_call = "cuMemGetAllocationGranularity";
+status vm_granularity(int device, std::size_t* granularity) {
+  const CUmemAllocationProp prop = pinned_to(device);
+  return driver().cuMemGetAllocationGranularity(granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+}
+constexpr std::string_view vm_reserve_call = "cuMemAddressReserve";
+status vm_reserve(void** ptr, std::size_t bytes, std::size_t alignment) {
+  CUdeviceptr p = 0;
+  const CUresult r = driver().cuMemAddressReserve(&p, bytes, alignment, 0, 0);
+  *ptr = reinterpret_cast<void*>(p);
+  return r;
+}
+constexpr std::string_view vm_free_call = "cuMemAddressFree";
+status vm_free(void* ptr, std::size_t bytes) { return driver().cuMemAddressFree(as_device_ptr(ptr), bytes); }
+constexpr std::string_view vm_create_call = "cuMemCreate";
+status vm_create(handle* physical, std::size_t bytes, int device) {
+  const CUmemAllocationProp prop = pinned_to(device);
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult r = driver().cuMemCreate(&h, bytes, &prop, 0);
+  *physical = reinterpret_cast<handle>(static_cast<std::uintptr_t>(h));
+  return r;
+}
+constexpr std::string_view vm_release_call = "cuMemRelease";
+status vm_release(handle physical) { return driver().cuMemRelease(as_physical(physical)); }
+constexpr std::string_view vm_map_call = "cuMemMap";
+status vm_map(void* ptr, std::size_t bytes, handle physical) {
+  return driver().cuMemMap(as_device_ptr(ptr), bytes, 0, as_physical(physical), 0);
+}
+constexpr std::string_view vm_unmap_call = "cuMemUnmap";
+status vm_unmap(void* ptr, std::size_t bytes) { return driver().cuMemUnmap(as_device_ptr(ptr), bytes); }
+constexpr std::string_view vm_set_access_call = "cuMemSetAccess";
+status vm_set_access(void* ptr, std::size_t bytes, int device) {
+  CUmemAccessDesc access{};
+  access.location = pinned_to(device).location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return driver().cuMemSetAccess(as_device_ptr(ptr), bytes, &access, 1);
 }
 
 const char* error_name(status code) {

@@ -22,6 +22,8 @@ namespace refpool::detail::cuda {
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)               \
   X(cuMemcpyAsync) X(cuMemsetD8Async) X(cuMemcpyPeerAsync)                                       \
   X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)                                              \
+  X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve)               \
+  X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)  \
   X(cuGetErrorName) X(cuGetErrorString)
 
 struct driver_api {

@@ -1,5 +1,6 @@
 // The GPU resource shared by every runtime: allocation by memory kind, out-of-memory as nullptr
-// (so the cache reclaims and retries), and stream ordering through an event.
+// (so the cache reclaims and retries), stream ordering through an event, and for device memory
+// the device's virtual memory where it has it.
 #include <cstdio>
 #include <mutex>
 
@@ -71,6 +72,12 @@ class gpu_resource final : public resource {
     }
   }
 
+  virtual_memory* address_space() noexcept override {
+    if (kind_ != memory_kind::device) return nullptr;  // pinned to the device: only device memory
+    std::call_once(address_space_once_, [&] { address_space_ = make_virtual_memory(api_, device_); });
+    return address_space_.get();
+  }
+
   void order_streams(stream_ref producer, stream_ref consumer) override {
     if (producer == consumer) return;
     const retirement_lock streams;  // the producer, if not retired, stays valid until the wait is enqueued
@@ -90,6 +97,8 @@ class gpu_resource final : public resource {
   const std::string name_;
   std::mutex event_mutex_;
   handle event_ = nullptr;
+  std::once_flag address_space_once_;
+  std::unique_ptr<virtual_memory> address_space_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <refpool/backend.hpp>
 #include <refpool/gpu.hpp>
 #include <refpool/resource.hpp>
+#include <refpool/virtual_memory.hpp>
 
 namespace refpool::detail::gpu {
 
@@ -40,7 +41,11 @@ struct entry<status (*)(Args...)> {
 /// - event_create makes an event without timing (it only orders streams); stream_create a
 ///   non-blocking stream on the current device;
 /// - module_load loads `image` on the current device `device`, `*details` receiving a JIT log or
-///   why the image was refused.
+///   why the image was refused;
+/// - vm_*: virtual memory (virtual_memory.cpp) of device memory pinned to `device`: whether the
+///   device has it, the minimum granularity, address ranges reserved and freed, physical
+///   allocations created and released, mapped (at offset 0, whole) and unmapped, and made
+///   readable and writable by `device`.
 #define REFPOOL_GPU_ENTRIES(X)                                                                          \
   X(activate, status (*)(int device, handle* saved))                                                   \
   X(restore, status (*)(handle saved))                                                                 \
@@ -69,7 +74,16 @@ struct entry<status (*)(Args...)> {
   X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                    \
   X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                \
   X(copy_peer, status (*)(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, \
-                          handle stream))
+                          handle stream))                                                                 \
+  X(vm_supported, status (*)(int device, bool* supported))                                             \
+  X(vm_granularity, status (*)(int device, std::size_t* granularity))                                  \
+  X(vm_reserve, status (*)(void** ptr, std::size_t bytes, std::size_t alignment))                      \
+  X(vm_free, status (*)(void* ptr, std::size_t bytes))                                                 \
+  X(vm_create, status (*)(handle* physical, std::size_t bytes, int device))                            \
+  X(vm_release, status (*)(handle physical))                                                           \
+  X(vm_map, status (*)(void* ptr, std::size_t bytes, handle physical))                                 \
+  X(vm_unmap, status (*)(void* ptr, std::size_t bytes))                                                \
+  X(vm_set_access, status (*)(void* ptr, std::size_t bytes, int device))
 
 /// A runtime's table, from the functions it defines with the names of the fields below and of
 /// the entries above (and the entries' `<name>_call` constants): a runtime lacking one does not
@@ -160,7 +174,12 @@ class retirement_lock {
   [[nodiscard]] bool retired(handle stream) const;
 };
 
-/// The resource for `kind` memory (device, device_async, pinned_host) of `device`.
+/// The reserve/commit interface of `device`'s memory (virtual_memory.cpp), or nullptr when the
+/// device has no virtual memory management (or asking fails). Thread-safe.
+std::unique_ptr<virtual_memory> make_virtual_memory(const runtime_api& api, int device) noexcept;
+
+/// The resource for `kind` memory (device, device_async, pinned_host) of `device`; for device
+/// memory, address_space() is make_virtual_memory's, made at the first call.
 /// Stream safety: order_streams records an event on the producer and makes the consumer wait.
 std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name);
 

@@ -141,6 +141,64 @@ status copy_peer(void* dst, int dst_device, const void* src, int src_device, std
   return call(runtime().hipMemcpyPeerAsync, dst, dst_device, src, src_device, bytes, as_stream(stream));
 }
 
+// Virtual memory: device memory pinned to one device, readable and writable by it; from HIP 5.3.
+allocation_prop_53 pinned_to(int device) {
+  allocation_prop_53 prop{};
+  prop.type = hipMemAllocationTypePinned;
+  prop.location = {hipMemLocationTypeDevice, device};
+  return prop;
+}
+
+constexpr std::string_view vm_supported_call = "hipDeviceGetAttribute";
+status vm_supported(int device, bool* supported) {
+  const runtime_api& api = runtime();
+  *supported = false;
+  if (api.version < minimum_vm_version || api.hipDeviceGetAttribute == nullptr || api.hipMemCreate == nullptr ||
+      api.hipMemGetAllocationGranularity == nullptr || api.hipMemAddressReserve == nullptr ||
+      api.hipMemAddressFree == nullptr || api.hipMemRelease == nullptr || api.hipMemMap == nullptr ||
+      api.hipMemUnmap == nullptr || api.hipMemSetAccess == nullptr)
+    return hipSuccess;
+  int value = 0;
+  const hipError_t r =
+      call(api.hipDeviceGetAttribute, &value, static_cast<hipDeviceAttribute_t>(attribute_virtual_memory), device);
+  *supported = r == hipSuccess && value != 0;
+  return r;
+}
+constexpr std::string_view vm_granularity_call = "hipMemGetAllocationGranularity";
+status vm_granularity(int device, std::size_t* granularity) {
+  const allocation_prop_53 prop = pinned_to(device);
+  return call(runtime().hipMemGetAllocationGranularity, granularity, &prop, hipMemAllocationGranularityMinimum);
+}
+constexpr std::string_view vm_reserve_call = "hipMemAddressReserve";
+status vm_reserve(void** ptr, std::size_t bytes, std::size_t alignment) {
+  return call(runtime().hipMemAddressReserve, ptr, bytes, alignment, static_cast<void*>(nullptr), 0ull);
+}
+constexpr std::string_view vm_free_call = "hipMemAddressFree";
+status vm_free(void* ptr, std::size_t bytes) { return call(runtime().hipMemAddressFree, ptr, bytes); }
+constexpr std::string_view vm_create_call = "hipMemCreate";
+status vm_create(handle* physical, std::size_t bytes, int device) {
+  const allocation_prop_53 prop = pinned_to(device);
+  return call(runtime().hipMemCreate, reinterpret_cast<hipMemGenericAllocationHandle_t*>(physical), bytes, &prop, 0ull);
+}
+constexpr std::string_view vm_release_call = "hipMemRelease";
+status vm_release(handle physical) {
+  return call(runtime().hipMemRelease, static_cast<hipMemGenericAllocationHandle_t>(physical));
+}
+constexpr std::string_view vm_map_call = "hipMemMap";
+status vm_map(void* ptr, std::size_t bytes, handle physical) {
+  return call(runtime().hipMemMap, ptr, bytes, std::size_t{0}, static_cast<hipMemGenericAllocationHandle_t>(physical),
+              0ull);
+}
+constexpr std::string_view vm_unmap_call = "hipMemUnmap";
+status vm_unmap(void* ptr, std::size_t bytes) { return call(runtime().hipMemUnmap, ptr, bytes); }
+constexpr std::string_view vm_set_access_call = "hipMemSetAccess";
+status vm_set_access(void* ptr, std::size_t bytes, int device) {
+  hipMemAccessDesc access{};
+  access.location = {hipMemLocationTypeDevice, device};
+  access.flags = hipMemAccessFlagsProtReadWrite;
+  return call(runtime().hipMemSetAccess, ptr, bytes, &access, std::size_t{1});
+}
+
 const char* error_name(status code) { return runtime().hipGetErrorName(static_cast<hipError_t>(code)); }
 const char* error_string(status code) { return runtime().hipGetErrorString(static_cast<hipError_t>(code)); }
 

@@ -45,9 +45,36 @@ struct device_properties_5 {
 static_assert(sizeof(device_properties_5) == 792);
 using get_device_properties_5_t = hipError_t (*)(device_properties_5*, int);
 
+// The hipMemAllocationProp of HIP 5.3 and later (HIP 5.2's header, which refpool may compile
+// against, has another order of the same fields), which is what refpool passes: virtual memory is
+// used only from HIP 5.3 on.
+struct allocation_prop_53 {
+  hipMemAllocationType type;
+  hipMemAllocationHandleType requested_handle_type;
+  hipMemLocation location;
+  void* win32_metadata;
+  unsigned char compression_type;
+  unsigned char rdma_capable;
+  unsigned short usage;
+};
+static_assert(sizeof(allocation_prop_53) == 32);
+using mem_create_53_t = hipError_t (*)(hipMemGenericAllocationHandle_t*, size_t, const allocation_prop_53*,
+                                       unsigned long long);
+using mem_granularity_53_t = hipError_t (*)(size_t*, const allocation_prop_53*, hipMemAllocationGranularity_flags);
+
+/// The first runtime whose virtual memory refpool uses: it has the attribute that says whether a
+/// device supports it (hipDeviceAttributeVirtualMemoryManagementSupported, 89) and the layout above.
+inline constexpr int minimum_vm_version = 50'300'000;
+inline constexpr int attribute_virtual_memory = 89;  // hipDeviceAttribute_t from HIP 5.3 (5.2's header lacks it)
+
 // Entry points refpool uses only on some releases or where present; null where absent.
-// hipGetDeviceProperties reads the device's target before HIP 5.4 (code_object.hpp).
-#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED) TYPED(hipGetDeviceProperties, get_device_properties_5_t)
+// hipGetDeviceProperties reads the device's target before HIP 5.4 (code_object.hpp); the others
+// are virtual memory.
+#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED)                                                                  \
+  TYPED(hipGetDeviceProperties, get_device_properties_5_t)                                                     \
+  X(hipDeviceGetAttribute) TYPED(hipMemGetAllocationGranularity, mem_granularity_53_t) X(hipMemAddressReserve) \
+  X(hipMemAddressFree) TYPED(hipMemCreate, mem_create_53_t) X(hipMemRelease) X(hipMemMap) X(hipMemUnmap)       \
+  X(hipMemSetAccess)
 
 struct runtime_api {
 #define REFPOOL_HIP_DECLARE(name) decltype(&::name) name = nullptr;

@@ -176,29 +176,35 @@ class entry {
     }
     return true;
   }
-  // The region [p, p + bytes) lies in, or null. `inside` says whether p is in any known range.
-  region* find(const void* p, std::size_t bytes, bool* inside = nullptr) {
+  // Whether p lies in a reserved address range (mapped or not).
+  bool reserved(const void* p) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    auto r = s.reservations.upper_bound(at);
+    return r != s.reservations.begin() && at < std::prev(r)->first + std::prev(r)->second;
+  }
+  // Whether [p, p + bytes) is covered by known, accessible regions laid end to end (mapped pieces
+  // of a reservation are contiguous, as on a GPU).
+  bool covered(const void* p, std::size_t bytes) const {
+    auto at = reinterpret_cast<std::uintptr_t>(p);
+    const auto end = at + bytes;
+    auto it = s.regions.upper_bound(at);
+    if (it == s.regions.begin()) return false;
+    --it;
+    while (it != s.regions.end() && it->first <= at && at < it->first + it->second.bytes && it->second.accessible) {
+      at = it->first + it->second.bytes;
+      if (at >= end) return true;
+      ++it;
+    }
+    return false;
+  }
+  // Whether p lies in any known range: an allocation, a mapped piece or a reservation.
+  bool known(const void* p) const {
     const auto at = reinterpret_cast<std::uintptr_t>(p);
     auto it = s.regions.upper_bound(at);
-    bool in_reservation = false;
-    if (auto r = s.reservations.upper_bound(at); r != s.reservations.begin()) {
-      --r;
-      in_reservation = at < r->first + r->second;
-    }
-    if (inside != nullptr) *inside = in_reservation;
-    if (it == s.regions.begin()) return nullptr;
-    --it;
-    if (at + bytes > it->first + it->second.bytes) return nullptr;
-    if (inside != nullptr) *inside = true;
-    return &it->second;
+    return reserved(p) || (it != s.regions.begin() && at < std::prev(it)->first + std::prev(it)->second.bytes);
   }
-  // Host pointers refpool does not know (a user's vector) are fine; known ranges must fit.
-  bool data_ok(const void* p, std::size_t bytes) {
-    bool inside = false;
-    region* r = find(p, bytes, &inside);
-    if (r == nullptr) return !inside;
-    return r->accessible;
-  }
+  // Host pointers refpool does not know (a user's vector) are fine; known ranges must be covered.
+  bool data_ok(const void* p, std::size_t bytes) const { return !known(p) || covered(p, bytes); }
 
   runtime_state& s;
 
@@ -523,8 +529,7 @@ FAKE_API hipError_t hipMemcpyAsync(void* dst, const void* src, size_t bytes, hip
 FAKE_API hipError_t hipMemsetAsync(void* dst, int value, size_t bytes, hipStream_t stream) {
   entry e("hipMemsetAsync");
   if (!e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
-  region* r = e.find(dst, bytes);
-  if (r == nullptr || !r->accessible) return e.done(hipErrorInvalidValue, dst);
+  if (!e.covered(dst, bytes)) return e.done(hipErrorInvalidValue, dst);
   std::memset(dst, value, bytes);
   return e.done(hipSuccess, dst);
 }
@@ -534,9 +539,7 @@ FAKE_API hipError_t hipMemcpyPeerAsync(void* dst, int dst_device, const void* sr
   entry e("hipMemcpyPeerAsync");
   if (!e.device_ok(dst_device) || !e.device_ok(src_device)) return e.done(hipErrorInvalidDevice);
   if (!e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
-  region* to = e.find(dst, bytes);
-  region* from = e.find(src, bytes);
-  if (to == nullptr || from == nullptr || !to->accessible || !from->accessible) return e.done(hipErrorInvalidValue);
+  if (!e.covered(dst, bytes) || !e.covered(src, bytes)) return e.done(hipErrorInvalidValue);
   std::memmove(dst, src, bytes);
   return e.done(hipSuccess, dst);
 }
@@ -617,8 +620,7 @@ FAKE_API hipError_t hipModuleLaunchKernel(hipFunction_t function, unsigned, unsi
     void* p = *static_cast<void**>(args[0]);
     const auto n = *static_cast<std::uint32_t*>(args[1]);
     const auto value = *static_cast<std::uint32_t*>(args[2]);
-    region* r = e.find(p, n);
-    if (r == nullptr || !r->accessible) return e.done(hipErrorInvalidValue, f->module);
+    if (!e.covered(p, n)) return e.done(hipErrorInvalidValue, f->module);
     std::memset(p, static_cast<int>(value & 0xff), n);
   }
   return e.done(hipSuccess, f->module);
@@ -714,9 +716,8 @@ FAKE_API hipError_t hipMemMap(void* ptr, size_t bytes, size_t offset, hipMemGene
   auto* p = reinterpret_cast<physical_object*>(handle);
   if (e.s.physicals.count(p) == 0 || p->released || offset != 0 || bytes != p->bytes)
     return e.done(hipErrorInvalidValue, ptr);
-  bool inside = false;
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
-  e.find(ptr, 1, &inside);
+  const bool inside = e.reserved(ptr);
   auto next = e.s.regions.lower_bound(at);
   const bool overlaps = (next != e.s.regions.end() && next->first < at + bytes) ||
                         (next != e.s.regions.begin() && std::prev(next)->first + std::prev(next)->second.bytes > at);

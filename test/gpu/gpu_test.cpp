@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -181,4 +182,77 @@ TEST_CASE("exhausting the real device: out_of_memory, then reclaim-and-retry suc
   cache.reclaim();
   CHECK(cache.stats().held_bytes == 0);
   CHECK(rt::memory_info(0).first + slack > free_before);  // all given back
+}
+
+namespace {
+
+std::vector<std::uint8_t> pattern(std::size_t bytes, unsigned seed) {
+  std::vector<std::uint8_t> out(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::uint8_t>((i * 2654435761u + seed) >> 13);
+  return out;
+}
+
+// Whether the first `bytes` of `got` and `want` are equal (a bool, so a failure prints no megabytes).
+bool same_start(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want, std::size_t bytes) {
+  return got.size() >= bytes && want.size() >= bytes &&
+         std::equal(got.begin(), got.begin() + std::ptrdiff_t(bytes), want.begin());
+}
+
+}  // namespace
+
+TEST_CASE("virtual memory of device memory: reserve, commit, use, decommit, recommit, release", "[gpu][vmm]") {
+  CHECK(rt::device(0, memory_kind::pinned_host).underlying().address_space() == nullptr);  // device memory only
+  virtual_memory* vm = rt::device(0).underlying().address_space();
+  if (vm == nullptr) {
+    // CUDA 12 devices and the fake runtime have it; an AMD device may not (or HIP 5.2).
+    REQUIRE(std::getenv("REFPOOL_TEST_EXPECT_VMM") == nullptr);
+    WARN(gpu_test::runtime_name << " device 0 has no virtual memory management: skipped");
+    return;
+  }
+  CHECK(vm == rt::device(0).underlying().address_space());  // one per resource
+  const std::size_t g = vm->granularity();
+  REQUIRE(g > 0);
+  CHECK((g & (g - 1)) == 0);
+  auto* base = static_cast<std::uint8_t*>(vm->reserve(8 * g));
+  REQUIRE(base != nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(base) % g == 0);
+  REQUIRE(vm->commit(base, 2 * g));      // two physical allocations, contiguous in addresses
+  REQUIRE(vm->commit(base + 2 * g, g));
+  rt::stream s;
+  const auto written = pattern(3 * g, 1);
+  rt::copy(base, written.data(), written.size(), s);
+  CHECK(same_start(download(base, 3 * g, s), written, 3 * g));  // one copy across both
+  rt::fill(base + g, 7, 2 * g, s);              // one fill across both
+  const auto filled = download(base + g, 2 * g, s);
+  CHECK(std::all_of(filled.begin(), filled.end(), [](std::uint8_t v) { return v == 7; }));
+
+  // Misuse is refused, and changes nothing.
+  CHECK_THROWS_AS(vm->commit(base + g, 2 * g), refpool::error);          // already committed
+  CHECK_THROWS_AS(vm->commit(base + 7 * g, 2 * g), refpool::error);      // past the reservation
+  CHECK_THROWS_AS(vm->commit(base + 4 * g, g / 2 + 1), refpool::error);  // not a multiple of g
+  vm->decommit(base + g, 2 * g);  // cuts the first commit: refused with a message
+  CHECK(same_start(download(base, g, s), written, g));
+
+  vm->decommit(base + 2 * g, g);  // the second commit: given back, the range stays reserved
+  REQUIRE(vm->commit(base + 2 * g, g));
+  const auto again = pattern(g, 2);
+  rt::copy(base + 2 * g, again.data(), g, s);
+  CHECK(same_start(download(base + 2 * g, g, s), again, g));
+  CHECK(same_start(download(base, g, s), written, g));
+  s.synchronize();
+  vm->decommit(base, 3 * g);
+  vm->release(base, 8 * g);
+}
+
+TEST_CASE("virtual memory: a commit larger than the device is answered false", "[gpu][vmm][oom]") {
+  virtual_memory* vm = rt::device(0).underlying().address_space();
+  if (vm == nullptr) return;  // said by the test above
+  const std::size_t g = vm->granularity();
+  const std::size_t bytes = (rt::memory_info(0).second / g + 1) * g;
+  void* range = vm->reserve(bytes);
+  REQUIRE(range != nullptr);
+  CHECK_FALSE(vm->commit(range, bytes));
+  REQUIRE(vm->commit(range, g));  // the device still serves what it has
+  vm->decommit(range, g);
+  vm->release(range, bytes);
 }

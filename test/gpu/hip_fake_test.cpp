@@ -246,3 +246,47 @@ TEST_CASE("hip::retire_stream: the cache never uses a retired stream again", "[h
   }
   CHECK(fake().violations().empty());
 }
+
+TEST_CASE("virtual memory on HIP 5.3 and newer: one hipMemCreate per commit, released on decommit", "[hip-7]") {
+  fake().clear_violations();
+  virtual_memory* vm = hip::device(0).underlying().address_space();
+  REQUIRE(vm != nullptr);
+  const std::size_t g = vm->granularity();
+  const std::size_t before = fake().device_bytes_in_use(0);
+  void* base = vm->reserve(4 * g);
+  REQUIRE(base != nullptr);
+  fake().clear_calls();
+  REQUIRE(vm->commit(base, 2 * g));
+  REQUIRE(vm->commit(static_cast<char*>(base) + 2 * g, g));
+  CHECK(count_calls(fake().calls(), "hipMemCreate") == 2);
+  CHECK(count_calls(fake().calls(), "hipMemMap") == 2);
+  CHECK(fake().device_bytes_in_use(0) == before + 3 * g);
+  vm->decommit(static_cast<char*>(base) + 2 * g, g);
+  CHECK(fake().device_bytes_in_use(0) == before + 2 * g);
+  CHECK(count_calls(fake().calls(), "hipMemUnmap") == 1);
+  CHECK(count_calls(fake().calls(), "hipMemRelease") == 1);
+  vm->release(base, 4 * g);  // with [0, 2g) still committed: decommitted first
+  CHECK(fake().device_bytes_in_use(0) == before);
+  CHECK(count_calls(fake().calls(), "hipMemAddressFree") == 1);
+  for (const auto& c : fake().calls()) CHECK(c.result == hipSuccess);
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("virtual memory on HIP 7: out of memory in a commit is false, and the application sees no error",
+          "[hip-7]") {
+  virtual_memory* vm = hip::device(0).underlying().address_space();
+  REQUIRE(vm != nullptr);
+  const std::size_t g = vm->granularity();
+  const std::size_t bytes = (hip::memory_info(0).second / g + 1) * g;
+  void* range = vm->reserve(bytes);
+  REQUIRE(range != nullptr);
+  CHECK_FALSE(vm->commit(range, bytes));
+  CHECK(APP_HIP(hipGetLastError)() == hipSuccess);
+  vm->release(range, bytes);
+}
+
+TEST_CASE("HIP 5.2: no virtual memory (no attribute says whether a device has it, and another layout)",
+          "[hip-5.2]") {
+  CHECK(hip::device(0).underlying().address_space() == nullptr);
+  CHECK(fake().violations().empty());
+}
