@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
+#include <refpool/stats_format.hpp>
 
 namespace {
 

@@ -9,7 +9,7 @@ namespace refpool {
 
 limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity)
     : upstream_(std::move(upstream)), capacity_(capacity) {
-  if (!upstream_) throw error("refpool: limiting_resource needs an upstream resource");
+  if (!upstream_) throw invalid_argument("refpool: limiting_resource needs an upstream resource");
   name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity_);
 }
 
@@ -29,7 +29,7 @@ void limiting_resource::deallocate(void* ptr, std::size_t bytes, stream_ref stre
 }
 
 failing_resource::failing_resource(std::shared_ptr<resource> upstream) : upstream_(std::move(upstream)) {
-  if (!upstream_) throw error("refpool: failing_resource needs an upstream resource");
+  if (!upstream_) throw invalid_argument("refpool: failing_resource needs an upstream resource");
   name_ = fmt::format("{} (fault injection)", upstream_->name());
 }
 

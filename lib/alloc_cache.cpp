@@ -8,8 +8,10 @@
 
 #include <fmt/format.h>
 
-#include "cache_state.hpp"
-#include "env_config.hpp"
+#include <refpool/stats_format.hpp>
+
+#include "cache/cache_state.hpp"
+#include "config/env_config.hpp"
 
 namespace refpool {
 
@@ -45,7 +47,8 @@ cache_options cache_options::from_environment() {
 
 alloc_cache::alloc_cache() : alloc_cache(cache_options::from_environment()) {}
 
-alloc_cache::alloc_cache(const cache_options& options) : state_(new detail::cache_state(options)) {
+alloc_cache::alloc_cache(const cache_options& options)
+    : state_(new detail::cache_state(options, detail::environment().no_caching)) {
   if (detail::environment().stats_at_exit) {
     std::lock_guard guard(registry().mutex);
     registry().caches.push_back(this);
@@ -63,6 +66,7 @@ alloc_cache::~alloc_cache() {
 }
 
 cache_stats alloc_cache::stats() const { return state_->stats(); }
+void alloc_cache::reset_peaks() noexcept { state_->reset_peaks(); }
 std::size_t alloc_cache::reclaim(std::size_t keep_bytes) { return state_->reclaim(keep_bytes); }
 void alloc_cache::set_max_idle_bytes(std::size_t bytes) { state_->set_max_idle_bytes(bytes); }
 std::size_t alloc_cache::max_idle_bytes() const noexcept { return state_->max_idle_bytes(); }

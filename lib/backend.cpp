@@ -3,7 +3,9 @@
 #include <refpool/backend.hpp>
 #include <refpool/error.hpp>
 
-#include "backend_state.hpp"
+#include <utility>
+
+#include "cache/backend_state.hpp"
 
 namespace refpool {
 
@@ -33,11 +35,30 @@ void backend_state::deallocate(void* ptr, std::size_t bytes, stream_ref stream) 
 }  // namespace detail
 
 backend::backend(std::shared_ptr<resource> res) {
-  if (!res) throw error("refpool: backend made from a null resource");
-  state_ = std::make_shared<detail::backend_state>(std::move(res));
+  if (!res) throw invalid_argument("refpool: backend made from a null resource");
+  state_ = new detail::backend_state(std::move(res));
 }
 
-backend::backend(std::shared_ptr<detail::backend_state> state) noexcept : state_(std::move(state)) {}
+backend::backend(const backend& other) noexcept : state_(other.state_) {
+  if (state_ != nullptr) state_->retain();
+}
+
+backend& backend::operator=(const backend& other) noexcept {
+  backend copy(other);
+  return *this = std::move(copy);
+}
+
+backend& backend::operator=(backend&& other) noexcept {
+  if (this != &other) {
+    if (state_ != nullptr) state_->release();
+    state_ = std::exchange(other.state_, nullptr);
+  }
+  return *this;
+}
+
+backend::~backend() {
+  if (state_ != nullptr) state_->release();
+}
 
 std::string_view backend::name() const noexcept { return state_ ? state_->res().name() : "null"; }
 device_id backend::device() const noexcept { return state_ ? state_->device() : -1; }

@@ -1,55 +1,22 @@
-// data_ref: copies, access checks, unsafe_free, and where a block goes after its last handle.
+// data_ref: what is not inline (assignments, source, streams, unsafe_free, the freed-handle error).
+// Where a block goes after its last handle is the release path in cache/hit_path.cpp.
 #include <refpool/data_ref.hpp>
 #include <refpool/error.hpp>
 
 #include <algorithm>
+#include <mutex>
 
 #include <fmt/format.h>
 
-#include "alloc_log.hpp"
-#include "block.hpp"
-#include "cache_state.hpp"
-#include "env_config.hpp"
-#include "plan.hpp"
+#include "access.hpp"
+#include "cache/block.hpp"
 
 namespace refpool {
 
-namespace detail {
-
-void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
-  block* b = as_block(h);
-  b->refs.store(0, std::memory_order_relaxed);
-  if (alloc_log* log = active_log()) log->record(false, b->ptr, b->requested, b->last_stream);
-  if (plan_run* run = std::exchange(b->run, nullptr)) {
-    run->on_release(b->run_index, b->home == nullptr, via_unsafe_free && b->home == nullptr && b->region_of == nullptr);
-    run->release();
-  }
-  if (b->region_of != nullptr) {
-    b->region_of->release_region(b, via_unsafe_free);
-    return;
-  }
-  if (b->home != nullptr) {
-    b->home->owner->cache->release_block(b, via_unsafe_free);
-    return;
-  }
-  b->direct_backend->deallocate(b->ptr, b->capacity, b->last_stream);
-  delete b;
-}
-
-}  // namespace detail
-
-void data_ref::check_live(const char* what) const {
-  if (is_freed())
-    throw use_after_free(fmt::format(
-        "refpool: use after unsafe_free: {} through a handle whose buffer {} ({} B) it released with "
-        "unsafe_free()",
-        what, freed_ptr_, freed_bytes_));
-}
-
-data_ref::data_ref(const data_ref& other) {
-  other.check_live("copy");
-  block_ = other.block_;
-  if (block_ != nullptr) block_->refs.fetch_add(1, std::memory_order_relaxed);
+void data_ref::throw_freed(const char* what) const {
+  throw use_after_free(fmt::format(
+      "refpool: use after unsafe_free: {} through a handle whose buffer {} ({} B) it released with unsafe_free()",
+      what, freed_ptr_, freed_bytes_));
 }
 
 data_ref& data_ref::operator=(const data_ref& other) {
@@ -68,41 +35,23 @@ data_ref& data_ref::operator=(data_ref&& other) noexcept {
   return *this;
 }
 
-void* data_ref::data() const {
-  check_live("data()");
-  return block_ == nullptr ? nullptr : detail::as_block(block_)->ptr;
-}
-
-std::size_t data_ref::bytes() const {
-  check_live("bytes()");
-  return block_ == nullptr ? 0 : detail::as_block(block_)->requested;
-}
-
-std::size_t data_ref::capacity() const {
-  check_live("capacity()");
-  return block_ == nullptr ? 0 : detail::as_block(block_)->capacity;
-}
-
-long data_ref::use_count() const noexcept {
-  return block_ == nullptr ? 0 : static_cast<long>(block_->refs.load(std::memory_order_relaxed));
-}
-
 backend data_ref::source() const {
-  check_live("source()");
-  if (block_ == nullptr) return {};
-  const detail::block* b = detail::as_block(block_);
-  return backend(b->home != nullptr ? b->home->backend_owner : b->direct_backend);
+  const detail::block_header* h = live("source()");
+  if (h == nullptr) return {};
+  detail::backend_state* state = detail::as_block(h)->backend;
+  state->retain();
+  return detail::access::adopt(state);
 }
 
 stream_ref data_ref::stream() const {
-  check_live("stream()");
-  return block_ == nullptr ? stream_ref{} : detail::as_block(block_)->last_stream;
+  const detail::block_header* h = live("stream()");
+  return h == nullptr ? stream_ref{} : detail::as_block(h)->last_stream;
 }
 
 void data_ref::record_stream(stream_ref s) const {
-  check_live("record_stream()");
-  if (block_ == nullptr) return;
-  detail::block* b = detail::as_block(block_);
+  detail::block_header* h = live("record_stream()");
+  if (h == nullptr) return;
+  detail::block* b = detail::as_block(h);
   std::lock_guard guard(b->streams_lock);
   if (s != b->last_stream && std::find(b->extra_streams.begin(), b->extra_streams.end(), s) == b->extra_streams.end())
     b->extra_streams.push_back(s);
@@ -110,9 +59,8 @@ void data_ref::record_stream(stream_ref s) const {
 
 void data_ref::unsafe_free() noexcept {
   if (block_ == nullptr) return;
-  const detail::block* b = detail::as_block(block_);
-  freed_ptr_ = b->ptr;
-  freed_bytes_ = b->requested;
+  freed_ptr_ = block_->ptr;
+  freed_bytes_ = block_->requested;
   detail::drop_reference(std::exchange(block_, nullptr), true);
 }
 

@@ -1,26 +1,53 @@
-// The per-thread stack of scopes and guards, and the allocation entry point that consults it.
-#include <refpool/data_ref.hpp>
+// Scopes, guards and steps: the per-thread stack of frames that allocate() consults, and the
+// cache-level step that covers every thread's cache-level requests.
 #include <refpool/error.hpp>
 #include <refpool/scope.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
-#include <thread>
+#include <string>
 
 #include <fmt/format.h>
 
-#include "alloc_log.hpp"
-#include "block.hpp"
-#include "cache_state.hpp"
-#include "env_config.hpp"
+#include "access.hpp"
+#include "cache/cache_state.hpp"
+#include "cache/scope_frame.hpp"
+#include "config/env_config.hpp"
+#include "plan/plan.hpp"
 
 namespace refpool {
 
 namespace detail {
-namespace {
 
-// Initial-exec: one pointer of static TLS, so the hit path reads it without a call.
-[[gnu::tls_model("initial-exec")]] thread_local scope_frame* current_frame = nullptr;
+/// What a scope or guard owns: its frame on the thread's stack and its planned run.
+struct scope_state {
+  scope_frame frame;
+  plan_run* run = nullptr;  ///< owned: the frame's router when this scope planned
+};
+
+/// Serves every request of an uncached (warm-up) step straight from the backend, for its cache.
+class uncached_router final : public request_router {
+ public:
+  explicit uncached_router(cache_state& cache) : cache_(cache) {}
+  block* acquire(slot*, backend_state& backend, std::size_t bytes, stream_ref stream) override {
+    return cache_.allocate_uncached(backend, bytes, stream);
+  }
+
+ private:
+  cache_state& cache_;
+};
+
+/// What a step owns.
+struct step_state {
+  explicit step_state(cache_state& c) : cache(c), uncached(c) {}
+  cache_state& cache;        ///< retained while open
+  plan_run* run = nullptr;   ///< owned: the router of a planned step
+  uncached_router uncached;  ///< the router of a warm-up step
+  std::atomic<bool> open{true};
+};
+
+namespace {
 
 void push(scope_frame& frame) noexcept {
   frame.previous = current_frame;
@@ -49,112 +76,132 @@ void pop(scope_frame& frame, std::string_view what) {
   std::terminate();
 }
 
-}  // namespace
-
-block* allocate_direct(const backend& be, std::size_t bytes, stream_ref stream) {
-  auto made = std::make_unique<block>();
-  void* ptr = be.state()->allocate(bytes, stream);
-  if (ptr == nullptr)
-    throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B on device {} "
-                                    "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
-                                    be.name(), bytes, be.device(), be.outstanding_bytes()),
-                        bytes, be.device());
-  made->ptr = ptr;
-  made->capacity = bytes;
-  made->requested = bytes;
-  made->backend = be.state().get();
-  made->direct_backend = be.state();
-  made->last_stream = stream;
-  made->refs.store(1, std::memory_order_relaxed);
-  return made.release();
+/// Closes a scope or guard from its destructor, which cannot throw a broken order.
+template <class Closable>
+void close_from_destructor(Closable& closable) noexcept {
+  try {
+    closable.close();
+  } catch (const scope_error& e) {
+    terminate_with(e);
+  }
 }
+
+/// A planned run's end: it makes or replaces its key's plan, then goes.
+void finish(plan_run*& run) noexcept {
+  if (plan_run* ending = std::exchange(run, nullptr)) {
+    ending->finish();
+    ending->release();
+  }
+}
+
+}  // namespace
 
 }  // namespace detail
 
-scope::scope(alloc_cache& cache, scope_options options) {
-  detail::cache_state& state = cache.state();
-  const bool bypass = detail::environment().no_caching;
-  frame_.cache = &state;
+scope::scope(alloc_cache& cache, scope_options options) : state_(new detail::scope_state) {
+  detail::scope_frame& frame = state_->frame;
+  detail::cache_state& state = detail::access::state(cache);
+  bool bypass = false;
+  try {
+    bypass = detail::environment().no_caching;
+  } catch (...) {
+    delete state_;
+    throw;
+  }
+  frame.cache = &state;
   bool nested = false;
   for (const detail::scope_frame* f = detail::current_frame; f != nullptr && !nested; f = f->previous) {
     if (f->cache == &state) {  // nested on a cache already active here: share its state
-      frame_.lease = f->lease;
-      frame_.run = f->run;
+      frame.lease = f->lease;
+      frame.router = f->router;
       nested = true;
     }
   }
   if (!nested) {
     const bool warmup = state.count_entry(bypass ? static_cast<std::size_t>(-1) : options.uncached_warmup_entries);
-    if (!warmup) {
-      frame_.lease = state.lease(std::this_thread::get_id());
-      frame_.owns_lease = frame_.lease != nullptr;
-    }
-    if (frame_.lease != nullptr && !options.plan.empty()) {
-      frame_.run = new detail::plan_run(state, std::string(options.plan));
-      frame_.owns_run = true;
+    try {
+      if (!warmup) {
+        frame.lease = state.lease();
+        frame.owns_lease = frame.lease != nullptr;
+      }
+      if (frame.lease != nullptr && !options.plan.empty()) {
+        state_->run = new detail::plan_run(state, std::string(options.plan));
+        frame.router = state_->run;
+      }
+    } catch (...) {
+      if (frame.owns_lease) state.give_back(frame.lease);
+      delete state_;
+      throw;
     }
   }
   state.retain();
-  detail::push(frame_);
+  detail::push(frame);
 }
 
 scope::~scope() {
-  try {
-    close();
-  } catch (const scope_error& e) {
-    detail::terminate_with(e);
-  }
+  detail::close_from_destructor(*this);
+  delete state_;
 }
 
 void scope::close() {
-  if (!frame_.open) return;
-  detail::pop(frame_, "a refpool scope was");
-  if (frame_.owns_run) {
-    frame_.run->finish(frame_.lease);
-    frame_.run->release();
-  }
-  frame_.run = nullptr;
-  frame_.owns_run = false;
-  if (frame_.owns_lease) frame_.cache->give_back(frame_.lease);
-  frame_.cache->release();
-  frame_.lease = nullptr;
-  frame_.owns_lease = false;
+  detail::scope_frame& frame = state_->frame;
+  if (!frame.open) return;
+  detail::pop(frame, "a refpool scope was");
+  detail::finish(state_->run);
+  frame.router = nullptr;
+  if (frame.owns_lease) frame.cache->give_back(frame.lease);
+  frame.cache->release();
+  frame.lease = nullptr;
+  frame.owns_lease = false;
 }
 
-uncached_guard::uncached_guard() { detail::push(frame_); }
+bool scope::caching() const noexcept { return state_->frame.lease != nullptr; }
+
+uncached_guard::uncached_guard() : state_(new detail::scope_state) { detail::push(state_->frame); }
 
 uncached_guard::~uncached_guard() {
-  try {
-    close();
-  } catch (const scope_error& e) {
-    detail::terminate_with(e);
-  }
+  detail::close_from_destructor(*this);
+  delete state_;
 }
 
-void uncached_guard::close() { detail::pop(frame_, "a refpool uncached_guard was"); }
+void uncached_guard::close() { detail::pop(state_->frame, "a refpool uncached_guard was"); }
+
+step::step(alloc_cache& cache, scope_options options)
+    : state_(new detail::step_state(detail::access::state(cache))) {
+  detail::cache_state& state = state_->cache;
+  try {
+    detail::environment();  // a bad REFPOOL_CONF fails here
+    detail::request_router* router = nullptr;
+    if (state.steps_begun() < options.uncached_warmup_entries) {
+      router = &state_->uncached;
+    } else if (!options.plan.empty()) {
+      state_->run = new detail::plan_run(state, std::string(options.plan));
+      router = state_->run;
+    }
+    state.begin_step(router);
+  } catch (...) {
+    if (state_->run != nullptr) state_->run->release();
+    delete state_;
+    throw;
+  }
+  state.retain();
+}
+
+step::~step() {
+  end();
+  delete state_;
+}
+
+void step::end() noexcept {
+  if (!state_->open.exchange(false)) return;
+  state_->cache.end_step();
+  detail::finish(state_->run);
+  state_->cache.release();
+}
 
 bool caching_active() noexcept {
   const detail::scope_frame* f = detail::current_frame;
   return f != nullptr && f->lease != nullptr;
-}
-
-data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream) {
-  if (!be) throw error("refpool: allocate from a null backend");
-  if (bytes == 0)
-    throw size_error("refpool: cannot allocate 0 bytes (zero-element arrays need no buffer: empty<T> "
-                     "makes them without allocating)");
-  const detail::scope_frame* f = detail::current_frame;
-  detail::block* b = nullptr;
-  if (f != nullptr && f->run != nullptr) {
-    b = f->run->acquire(f->lease, be, bytes, stream);
-  } else if (f != nullptr && f->lease != nullptr) {
-    b = f->cache->acquire(*f->lease, be, bytes, stream);  // the scope read the environment already
-  } else {
-    detail::environment();  // a bad REFPOOL_CONF fails here, clearly, and the log is open before use
-    b = detail::allocate_direct(be, bytes, stream);
-  }
-  if (detail::alloc_log* log = detail::active_log()) log->record(true, b->ptr, bytes, stream);
-  return data_ref(b);
 }
 
 }  // namespace refpool

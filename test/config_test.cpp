@@ -3,7 +3,7 @@
 
 #include <refpool/error.hpp>
 
-#include "env_config.hpp"
+#include "config/env_config.hpp"
 
 using namespace refpool;
 using detail::parse_conf;

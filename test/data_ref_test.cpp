@@ -1,10 +1,13 @@
 // data_ref: reference counting, moves, unsafe_free and use-after-free detection.
 #include <catch2/catch.hpp>
 
+#include <optional>
+
 #include <thread>
 #include <vector>
 
 #include <refpool/refpool.hpp>
+#include <refpool/stats_format.hpp>
 
 using namespace refpool;
 
@@ -97,10 +100,27 @@ TEST_CASE("handles report their source and stream", "[data_ref]") {
   CHECK(data_ref{}.use_count() == 0);
 }
 
-TEST_CASE("zero bytes and null backends are rejected", "[data_ref][errors]") {
+TEST_CASE("zero bytes give a null handle and allocate nothing; null backends are rejected", "[data_ref][errors]") {
   const backend be = make_host_backend();
-  CHECK_THROWS_AS(allocate(be, 0), size_error);
-  CHECK_THROWS_AS(allocate(backend{}, 8), error);
+  alloc_cache cache{cache_options{}};
+  for (const bool in_scope : {false, true}) {
+    std::optional<scope> s;
+    if (in_scope) s.emplace(cache);
+    data_ref zero = allocate(be, 0);
+    CHECK_FALSE(zero);
+    CHECK(zero.data() == nullptr);
+    CHECK(zero.bytes() == 0);
+    CHECK(zero.use_count() == 0);
+    CHECK_FALSE(zero.source());
+    zero.unsafe_free();  // nothing to free: stays a plain null handle
+    CHECK_FALSE(zero.is_freed());
+    CHECK(cache.allocate(be, 0).data() == nullptr);
+  }
+  CHECK(be.allocation_count() == 0);
+  CHECK(cache.stats().hits + cache.stats().misses == 0);
+  CHECK_THROWS_AS(allocate(backend{}, 8), invalid_argument);
+  CHECK_THROWS_AS(allocate(backend{}, 0), invalid_argument);  // the backend is checked first
+  CHECK_THROWS_AS(cache.allocate(backend{}, 8), invalid_argument);
   CHECK(be.outstanding_bytes() == 0);
 }
 

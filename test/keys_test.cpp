@@ -1,7 +1,7 @@
 // Cache keys: lookups compare the whole key, so colliding hashes never cross-serve.
 #include <catch2/catch.hpp>
 
-#include "block_key.hpp"
+#include "cache/block_key.hpp"
 
 using namespace refpool::detail;
 

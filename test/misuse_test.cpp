@@ -7,7 +7,7 @@
 
 #include <refpool/refpool.hpp>
 
-#include "alloc_log.hpp"
+#include "config/alloc_log.hpp"
 #include "in_child.hpp"
 
 using namespace refpool;

@@ -10,7 +10,7 @@
 
 #include <refpool/refpool.hpp>
 
-#include "plan.hpp"
+#include "plan/plan.hpp"
 
 using namespace refpool;
 

@@ -148,7 +148,7 @@ class cub_allocator {
   [[nodiscard]] std::string name() const { return "CUB caching"; }
   handle allocate(std::size_t bytes, CUstream s) {
     void* p = nullptr;
-    if (cub_.DeviceAllocate(&p, bytes, reinterpret_cast<cudaStream_t>(s)) != cudaSuccess) throw error("CUB allocation failed");
+    if (cub_.DeviceAllocate(&p, bytes, reinterpret_cast<cudaStream_t>(s)) != cudaSuccess) throw std::runtime_error("CUB allocation failed");
     return {p, bytes};
   }
   void deallocate(handle&& h, CUstream) { cub_.DeviceFree(h.ptr); }

@@ -1,6 +1,8 @@
 // Resource adaptors that wrap another resource: a byte limit, and fault injection for tests.
 #pragma once
 
+#include <refpool/detail/export.hpp>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +15,7 @@ namespace refpool {
 
 /// Fails (returns nullptr, i.e. out of memory) any allocation that would take the bytes it
 /// has outstanding past `capacity`. Thread-safe.
-class limiting_resource final : public resource {
+class REFPOOL_API limiting_resource final : public resource {
  public:
   limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity);
 
@@ -40,7 +42,7 @@ class limiting_resource final : public resource {
 /// Makes chosen allocation calls fail, for failure tests: calls number `first` to
 /// `first + count - 1` (1-based, counted from construction or the last `arm`) return nullptr
 /// (out of memory) or throw `backend_error`. Thread-safe.
-class failing_resource final : public resource {
+class REFPOOL_API failing_resource final : public resource {
  public:
   enum class failure { out_of_memory, backend_error };
 
@@ -76,6 +78,6 @@ class failing_resource final : public resource {
 };
 
 /// A new resource for pageable host memory (what host_backend() wraps).
-[[nodiscard]] std::shared_ptr<resource> make_host_resource();
+[[nodiscard]] REFPOOL_API std::shared_ptr<resource> make_host_resource();
 
 }  // namespace refpool

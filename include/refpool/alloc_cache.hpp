@@ -5,14 +5,19 @@
 #include <cstddef>
 #include <limits>
 
+#include <refpool/backend.hpp>
+#include <refpool/data_ref.hpp>
+#include <refpool/detail/export.hpp>
 #include <refpool/rounding.hpp>
 #include <refpool/stats.hpp>
+#include <refpool/types.hpp>
 
 namespace refpool {
 
 namespace detail {
 class cache_state;
-}
+struct access;
+}  // namespace detail
 
 /// Tunables of one cache.
 struct cache_options {
@@ -26,12 +31,14 @@ struct cache_options {
 
   /// The defaults with REFPOOL_CONF's `rounding` and `max_idle_bytes` applied
   /// (docs/design.md, "Configuration"). Throws `config_error` on a bad REFPOOL_CONF.
-  static cache_options from_environment();
+  [[nodiscard]] REFPOOL_API static cache_options from_environment();
 };
 
 /// A cache of idle blocks keyed by (backend, device, memory kind, alignment, rounded bytes).
 ///
-/// A cache serves requests made on a thread while a `scope` on it is active there. A block is
+/// A cache serves requests made on a thread while a `scope` on it is active there, and requests
+/// made through `allocate()` on any thread (frameworks whose work moves between threads: a
+/// `step` then marks iteration boundaries). A block is
 /// handed out only when no handle references it: when its last data_ref goes away it becomes
 /// idle at once, even inside the scope that allocated it, so a loop body's peak is its live
 /// working set. Blocks still referenced when their scope ends ("escapes") are counted and go
@@ -47,7 +54,7 @@ struct cache_options {
 /// Destruction frees all idle blocks. Blocks still referenced outlive the cache and are freed
 /// to their backend by their last reference; a scope still active on the cache keeps its
 /// internals alive until it ends (its allocations are then no longer cached).
-class alloc_cache {
+class REFPOOL_API alloc_cache {
  public:
   /// A cache with `cache_options::from_environment()`.
   alloc_cache();
@@ -56,8 +63,18 @@ class alloc_cache {
   alloc_cache(const alloc_cache&) = delete;
   alloc_cache& operator=(const alloc_cache&) = delete;
 
+  /// Allocates `bytes` from `be` for use on `stream` through this cache, from any thread, with no
+  /// scope: each thread gets its own part of the cache (a slot, leased at its first request and
+  /// given back when the thread ends), so threads share no lock on hits. A buffer released on
+  /// another thread goes back to the part that handed it out. While a `step` is open on the
+  /// cache these requests belong to it (escapes, plans). 0 bytes gives a null handle.
+  /// Throws as refpool::allocate.
+  [[nodiscard]] data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream = {});
+
   /// Counters; see cache_stats.
   [[nodiscard]] cache_stats stats() const;
+  /// Restarts peak_held_bytes and peak_live_bytes from the current values.
+  void reset_peaks() noexcept;
 
   /// Frees least recently released idle blocks to their backends until at most `keep_bytes`
   /// idle bytes remain. Returns the bytes freed. Live blocks are never touched.
@@ -68,10 +85,8 @@ class alloc_cache {
   [[nodiscard]] std::size_t max_idle_bytes() const noexcept;
   [[nodiscard]] const rounding_policy& rounding() const noexcept;
 
-  /// Internal.
-  [[nodiscard]] detail::cache_state& state() const noexcept { return *state_; }
-
  private:
+  friend struct detail::access;
   detail::cache_state* state_;
 };
 

@@ -13,14 +13,14 @@ namespace refpool {
 
 namespace detail {
 /// `count * element_size`, throwing `size_error` naming `dims` on overflow.
-std::size_t checked_bytes(const shape& dims, std::size_t element_size);
+REFPOOL_API std::size_t checked_bytes(const shape& dims, std::size_t element_size);
 /// Element count of a view of `dims` at element `offset` into `buffer_bytes`; throws
 /// `shape_error` if it does not fit, `size_error` on overflow.
-std::size_t checked_view(const shape& dims, std::size_t element_size, std::size_t offset,
-                         std::size_t buffer_bytes);
-[[noreturn]] void throw_reshape_error(const shape& from, std::size_t from_elem, const shape& to,
-                                      std::size_t to_elem);
-[[noreturn]] void throw_offset_error(std::size_t byte_offset, std::size_t to_elem);
+REFPOOL_API std::size_t checked_view(const shape& dims, std::size_t element_size, std::size_t offset,
+                                     std::size_t buffer_bytes);
+[[noreturn]] REFPOOL_API void throw_reshape_error(const shape& from, std::size_t from_elem, const shape& to,
+                                                 std::size_t to_elem);
+[[noreturn]] REFPOOL_API void throw_offset_error(std::size_t byte_offset, std::size_t to_elem);
 }  // namespace detail
 
 template <class T>

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string_view>
 
+#include <refpool/detail/export.hpp>
 #include <refpool/resource.hpp>
 #include <refpool/types.hpp>
 
@@ -13,18 +14,24 @@ namespace refpool {
 
 namespace detail {
 class backend_state;
-}
+struct access;
+}  // namespace detail
 
 /// Copyable handle to a memory resource. Copies share the resource and its counters; the
 /// resource lives until the last handle and the last block allocated from it are gone.
 /// Two handles are the same backend (and share cache keys) iff they were copied from one another.
 /// Thread safety: all members may be called concurrently.
-class backend {
+class REFPOOL_API backend {
  public:
-  /// A null handle; using it to allocate throws `refpool::error`.
+  /// A null handle; allocating from it throws `invalid_argument`.
   backend() noexcept = default;
-  /// Wraps `res`. Throws `refpool::error` if `res` is null.
+  /// Wraps `res`. Throws `invalid_argument` if `res` is null.
   explicit backend(std::shared_ptr<resource> res);
+  backend(const backend& other) noexcept;
+  backend(backend&& other) noexcept : state_(other.state_) { other.state_ = nullptr; }
+  backend& operator=(const backend& other) noexcept;
+  backend& operator=(backend&& other) noexcept;
+  ~backend();
 
   [[nodiscard]] std::string_view name() const noexcept;
   [[nodiscard]] device_id device() const noexcept;
@@ -38,26 +45,22 @@ class backend {
   /// Number of `resource::deallocate` calls so far.
   [[nodiscard]] std::uint64_t deallocation_count() const noexcept;
 
-  /// The wrapped resource.
+  /// The wrapped resource. The handle must not be null.
   [[nodiscard]] resource& underlying() const noexcept;
 
-  explicit operator bool() const noexcept { return static_cast<bool>(state_); }
+  explicit operator bool() const noexcept { return state_ != nullptr; }
   friend bool operator==(const backend& a, const backend& b) noexcept { return a.state_ == b.state_; }
 
-  /// Internal: the shared state (for refpool's own code).
-  [[nodiscard]] const std::shared_ptr<detail::backend_state>& state() const noexcept { return state_; }
-  /// Internal: a handle to existing state.
-  explicit backend(std::shared_ptr<detail::backend_state> state) noexcept;
-
  private:
-  std::shared_ptr<detail::backend_state> state_;
+  friend struct detail::access;
+  detail::backend_state* state_ = nullptr;  // one counted reference, or null
 };
 
 /// The process-wide host backend (pageable memory, 256-byte aligned). Always available.
-[[nodiscard]] backend host_backend();
+[[nodiscard]] REFPOOL_API backend host_backend();
 
 /// A new host backend with its own counters (useful in tests: outstanding bytes start at 0).
-[[nodiscard]] backend make_host_backend();
+[[nodiscard]] REFPOOL_API backend make_host_backend();
 
 /// Alignment of host backend allocations, in bytes.
 inline constexpr std::size_t host_alignment = 256;

@@ -7,6 +7,7 @@
 
 #include <refpool/backend.hpp>
 #include <refpool/detail/block_header.hpp>
+#include <refpool/detail/export.hpp>
 #include <refpool/types.hpp>
 
 namespace refpool {
@@ -17,16 +18,21 @@ namespace refpool {
 /// data_ref of a buffer goes away, the buffer returns to the cache that handed it out, or to
 /// its backend when no cache owns it.
 ///
+/// A null handle (default-constructed, moved from, or from a request of 0 bytes) owns nothing:
+/// `data()` is nullptr and `bytes()` 0.
+///
 /// `unsafe_free()` releases this handle's reference now, before its destructor runs; afterwards
 /// `data()`, copies and views through this handle throw `use_after_free`, naming the buffer.
 ///
 /// Thread safety: distinct handles to one buffer may be copied and destroyed concurrently
 /// (like std::shared_ptr); one handle must not be mutated concurrently.
-class data_ref {
+class REFPOOL_API data_ref {
  public:
   data_ref() noexcept = default;
   /// Throws `use_after_free` if `other` was unsafe_freed.
-  data_ref(const data_ref& other);
+  data_ref(const data_ref& other) : block_(other.live("copy")) {
+    if (block_ != nullptr) block_->refs.increment();
+  }
   data_ref(data_ref&& other) noexcept { steal(other); }
   /// Throws `use_after_free` if `other` was unsafe_freed (this handle is then unchanged).
   data_ref& operator=(const data_ref& other);
@@ -35,15 +41,28 @@ class data_ref {
 
   /// Device address (host address for host memory); nullptr for a null handle.
   /// Throws `use_after_free` after unsafe_free().
-  [[nodiscard]] void* data() const;
+  [[nodiscard]] void* data() const {
+    const detail::block_header* b = live("data()");
+    return b == nullptr ? nullptr : b->ptr;
+  }
   /// Bytes requested for this buffer (the block may be larger: see capacity()).
   /// Throws `use_after_free` after unsafe_free().
-  [[nodiscard]] std::size_t bytes() const;
+  [[nodiscard]] std::size_t bytes() const {
+    const detail::block_header* b = live("bytes()");
+    return b == nullptr ? 0 : b->requested;
+  }
   /// Bytes of the underlying block (requested bytes after the cache's rounding).
-  [[nodiscard]] std::size_t capacity() const;
+  /// Throws `use_after_free` after unsafe_free().
+  [[nodiscard]] std::size_t capacity() const {
+    const detail::block_header* b = live("capacity()");
+    return b == nullptr ? 0 : b->capacity;
+  }
   /// Number of data_refs sharing the buffer; 0 for null or freed handles.
-  [[nodiscard]] long use_count() const noexcept;
-  /// The backend the buffer came from. Throws `use_after_free` after unsafe_free().
+  [[nodiscard]] long use_count() const noexcept {
+    return block_ == nullptr ? 0 : static_cast<long>(block_->refs.load());
+  }
+  /// The backend the buffer came from (a null backend for a null handle).
+  /// Throws `use_after_free` after unsafe_free().
   [[nodiscard]] backend source() const;
   /// The stream the buffer was last handed out for.
   [[nodiscard]] stream_ref stream() const;
@@ -65,18 +84,21 @@ class data_ref {
 
   explicit operator bool() const noexcept { return block_ != nullptr; }
 
-  /// Internal: adopt a block whose count was already set for this handle.
-  explicit data_ref(detail::block_header* adopted) noexcept : block_(adopted) {}
-  /// Internal: the block, or nullptr.
-  [[nodiscard]] detail::block_header* block() const noexcept { return block_; }
-
  private:
+  friend struct detail::access;
+  explicit data_ref(detail::block_header* adopted) noexcept : block_(adopted) {}
+
   void steal(data_ref& other) noexcept {
     block_ = std::exchange(other.block_, nullptr);
     freed_ptr_ = std::exchange(other.freed_ptr_, nullptr);
     freed_bytes_ = std::exchange(other.freed_bytes_, 0);
   }
-  void check_live(const char* what) const;
+  /// The block (maybe null); throws use_after_free naming `what` after unsafe_free().
+  [[nodiscard]] detail::block_header* live(const char* what) const {
+    if (is_freed()) [[unlikely]] throw_freed(what);
+    return block_;
+  }
+  [[noreturn]] void throw_freed(const char* what) const;
 
   detail::block_header* block_ = nullptr;
   // After unsafe_free: what the buffer was, so errors can name it (the block may be reused).
@@ -84,9 +106,11 @@ class data_ref {
   std::size_t freed_bytes_ = 0;
 };
 
-/// Allocates `bytes` (> 0) from `be` for use on `stream`: through the innermost active scope's
-/// cache on this thread, or directly from `be` when none is active.
-/// Throws `size_error` (zero or too large), `out_of_memory`, `backend_error`.
-[[nodiscard]] data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream = {});
+/// Allocates `bytes` from `be` for use on `stream`: through the innermost active scope's cache
+/// on this thread, or directly from `be` when none is active. A request of 0 bytes returns a
+/// null handle and allocates nothing.
+/// Throws `invalid_argument` (null backend), `size_error` (a size that overflows when rounded or
+/// aligned), `out_of_memory`, `backend_error`.
+[[nodiscard]] REFPOOL_API data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream = {});
 
 }  // namespace refpool

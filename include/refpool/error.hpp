@@ -1,60 +1,92 @@
-// The exceptions refpool throws. Every one derives from refpool::error, so one catch clause
-// handles them all; messages are complete sentences built with fmt.
+// The exceptions refpool throws. Each is a standard exception of the fitting kind (so generic
+// code that catches std::bad_alloc, std::invalid_argument or std::exception catches it) and also
+// a refpool::error, so one catch clause handles every refpool failure. Messages are complete
+// sentences built with fmt.
 #pragma once
 
 #include <cstddef>
+#include <new>
 #include <stdexcept>
 #include <string>
 
+#include <refpool/detail/export.hpp>
+
 namespace refpool {
 
-/// Base of every exception refpool throws.
-class error : public std::runtime_error {
+/// Base of every exception refpool throws: catch it to handle them all. Not itself a
+/// std::exception (each concrete type is one, exactly once, so catching std::exception works).
+class REFPOOL_API error {
  public:
-  using std::runtime_error::runtime_error;
+  virtual ~error() = default;
+  /// The message.
+  [[nodiscard]] virtual const char* what() const noexcept = 0;
+
+ protected:
+  error() = default;
+  error(const error&) = default;
+  error& operator=(const error&) = default;
 };
 
-/// A handle was used after `unsafe_free()` released it: `data()`, `reshape`, a copy.
-class use_after_free : public error {
+namespace detail {
+/// A refpool::error that is also the standard exception `Std`.
+template <class Std>
+class REFPOOL_API error_of : public Std, public error {
  public:
-  using error::error;
+  explicit error_of(const std::string& message) : Std(message) {}
+  [[nodiscard]] const char* what() const noexcept override { return Std::what(); }
+};
+}  // namespace detail
+
+/// A handle was used after `unsafe_free()` released it: `data()`, `reshape`, a copy.
+class REFPOOL_API use_after_free : public detail::error_of<std::logic_error> {
+ public:
+  using error_of::error_of;
 };
 
 /// A reshape or reinterpretation that does not preserve the byte size, or a view that does
 /// not fit its buffer. The message names both shapes.
-class shape_error : public error {
+class REFPOOL_API shape_error : public detail::error_of<std::invalid_argument> {
  public:
-  using error::error;
+  using error_of::error_of;
 };
 
-/// A request of zero bytes, or a size whose computation overflows `std::size_t`
-/// (dims product, element size, rounding). The message names the dims or bytes.
-class size_error : public error {
+/// A size whose computation overflows `std::size_t` (dims product, element size, rounding,
+/// alignment). The message names the dims or bytes.
+class REFPOOL_API size_error : public detail::error_of<std::length_error> {
  public:
-  using error::error;
+  using error_of::error_of;
+};
+
+/// A precondition of a call does not hold: a null backend or resource, a pointer refpool never
+/// handed out (or freed twice), a step ended twice. The message names the argument.
+class REFPOOL_API invalid_argument : public detail::error_of<std::invalid_argument> {
+ public:
+  using error_of::error_of;
 };
 
 /// The backend could not satisfy a request even after the cache reclaimed its idle blocks
 /// of that backend and device and retried. Only thrown when the backend said "out of memory".
-class out_of_memory : public error {
+/// A std::bad_alloc, as RMM's is, so generic code that catches that catches it too.
+class REFPOOL_API out_of_memory : public std::bad_alloc, public error {
  public:
-  out_of_memory(const std::string& message, std::size_t requested_bytes, int device)
-      : error(message), requested_bytes_(requested_bytes), device_(device) {}
+  out_of_memory(std::string message, std::size_t requested_bytes, int device)
+      : message_(std::move(message)), requested_bytes_(requested_bytes), device_(device) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
   /// Bytes the failed request asked for (after rounding).
   [[nodiscard]] std::size_t requested_bytes() const noexcept { return requested_bytes_; }
   /// Device of the failed request (-1 for host memory).
   [[nodiscard]] int device() const noexcept { return device_; }
 
  private:
+  std::string message_;
   std::size_t requested_bytes_;
   int device_;
 };
 
 /// A backend call failed for a reason other than out-of-memory. Carries the native code.
-class backend_error : public error {
+class REFPOOL_API backend_error : public detail::error_of<std::runtime_error> {
  public:
-  backend_error(const std::string& message, int native_code)
-      : error(message), native_code_(native_code) {}
+  backend_error(const std::string& message, int native_code) : error_of(message), native_code_(native_code) {}
   /// The runtime's own error code (CUresult, hipError_t, errno).
   [[nodiscard]] int native_code() const noexcept { return native_code_; }
 
@@ -64,21 +96,22 @@ class backend_error : public error {
 
 /// A backend cannot be used here: library missing, no device, driver too old, or refpool was
 /// built without it. The message says which.
-class backend_unavailable : public error {
+class REFPOOL_API backend_unavailable : public detail::error_of<std::runtime_error> {
  public:
-  using error::error;
+  using error_of::error_of;
 };
 
-/// A scope was closed out of order (not the innermost on its thread) or on another thread.
-class scope_error : public error {
+/// A scope or step was closed out of order (not the innermost on its thread), on another thread,
+/// or twice where that is an error.
+class REFPOOL_API scope_error : public detail::error_of<std::logic_error> {
  public:
-  using error::error;
+  using error_of::error_of;
 };
 
 /// A bad value in REFPOOL_CONF or in options: the message names the key and allowed values.
-class config_error : public error {
+class REFPOOL_API config_error : public detail::error_of<std::invalid_argument> {
  public:
-  using error::error;
+  using error_of::error_of;
 };
 
 }  // namespace refpool

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <refpool/backend.hpp>
+#include <refpool/detail/export.hpp>
 #include <refpool/types.hpp>
 
 namespace refpool::gpu {
@@ -34,30 +35,31 @@ struct basic_kernel {
   int device = 0;
 };
 
-/// The library's entry points behind the inline API below and in the runtime namespaces; not
-/// API. Each throws `backend_unavailable` when runtime R cannot be used (naming why) and
+/// The library's entry points behind the inline API below and in the runtime namespaces (exported,
+/// but not API). Each throws `backend_unavailable` when runtime R cannot be used (naming why) and
 /// `backend_error` when a call fails.
 namespace detail {
-[[nodiscard]] bool available(runtime r) noexcept;
-[[nodiscard]] std::string unavailable_reason(runtime r);
-[[nodiscard]] int device_count(runtime r);
-[[nodiscard]] int runtime_version(runtime r);
-[[nodiscard]] int driver_version(runtime r);
-[[nodiscard]] std::string device_name(runtime r, int ordinal);
-[[nodiscard]] std::pair<std::size_t, std::size_t> memory_info(runtime r, int ordinal);
-[[nodiscard]] backend device(runtime r, int ordinal, memory_kind kind);
-[[nodiscard]] void* create_stream(runtime r, int ordinal);
-void destroy_stream(runtime r, void* stream) noexcept;
-void synchronize(runtime r, stream_ref s, int ordinal);
-void retire_stream(runtime r, stream_ref s, int ordinal);
-[[nodiscard]] void* load_module(runtime r, int ordinal, std::string_view image);
-void unload_module(runtime r, void* module, int ordinal) noexcept;
-[[nodiscard]] void* module_function(runtime r, void* module, int ordinal, const char* name);
-void launch(runtime r, void* function, int ordinal, dims3 grid, dims3 block, stream_ref s, void** args,
-            unsigned shared_bytes);
-void copy(runtime r, void* dst, const void* src, std::size_t bytes, stream_ref s, int ordinal);
-void fill(runtime r, void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal);
-void copy_peer(runtime r, void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s);
+[[nodiscard]] REFPOOL_API bool available(runtime r) noexcept;
+[[nodiscard]] REFPOOL_API std::string unavailable_reason(runtime r);
+[[nodiscard]] REFPOOL_API int device_count(runtime r);
+[[nodiscard]] REFPOOL_API int runtime_version(runtime r);
+[[nodiscard]] REFPOOL_API int driver_version(runtime r);
+[[nodiscard]] REFPOOL_API std::string device_name(runtime r, int ordinal);
+[[nodiscard]] REFPOOL_API std::pair<std::size_t, std::size_t> memory_info(runtime r, int ordinal);
+[[nodiscard]] REFPOOL_API backend device(runtime r, int ordinal, memory_kind kind);
+[[nodiscard]] REFPOOL_API void* create_stream(runtime r, int ordinal);
+REFPOOL_API void destroy_stream(runtime r, void* stream) noexcept;
+REFPOOL_API void synchronize(runtime r, stream_ref s, int ordinal);
+REFPOOL_API void retire_stream(runtime r, stream_ref s, int ordinal);
+[[nodiscard]] REFPOOL_API void* load_module(runtime r, int ordinal, std::string_view image);
+REFPOOL_API void unload_module(runtime r, void* module, int ordinal) noexcept;
+[[nodiscard]] REFPOOL_API void* module_function(runtime r, void* module, int ordinal, const char* name);
+REFPOOL_API void launch(runtime r, void* function, int ordinal, dims3 grid, dims3 block, stream_ref s, void** args,
+                        unsigned shared_bytes);
+REFPOOL_API void copy(runtime r, void* dst, const void* src, std::size_t bytes, stream_ref s, int ordinal);
+REFPOOL_API void fill(runtime r, void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal);
+REFPOOL_API void copy_peer(runtime r, void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                           stream_ref s);
 }  // namespace detail
 
 /// An owning, non-blocking stream of runtime R on a device. Move-only. Thread-safe to use. Its

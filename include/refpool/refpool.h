@@ -31,6 +31,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <refpool/stats_fields.h>
+
+/* What librefpool exports (it is built with hidden visibility). */
+#if defined(__GNUC__)
+#define REFPOOL_C_API __attribute__((visibility("default")))
+#else
+#define REFPOOL_C_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 /* In C++ the enums get int as their underlying type, so any value a C caller passes is valid
@@ -86,6 +95,11 @@ typedef struct refpool_scope {
   uint64_t id;
 } refpool_scope;
 
+/// An open step on a cache (refpool::step). End with refpool_step_end.
+typedef struct refpool_step {
+  uint64_t id;
+} refpool_step;
+
 /// A buffer view: one reference to a buffer, plus dims and an element size. Release with
 /// refpool_release; the buffer goes back to its cache when the last handle to it is released.
 typedef struct refpool_buffer {
@@ -102,6 +116,21 @@ typedef enum refpool_rounding REFPOOL_ENUM_BASE {
   REFPOOL_ROUNDING_POW2 = 2
 } refpool_rounding;
 
+/// What kind of memory a backend hands out (refpool::memory_kind).
+typedef enum refpool_memory_kind REFPOOL_ENUM_BASE {
+  REFPOOL_MEMORY_HOST = 0,          ///< pageable host memory
+  REFPOOL_MEMORY_DEVICE = 1,        ///< device memory (cuMemAlloc / hipMalloc)
+  REFPOOL_MEMORY_DEVICE_ASYNC = 2,  ///< stream-ordered device memory (cuMemAllocAsync / hipMallocAsync)
+  REFPOOL_MEMORY_PINNED_HOST = 3    ///< page-locked host memory (cuMemHostAlloc / hipHostMalloc)
+} refpool_memory_kind;
+
+/// A GPU runtime.
+typedef enum refpool_runtime REFPOOL_ENUM_BASE {
+  REFPOOL_RUNTIME_CUDA = 0,  ///< the CUDA driver API (libcuda.so.1)
+  REFPOOL_RUNTIME_HIP = 1,   ///< the HIP runtime (libamdhip64)
+  REFPOOL_RUNTIME_HOST = 2   ///< the host backend (any device number; for CPU frameworks and tests)
+} refpool_runtime;
+
 /// max_idle_bytes value for "no limit".
 #define REFPOOL_UNLIMITED SIZE_MAX
 
@@ -114,33 +143,13 @@ typedef struct refpool_cache_options {
 } refpool_cache_options;
 
 /// A snapshot of a cache's counters: the fields of refpool::cache_stats, in its order, with its
-/// meaning. Exact when no other thread uses the cache. hit rate = hits / (hits + misses).
+/// meaning, all defined once in refpool/stats_fields.h (ABI 1: fields after
+/// planned_peak_live_bytes are new in 0.2). Exact when no other thread uses the cache.
+/// hit rate = hits / (hits + misses).
 typedef struct refpool_cache_stats {
-  uint64_t hits;                 ///< requests served by an idle block
-  uint64_t misses;               ///< requests that needed a backend allocation
-  uint64_t steals;               ///< hits taken from another scope's idle blocks (part of hits)
-  uint64_t backend_allocations;  ///< successful backend allocations by this cache
-  uint64_t backend_frees;        ///< blocks this cache gave back to a backend
-  uint64_t unsafe_frees;         ///< buffers that came back through unsafe_free
-  uint64_t escapes;              ///< buffers still referenced when their scope ended
-  uint64_t evictions;            ///< idle blocks freed to stay under max_idle_bytes
-  uint64_t reclaimed_blocks;     ///< idle blocks freed by reclaim or on out-of-memory
-  uint64_t oom_retries;          ///< backend out-of-memory answered by reclaim + retry
-  uint64_t cross_stream_reuses;  ///< hits on a block last used on another stream
-  uint64_t scope_entries;        ///< scopes entered on this cache (outermost per thread)
-  uint64_t uncached_entries;     ///< of those, entries that ran uncached (warm-up)
-  size_t live_blocks;            ///< blocks held by handles
-  size_t idle_blocks;            ///< blocks ready for reuse
-  size_t live_bytes;             ///< block bytes held by handles
-  size_t idle_bytes;             ///< block bytes ready for reuse
-  size_t held_bytes;             ///< live + idle: bytes this cache holds from backends
-  size_t peak_held_bytes;        ///< highest held_bytes so far (plan arenas not included)
-  uint64_t plan_hits;            ///< planned-scope requests served by a plan's region
-  uint64_t plan_misses;          ///< divergences, shorter runs and live-region conflicts
-  uint64_t plan_recordings;      ///< plans made (first runs, diverged or stale runs)
-  size_t plans;                  ///< plans kept now
-  size_t arena_bytes;            ///< bytes of their arenas
-  size_t planned_peak_live_bytes;  ///< peak live bytes of the runs they were made from
+#define REFPOOL_STATS_FIELD(type, name, description) type name;
+  REFPOOL_CACHE_STATS(REFPOOL_STATS_FIELD)
+#undef REFPOOL_STATS_FIELD
 } refpool_cache_stats;
 
 /// How a scope runs (refpool::scope_options). Zero-initialise for a plain scope.
@@ -153,6 +162,16 @@ typedef struct refpool_scope_options {
   /// regions of one arena. The text is copied.
   const char* plan;
 } refpool_scope_options;
+
+/// The framework allocator: one process-wide cache over the GPU backends of every device, used
+/// by the framework entry points (refpool_torch_malloc, refpool_cupy_malloc) and by
+/// refpool_allocator_alloc. Fill with refpool_allocator_options_init, change fields, then pass to
+/// refpool_allocator_configure before the allocator's first allocation.
+typedef struct refpool_allocator_options {
+  refpool_runtime runtime;      ///< default REFPOOL_RUNTIME_CUDA
+  refpool_memory_kind kind;     ///< REFPOOL_MEMORY_DEVICE (default) or _DEVICE_ASYNC; ignored for HOST
+  refpool_cache_options cache;  ///< default: refpool_cache_options_from_environment
+} refpool_allocator_options;
 
 /// A backend's own accounting (refpool::backend's counters).
 typedef struct refpool_backend_stats {
@@ -175,14 +194,14 @@ typedef struct refpool_buffer_info {
 /// The message of the last failing refpool call on this thread: a complete sentence naming what
 /// failed; "" if none failed yet. Successful calls leave it unchanged. The string is owned by
 /// refpool and valid until the next failing call on this thread. Never returns NULL.
-const char* refpool_last_error(void);
+REFPOOL_C_API const char* refpool_last_error(void);
 
 /// The name of a status ("REFPOOL_ERROR_SHAPE"); "REFPOOL_UNKNOWN_STATUS" for other values.
 /// Static storage. Thread-safe.
-const char* refpool_status_name(refpool_status status);
+REFPOOL_C_API const char* refpool_status_name(refpool_status status);
 
 /// The library's version ("0.1.0"). Static storage. Thread-safe.
-const char* refpool_version(void);
+REFPOOL_C_API const char* refpool_version(void);
 
 /* ---- backends ---------------------------------------------------------------------------- */
 
@@ -190,57 +209,57 @@ const char* refpool_version(void);
 /// All handles from this function name the same backend, so their buffers share cache keys.
 /// The caller owns *out and releases it with refpool_backend_release.
 /// Errors: INVALID_ARGUMENT (out NULL), OUT_OF_MEMORY.
-refpool_status refpool_backend_host(refpool_backend* out);
+REFPOOL_C_API refpool_status refpool_backend_host(refpool_backend* out);
 
 /// A new host backend with its own counters (outstanding bytes start at 0); it is another
 /// backend than refpool_backend_host's, so caches never exchange their blocks. Owned by the
 /// caller. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY.
-refpool_status refpool_backend_new_host(refpool_backend* out);
+REFPOOL_C_API refpool_status refpool_backend_new_host(refpool_backend* out);
 
 /// A new host backend that fails (out of memory) any allocation that would take its
 /// outstanding bytes past `capacity_bytes` (refpool::limiting_resource). For tests and for
 /// capping memory. Owned by the caller. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY.
-refpool_status refpool_backend_new_host_limited(size_t capacity_bytes, refpool_backend* out);
+REFPOOL_C_API refpool_status refpool_backend_new_host_limited(size_t capacity_bytes, refpool_backend* out);
 
 /// Releases a backend handle. Buffers allocated from it, and caches holding its idle blocks,
 /// keep the backend alive as long as they need it. Errors: INVALID_ARGUMENT (null handle),
 /// INVALID_HANDLE (already released).
-refpool_status refpool_backend_release(refpool_backend backend);
+REFPOOL_C_API refpool_status refpool_backend_release(refpool_backend backend);
 
 /// The backend's counters. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out);
+REFPOOL_C_API refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out);
 
 /* ---- caches ------------------------------------------------------------------------------ */
 
 /// Fills *options with the defaults: exact rounding, no idle limit. Errors: INVALID_ARGUMENT.
-refpool_status refpool_cache_options_init(refpool_cache_options* options);
+REFPOOL_C_API refpool_status refpool_cache_options_init(refpool_cache_options* options);
 
 /// Fills *options with the defaults plus REFPOOL_CONF's rounding and max_idle_bytes.
 /// Errors: INVALID_ARGUMENT, CONFIG (bad REFPOOL_CONF; the message names the key).
-refpool_status refpool_cache_options_from_environment(refpool_cache_options* options);
+REFPOOL_C_API refpool_status refpool_cache_options_from_environment(refpool_cache_options* options);
 
 /// Creates a cache. `options` NULL means refpool_cache_options_from_environment. The caller
 /// owns *out and destroys it with refpool_cache_destroy. Errors: INVALID_ARGUMENT (out NULL),
 /// CONFIG (bad rounding mode or parameter, bad REFPOOL_CONF), OUT_OF_MEMORY.
-refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out);
+REFPOOL_C_API refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out);
 
 /// Destroys a cache handle and the cache: its idle blocks go back to their backends. Buffers
 /// still referenced stay valid and go to their backend when their last handle is released; a
 /// scope still active on the cache keeps working, uncached, until it exits.
 /// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already destroyed).
-refpool_status refpool_cache_destroy(refpool_cache cache);
+REFPOOL_C_API refpool_status refpool_cache_destroy(refpool_cache cache);
 
 /// The cache's counters, into *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out);
+REFPOOL_C_API refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out);
 
 /// Frees least recently released idle blocks until at most `keep_bytes` idle bytes remain;
 /// live buffers are never touched. Stores the bytes freed in *freed_bytes unless it is NULL.
 /// Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_cache_reclaim(refpool_cache cache, size_t keep_bytes, size_t* freed_bytes);
+REFPOOL_C_API refpool_status refpool_cache_reclaim(refpool_cache cache, size_t keep_bytes, size_t* freed_bytes);
 
 /// Sets the cache's idle limit (REFPOOL_UNLIMITED: none), evicting at once if needed.
 /// Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_idle_bytes);
+REFPOOL_C_API refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_idle_bytes);
 
 /* ---- scopes ------------------------------------------------------------------------------ */
 
@@ -248,18 +267,133 @@ refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_
 /// on this thread then goes through it. Scopes nest, the innermost wins (as refpool::scope).
 /// The caller owns *out and must exit it on this thread, innermost first, before the thread
 /// ends. Errors: INVALID_ARGUMENT, INVALID_HANDLE (cache destroyed), OUT_OF_MEMORY.
-refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out);
+REFPOOL_C_API refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out);
 
 /// As refpool_scope_enter, with options (warm-up entries, a plan key); `options` NULL is a plain
 /// scope. Errors: as refpool_scope_enter, and CONFIG (bad REFPOOL_CONF).
-refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
+REFPOOL_C_API refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
                                                 refpool_scope* out);
 
 /// Ends a scope. Buffers it handed out that are still referenced are counted as escapes and
 /// stay valid. Errors: INVALID_ARGUMENT, INVALID_HANDLE (already exited), SCOPE (not the
 /// innermost scope of the calling thread, or called on another thread: the scope then stays
 /// active and the handle valid; exit the inner scopes first, on the entering thread).
-refpool_status refpool_scope_exit(refpool_scope scope);
+REFPOOL_C_API refpool_status refpool_scope_exit(refpool_scope scope);
+
+/* ---- GPU backends and streams ------------------------------------------------------------- */
+
+/// A new handle to the process-wide CUDA backend of `device` and `kind` (REFPOOL_MEMORY_DEVICE,
+/// _DEVICE_ASYNC or _PINNED_HOST): every call names the same backend, so buffers share cache keys.
+/// Owned by the caller (refpool_backend_release). Errors: INVALID_ARGUMENT (out NULL, a kind out
+/// of range or HOST), BACKEND_UNAVAILABLE (no driver, no such device, built without CUDA: the
+/// message says which), BACKEND.
+REFPOOL_C_API refpool_status refpool_backend_cuda(int device, refpool_memory_kind kind, refpool_backend* out);
+
+/// The same for the HIP runtime (AMD GPUs).
+REFPOOL_C_API refpool_status refpool_backend_hip(int device, refpool_memory_kind kind, refpool_backend* out);
+
+/// As refpool_alloc, for use on `stream` (a CUstream or hipStream_t; NULL: the default stream).
+/// Reuse of an idle buffer last used on another stream makes `stream` wait for that stream.
+REFPOOL_C_API refpool_status refpool_alloc_on_stream(refpool_backend backend, const size_t* dims, size_t rank,
+                                                     size_t element_size, void* stream, refpool_buffer* out);
+
+/// Tells refpool the buffer is also used on `stream` (PyTorch's recordStream): a later reuse on
+/// any other stream waits for it too. Errors: INVALID_ARGUMENT, INVALID_HANDLE, USE_AFTER_FREE.
+REFPOOL_C_API refpool_status refpool_record_stream(refpool_buffer buffer, void* stream);
+
+/// Call before destroying a stream you used with refpool: waits for its work and makes refpool
+/// never order after it again (idle buffers may still name it). `backend` names the runtime and
+/// device (a host backend: nothing to do). Errors: INVALID_ARGUMENT, INVALID_HANDLE, BACKEND.
+REFPOOL_C_API refpool_status refpool_retire_stream(refpool_backend backend, void* stream);
+
+/* ---- raw pointers (free by pointer) ------------------------------------------------------ */
+
+/// Allocates `bytes` for `stream` through the calling thread's active scope (else straight from
+/// the backend) and returns the address; refpool keeps the buffer until refpool_free(address),
+/// from any thread. 0 bytes gives *out = NULL and allocates nothing. Errors: as refpool_alloc.
+REFPOOL_C_API refpool_status refpool_malloc(refpool_backend backend, size_t bytes, void* stream, void** out);
+
+/// The same through `cache` with no scope, from any thread (refpool::alloc_cache::allocate):
+/// each thread gets its own part of the cache; requests belong to the cache's open step.
+REFPOOL_C_API refpool_status refpool_cache_malloc(refpool_cache cache, refpool_backend backend, size_t bytes,
+                                                  void* stream, void** out);
+
+/// Gives back a buffer from refpool_malloc / refpool_cache_malloc / refpool_allocator_alloc, on
+/// any thread. NULL does nothing. Errors: INVALID_ARGUMENT naming the pointer when refpool keeps
+/// nothing under it (never handed out, or already freed: a double free); nothing is freed then.
+REFPOOL_C_API refpool_status refpool_free(void* ptr);
+
+/* ---- steps ------------------------------------------------------------------------------- */
+
+/// Opens a step on `cache` (refpool::step): every request made through the cache without a scope
+/// (refpool_cache_malloc, the framework allocator when `cache` is its cache), on any thread, belongs
+/// to it until refpool_step_end; with options->plan set it is planned. `options` NULL: a plain
+/// step. The caller owns *out; it may be ended on any thread. Errors: INVALID_ARGUMENT,
+/// INVALID_HANDLE, SCOPE (a step is already open on the cache), CONFIG, OUT_OF_MEMORY.
+REFPOOL_C_API refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options,
+                                                refpool_step* out);
+
+/// Ends a step: buffers its requests got that are still referenced are counted as escapes.
+/// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already ended).
+REFPOOL_C_API refpool_status refpool_step_end(refpool_step step);
+
+/* ---- stats by name (for bindings) --------------------------------------------------------- */
+
+/// The number of counters a cache has (the fields of refpool_cache_stats, in order).
+REFPOOL_C_API size_t refpool_stat_count(void);
+/// The name of counter `index` ("hits"); NULL when index >= refpool_stat_count(). Static storage.
+REFPOOL_C_API const char* refpool_stat_name(size_t index);
+/// One line saying what counter `index` counts; NULL past the end. Static storage.
+REFPOOL_C_API const char* refpool_stat_description(size_t index);
+/// The counters of `cache` as integers, in refpool_stat_name order, into values[0..capacity);
+/// *count receives refpool_stat_count() (so a caller can size its array first with capacity 0).
+/// Errors: INVALID_ARGUMENT (count NULL, values NULL with capacity > 0), INVALID_HANDLE.
+REFPOOL_C_API refpool_status refpool_cache_get_stat_values(refpool_cache cache, uint64_t* values, size_t capacity,
+                                                          size_t* count);
+/// Restarts the cache's peaks (peak_held_bytes, peak_live_bytes) from the current values.
+REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
+
+/* ---- the framework allocator -------------------------------------------------------------- */
+
+/// Fills *options with the defaults (CUDA, device memory, cache options from REFPOOL_CONF).
+/// Errors: INVALID_ARGUMENT, CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options);
+
+/// Sets the framework allocator's options. Only before its first allocation (or its cache was
+/// asked for): CONFIG afterwards, naming what is in use. Errors: INVALID_ARGUMENT, CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options);
+
+/// A new handle to the framework allocator's cache, for steps, stats and reclaim (made at first
+/// use with the configured options). refpool_cache_destroy on it drops this handle only: the
+/// allocator keeps its cache for the life of the process. Errors: INVALID_ARGUMENT, CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_cache(refpool_cache* out);
+
+/// Allocates `bytes` on `device` for `stream` through the framework allocator; free with
+/// refpool_allocator_free or refpool_free. 0 bytes gives NULL. Errors: INVALID_ARGUMENT,
+/// BACKEND_UNAVAILABLE, OUT_OF_MEMORY (after reclaim and retry), BACKEND.
+REFPOOL_C_API refpool_status refpool_allocator_alloc(size_t bytes, int device, void* stream, void** out);
+
+/// As refpool_free.
+REFPOOL_C_API refpool_status refpool_allocator_free(void* ptr);
+
+/* The exact signatures frameworks call, so they load these by name from librefpool and no Python
+ * runs per allocation (docs/frameworks.md). They allocate through the framework allocator.
+ *
+ * PyTorch (torch.cuda.memory.CUDAPluggableAllocator(path, "refpool_torch_malloc",
+ * "refpool_torch_free")): `stream` is the request's cudaStream_t. A 0-byte request gives NULL. On
+ * failure refpool_torch_malloc throws a C++ exception (refpool::out_of_memory, a std::bad_alloc,
+ * or another refpool::error), which PyTorch reports as a Python exception with refpool's message:
+ * call it from C++ only. refpool_torch_free of NULL does nothing; size, device and stream are
+ * what PyTorch recorded and are not needed.
+ *
+ * CuPy (cupy.cuda.memory.CFunctionAllocator(0, malloc, free, owner)): CuPy passes no stream, so
+ * requests are made for the device's default (legacy) stream, which orders against CuPy's
+ * blocking streams; `param` is unused (pass 0). On failure refpool_cupy_malloc returns NULL and
+ * sets refpool_last_error. */
+REFPOOL_C_API void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream);  /* ssize_t on Linux */
+REFPOOL_C_API void refpool_torch_free(void* ptr, ptrdiff_t size, int device, void* stream);
+REFPOOL_C_API void* refpool_cupy_malloc(void* param, size_t size, int device);
+REFPOOL_C_API void refpool_cupy_free(void* param, void* ptr, int device);
 
 /* ---- buffers ----------------------------------------------------------------------------- */
 
@@ -270,47 +404,47 @@ refpool_status refpool_scope_exit(refpool_scope scope);
 /// The caller owns *out and releases it with refpool_release.
 /// Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0),
 /// INVALID_HANDLE, SIZE (overflow), OUT_OF_MEMORY, BACKEND, CONFIG (bad REFPOOL_CONF).
-refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
+REFPOOL_C_API refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
                              refpool_buffer* out);
 
 /// A new handle viewing the same buffer with other dims and the same element size; the element
 /// count must not change. The buffer is shared (its use count grows by one); the caller owns
 /// *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE, SHAPE (element count differs),
 /// SIZE (overflow), USE_AFTER_FREE.
-refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank, refpool_buffer* out);
+REFPOOL_C_API refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank, refpool_buffer* out);
 
 /// A new handle sharing the buffer, with the same dims (a refcount increment). The caller owns
 /// *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE, USE_AFTER_FREE.
-refpool_status refpool_retain(refpool_buffer buffer, refpool_buffer* out);
+REFPOOL_C_API refpool_status refpool_retain(refpool_buffer buffer, refpool_buffer* out);
 
 /// Releases a handle: drops its reference (if unsafe_free did not already) and frees the handle.
 /// The buffer returns to its cache, or to its backend, when its last reference goes. Releasing
 /// the same handle again gives INVALID_HANDLE, never undefined behaviour.
 /// Errors: INVALID_ARGUMENT (null handle), INVALID_HANDLE (already released).
-refpool_status refpool_release(refpool_buffer buffer);
+REFPOOL_C_API refpool_status refpool_release(refpool_buffer buffer);
 
 /// Drops this handle's reference to its buffer now (refpool::data_ref::unsafe_free): the buffer
 /// is reusable at once if no other handle shares it. The handle stays valid for queries and must
 /// still be released; refpool_data, refpool_retain and refpool_reshape on it then give
 /// USE_AFTER_FREE. Idempotent. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_unsafe_free(refpool_buffer buffer);
+REFPOOL_C_API refpool_status refpool_unsafe_free(refpool_buffer buffer);
 
 /// The number of handles sharing the buffer (C++ data_refs included); 0 after unsafe_free and
 /// for zero-element buffers. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_use_count(refpool_buffer buffer, long* out);
+REFPOOL_C_API refpool_status refpool_use_count(refpool_buffer buffer, long* out);
 
 /// The buffer's first element (a host address for host memory); NULL for zero elements. The
 /// pointer is valid while a handle holds the buffer. Errors: INVALID_ARGUMENT, INVALID_HANDLE,
 /// USE_AFTER_FREE.
-refpool_status refpool_data(refpool_buffer buffer, void** out);
+REFPOOL_C_API refpool_status refpool_data(refpool_buffer buffer, void** out);
 
 /// The rank into *rank and, when `dims` is not NULL, the dims into dims[0..rank). A freed
 /// buffer still has its dims. Errors: INVALID_ARGUMENT (rank NULL, or dims not NULL and
 /// `capacity` < rank: *rank is then still set, so a caller can size its array), INVALID_HANDLE.
-refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity, size_t* rank);
+REFPOOL_C_API refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity, size_t* rank);
 
 /// Rank, element count and size, bytes, freed flag. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out);
+REFPOOL_C_API refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out);
 
 #undef REFPOOL_ENUM_BASE
 

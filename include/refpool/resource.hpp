@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include <refpool/detail/export.hpp>
 #include <refpool/types.hpp>
 #include <refpool/virtual_memory.hpp>
 
@@ -12,7 +13,7 @@ namespace refpool {
 
 /// Raw memory source behind a `backend`. Implementations must be thread-safe: the cache calls
 /// them from any thread, never while holding its own locks.
-class resource {
+class REFPOOL_API resource {
  public:
   virtual ~resource() = default;
 

@@ -4,11 +4,13 @@
 #include <cstddef>
 #include <string>
 
+#include <refpool/detail/export.hpp>
+
 namespace refpool {
 
 /// Rounding of requested bytes to block bytes. Exact by default: a block is reused only for
 /// requests of its byte size. Coarser policies trade memory for hits on varied sizes.
-class rounding_policy {
+class REFPOOL_API rounding_policy {
  public:
   enum class mode { exact, step, pow2_divisions };
 
@@ -21,7 +23,9 @@ class rounding_policy {
   static rounding_policy pow2(unsigned divisions = 1);
 
   /// `bytes` rounded up. Throws `size_error` if the result overflows std::size_t.
-  [[nodiscard]] std::size_t round(std::size_t bytes) const;
+  [[nodiscard]] std::size_t round(std::size_t bytes) const {
+    return mode_ == mode::exact ? bytes : round_up(bytes);
+  }
 
   [[nodiscard]] mode policy_mode() const noexcept { return mode_; }
   /// Step bytes (step mode) or divisions (pow2 mode); 1 for exact.
@@ -32,6 +36,7 @@ class rounding_policy {
   friend bool operator==(const rounding_policy&, const rounding_policy&) = default;
 
  private:
+  [[nodiscard]] std::size_t round_up(std::size_t bytes) const;
   constexpr rounding_policy(mode m, std::size_t parameter) noexcept : mode_(m), parameter_(parameter) {}
   mode mode_;
   std::size_t parameter_;

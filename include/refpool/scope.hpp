@@ -1,4 +1,5 @@
-// Scopes make a cache active on the current thread; guards suspend it.
+// Scopes make a cache active on the current thread; guards suspend it; steps mark iterations of
+// work that spans threads.
 #pragma once
 
 #include <cstddef>
@@ -6,35 +7,25 @@
 #include <utility>
 
 #include <refpool/alloc_cache.hpp>
+#include <refpool/detail/export.hpp>
 
 namespace refpool {
 
 namespace detail {
-class cache_state;
-class plan_run;
-struct slot;
-
-/// One entry of the calling thread's stack of active scopes and guards.
-struct scope_frame {
-  scope_frame* previous = nullptr;
-  cache_state* cache = nullptr;  ///< null: allocations go straight to the backend
-  slot* lease = nullptr;         ///< the cache's per-scope state this frame allocates from
-  bool owns_lease = false;       ///< false when an outer frame on this thread holds the lease
-  plan_run* run = nullptr;       ///< the planned run this frame allocates through, if any
-  bool owns_run = false;
-  bool open = false;
-};
+struct scope_state;
+struct step_state;
 }  // namespace detail
 
+/// How a scope or step runs.
 struct scope_options {
-  /// Run the first N entries of scopes on this cache (counted per cache over all threads)
+  /// Run the first N entries of scopes (or the first N steps) on this cache, counted per cache,
   /// uncached, so one-off warm-up allocations (autotuning workspaces) are never kept.
   std::size_t uncached_warmup_entries = 0;
-  /// Non-empty: a planned scope (docs/design.md, "Planned scopes"). The first run under this key
-  /// records its requests and their lifetimes; its end packs them into one arena; later runs
-  /// with the same sequence get regions of that arena: no driver calls, memory held near the
-  /// recorded peak of live bytes. A request whose bytes a live handle can still reach, or a run
-  /// that diverges, falls back to the normal cache. The key's text is copied.
+  /// Non-empty: planned (docs/design.md, "Planned scopes"). The first run under this key records
+  /// its requests and their lifetimes; its end packs them into one arena; later runs with the
+  /// same sequence get regions of that arena: no driver calls, memory held near the recorded
+  /// peak of live bytes. A request whose bytes a live handle can still reach, or a run that
+  /// diverges, falls back to the normal cache. The key's text is copied.
   std::string_view plan;
 };
 
@@ -47,9 +38,10 @@ struct scope_options {
 /// std::terminate (as std::thread does when destroyed joinable).
 ///
 /// With REFPOOL_NO_CACHING=1 in the environment every scope runs uncached.
-class scope {
+class REFPOOL_API scope {
  public:
-  explicit scope(alloc_cache& cache, scope_options options = {});
+  /// Throws `config_error` (bad REFPOOL_CONF) and std::bad_alloc.
+  [[nodiscard]] explicit scope(alloc_cache& cache, scope_options options = {});
   ~scope();
   scope(const scope&) = delete;
   scope& operator=(const scope&) = delete;
@@ -58,18 +50,18 @@ class scope {
   /// scope or guard of the calling thread (the scope then stays open).
   void close();
   /// True when this entry serves allocations from the cache (false in warm-up or bypass).
-  [[nodiscard]] bool caching() const noexcept { return frame_.lease != nullptr; }
+  [[nodiscard]] bool caching() const noexcept;
 
  private:
-  detail::scope_frame frame_;
+  detail::scope_state* state_;
 };
 
 /// Suspends the active cache on this thread: allocations inside go straight to the backend
 /// and are freed on their last release, even though an outer scope is active. For results
 /// that must outlive a scope by design. Same ordering rules as `scope`.
-class uncached_guard {
+class REFPOOL_API uncached_guard {
  public:
-  uncached_guard();
+  [[nodiscard]] uncached_guard();
   ~uncached_guard();
   uncached_guard(const uncached_guard&) = delete;
   uncached_guard& operator=(const uncached_guard&) = delete;
@@ -77,7 +69,34 @@ class uncached_guard {
   void close();
 
  private:
-  detail::scope_frame frame_;
+  detail::scope_state* state_;
+};
+
+/// One iteration of work on a cache that may run on several threads (PyTorch runs backward on
+/// its autograd thread; data loaders and communication threads allocate too). While a step is
+/// open, every request made through `alloc_cache::allocate` (and the C framework entry points)
+/// on any thread belongs to it: buffers still referenced when it ends are counted as escapes,
+/// and with `options.plan` set the step is planned: its requests, in the order they arrive from
+/// all threads, are recorded and replayed like a planned scope's (a fixed order, such as forward
+/// on one thread then backward on another, replays; an order that varies diverges and falls back
+/// to the cache). Requests made inside a thread's own `scope` go to that scope, not the step.
+///
+/// Thread safety: a step may be ended on any thread (once; later calls do nothing). Steps of one
+/// cache do not nest: opening a second one while one is open throws `scope_error`.
+class REFPOOL_API step {
+ public:
+  /// Throws `scope_error` (a step is open on `cache`), `config_error`, std::bad_alloc.
+  [[nodiscard]] explicit step(alloc_cache& cache, scope_options options = {});
+  /// Ends the step if it is still open.
+  ~step();
+  step(const step&) = delete;
+  step& operator=(const step&) = delete;
+
+  /// Ends the step now (any thread); idempotent.
+  void end() noexcept;
+
+ private:
+  detail::step_state* state_;
 };
 
 /// Runs `f()` inside a scope on `cache` and returns its result.
@@ -102,6 +121,6 @@ decltype(auto) uncached(F&& f) {
 }
 
 /// True when an allocation on this thread would go through a cache now.
-[[nodiscard]] bool caching_active() noexcept;
+[[nodiscard]] REFPOOL_API bool caching_active() noexcept;
 
 }  // namespace refpool

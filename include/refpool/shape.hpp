@@ -1,6 +1,8 @@
 // `shape`: the dims of an array, any rank, stored inline up to a small rank.
 #pragma once
 
+#include <refpool/detail/export.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <initializer_list>
@@ -13,7 +15,7 @@ namespace refpool {
 
 /// Dims of an array (row-major). Ranks up to `inline_rank` need no heap allocation.
 /// A rank-0 shape has one element (a scalar); a shape with a zero dim has none.
-class shape {
+class REFPOOL_API shape {
  public:
   static constexpr std::size_t inline_rank = 6;
 

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 
+#include <refpool/detail/export.hpp>
+
 namespace refpool {
 
 /// Reserve/commit primitives of one backend (one device, one memory kind).
@@ -22,7 +24,7 @@ namespace refpool {
 /// Thread safety: implementations must be thread-safe; refpool never calls them while holding
 /// its own locks. Errors: `reserve` returns nullptr when address space runs out, `commit`
 /// returns false when the device is out of memory; any other failure throws `backend_error`.
-class virtual_memory {
+class REFPOOL_API virtual_memory {
  public:
   virtual ~virtual_memory() = default;
 

@@ -109,9 +109,10 @@ class gpu_virtual_memory final : public virtual_memory {
 
   void check_size(std::size_t bytes, const char* call) const {
     if (bytes == 0 || bytes % granularity_ != 0)
-      throw refpool::error(fmt::format("refpool: virtual_memory::{} of {} B on device {}: the size must be a non-zero "
-                                       "multiple of the granularity, {} B",
-                                       call, bytes, device_, granularity_));
+      throw refpool::invalid_argument(
+          fmt::format("refpool: virtual_memory::{} of {} B on device {}: the size must be a non-zero "
+                      "multiple of the granularity, {} B",
+                      call, bytes, device_, granularity_));
   }
 
   // Throws unless [addr, addr + bytes) is granule-aligned, inside one reserved range, and has no
@@ -126,10 +127,11 @@ class gpu_virtual_memory final : public virtual_memory {
     const bool overlaps = (next != pieces_.end() && next->first < start + bytes) ||
                           (next != pieces_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > start);
     if (!reserved || !aligned || overlaps)
-      throw refpool::error(fmt::format("refpool: virtual_memory::commit({}, {}) on device {}: {}", addr, bytes, device_,
-                                       !reserved  ? "the range is not inside one range reserve() returned"
-                                       : !aligned ? "the range does not start at a multiple of the granularity"
-                                                  : "part of the range is already committed"));
+      throw refpool::invalid_argument(
+          fmt::format("refpool: virtual_memory::commit({}, {}) on device {}: {}", addr, bytes, device_,
+                      !reserved  ? "the range is not inside one range reserve() returned"
+                      : !aligned ? "the range does not start at a multiple of the granularity"
+                                 : "part of the range is already committed"));
   }
 
   // Unmaps and releases every piece inside [start, end). Called with mutex_ held.

@@ -32,7 +32,9 @@ class CacheStats(Structure):
         [(name, c_size_t) for name in [
             "live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes"]] + \
         [(name, c_uint64) for name in ["plan_hits", "plan_misses", "plan_recordings"]] + \
-        [(name, c_size_t) for name in ["plans", "arena_bytes", "planned_peak_live_bytes"]]
+        [(name, c_size_t) for name in ["plans", "arena_bytes", "planned_peak_live_bytes"]] + \
+        [("ooms", c_uint64), ("peak_live_bytes", c_size_t), ("steps", c_uint64), ("uncached_allocations", c_uint64),
+         ("uncached_live_bytes", c_size_t)]
 
 
 class RefpoolError(Exception):

@@ -185,6 +185,8 @@ result attempt(F&& f) {
     r = {outcome::scope_error, e.what()};
   } catch (const rp::config_error& e) {
     r = {outcome::config_error, e.what()};
+  } catch (const rp::invalid_argument& e) {
+    r = {outcome::invalid_argument, e.what()};
   } catch (const rp::error& e) {
     r = {outcome::error, e.what()};
   } catch (const std::exception& e) {
@@ -647,13 +649,20 @@ void session::op_alloc_raw(int t) {
   mh_[hi].gid = gid;
 }
 
-// Requests that must fail: zero bytes, overflowing dims, a null backend, more than the backend has.
+// Edge requests: zero bytes (a null handle, no allocation), and requests that must fail:
+// overflowing dims, a null backend, more than the backend has.
 void session::op_alloc_misuse(int t) {
   const int b = in_.byte() & 1;
   const std::size_t kind = in_.below(4);
   if (kind == 0) {
     trace("allocate(0 B)");
-    expect(on(t, [&] { (void)rp::allocate(be_[b], 0); }), outcome::size_error, "allocate(0 bytes)");
+    bool null_handle = false;
+    expect(on(t, [&] {
+             const rp::data_ref zero = rp::allocate(be_[b], 0);
+             null_handle = !zero && zero.data() == nullptr && zero.bytes() == 0 && zero.use_count() == 0;
+           }),
+           outcome::ok, "allocate(0 bytes)");
+    if (!null_handle) fail("allocate(0 bytes) did not give a null handle");
   } else if (kind == 1) {
     const int type = static_cast<int>(in_.below(type_count));
     const std::vector<std::size_t> dims = overflow_dims();
@@ -662,7 +671,8 @@ void session::op_alloc_misuse(int t) {
            outcome::size_error, "empty<T> with overflowing dims");
   } else if (kind == 2) {
     trace("allocate from a null backend");
-    expect(on(t, [&] { (void)rp::allocate(rp::backend{}, 8); }), outcome::error, "allocate from a null backend");
+    expect(on(t, [&] { (void)rp::allocate(rp::backend{}, 8); }), outcome::invalid_argument,
+           "allocate from a null backend");
   } else {
     const std::size_t sizes[] = {m_.be[b].capacity + 1, huge / 2, huge - 7, huge};
     const std::size_t bytes = sizes[in_.below(4)];

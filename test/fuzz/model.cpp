@@ -19,6 +19,7 @@ const char* to_string(outcome o) noexcept {
     case outcome::backend_error: return "backend_error";
     case outcome::scope_error: return "scope_error";
     case outcome::config_error: return "config_error";
+    case outcome::invalid_argument: return "invalid_argument";
     case outcome::error: return "refpool::error";
     case outcome::other: return "another exception";
   }

@@ -25,7 +25,7 @@ namespace refpool_fuzz {
 /// What an operation gave: success or the type of exception it threw.
 enum class outcome : std::uint8_t {
   ok, size_error, shape_error, use_after_free, out_of_memory, backend_error, scope_error,
-  config_error, error, other,
+  config_error, invalid_argument, error, other,
 };
 const char* to_string(outcome o) noexcept;
 

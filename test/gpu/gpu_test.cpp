@@ -227,9 +227,9 @@ TEST_CASE("virtual memory of device memory: reserve, commit, use, decommit, reco
   CHECK(std::all_of(filled.begin(), filled.end(), [](std::uint8_t v) { return v == 7; }));
 
   // Misuse is refused, and changes nothing.
-  CHECK_THROWS_AS(vm->commit(base + g, 2 * g), refpool::error);          // already committed
-  CHECK_THROWS_AS(vm->commit(base + 7 * g, 2 * g), refpool::error);      // past the reservation
-  CHECK_THROWS_AS(vm->commit(base + 4 * g, g / 2 + 1), refpool::error);  // not a multiple of g
+  CHECK_THROWS_AS(vm->commit(base + g, 2 * g), invalid_argument);          // already committed
+  CHECK_THROWS_AS(vm->commit(base + 7 * g, 2 * g), invalid_argument);      // past the reservation
+  CHECK_THROWS_AS(vm->commit(base + 4 * g, g / 2 + 1), invalid_argument);  // not a multiple of g
   vm->decommit(base + g, 2 * g);  // cuts the first commit: refused with a message
   CHECK(same_start(download(base, g, s), written, g));
 

@@ -1,27 +1,28 @@
-// The part of a block that inline handle code touches: its reference count.
+// The part of a block that inline handle code reads: its reference count, address and sizes.
 #pragma once
 
-#include <atomic>
-#include <cstdint>
+#include <cstddef>
+
+#include <refpool/detail/export.hpp>
+#include <refpool/detail/ref_count.hpp>
 
 namespace refpool::detail {
 
-/// First member of every block. `refs` counts user handles (data_ref copies).
+/// First member of every block (lib/cache/block.hpp has the rest).
 struct block_header {
-  std::atomic<std::uint32_t> refs{0};
+  ref_count refs;             ///< user handles (data_ref copies)
+  void* ptr = nullptr;        ///< the buffer's address
+  std::size_t requested = 0;  ///< bytes of the current request
+  std::size_t capacity = 0;   ///< bytes of the block (requested bytes after rounding)
 };
 
 /// Called when the last handle of `b` goes away. `via_unsafe_free` is true when that happened
-/// through `unsafe_free()`, so the cache can count it.
-void last_reference_dropped(block_header* b, bool via_unsafe_free) noexcept;
+/// through `unsafe_free()`, so the owner can count it.
+REFPOOL_API void last_reference_dropped(block_header* b, bool via_unsafe_free) noexcept;
 
-/// Drops one reference. When the caller's handle is the only one, no other thread can copy it,
-/// so a plain load replaces the read-modify-write on the common path.
+/// Drops one handle's reference.
 inline void drop_reference(block_header* b, bool via_unsafe_free) noexcept {
-  if (b->refs.load(std::memory_order_acquire) == 1 ||
-      b->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    last_reference_dropped(b, via_unsafe_free);
-  }
+  if (b->refs.decrement_from_handle()) last_reference_dropped(b, via_unsafe_free);
 }
 
 }  // namespace refpool::detail

@@ -1,4 +1,6 @@
 // The shared state behind a `backend` handle: the resource and refpool's counters of it.
+// Counted owners: every backend handle, every block allocated from it (live or idle) and every
+// plan arena. So a resource lives exactly as long as something can still use or free its memory.
 #pragma once
 
 #include <atomic>
@@ -8,9 +10,11 @@
 
 #include <refpool/resource.hpp>
 
+#include "ref_counted.hpp"
+
 namespace refpool::detail {
 
-class backend_state {
+class backend_state : public ref_counted<backend_state> {
  public:
   explicit backend_state(std::shared_ptr<resource> res);
 
@@ -28,6 +32,9 @@ class backend_state {
   std::atomic<std::uint64_t> deallocations{0};
 
  private:
+  friend class ref_counted<backend_state>;
+  ~backend_state() = default;
+
   std::shared_ptr<resource> resource_;
   // Copied out of the resource once: they are part of every cache key.
   device_id device_;

@@ -1,5 +1,5 @@
 // Buckets: each key's idle blocks in one slot, oldest handed out first.
-#include "slot.hpp"
+#include "cache/slot.hpp"
 
 #include <algorithm>
 
@@ -28,27 +28,18 @@ block* bucket::take(stream_ref stream) noexcept {
   return oldest;
 }
 
-void bucket::put(block* b) {
-  if (idle.empty() || newer(idle.back(), b)) {
-    idle.push_back(b);  // the common case: b is the oldest
-    return;
-  }
-  idle.insert(std::upper_bound(idle.begin(), idle.end(), b, newer), b);
-}
+void bucket::insert_in_order(block* b) noexcept { idle.insert(std::upper_bound(idle.begin(), idle.end(), b, newer), b); }
 
 void bucket::remove(block* b) noexcept {
   auto it = std::lower_bound(idle.begin(), idle.end(), b, newer);
   if (it != idle.end() && *it == b) idle.erase(it);
 }
 
-bucket& slot::bucket_for(const block_key& key, const std::shared_ptr<backend_state>& backend) {
-  return buckets.find_or_insert(key, [&] {
-    auto made = std::make_unique<bucket>();
-    made->key = key;
-    made->backend_owner = backend;
-    made->owner = this;
-    return made;
-  });
+void slot::erase_if_unused(bucket& b) noexcept {
+  if (!b.unused()) return;
+  if (last_bucket == &b) last_bucket = nullptr;
+  const block_key key = b.key;  // b dies in erase
+  buckets.erase(key);
 }
 
 }  // namespace refpool::detail

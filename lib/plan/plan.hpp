@@ -15,17 +15,14 @@
 #include <string_view>
 #include <vector>
 
-#include <refpool/backend.hpp>
 #include <refpool/stats.hpp>
 
-#include "block.hpp"
-#include "block_key.hpp"
-#include "spinlock.hpp"
+#include "cache/block.hpp"
+#include "cache/block_key.hpp"
+#include "cache/cache_state.hpp"
+#include "cache/spinlock.hpp"
 
 namespace refpool::detail {
-
-class cache_state;
-struct slot;
 
 /// One request of a run, as the plan matches it.
 struct planned_request {
@@ -38,7 +35,8 @@ struct planned_request {
 /// the largest plan's size serves them all. Counts live regions of all its plans.
 class arena {
  public:
-  arena(std::shared_ptr<backend_state> backend, std::size_t bytes, stream_ref stream);
+  /// Holds a counted reference to `backend` (released with the arena).
+  arena(backend_state& backend, std::size_t bytes, stream_ref stream);
   ~arena();
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
@@ -50,21 +48,21 @@ class arena {
   }
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] std::byte* base() const noexcept { return static_cast<std::byte*>(ptr_); }
-  [[nodiscard]] backend_state* backend() const noexcept { return backend_.get(); }
+  [[nodiscard]] backend_state* backend() const noexcept { return backend_; }
 
   spinlock lock;              // guards live_total and the live counts of its plans
   std::size_t live_total = 0; ///< live regions of every plan in this arena
 
  private:
   std::atomic<int> refs_{1};
-  std::shared_ptr<backend_state> backend_;
+  backend_state* backend_;
   std::size_t bytes_;
   stream_ref stream_;
   void* ptr_ = nullptr;
 };
 
 /// A placement: requests, their offsets, which requests share bytes, bound to an arena.
-class plan {
+class plan final : public region_owner {
  public:
   plan(std::vector<planned_request> requests, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& lifetimes);
   /// The same placement bound to `a` (retained), with no live regions.
@@ -88,7 +86,7 @@ class plan {
   /// plan: the plan is then stale; of another plan of the arena: this request only falls back).
   block* take_region(std::size_t i, std::size_t requested, stream_ref stream);
   /// The last handle of a region went away.
-  void release_region(block* b, bool via_unsafe_free) noexcept;
+  void release_region(block* b, bool via_unsafe_free) noexcept override;
 
   std::atomic<bool> stale{false};
   std::atomic<std::uint64_t> unsafe_frees{0};
@@ -117,7 +115,7 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(
 
 /// One planned scope's run: matches its requests against the key's plans, records every request
 /// and release, and at the end turns the recording into a plan when none fitted.
-class plan_run {
+class plan_run final : public request_router, public release_observer {
  public:
   plan_run(cache_state& cache, std::string key);
   void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
@@ -127,17 +125,15 @@ class plan_run {
 
   /// Serves one request of this run (a region, the normal cache through `lease`, or, while
   /// recording the first run of a key, the backend directly).
-  block* acquire(slot* lease, const backend& be, std::size_t bytes, stream_ref stream);
-  /// A block handed out by this run lost its last handle (any thread, any time); `counted` for
-  /// regions and direct blocks, whose escapes the run counts; `direct_unsafe_free` when a
-  /// recording run's uncached block came back through unsafe_free (counted for the cache).
-  void on_release(std::uint32_t index, bool counted, bool direct_unsafe_free) noexcept;
+  block* acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) override;
+  /// A block handed out by this run lost its last handle (any thread, any time).
+  void observe_release(block* b, bool via_unsafe_free) noexcept override;
   /// The scope ends: count escapes, make or replace the key's plan if this run asks for one.
-  void finish(slot* lease) noexcept;
+  void finish() noexcept;
 
  private:
   ~plan_run();
-  block* fallback(slot* lease, const backend& be, std::size_t bytes, stream_ref stream);
+  block* fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
   void note(block* b, std::size_t index);
 
   std::atomic<int> refs_{1};
@@ -152,32 +148,34 @@ class plan_run {
   std::atomic<std::uint64_t> tick_{0};
   spinlock lock_;  // guards the recording against releases on other threads
   std::vector<planned_request> sequence_;
-  std::shared_ptr<backend_state> first_backend_;  ///< one backend per plannable run
+  backend_state* first_backend_ = nullptr;  ///< one backend per plannable run (its blocks keep it alive)
   std::vector<std::pair<std::uint64_t, std::uint64_t>> lifetimes_;  ///< [alloc tick, free tick)
   std::size_t live_ = 0;
   bool finished_ = false;
 };
 
 /// The plans of one cache, by key: up to `plans_per_key` each, one per distinct sequence.
-class plan_store {
+/// Attached to its cache as the cache's extension (plan_store::of).
+class plan_store final : public cache_extension {
  public:
   static constexpr std::size_t plans_per_key = 4;  // variable-length loops with a few shapes
-  ~plan_store();
+  ~plan_store() override;
+  /// The store of `cache`, made at first use.
+  static plan_store& of(cache_state& cache);
 
   /// The key's plans, most recently used first, retained for the caller.
   std::vector<plan*> find(std::string_view key);
   /// Adds unbound `p` (adopting its reference), replacing a plan of the same sequence or the
   /// least recently used one beyond plans_per_key, and binds it to the key's shared arena, grown
   /// if `p` needs more (the other plans then move to the new arena). False when out of memory.
-  bool add(const std::string& key, plan* p, const std::shared_ptr<backend_state>& backend, stream_ref stream);
+  bool add(const std::string& key, plan* p, backend_state& backend, stream_ref stream);
   /// Drops every plan (the cache is closing); arenas go when their last region does.
-  void clear() noexcept;
-  void add_counters(cache_stats& out) const;
+  void close() noexcept override;
+  void add_counters(cache_stats& out) const override;
 
   std::atomic<std::uint64_t> hits{0};
   std::atomic<std::uint64_t> misses{0};
   std::atomic<std::uint64_t> recordings{0};
-  std::atomic<std::uint64_t> direct_unsafe_frees{0};  ///< of recording runs' uncached blocks
   std::atomic<std::uint64_t> clock{0};
 
  private:

@@ -20,7 +20,7 @@ rounding_policy rounding_policy::pow2(unsigned divisions) {
   return {mode::pow2_divisions, divisions};
 }
 
-std::size_t rounding_policy::round(std::size_t bytes) const {
+std::size_t rounding_policy::round_up(std::size_t bytes) const {
   std::size_t step = 1;
   switch (mode_) {
     case mode::exact: return bytes;

@@ -1,10 +1,8 @@
 // Planned scopes: placement, regions, runs and the per-cache store of plans.
-#include "plan.hpp"
+#include "plan/plan.hpp"
 
 #include <algorithm>
 #include <limits>
-
-#include "cache_state.hpp"
 
 namespace refpool::detail {
 
@@ -52,11 +50,14 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(
 
 // ---- arena -------------------------------------------------------------------------------
 
-arena::arena(std::shared_ptr<backend_state> backend, std::size_t bytes, stream_ref stream)
-    : backend_(std::move(backend)), bytes_(bytes), stream_(stream) {}
+arena::arena(backend_state& backend, std::size_t bytes, stream_ref stream)
+    : backend_(&backend), bytes_(bytes), stream_(stream) {
+  backend.retain();
+}
 
 arena::~arena() {
   if (ptr_ != nullptr) backend_->deallocate(ptr_, bytes_, stream_);
+  backend_->release();
 }
 
 bool arena::allocate() {
@@ -137,11 +138,12 @@ block* plan::take_region(std::size_t i, std::size_t requested, stream_ref stream
   b->capacity = aligned(requests_[i].key.bytes);
   b->requested = requested;
   b->backend = arena_->backend();
-  b->region_of = this;
-  b->plan_index = static_cast<std::uint32_t>(i);
+  b->origin = block_origin::region;
+  b->region = this;
+  b->region_index = static_cast<std::uint32_t>(i);
   b->last_stream = stream;
   retain();  // a live region keeps its plan and arena
-  b->refs.store(1, std::memory_order_relaxed);
+  b->refs.reset(1);
   return b;
 }
 
@@ -149,7 +151,7 @@ void plan::release_region(block* b, bool via_unsafe_free) noexcept {
   if (via_unsafe_free) unsafe_frees.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard guard(arena_->lock);
-    live_[b->plan_index] -= 1;
+    live_[b->region_index] -= 1;
     live_sum_ -= 1;
     arena_->live_total -= 1;
     free_regions_.push_back(b);
@@ -160,22 +162,25 @@ void plan::release_region(block* b, bool via_unsafe_free) noexcept {
 // ---- run ----------------------------------------------------------------------------------
 
 plan_run::plan_run(cache_state& cache, std::string key)
-    : cache_(cache), key_(std::move(key)), candidates_(cache.plans().find(key_)) {
+    : cache_(cache), key_(std::move(key)), candidates_(plan_store::of(cache).find(key_)) {
   recording_only_ = candidates_.empty();
   cache_.retain();  // releases of this run's blocks may come after the scope and the cache ended
 }
 
 plan_run::~plan_run() {
   for (plan* p : candidates_) p->release();
+  if (first_backend_ != nullptr) first_backend_->release();
   cache_.release();
 }
 
-block* plan_run::fallback(slot* lease, const backend& be, std::size_t bytes, stream_ref stream) {
-  return lease != nullptr ? cache_.acquire(*lease, be, bytes, stream) : allocate_direct(be, bytes, stream);
+block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)
+                          : cache_.allocate_uncached(backend, bytes, stream);
 }
 
-block* plan_run::acquire(slot* lease, const backend& be, std::size_t bytes, stream_ref stream) {
-  const backend_state& bs = *be.state();
+block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  const backend_state& bs = backend;
+  plan_store& store = plan_store::of(cache_);
   const planned_request request{{&bs, bs.device(), bs.kind(), bs.alignment(), bytes}, stream};
   std::size_t index = 0;
   {
@@ -184,11 +189,14 @@ block* plan_run::acquire(slot* lease, const backend& be, std::size_t bytes, stre
     sequence_.push_back(request);
     lifetimes_.emplace_back(tick_.fetch_add(1, std::memory_order_relaxed), still_live);
     several_streams_ |= request.stream != sequence_.front().stream || request.key.backend != sequence_.front().key.backend;
-    if (index == 0) first_backend_ = be.state();
+    if (index == 0) {
+      first_backend_ = &backend;
+      backend.retain();  // the recording's blocks may all be gone by finish()
+    }
   }
   block* b = nullptr;
   if (recording_only_) {
-    b = allocate_direct(be, bytes, stream);  // the first run: exact and uncached, so nothing lingers
+    b = cache_.allocate_uncached(backend, bytes, stream);  // the first run: exact and uncached, so nothing lingers
   } else {
     // The current plan matched every earlier request, so only this one needs comparing; another
     // plan is taken only if it matches the whole sequence so far.
@@ -202,17 +210,17 @@ block* plan_run::acquire(slot* lease, const backend& be, std::size_t bytes, stre
       current_ = it != candidates_.end() ? *it : nullptr;
       if (current_ == nullptr) {
         diverged_ = true;  // another sequence: the normal cache serves the rest of this run
-        cache_.plans().misses.fetch_add(1, std::memory_order_relaxed);
+        store.misses.fetch_add(1, std::memory_order_relaxed);
       }
     }
     if (!diverged_) {
       b = current_->take_region(index, bytes, stream);
-      (b != nullptr ? cache_.plans().hits : cache_.plans().misses).fetch_add(1, std::memory_order_relaxed);
-      if (b == nullptr) b = fallback(lease, be, bytes, stream);  // live bytes in the way: this request only
+      (b != nullptr ? store.hits : store.misses).fetch_add(1, std::memory_order_relaxed);
+      if (b == nullptr) b = fallback(lease, backend, bytes, stream);  // live bytes in the way: this request only
     } else {
       // A new sequence: served exactly and uncached, like a first run, since it will be recorded
       // into a plan; cached copies of its blocks would only add to the memory held.
-      b = allocate_direct(be, bytes, stream);
+      b = cache_.allocate_uncached(backend, bytes, stream);
     }
   }
   note(b, index);
@@ -220,23 +228,25 @@ block* plan_run::acquire(slot* lease, const backend& be, std::size_t bytes, stre
 }
 
 void plan_run::note(block* b, std::size_t index) {
-  b->run = this;
-  b->run_index = static_cast<std::uint32_t>(index);
+  b->observer = this;
+  b->observer_index = static_cast<std::uint32_t>(index);
   retain();
-  if (b->home == nullptr) {  // regions and direct blocks: escapes are counted here, not by a slot
+  if (b->origin != block_origin::cached) {  // regions and uncached blocks: escapes are counted here
     std::lock_guard guard(lock_);
     ++live_;
   }
 }
 
-void plan_run::on_release(std::uint32_t index, bool counted, bool direct_unsafe_free) noexcept {
-  if (direct_unsafe_free) cache_.plans().direct_unsafe_frees.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard guard(lock_);
-  if (!finished_) lifetimes_[index].second = tick_.fetch_add(1, std::memory_order_relaxed);
-  if (counted) --live_;
+void plan_run::observe_release(block* b, bool) noexcept {
+  {
+    std::lock_guard guard(lock_);
+    if (!finished_) lifetimes_[b->observer_index].second = tick_.fetch_add(1, std::memory_order_relaxed);
+    if (b->origin != block_origin::cached) --live_;
+  }
+  release();
 }
 
-void plan_run::finish(slot* lease) noexcept {
+void plan_run::finish() noexcept {
   std::vector<planned_request> sequence;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> lifetimes;
   std::size_t escaped = 0;
@@ -250,16 +260,17 @@ void plan_run::finish(slot* lease) noexcept {
     sequence = sequence_;
     lifetimes = lifetimes_;
   }
-  if (escaped != 0 && lease != nullptr) cache_.add_escapes(*lease, escaped);
+  if (escaped != 0) cache_.add_escapes(escaped);
+  plan_store& store = plan_store::of(cache_);
   const bool complete = current_ != nullptr && !diverged_ && current_->requests().size() == sequence.size();
-  if (complete) current_->last_used.store(cache_.plans().clock.fetch_add(1) + 1, std::memory_order_relaxed);
-  if (!complete && current_ != nullptr && !diverged_) cache_.plans().misses.fetch_add(1, std::memory_order_relaxed);
+  if (complete) current_->last_used.store(store.clock.fetch_add(1) + 1, std::memory_order_relaxed);
+  if (!complete && current_ != nullptr && !diverged_) store.misses.fetch_add(1, std::memory_order_relaxed);
   const bool record = !sequence.empty() && !several_streams_ && (!complete || current_->stale.load());
   if (!record) return;
   try {
     auto* made = new plan(std::move(sequence), lifetimes);
-    if (!cache_.plans().add(key_, made, first_backend_, sequence_.front().stream)) return;  // no memory: normal cache
-    cache_.plans().recordings.fetch_add(1, std::memory_order_relaxed);
+    if (!store.add(key_, made, *first_backend_, sequence_.front().stream)) return;  // no memory: normal cache
+    store.recordings.fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
     // A plan is an optimisation: failing to make one leaves the cache correct.
   }
@@ -267,7 +278,13 @@ void plan_run::finish(slot* lease) noexcept {
 
 // ---- store --------------------------------------------------------------------------------
 
-plan_store::~plan_store() { clear(); }
+plan_store::~plan_store() { close(); }
+
+plan_store& plan_store::of(cache_state& cache) {
+  return static_cast<plan_store&>(cache.extension([](cache_state&) -> std::unique_ptr<cache_extension> {
+    return std::make_unique<plan_store>();
+  }));
+}
 
 std::vector<plan*> plan_store::find(std::string_view key) {
   std::lock_guard guard(mutex_);
@@ -281,8 +298,7 @@ std::vector<plan*> plan_store::find(std::string_view key) {
   return out;
 }
 
-bool plan_store::add(const std::string& key, plan* p, const std::shared_ptr<backend_state>& backend,
-                     stream_ref stream) {
+bool plan_store::add(const std::string& key, plan* p, backend_state& backend, stream_ref stream) {
   std::vector<plan*> dropped;
   bool added = true;
   {
@@ -296,7 +312,7 @@ bool plan_store::add(const std::string& key, plan* p, const std::shared_ptr<back
     }
     // Plans of this key made for another backend cannot share its memory: drop them.
     for (auto it = plans_.begin(); it != plans_.end();) {
-      if (it->first == key && it->second->memory()->backend() != backend.get()) {
+      if (it->first == key && it->second->memory()->backend() != &backend) {
         dropped.push_back(it->second);
         it = plans_.erase(it);
       } else {
@@ -347,7 +363,7 @@ bool plan_store::add(const std::string& key, plan* p, const std::shared_ptr<back
   return added;
 }
 
-void plan_store::clear() noexcept {
+void plan_store::close() noexcept {
   std::vector<std::pair<std::string, plan*>> all;
   {
     std::lock_guard guard(mutex_);
@@ -362,7 +378,7 @@ void plan_store::add_counters(cache_stats& out) const {
   out.plan_misses = misses.load();
   out.plan_recordings = recordings.load();
   std::lock_guard guard(mutex_);
-  out.unsafe_frees += retired_unsafe_frees_ + direct_unsafe_frees.load();
+  out.unsafe_frees += retired_unsafe_frees_;
   std::vector<const arena*> arenas;
   std::vector<std::pair<std::string_view, std::size_t>> peak_by_key;
   for (const auto& [key, p] : plans_) {

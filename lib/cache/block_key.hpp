@@ -36,60 +36,87 @@ struct block_key_hash {
   }
 };
 
-/// Owns one `Value` per key (Value has a `key` member). Pointers to values stay valid for the
-/// map's life. Not thread-safe: its owner's lock guards it. `Hash` is injectable for tests.
+/// Owns one `Value` per key (Value has a `key` member). Pointers to values stay valid until
+/// their key is erased. Open addressing with linear probing and backward-shift deletion, so
+/// erasing leaves no tombstones behind. Not thread-safe: its owner's lock guards it. `Hash` is
+/// injectable for tests.
 template <class Value, class Hash = block_key_hash>
 class key_map {
  public:
   explicit key_map(Hash hash = Hash{}) : hash_(std::move(hash)) { table_.resize(initial_capacity); }
 
   [[nodiscard]] Value* find(const block_key& key) const noexcept {
-    const std::size_t h = hash_(key);
-    for (std::size_t i = h & mask();; i = (i + 1) & mask()) {
-      const entry& e = table_[i];
-      if (e.value == nullptr) return nullptr;
-      if (e.hash == h && e.value->key == key) return e.value;
-    }
+    const std::size_t i = index_of(key);
+    return i == npos ? nullptr : table_[i].value.get();
   }
 
   /// The value for `key`, made by `make()` (returning unique_ptr<Value>) if absent.
   template <class Make>
   Value& find_or_insert(const block_key& key, Make&& make) {
     if (Value* v = find(key)) return *v;
-    if ((values_.size() + 1) * 2 > table_.size()) grow();
-    values_.push_back(make());
-    insert(hash_(key), values_.back().get());
-    return *values_.back();
+    if ((size_ + 1) * 2 > table_.size()) grow();
+    std::unique_ptr<Value> made = make();
+    Value& out = *made;
+    insert(hash_(key), std::move(made));
+    ++size_;
+    return out;
+  }
+
+  /// Destroys the value of `key`, if any.
+  void erase(const block_key& key) noexcept {
+    std::size_t hole = index_of(key);
+    if (hole == npos) return;
+    table_[hole] = entry{};
+    --size_;
+    // Backward shift: move later entries of the probe run into the hole when their home allows.
+    for (std::size_t i = (hole + 1) & mask(); table_[i].value != nullptr; i = (i + 1) & mask()) {
+      const std::size_t home = table_[i].hash & mask();
+      const bool reachable_from_hole = ((i - home) & mask()) >= ((i - hole) & mask());
+      if (reachable_from_hole) {
+        table_[hole] = std::move(table_[i]);
+        hole = i;
+      }
+    }
   }
 
   template <class F>
   void for_each(F&& f) const {
-    for (const auto& v : values_) f(*v);
+    for (const entry& e : table_)
+      if (e.value != nullptr) f(*e.value);
   }
-  [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
   static constexpr std::size_t initial_capacity = 16;  // power of two
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
   struct entry {
     std::size_t hash = 0;
-    Value* value = nullptr;
+    std::unique_ptr<Value> value;
   };
   [[nodiscard]] std::size_t mask() const noexcept { return table_.size() - 1; }
-  void insert(std::size_t h, Value* v) noexcept {
+  [[nodiscard]] std::size_t index_of(const block_key& key) const noexcept {
+    const std::size_t h = hash_(key);
+    for (std::size_t i = h & mask();; i = (i + 1) & mask()) {
+      const entry& e = table_[i];
+      if (e.value == nullptr) return npos;
+      if (e.hash == h && e.value->key == key) return i;
+    }
+  }
+  void insert(std::size_t h, std::unique_ptr<Value> v) noexcept {
     std::size_t i = h & mask();
     while (table_[i].value != nullptr) i = (i + 1) & mask();
-    table_[i] = {h, v};
+    table_[i] = entry{h, std::move(v)};
   }
   void grow() {
     std::vector<entry> old(table_.size() * 2);
     old.swap(table_);
-    for (const entry& e : old)
-      if (e.value != nullptr) insert(e.hash, e.value);
+    for (entry& e : old)
+      if (e.value != nullptr) insert(e.hash, std::move(e.value));
   }
 
   Hash hash_;
   std::vector<entry> table_;
-  std::vector<std::unique_ptr<Value>> values_;
+  std::size_t size_ = 0;
 };
 
 }  // namespace refpool::detail

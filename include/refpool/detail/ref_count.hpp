@@ -1,0 +1,41 @@
+// The one intrusive reference count of refpool (LLVM's ThreadSafeRefCountedBase, written once):
+// buffers (block_header), caches, backends, plans, arenas and runs all count with it.
+#pragma once
+
+#include <atomic>
+#include <cassert>
+#include <cstdint>
+
+namespace refpool::detail {
+
+/// An atomic count of owners. Increments are relaxed (a new owner is made from an existing one,
+/// which already keeps the object alive); decrements are acq_rel, so the thread that drops the
+/// last owner sees every write the others made. Debug builds assert that no count goes below zero.
+class ref_count {
+ public:
+  constexpr explicit ref_count(std::uint32_t initial = 0) noexcept : count_(initial) {}
+
+  void increment() noexcept { count_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Drops one owner; true if it was the last.
+  [[nodiscard]] bool decrement() noexcept {
+    const std::uint32_t before = count_.fetch_sub(1, std::memory_order_acq_rel);
+    assert(before != 0 && "refpool: reference count dropped below zero");
+    return before == 1;
+  }
+
+  /// Drops one owner held by a handle the caller alone can see: when the count is 1 no other
+  /// thread can make a new owner, so a plain acquire load replaces the read-modify-write.
+  [[nodiscard]] bool decrement_from_handle() noexcept {
+    return count_.load(std::memory_order_acquire) == 1 || decrement();
+  }
+
+  [[nodiscard]] std::uint32_t load() const noexcept { return count_.load(std::memory_order_relaxed); }
+  /// Sets the count of an object no other thread can reach (one being handed out or recycled).
+  void reset(std::uint32_t value) noexcept { count_.store(value, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint32_t> count_;
+};
+
+}  // namespace refpool::detail

@@ -1,0 +1,42 @@
+/* refpool/stats_fields.h: every counter of a cache, defined once. C and C++.
+ *
+ * REFPOOL_CACHE_STATS(X) expands X(type, name, description) for each counter, in a fixed order:
+ * the field order of refpool::cache_stats and of the C struct refpool_cache_stats (ABI 1), the
+ * order of refpool_stat_name(i), and the rows of the printed table. New counters are appended.
+ * `type` is uint64_t for event counts and size_t for byte and block counts. */
+#ifndef REFPOOL_STATS_FIELDS_H
+#define REFPOOL_STATS_FIELDS_H
+
+#define REFPOOL_CACHE_STATS(X)                                                                           \
+  X(uint64_t, hits, "requests served by an idle block")                                                 \
+  X(uint64_t, misses, "requests that needed a backend allocation")                                      \
+  X(uint64_t, steals, "hits taken from another scope's idle blocks (part of hits)")                     \
+  X(uint64_t, backend_allocations, "successful backend allocations by this cache (driver calls)")       \
+  X(uint64_t, backend_frees, "blocks this cache gave back to a backend")                                \
+  X(uint64_t, unsafe_frees, "buffers that came back through unsafe_free")                               \
+  X(uint64_t, escapes, "buffers still referenced when their scope or step ended")                       \
+  X(uint64_t, evictions, "idle blocks freed to stay under max_idle_bytes")                              \
+  X(uint64_t, reclaimed_blocks, "idle blocks freed by reclaim or on out-of-memory")                     \
+  X(uint64_t, oom_retries, "backend out-of-memory answered by reclaim and retry")                       \
+  X(uint64_t, cross_stream_reuses, "hits on a block last used on another stream")                       \
+  X(uint64_t, scope_entries, "scopes entered on this cache (outermost per thread)")                     \
+  X(uint64_t, uncached_entries, "of those, entries that ran uncached (warm-up)")                        \
+  X(size_t, live_blocks, "cached blocks held by handles")                                               \
+  X(size_t, idle_blocks, "cached blocks ready for reuse")                                               \
+  X(size_t, live_bytes, "bytes of cached blocks held by handles")                                       \
+  X(size_t, idle_bytes, "bytes of cached blocks ready for reuse")                                       \
+  X(size_t, held_bytes, "live + idle: bytes of cached blocks this cache holds from backends")           \
+  X(size_t, peak_held_bytes, "highest held_bytes since creation or the last reset_peaks")              \
+  X(uint64_t, plan_hits, "planned requests served by a plan's region")                                  \
+  X(uint64_t, plan_misses, "divergences, shorter runs and live-region conflicts")                       \
+  X(uint64_t, plan_recordings, "plans made (first runs, diverged or stale runs)")                       \
+  X(size_t, plans, "plans kept now")                                                                    \
+  X(size_t, arena_bytes, "bytes of their arenas")                                                       \
+  X(size_t, planned_peak_live_bytes, "peak live bytes of the runs they were made from")                 \
+  X(uint64_t, ooms, "requests that failed with out_of_memory after reclaim and retry")                  \
+  X(size_t, peak_live_bytes, "highest live_bytes since creation or the last reset_peaks")              \
+  X(uint64_t, steps, "steps begun on this cache")                                                       \
+  X(uint64_t, uncached_allocations, "backend allocations made for this cache's scopes uncached")        \
+  X(size_t, uncached_live_bytes, "bytes of those still held by handles")
+
+#endif

@@ -1,0 +1,81 @@
+// A block: one buffer as the cache and data_refs see it (a backend allocation, or a region of a
+// plan's arena). Each block has exactly one owner, named by its origin, and the release path is
+// one switch on that origin (hit_path.cpp). Glossary: docs/design.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <refpool/detail/block_header.hpp>
+#include <refpool/types.hpp>
+
+#include "cache/backend_state.hpp"
+#include "cache/spinlock.hpp"
+
+namespace refpool::detail {
+
+struct block;
+struct bucket;
+class cache_state;
+
+/// Who takes a block back when its last handle goes.
+enum class block_origin : std::uint8_t {
+  direct,  ///< straight from the backend, owned by no cache: freed on its last release
+  cached,  ///< handed out by a cache: goes back to its home bucket, idle
+  region,  ///< a region of a plan's arena: goes back to its region_owner (lib/plan)
+};
+
+/// The owner of region blocks (a plan). Lets the core return regions without knowing plans.
+class region_owner {
+ public:
+  virtual void release_region(block* b, bool via_unsafe_free) noexcept = 0;
+
+ protected:
+  ~region_owner() = default;
+};
+
+/// Told of every release of a block it asked to observe, before the block goes to its owner
+/// (a planned run learning lifetimes). The one hook through which plans see the core.
+class release_observer {
+ public:
+  virtual void observe_release(block* b, bool via_unsafe_free) noexcept = 0;
+
+ protected:
+  ~release_observer() = default;
+};
+
+// Cache-line aligned: blocks of different threads must not share a line (false sharing).
+struct alignas(64) block : block_header {
+  /// The backend the memory came from. Direct and cached blocks hold one counted reference to
+  /// it (so idle blocks keep their backend alive until freed); regions rely on their arena's.
+  backend_state* backend = nullptr;
+  block_origin origin = block_origin::direct;
+  bool idle = false;  ///< cached blocks: in an idle list now
+  union {
+    bucket* home;              ///< cached: the bucket it returns to (changes only while idle)
+    region_owner* region;      ///< region: its plan
+    cache_state* uncached_for; ///< direct: the cache whose scope asked for it, or null (counting)
+  };
+  release_observer* observer = nullptr;  ///< planned runs: sees the release first
+  std::uint32_t observer_index = 0;      ///< the observer's number for this block
+  std::uint32_t region_index = 0;        ///< region: its request in the plan
+  stream_ref last_stream;
+  std::uint64_t id = 0;          ///< cached: creation number; lower ids are handed out first
+  std::uint64_t epoch = 0;       ///< cached: its slot's epoch when handed out (escape counting)
+  std::uint64_t idle_since = 0;  ///< cached: cache clock when it went idle (least recently used first)
+  std::uint64_t idle_seq = 0;    ///< cached: its slot's release count then (orders within a tick)
+  block* next_handed_off = nullptr;  ///< link in a slot's hand-off list (released on another thread)
+  bool handed_off_unsafe = false;    ///< ... and whether that release was an unsafe_free
+
+  /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.
+  spinlock streams_lock;
+  std::vector<stream_ref> extra_streams;
+
+  block() noexcept : home(nullptr) {}
+};
+
+inline block* as_block(block_header* h) noexcept { return static_cast<block*>(h); }
+inline const block* as_block(const block_header* h) noexcept { return static_cast<const block*>(h); }
+
+}  // namespace refpool::detail

@@ -1,0 +1,548 @@
+// The slow paths of a cache: leases and steps, steals, misses and the out-of-memory ladder,
+// releases from other threads, reclaim and the idle limit, stats, and what happens to everything
+// when the cache is destroyed. The hit path is in hit_path.cpp.
+#include "cache/cache_state.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <refpool/error.hpp>
+
+namespace refpool::detail {
+
+namespace {
+
+void raise_max(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
+  std::size_t seen = peak.load(std::memory_order_relaxed);
+  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+/// Room for one more block in `home`'s idle list, so putting it back never allocates.
+void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + home.idle.size() + 1); }
+
+/// A direct block over `ptr` (from `backend`, which it holds), handed out once.
+block* direct_block(std::unique_ptr<block> made, backend_state& backend, void* ptr, std::size_t bytes,
+                    stream_ref stream) noexcept {
+  block* b = made.release();
+  b->ptr = ptr;
+  b->capacity = bytes;
+  b->requested = bytes;
+  b->backend = &backend;
+  backend.retain();
+  b->last_stream = stream;
+  b->refs.reset(1);
+  return b;
+}
+
+/// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
+void free_block(block* b) noexcept {
+  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
+  b->backend->release();
+  delete b;
+}
+
+}  // namespace
+
+cache_state::cache_state(const cache_options& options, bool bypass)
+    : rounding_(options.rounding), bypass_(bypass), max_idle_bytes_(options.max_idle_bytes) {
+  tracking_idle_.store(options.max_idle_bytes != cache_options::unlimited);
+}
+
+cache_state::~cache_state() = default;
+
+// ---- holding other threads' slots -----------------------------------------------------------
+
+bool cache_state::intrude(slot& s) noexcept {
+  s.lock.lock(s.owner_thread.load(std::memory_order_relaxed) != nullptr);
+  return s.handed_off.load(std::memory_order_relaxed) != nullptr &&
+         s.handed_off.load(std::memory_order_relaxed) != orphaned_marker && drain_handed_off(s);
+}
+
+void cache_state::intrude_all() noexcept {
+  for (const auto& s : slots_) s->lock.begin_intrusion();
+  owner_lock::barrier();
+  for (const auto& s : slots_) {
+    s->lock.wait_until_owner_out();
+    const block* pending = s->handed_off.load(std::memory_order_relaxed);
+    if (pending != nullptr && pending != orphaned_marker) drain_handed_off(*s);
+  }
+}
+
+void cache_state::leave_all() noexcept {
+  for (const auto& s : slots_) s->lock.unlock();
+}
+
+// ---- scopes -------------------------------------------------------------------------------
+
+slot* cache_state::lease_locked(std::vector<slot*>& free, const void* thread) {
+  slot* s = nullptr;
+  auto mine = std::find_if(free.rbegin(), free.rend(), [&](const slot* f) { return f->last_thread == thread; });
+  if (mine != free.rend()) {
+    s = *mine;
+    free.erase(std::next(mine).base());
+  } else if (!free.empty()) {
+    s = free.back();
+    free.pop_back();
+  } else {
+    slots_.push_back(std::make_unique<slot>(this));
+    s = slots_.back().get();
+  }
+  s->owner_thread.store(thread, std::memory_order_relaxed);
+  s->last_thread = thread;
+  return s;
+}
+
+slot* cache_state::lease() {
+  std::lock_guard guard(mutex_);
+  if (closed_.load(std::memory_order_relaxed)) return nullptr;
+  return lease_locked(free_slots_, this_thread_token());
+}
+
+void cache_state::give_back(slot* s) noexcept {
+  bool over_limit = false;
+  {
+    owner_section section(s->lock);
+    const block* pending = s->handed_off.load(std::memory_order_relaxed);
+    if (pending != orphaned_marker) {
+      if (pending != nullptr) over_limit = drain_handed_off(*s);
+      s->counters.escapes += s->live_in_epoch;
+      s->live_in_epoch = 0;
+      ++s->epoch;
+    }
+  }
+  bool orphaned = false;
+  {
+    std::lock_guard guard(mutex_);
+    s->owner_thread.store(nullptr, std::memory_order_relaxed);
+    orphaned = s->handed_off.load(std::memory_order_relaxed) == orphaned_marker;  // set under mutex_
+    if (!orphaned) free_slots_.push_back(s);
+  }
+  clock_.fetch_add(1, std::memory_order_relaxed);
+  if (orphaned) {
+    drop_orphan_ref(*s);
+  } else if (over_limit) {
+    enforce_idle_limit();
+  }
+}
+
+bool cache_state::count_entry(std::size_t warmup) noexcept {
+  const bool uncached = scope_entries_.fetch_add(1, std::memory_order_relaxed) < warmup;
+  if (uncached) uncached_entries_.fetch_add(1, std::memory_order_relaxed);
+  return uncached;
+}
+
+// ---- cache-level allocations and steps ----------------------------------------------------
+
+slot* cache_state::lease_ambient() {
+  std::lock_guard guard(mutex_);
+  if (closed_.load(std::memory_order_relaxed)) return nullptr;
+  slot* s = lease_locked(free_ambient_slots_, this_thread_token());
+  s->ambient = true;
+  // Blocks an earlier thread got from this slot in the open step still count for it.
+  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);  // steps change it under mutex_ too
+  if (s->epoch != epoch) roll_epoch(*s, epoch);
+  return s;
+}
+
+void cache_state::give_back_ambient(slot* s) noexcept {
+  {
+    owner_section section(s->lock);
+    const block* pending = s->handed_off.load(std::memory_order_relaxed);
+    if (pending != orphaned_marker && pending != nullptr) drain_handed_off(*s);
+  }
+  bool orphaned = false;
+  {
+    std::lock_guard guard(mutex_);
+    s->owner_thread.store(nullptr, std::memory_order_relaxed);
+    orphaned = s->handed_off.load(std::memory_order_relaxed) == orphaned_marker;
+    if (!orphaned) free_ambient_slots_.push_back(s);
+  }
+  if (orphaned) drop_orphan_ref(*s);
+}
+
+void cache_state::roll_epoch(slot& s, std::uint64_t epoch) noexcept {
+  if (s.epoch % 2 == 1) s.counters.escapes += s.live_in_epoch;  // an odd epoch is a step
+  s.live_in_epoch = 0;
+  s.epoch = epoch;
+}
+
+void cache_state::begin_step(request_router* router) {
+  std::lock_guard guard(mutex_);
+  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
+  if (epoch % 2 == 1)
+    throw scope_error("refpool: a step is already open on this cache (steps of one cache do not nest; end it first)");
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  step_router_.store(router, std::memory_order_release);
+  step_epoch_.store(epoch + 1, std::memory_order_relaxed);
+}
+
+void cache_state::end_step() noexcept {
+  std::lock_guard guard(mutex_);
+  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed) + 1;
+  step_epoch_.store(epoch, std::memory_order_relaxed);
+  step_router_.store(nullptr, std::memory_order_release);
+  for (const auto& s : slots_) {
+    if (!s->ambient) continue;
+    intrude(*s);
+    if (s->epoch != epoch) roll_epoch(*s, epoch);
+    s->lock.unlock();
+  }
+}
+
+// ---- misses -------------------------------------------------------------------------------
+
+void cache_state::remove_idle(slot&, block* b) noexcept {
+  b->idle = false;
+  if (tracking_idle_.load(std::memory_order_relaxed)) idle_total_.fetch_sub(b->capacity, std::memory_order_relaxed);
+}
+
+block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream) {
+  std::lock_guard guard(mutex_);
+  {
+    owner_section section(thief.lock);  // nobody intrudes: every intruder needs mutex_
+    reserve_for_one_more(thief.bucket_for(key));
+  }
+  for (const auto& victim : slots_) {
+    if (victim.get() == &thief) continue;
+    block* b = nullptr;
+    intrude(*victim);
+    if (bucket* from = victim->buckets.find(key)) {
+      b = from->take(stream);
+      if (b != nullptr) {
+        remove_idle(*victim, b);
+        victim->erase_if_unused(*from);
+      }
+    }
+    victim->lock.unlock();
+    if (b == nullptr) continue;
+    other_stream = b->last_stream != stream || !b->extra_streams.empty();
+    owner_section section(thief.lock);
+    mark_live(thief, thief.bucket_for(key), b, true);  // homes change only under mutex_
+    thief.counters.steals += 1;
+    if (other_stream) thief.counters.cross_stream_reuses += 1;
+    return b;
+  }
+  return nullptr;
+}
+
+void* cache_state::allocate_or_reclaim(backend_state& backend, std::size_t bytes, std::size_t requested,
+                                       stream_ref stream) {
+  void* ptr = backend.allocate(bytes, stream);
+  if (ptr != nullptr) return ptr;
+  // Out of memory: give back this backend's idle blocks (all sizes, all slots), retry once.
+  std::size_t freed = 0;
+  {
+    std::lock_guard guard(mutex_);
+    freed = free_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
+  }
+  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  ptr = backend.allocate(bytes, stream);
+  if (ptr != nullptr) return ptr;
+  ooms_.fetch_add(1, std::memory_order_relaxed);
+  const cache_stats now = stats();
+  throw out_of_memory(
+      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, "
+                  "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
+                  "blocks and {} B idle; the backend has {} B outstanding",
+                  backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes, now.live_blocks,
+                  now.idle_bytes, backend.outstanding_bytes.load()),
+      bytes, backend.device());
+}
+
+block* cache_state::allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+                                 stream_ref stream) {
+  auto made = std::make_unique<block>();  // before the backend call, so a bad_alloc leaks nothing
+  void* ptr = allocate_or_reclaim(backend, key.bytes, requested, stream);
+  block* b = made.get();
+  b->ptr = ptr;
+  b->capacity = key.bytes;
+  b->backend = &backend;
+  b->origin = block_origin::cached;
+  b->id = next_block_id_.fetch_add(1, std::memory_order_relaxed);
+  b->last_stream = stream;
+  try {
+    owner_section section(s.lock);
+    bucket& home = s.bucket_for(key);  // made again if a reclaim erased it meanwhile
+    reserve_for_one_more(home);
+    mark_live(s, home, b, false);
+  } catch (...) {
+    backend.deallocate(ptr, key.bytes, stream);
+    throw;
+  }
+  backend.retain();
+  backend_allocations_.fetch_add(1, std::memory_order_relaxed);
+  raise_max(peak_held_bytes_, held_bytes_.fetch_add(key.bytes, std::memory_order_relaxed) + key.bytes);
+  return made.release();
+}
+
+block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
+  auto made = std::make_unique<block>();
+  void* ptr = allocate_or_reclaim(backend, bytes, bytes, stream);
+  block* b = direct_block(std::move(made), backend, ptr, bytes, stream);
+  b->uncached_for = this;
+  retain();
+  uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
+  uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return b;
+}
+
+void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
+  uncached_live_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  if (via_unsafe_free) extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed);
+  free_block(b);
+  release();
+}
+
+block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream) {
+  auto made = std::make_unique<block>();
+  void* ptr = backend.allocate(bytes, stream);
+  if (ptr == nullptr)
+    throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B on device {} "
+                                    "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
+                                    backend.res().name(), bytes, backend.device(), backend.outstanding_bytes.load()),
+                        bytes, backend.device());
+  return direct_block(std::move(made), backend, ptr, bytes, stream);
+}
+
+void release_direct(block* b, bool via_unsafe_free) noexcept {
+  if (cache_state* cache = b->uncached_for) {
+    cache->release_uncached(b, via_unsafe_free);
+    return;
+  }
+  free_block(b);
+}
+
+// ---- releases on other threads and after the cache is gone --------------------------------
+
+void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept {
+  if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !tracking_idle_.load(std::memory_order_relaxed)) {
+    // The owner (or an intruder) drains it; the block is idle from the next look at the slot.
+    b->handed_off_unsafe = via_unsafe_free;
+    block* head = s.handed_off.load(std::memory_order_relaxed);
+    do {
+      if (head == orphaned_marker) {
+        release_orphaned(s, b);
+        return;
+      }
+      b->next_handed_off = head;
+    } while (!s.handed_off.compare_exchange_weak(head, b, std::memory_order_release, std::memory_order_relaxed));
+    return;
+  }
+  // Nobody owns the slot, or an idle limit must hold at once: put the block back ourselves.
+  bool over_limit = false;
+  {
+    std::lock_guard guard(mutex_);
+    if (s.handed_off.load(std::memory_order_relaxed) == orphaned_marker) {
+      // falls through to the orphan path below, outside mutex_
+    } else {
+      over_limit = intrude(s);
+      over_limit |= release_in_slot(s, b, via_unsafe_free);
+      s.lock.unlock();
+      b = nullptr;
+    }
+  }
+  if (b != nullptr) {
+    release_orphaned(s, b);
+  } else if (over_limit) {
+    enforce_idle_limit();
+  }
+}
+
+void cache_state::release_orphaned(slot& s, block* b) noexcept {
+  free_to_backend(b);
+  drop_orphan_ref(s);
+}
+
+void cache_state::drop_orphan_ref(slot& s) noexcept {
+  {
+    // Under mutex_, so a release that sees the orphan marker while close() is still counting
+    // this slot's references waits for the count.
+    std::lock_guard guard(mutex_);
+    if (--s.orphan_refs != 0) return;
+    std::erase_if(slots_, [&](const std::unique_ptr<slot>& p) { return p.get() == &s; });
+  }
+  release();  // each orphaned slot held the cache's state
+}
+
+// ---- reclaim and limits -------------------------------------------------------------------
+
+void cache_state::free_to_backend(block* b) noexcept {
+  held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  backend_frees_.fetch_add(1, std::memory_order_relaxed);
+  free_block(b);
+}
+
+std::size_t cache_state::free_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
+                                          std::atomic<std::uint64_t>& counter) {
+  struct candidate {
+    std::uint64_t idle_since;
+    std::uint64_t idle_seq;
+    block* b;
+    slot* s;
+  };
+  std::vector<candidate> candidates;
+  std::vector<block*> chosen;
+  std::size_t matching = 0;
+  intrude_all();
+  try {
+    for (const auto& s : slots_) {
+      s->buckets.for_each([&](const bucket& bk) {
+        if (!filter(bk.key)) return;
+        for (block* b : bk.idle) {
+          candidates.push_back({b->idle_since, b->idle_seq, b, s.get()});
+          matching += b->capacity;
+        }
+      });
+    }
+    chosen.reserve(candidates.size());
+  } catch (...) {
+    leave_all();  // out of host memory for the list: free nothing this time
+    return 0;
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const candidate& x, const candidate& y) {
+    return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.idle_seq < y.idle_seq;
+  });
+  std::size_t freed = 0;
+  for (const candidate& c : candidates) {
+    if (matching - freed <= keep) break;
+    bucket& home = *c.b->home;
+    home.remove(c.b);
+    remove_idle(*c.s, c.b);
+    c.s->erase_if_unused(home);
+    freed += c.b->capacity;
+    chosen.push_back(c.b);
+  }
+  leave_all();
+  counter.fetch_add(chosen.size(), std::memory_order_relaxed);
+  for (block* b : chosen) free_to_backend(b);
+  return freed;
+}
+
+void cache_state::enforce_idle_limit() noexcept {
+  std::lock_guard guard(mutex_);
+  const std::size_t limit = max_idle_bytes();
+  if (closed_.load(std::memory_order_relaxed) || idle_total_.load(std::memory_order_relaxed) <= limit) return;
+  free_idle_locked(limit, [](const block_key&) { return true; }, evictions_);
+}
+
+std::size_t cache_state::reclaim(std::size_t keep_bytes) {
+  std::lock_guard guard(mutex_);
+  return free_idle_locked(keep_bytes, [](const block_key&) { return true; }, reclaimed_);
+}
+
+void cache_state::set_max_idle_bytes(std::size_t bytes) {
+  {
+    std::lock_guard guard(mutex_);
+    // With every slot held, no idle count is in flight: start tracking from the exact sum.
+    intrude_all();
+    std::size_t idle = 0;
+    for (const auto& s : slots_)
+      s->buckets.for_each([&](const bucket& bk) { idle += bk.idle.size() * bk.key.bytes; });
+    max_idle_bytes_.store(bytes, std::memory_order_relaxed);
+    tracking_idle_.store(bytes != cache_options::unlimited, std::memory_order_relaxed);
+    idle_total_.store(idle, std::memory_order_relaxed);
+    leave_all();
+  }
+  if (bytes != cache_options::unlimited) enforce_idle_limit();
+}
+
+// ---- destruction --------------------------------------------------------------------------
+
+cache_extension& cache_state::extension(std::unique_ptr<cache_extension> (*make)(cache_state&)) {
+  std::lock_guard guard(mutex_);
+  if (!extension_) extension_ = make(*this);
+  return *extension_;
+}
+
+void cache_state::close() noexcept {
+  closed_.store(true, std::memory_order_release);
+  {
+    std::unique_lock guard(mutex_);
+    cache_extension* plans = extension_.get();
+    guard.unlock();
+    if (plans != nullptr) plans->close();  // plans release their regions' memory as regions go
+  }
+  std::vector<block*> idle;
+  std::lock_guard guard(mutex_);
+  free_slots_.clear();
+  free_ambient_slots_.clear();
+  intrude_all();
+  std::size_t idle_count = 0;
+  for (const auto& s : slots_) s->buckets.for_each([&](const bucket& bk) { idle_count += bk.idle.size(); });
+  idle.reserve(idle_count);  // a bad_alloc here ends the process: host memory is gone anyway
+  for (const auto& s : slots_) {
+    // Releases racing with us see the marker from now on and free their blocks themselves.
+    if (block* late = s->handed_off.exchange(orphaned_marker, std::memory_order_acq_rel)) drain_list(*s, late);
+    std::size_t live = 0;
+    s->buckets.for_each([&](bucket& bk) {
+      for (block* b : bk.idle) idle.push_back(b);  // may grow past the reservation: late releases
+      bk.idle.clear();
+      live += bk.live;
+    });
+    const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
+    s->orphan_refs = live + (leased ? 1 : 0);
+    if (live != 0 || leased) retain();  // an orphaned slot needs our counters until its last block goes
+  }
+  idle_total_.store(0, std::memory_order_relaxed);
+  leave_all();
+  std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs == 0; });
+  for (block* b : idle) free_to_backend(b);
+}
+
+// ---- stats --------------------------------------------------------------------------------
+
+cache_stats cache_state::stats() const {
+  auto& self = const_cast<cache_state&>(*this);  // holding slots drains their hand-off lists
+  cache_stats out;
+  {
+    std::lock_guard guard(mutex_);
+    self.intrude_all();
+    for (const auto& s : slots_) {
+      const slot_counters& c = s->counters;
+      out.hits += c.hits;
+      out.misses += c.misses;
+      out.steals += c.steals;
+      out.unsafe_frees += c.unsafe_frees;
+      out.escapes += c.escapes;
+      out.cross_stream_reuses += c.cross_stream_reuses;
+      out.live_bytes += c.live_bytes;
+      out.peak_live_bytes += c.peak_live_bytes;
+      s->buckets.for_each([&](const bucket& bk) {
+        out.live_blocks += bk.live;
+        out.idle_blocks += bk.idle.size();
+        out.idle_bytes += bk.idle.size() * bk.key.bytes;
+      });
+    }
+    self.leave_all();
+  }
+  out.backend_allocations = backend_allocations_.load();
+  out.backend_frees = backend_frees_.load();
+  out.unsafe_frees += extra_unsafe_frees_.load();
+  out.escapes += extra_escapes_.load();
+  out.evictions = evictions_.load();
+  out.reclaimed_blocks = reclaimed_.load();
+  out.oom_retries = oom_retries_.load();
+  out.ooms = ooms_.load();
+  out.scope_entries = scope_entries_.load();
+  out.uncached_entries = uncached_entries_.load();
+  out.steps = steps_.load();
+  out.uncached_allocations = uncached_allocations_.load();
+  out.uncached_live_bytes = uncached_live_bytes_.load();
+  out.held_bytes = held_bytes_.load();
+  out.peak_held_bytes = peak_held_bytes_.load();
+  std::unique_lock guard(mutex_);
+  if (extension_) extension_->add_counters(out);
+  return out;
+}
+
+void cache_state::reset_peaks() noexcept {
+  std::lock_guard guard(mutex_);
+  intrude_all();
+  for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
+  leave_all();
+  peak_held_bytes_.store(held_bytes_.load());
+}
+
+}  // namespace refpool::detail

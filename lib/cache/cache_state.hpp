@@ -1,0 +1,200 @@
+// The internals of an alloc_cache: its slots, counters and the paths that move blocks between
+// live, idle and the backend. The hit path (acquire, release) is in hit_path.cpp; the slow paths
+// (steal, miss, reclaim, limits, close, stats, leases, steps) in cache_state.cpp.
+//
+// Locks. `mutex_` guards the slot list, leases, steps and block homes during steals. Every
+// thread that touches a slot it does not own (an intruder) holds mutex_ first, then the slot's
+// owner_lock; the owner never waits for mutex_ while inside its slot.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <refpool/alloc_cache.hpp>
+#include <refpool/stats.hpp>
+
+#include "cache/block.hpp"
+#include "cache/slot.hpp"
+#include "ref_counted.hpp"
+
+namespace refpool::detail {
+
+/// Serves the requests of a planned scope or step (lib/plan implements it), so the core
+/// routes to plans without knowing them.
+class request_router {
+ public:
+  /// A live block of `bytes` for `stream`. `lease` is the slot plain-cache fallbacks come from
+  /// (owned by the calling thread), or null when the caller runs uncached.
+  virtual block* acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) = 0;
+
+ protected:
+  ~request_router() = default;
+};
+
+/// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
+class cache_extension {
+ public:
+  virtual ~cache_extension() = default;
+  virtual void close() noexcept = 0;
+  virtual void add_counters(cache_stats& out) const = 0;
+};
+
+class cache_state : public ref_counted<cache_state> {
+ public:
+  cache_state(const cache_options& options, bool bypass);
+
+  /// The alloc_cache is being destroyed: free idle blocks, orphan slots still in use.
+  void close() noexcept;
+  [[nodiscard]] bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+
+  // ---- scopes -------------------------------------------------------------------------------
+  /// A slot for a scope entered on the calling thread; null when the cache is closed.
+  slot* lease();
+  /// The scope that leased `s` ended (on its thread): count its escapes, make `s` available.
+  void give_back(slot* s) noexcept;
+  /// Counts a scope entry; true if it falls in the first `warmup` entries (run uncached).
+  bool count_entry(std::size_t warmup) noexcept;
+
+  // ---- cache-level allocations and steps ------------------------------------------------------
+  /// The calling thread's slot for allocations through this cache without a scope, leased at
+  /// first use until the thread ends; null when the cache is closed (hit_path.cpp).
+  slot* ambient_slot();
+  /// A new slot for the calling thread's cache-level allocations; null when closed.
+  slot* lease_ambient();
+  /// The thread of an ambient slot ends.
+  void give_back_ambient(slot* s) noexcept;
+  /// The planned run of the open step, if any (cache-level allocations go through it).
+  [[nodiscard]] request_router* step_router() const noexcept { return step_router_.load(std::memory_order_acquire); }
+  /// Steps begun so far.
+  [[nodiscard]] std::uint64_t steps_begun() const noexcept { return steps_.load(std::memory_order_relaxed); }
+  /// Opens a step (throws scope_error if one is open); `router` serves its requests if planned.
+  void begin_step(request_router* router);
+  /// Closes the open step: escapes of cache-level allocations made in it are counted.
+  void end_step() noexcept;
+
+  // ---- the hit path (hit_path.cpp) ------------------------------------------------------------
+  /// The cache key of a request.
+  [[nodiscard]] block_key key_of(const backend_state& backend, std::size_t bytes) const {
+    return {&backend, backend.device(), backend.kind(), backend.alignment(), rounding_.round(bytes)};
+  }
+  /// The common hit, inline-sized: the oldest idle block of the slot's most recent key, last
+  /// used on `stream`, with nothing pending; null otherwise (then acquire() does the request).
+  /// Caller owns `s`. Sets neither `requested` nor the handle count.
+  block* try_hit(slot& s, const block_key& key, stream_ref stream) noexcept;
+  /// A live block for `key` and `stream`, from `s`'s idle blocks, another slot's, or the backend
+  /// (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the
+  /// handle count and `requested`.
+  block* acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes, stream_ref stream);
+  /// The common release: on the slot's own thread, nothing pending, no idle limit. False: not
+  /// done (release_cached does it).
+  bool try_release(block* b, bool via_unsafe_free) noexcept;
+  /// The last handle of cached block `b` went away (any thread).
+  void release_cached(block* b, bool via_unsafe_free) noexcept;
+
+  // ---- what alloc_cache offers --------------------------------------------------------------------
+  [[nodiscard]] cache_stats stats() const;
+  void reset_peaks() noexcept;
+  std::size_t reclaim(std::size_t keep_bytes);
+  void set_max_idle_bytes(std::size_t bytes);
+  [[nodiscard]] std::size_t max_idle_bytes() const noexcept {
+    return max_idle_bytes_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
+  /// REFPOOL_NO_CACHING=1 was set when the cache was made: every request goes to the backend.
+  [[nodiscard]] bool bypassed() const noexcept { return bypass_; }
+
+  // ---- for planned runs and uncached requests -----------------------------------------------
+  /// A block straight from `backend`, owned by no cache (freed on its last release). On
+  /// out-of-memory this cache's idle blocks of that backend are reclaimed and the request
+  /// retried once, as for cached requests. Counted as an uncached allocation of this cache.
+  block* allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream);
+  /// An uncached block of this cache lost its last handle.
+  void release_uncached(block* b, bool via_unsafe_free) noexcept;
+  /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
+  void add_escapes(std::size_t count) noexcept { extra_escapes_.fetch_add(count, std::memory_order_relaxed); }
+  void add_unsafe_free() noexcept { extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed); }
+  /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
+  cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
+
+ private:
+  friend class ref_counted<cache_state>;
+  ~cache_state();
+
+  // Hit-path helpers (caller holds s).
+  void mark_live(slot& s, bucket& home, block* b, bool hit) noexcept;
+  bool release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept;  // true: over the idle limit
+  bool drain_handed_off(slot& s) noexcept;  // true when over the idle limit afterwards
+  bool drain_list(slot& s, block* newest) noexcept;
+  bool add_idle(slot& s, block* b) noexcept;  // true when over the idle limit
+  void remove_idle(slot& s, block* b) noexcept;
+  void roll_epoch(slot& s, std::uint64_t epoch) noexcept;
+
+  // Slow paths.
+  slot* lease_locked(std::vector<slot*>& free, const void* thread);
+  bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
+  void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
+  void leave_all() noexcept;
+  block* steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream);
+  block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+                      stream_ref stream);
+  void* allocate_or_reclaim(backend_state& backend, std::size_t bytes, std::size_t requested, stream_ref stream);
+  std::size_t free_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
+                               std::atomic<std::uint64_t>& counter);
+  void enforce_idle_limit() noexcept;
+  void free_to_backend(block* b) noexcept;
+  void release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
+  void release_orphaned(slot& s, block* b) noexcept;
+  void drop_orphan_ref(slot& s) noexcept;
+
+  const rounding_policy rounding_;
+  const bool bypass_;
+  std::atomic<std::size_t> max_idle_bytes_;
+  std::atomic<bool> closed_{false};
+
+  mutable std::mutex mutex_;  // see the top of this file
+  std::vector<std::unique_ptr<slot>> slots_;
+  std::vector<slot*> free_slots_;          // scope slots not leased now
+  std::vector<slot*> free_ambient_slots_;  // cache-level slots whose thread ended
+  std::unique_ptr<cache_extension> extension_;
+
+  // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
+  std::atomic<std::uint64_t> step_epoch_{0};
+  std::atomic<request_router*> step_router_{nullptr};
+
+  // Idle bytes over all slots, maintained only while a limit is set (so the hit path of an
+  // unlimited cache touches no shared counter). Changes under a slot.
+  std::atomic<bool> tracking_idle_{false};
+  std::atomic<std::size_t> idle_total_{0};
+
+  std::atomic<std::uint64_t> next_block_id_{1};
+  std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
+  std::atomic<std::uint64_t> backend_allocations_{0};
+  std::atomic<std::uint64_t> backend_frees_{0};
+  std::atomic<std::uint64_t> evictions_{0};
+  std::atomic<std::uint64_t> reclaimed_{0};
+  std::atomic<std::uint64_t> oom_retries_{0};
+  std::atomic<std::uint64_t> ooms_{0};
+  std::atomic<std::uint64_t> scope_entries_{0};
+  std::atomic<std::uint64_t> uncached_entries_{0};
+  std::atomic<std::uint64_t> steps_{0};
+  std::atomic<std::uint64_t> uncached_allocations_{0};
+  std::atomic<std::size_t> uncached_live_bytes_{0};
+  std::atomic<std::uint64_t> extra_escapes_{0};
+  std::atomic<std::uint64_t> extra_unsafe_frees_{0};
+  std::atomic<std::size_t> held_bytes_{0};
+  std::atomic<std::size_t> peak_held_bytes_{0};
+};
+
+/// A block straight from `backend`, owned by no cache: freed to it on its last release.
+/// Throws out_of_memory at once (there is no cache to reclaim).
+block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream);
+/// A direct block's last handle went away: freed to its backend (and counted by the cache it was
+/// made for, if any).
+void release_direct(block* b, bool via_unsafe_free) noexcept;
+
+}  // namespace refpool::detail

@@ -1,0 +1,128 @@
+// A slot: the cache state one scope (or one thread's cache-level allocations) allocates from,
+// owned by that thread while leased. Its owner enters it with plain stores (owner_lock); other
+// threads' releases reach it through a lock-free hand-off list; steals, reclaim and stats
+// intrude through the owner_lock's slow side. Idle blocks stay in the slot that last handed
+// them out; other scopes may steal them on a miss.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "cache/block.hpp"
+#include "cache/block_key.hpp"
+#include "cache/owner_lock.hpp"
+
+namespace refpool::detail {
+
+class cache_state;
+struct slot;
+
+/// An allocator of whole cache lines, so the idle lists of different threads never share one.
+template <class T>
+struct line_allocator {
+  using value_type = T;
+  static constexpr std::size_t line = 64;
+  line_allocator() = default;
+  template <class U>
+  line_allocator(const line_allocator<U>&) noexcept {}  // NOLINT: rebinding is implicit
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new((n * sizeof(T) + line - 1) / line * line, std::align_val_t{line}));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{line}); }
+  friend bool operator==(const line_allocator&, const line_allocator&) { return true; }
+};
+
+/// The blocks of one key within one slot: idle ones in a list, live ones counted. A bucket with
+/// neither is erased (on the slow paths that empty it), so bookkeeping does not grow with every
+/// size ever seen, and no bucket keeps a backend alive (blocks do).
+struct alignas(64) bucket {
+  block_key key;
+  slot* owner = nullptr;
+  std::size_t live = 0;  ///< blocks of this bucket held by handles (their home is this bucket)
+  /// Sorted by id, highest first, so back() is the oldest block: handing out the oldest makes
+  /// a repeated request sequence get the same blocks each iteration.
+  std::vector<block*, line_allocator<block*>> idle;
+
+  /// Takes the oldest idle block last used on `stream`, else the oldest; null if none.
+  block* take(stream_ref stream) noexcept;
+  /// Puts an idle block back in order (capacity is reserved: never reallocates).
+  void put(block* b) noexcept {
+    if (idle.empty() || idle.back()->id > b->id) [[likely]] {
+      idle.push_back(b);  // the common case: b is the oldest
+    } else {
+      insert_in_order(b);
+    }
+  }
+  void insert_in_order(block* b) noexcept;
+  /// Removes `b` (known to be idle here).
+  void remove(block* b) noexcept;
+  [[nodiscard]] bool unused() const noexcept { return live == 0 && idle.empty(); }
+};
+
+/// Event counters of one slot, written by whoever holds it (owner or intruder), read by stats.
+struct slot_counters {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t steals = 0;
+  std::uint64_t unsafe_frees = 0;
+  std::uint64_t escapes = 0;
+  std::uint64_t cross_stream_reuses = 0;
+  std::size_t live_bytes = 0;
+  std::size_t peak_live_bytes = 0;
+};
+
+/// What `handed_off` holds after the cache was destroyed: releases then free their block.
+inline block* const orphaned_marker = reinterpret_cast<block*>(alignof(block));
+
+struct alignas(64) slot {
+  explicit slot(cache_state* c) : cache(c) {}
+
+  owner_lock lock;
+  cache_state* const cache;
+  /// The leasing thread's token (this_thread_token()), or null while not leased. Changes only
+  /// under the cache's mutex.
+  std::atomic<const void*> owner_thread{nullptr};
+  /// Blocks released on other threads, newest first (a Treiber stack), each with its
+  /// unsafe_free flag in `handed_off_unsafe`; or orphaned_marker.
+  std::atomic<block*> handed_off{nullptr};
+
+  key_map<bucket> buckets;
+  bucket* last_bucket = nullptr;  ///< the most recent lookup: loops often repeat one size
+  slot_counters counters;
+
+  // Escape accounting: blocks handed out in the current epoch (a scope lease, or a step for
+  // cache-level allocations) and still live.
+  std::uint64_t epoch = 1;
+  std::uint64_t live_in_epoch = 0;
+  std::uint64_t releases = 0;  ///< idle_seq source
+
+  bool ambient = false;     ///< serves a thread's cache-level allocations (not a scope)
+  const void* last_thread = nullptr;  ///< prefer giving the slot back to the thread that used it last
+
+  // After the cache is destroyed: live blocks + (leased ? 1 : 0), under the cache's mutex.
+  // Whoever drops it to zero deletes the slot.
+  std::size_t orphan_refs = 0;
+
+  /// The bucket for `key`, made if absent. Caller holds the slot.
+  bucket& bucket_for(const block_key& key) {
+    if (last_bucket != nullptr && last_bucket->key == key) return *last_bucket;
+    last_bucket = &buckets.find_or_insert(key, [&] {
+      auto made = std::make_unique<bucket>();
+      made->key = key;
+      made->owner = this;
+      return made;
+    });
+    return *last_bucket;
+  }
+  /// Erases `b` if no block is in it or homed in it. Caller holds the slot.
+  void erase_if_unused(bucket& b) noexcept;
+};
+
+/// A token unique to the calling thread while it runs (the address of a thread-local).
+const void* this_thread_token() noexcept;
+
+}  // namespace refpool::detail
