@@ -284,7 +284,7 @@ block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes,
   b->uncached_for = this;
   retain();
   uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
-  uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return b;
 }
 
@@ -532,8 +532,15 @@ cache_stats cache_state::stats() const {
   out.uncached_live_bytes = uncached_live_bytes_.load();
   out.held_bytes = held_bytes_.load();
   out.peak_held_bytes = peak_held_bytes_.load();
-  std::unique_lock guard(mutex_);
-  if (extension_) extension_->add_counters(out);
+  {
+    std::unique_lock guard(mutex_);
+    if (extension_) extension_->add_counters(out);
+  }
+  const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
+  out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
+  out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
+  out.peak_reserved_bytes = std::max(out.peak_held_bytes + out.arena_bytes + uncached_peak, out.reserved_bytes);
   return out;
 }
 
@@ -543,6 +550,7 @@ void cache_state::reset_peaks() noexcept {
   for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
   leave_all();
   peak_held_bytes_.store(held_bytes_.load());
+  peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
 }
 
 }  // namespace refpool::detail

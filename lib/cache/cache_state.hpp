@@ -184,6 +184,7 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<std::uint64_t> steps_{0};
   std::atomic<std::uint64_t> uncached_allocations_{0};
   std::atomic<std::size_t> uncached_live_bytes_{0};
+  std::atomic<std::size_t> peak_uncached_live_bytes_{0};
   std::atomic<std::uint64_t> extra_escapes_{0};
   std::atomic<std::uint64_t> extra_unsafe_frees_{0};
   std::atomic<std::size_t> held_bytes_{0};
