@@ -1,124 +1,22 @@
 // The CUDA backend: device, stream-ordered and pinned memory through the CUDA driver API, which
-// refpool loads at run time (libcuda.so.1), so one binary runs with or without a GPU. Also the
-// few driver services numerical code needs around the pool: streams, PTX modules, launches, copies.
+// refpool loads at run time (libcuda.so.1, CUDA 12.0 or newer), so one binary runs with or without
+// a GPU. Also the few driver services numerical code needs around the pool: streams, PTX modules,
+// launches, copies (the GPU front end of refpool/gpu.hpp, shared with HIP).
 // Without a usable driver every function here throws `backend_unavailable` saying why;
 // `available()` asks without throwing. A build without CUDA support links and throws the same way.
 #pragma once
 
-#include <cstddef>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <refpool/backend.hpp>
-#include <refpool/types.hpp>
+#include <refpool/gpu.hpp>
 
 namespace refpool::cuda {
 
-// Everything declared here is part of librefpool's ABI (it is built with hidden visibility).
-#pragma GCC visibility push(default)
+/// The runtime this namespace drives.
+inline constexpr gpu::runtime this_runtime = gpu::runtime::cuda;
 
-/// True when the driver loaded and has at least one device. Never throws.
-[[nodiscard]] bool available() noexcept;
-/// Empty when available(); otherwise why not: built without CUDA, libcuda.so.1 missing, driver
-/// too old, no device.
-[[nodiscard]] std::string unavailable_reason();
+#include <refpool/detail/gpu_runtime_namespace.inc>
 
-/// Number of CUDA devices. Throws `backend_unavailable`.
-[[nodiscard]] int device_count();
-/// Driver version as CUDA encodes it (13000 = 13.0). Throws `backend_unavailable`.
-[[nodiscard]] int driver_version();
-/// The device's name ("NVIDIA H200"). Throws `backend_unavailable`, `backend_error`.
-[[nodiscard]] std::string device_name(int ordinal);
-/// Free and total device memory in bytes (cuMemGetInfo).
-[[nodiscard]] std::pair<std::size_t, std::size_t> memory_info(int ordinal);
-
-/// The process-wide backend for memory of `kind` on device `ordinal`: `memory_kind::device`
-/// (cuMemAlloc), `device_async` (cuMemAllocAsync on the request's stream, from the device's
-/// default pool) or `pinned_host` (cuMemHostAlloc, in that device's context). Every call returns
-/// the same handle for the same arguments, so caches key their blocks by it. Thread-safe.
-/// Throws `backend_unavailable` (no driver, no such device) or `backend_error`.
-[[nodiscard]] backend device(int ordinal = 0, memory_kind kind = memory_kind::device);
-
-/// An owning, non-blocking CUDA stream on a device. Move-only. Thread-safe to use. Its destructor
-/// waits for the stream's work and retires it (see retire_stream) before destroying it.
-class stream {
- public:
-  explicit stream(int ordinal = 0);
-  ~stream();
-  stream(stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)), device_(other.device_) {}
-  stream& operator=(stream&& other) noexcept;
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-
-  [[nodiscard]] stream_ref ref() const noexcept { return {handle_}; }
-  operator stream_ref() const noexcept { return ref(); }  // NOLINT: a stream is used as its ref
-  [[nodiscard]] int device() const noexcept { return device_; }
-  /// Waits for all work on the stream. Throws `backend_error` (e.g. a kernel fault).
-  void synchronize() const;
-
- private:
-  void* handle_ = nullptr;
-  int device_ = 0;
-};
-
-/// Waits for all work on `s` (the default stream when null) of device `ordinal`.
-void synchronize(stream_ref s, int ordinal = 0);
-
-/// Call before destroying a stream you created yourself and used with refpool (cuda::stream does
-/// this itself): waits for its work and tells every cache never to order after it again, since
-/// idle blocks may still name it as their last stream. Using a destroyed stream's handle with the
-/// driver would be invalid.
-void retire_stream(stream_ref s, int ordinal = 0);
-
-/// A kernel of a loaded module.
-struct kernel {
-  void* function = nullptr;
-  int device = 0;
-};
-
-/// Grid or block dimensions.
-struct dims3 {
-  unsigned x = 1, y = 1, z = 1;
-};
-
-/// Kernels loaded from a PTX (or cubin) image with cuModuleLoadData on a device. Move-only.
-class module {
- public:
-  /// Throws `backend_error` with the JIT log's first lines on a bad image.
-  module(int ordinal, std::string_view image);
-  ~module();
-  module(module&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)), device_(other.device_) {}
-  module& operator=(module&&) = delete;
-  module(const module&) = delete;
-  module& operator=(const module&) = delete;
-
-  /// The kernel named `name` (extern "C" name). Throws `backend_error` if absent.
-  [[nodiscard]] kernel function(const char* name) const;
-
- private:
-  void* handle_ = nullptr;
-  int device_ = 0;
-};
-
-/// Launches `k` on `s` with `args` (pointers to each argument, as cuLaunchKernel takes them).
-void launch(const kernel& k, dims3 grid, dims3 block, stream_ref s, void** args, unsigned shared_bytes = 0);
-
-/// Launches `k` with the arguments given by value.
-template <class... Args>
-void launch_with(const kernel& k, dims3 grid, dims3 block, stream_ref s, Args... args) {
-  void* pointers[] = {static_cast<void*>(&args)..., nullptr};
-  launch(k, grid, block, s, pointers);
-}
-
-/// Copies `bytes` between any two addresses the driver knows (host, device, pinned), ordered on
-/// `s`. With pageable host memory the call returns when the copy is done.
-void copy(void* dst, const void* src, std::size_t bytes, stream_ref s, int ordinal = 0);
-/// Sets `bytes` at device address `dst` to `value`, ordered on `s`.
-void fill(void* dst, unsigned char value, std::size_t bytes, stream_ref s, int ordinal = 0);
-/// Copies between devices (cuMemcpyPeerAsync), ordered on `s` (a stream of either device).
-void copy_peer(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s);
-
-#pragma GCC visibility pop
+/// Driver version as CUDA encodes it (13000 = 13.0): cuDriverGetVersion. Throws
+/// `backend_unavailable`.
+[[nodiscard]] inline int driver_version() { return gpu::detail::driver_version(this_runtime); }
 
 }  // namespace refpool::cuda

@@ -12,15 +12,14 @@
 
 #include <refpool/error.hpp>
 
-#include "cuda_runtime_api_table.hpp"
+#include "../gpu/loaded_runtime.hpp"
+#include "../gpu/runtime_api.hpp"
 
 namespace refpool::detail::cuda {
 
 namespace {
 
-struct loaded {
-  driver_api api;
-  std::string failure;  // why the driver cannot be used; empty on success
+struct loaded : gpu::loaded_runtime<driver_api> {
   std::vector<CUcontext> contexts;
   std::unique_ptr<std::once_flag[]> context_once;
 };
@@ -92,19 +91,13 @@ loaded& state() {
 
 }  // namespace
 
-const driver_api& driver() {
-  const loaded& s = state();
-  if (!s.failure.empty()) throw backend_unavailable(fmt::format("refpool: CUDA is unavailable: {}", s.failure));
-  return s.api;
-}
+const driver_api& driver() { return gpu::usable_entries(state(), "CUDA"); }
 
-std::string unavailable_reason() noexcept {
-  try {
-    return state().failure;
-  } catch (...) {
-    return "the CUDA driver could not be loaded";
-  }
-}
+const std::string& failure() noexcept { return gpu::load_failure(state, "the CUDA driver could not be loaded"); }
+
+int device_count() { return driver().device_count; }
+
+int version() { return driver().version; }
 
 CUcontext context(int ordinal) {
   const driver_api& api = driver();
@@ -123,7 +116,7 @@ CUcontext context(int ordinal) {
 }
 
 void check(CUresult result, const char* call, const std::string& details) {
-  if (result != CUDA_SUCCESS) gpu::throw_error(runtime_table(), static_cast<int>(result), call, details);
+  if (result != CUDA_SUCCESS) gpu::throw_error(table(), static_cast<int>(result), call, details);
 }
 
 }  // namespace refpool::detail::cuda

@@ -22,6 +22,8 @@ namespace refpool::detail::cuda {
   X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)               \
   X(cuMemcpyAsync) X(cuMemsetD8Async) X(cuMemcpyPeerAsync)                                       \
   X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)                                              \
+  X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve)               \
+  X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)  \
   X(cuGetErrorName) X(cuGetErrorString)
 
 struct driver_api {
@@ -38,7 +40,10 @@ inline constexpr int minimum_driver_version = 12000;
 /// The loaded driver. Throws `backend_unavailable` saying why it cannot be used.
 const driver_api& driver();
 /// Empty when the driver is usable, else the reason. Never throws.
-std::string unavailable_reason() noexcept;
+const std::string& failure() noexcept;
+/// The driver's device count and version (cuDriverGetVersion); valid once failure() is empty.
+int device_count();
+int version();
 /// The retained primary context of `ordinal` (retained at first use). Throws
 /// `backend_unavailable` for an ordinal out of range.
 CUcontext context(int ordinal);

@@ -12,12 +12,11 @@
 
 namespace refpool::detail::gpu {
 
-backend shared_backend(const runtime_api& api, std::string_view prefix, int device, memory_kind kind,
-                       void (*keep_pool_memory)(int device)) {
+backend shared_backend(const runtime_api& api, int device, memory_kind kind) {
   if (kind == memory_kind::host)
     throw backend_unavailable(fmt::format("refpool: the {} backend has device, device_async and pinned_host memory; "
                                           "pageable host memory is refpool::host_backend()",
-                                          api.runtime));
+                                          api.name));
   // Leaked on purpose: blocks may be freed by static destructors after this map would be gone.
   static auto* backends = new std::map<std::tuple<const runtime_api*, int, memory_kind>, backend>;
   static std::mutex mutex;
@@ -25,8 +24,10 @@ backend shared_backend(const runtime_api& api, std::string_view prefix, int devi
   auto [it, inserted] = backends->try_emplace({&api, device, kind});
   if (inserted) {
     try {
-      if (kind == memory_kind::device_async && keep_pool_memory != nullptr) keep_pool_memory(device);
-      it->second = backend(make_resource(api, device, kind, fmt::format("{}:{} {}", prefix, device, to_string(kind))));
+      if (kind == memory_kind::device_async)
+        check(api, api.keep_pool_memory(device), api.keep_pool_memory.name, fmt::format("device {}", device));
+      it->second =
+          backend(make_resource(api, device, kind, fmt::format("{}:{} {}", api.prefix, device, to_string(kind))));
     } catch (...) {
       backends->erase(it);
       throw;

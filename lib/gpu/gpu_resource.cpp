@@ -1,8 +1,8 @@
 // The GPU resource shared by every runtime: allocation by memory kind, out-of-memory as nullptr
-// (so the cache reclaims and retries), and stream ordering through an event.
+// (so the cache reclaims and retries), stream ordering through an event, and for device memory
+// the device's virtual memory where it has it.
 #include <cstdio>
 #include <mutex>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -12,48 +12,6 @@
 
 namespace refpool::detail::gpu {
 
-void throw_error(const runtime_api& api, status code, std::string_view call, std::string_view details) {
-  const char* name = api.error_name != nullptr ? api.error_name(code) : nullptr;
-  const char* text = api.error_string != nullptr ? api.error_string(code) : nullptr;
-  throw backend_error(fmt::format("refpool: {} error {} ({}): {}, in {}{}{}", api.runtime, name ? name : "unknown",
-                                  code, text ? text : "no description", call, details.empty() ? "" : " ",
-                                  details.empty() ? std::string{} : fmt::format("({})", details)),
-                      code);
-}
-
-namespace {
-struct retired_streams {
-  std::mutex mutex;
-  std::unordered_set<handle> handles;
-};
-retired_streams& retired() {
-  static auto* instance = new retired_streams;  // leaked: blocks may be freed by static destructors
-  return *instance;
-}
-}  // namespace
-
-void retire_stream(handle stream) {
-  std::lock_guard guard(retired().mutex);
-  retired().handles.insert(stream);
-}
-
-void revive_stream(handle stream) {
-  std::lock_guard guard(retired().mutex);
-  retired().handles.erase(stream);
-}
-
-bool stream_retired(handle stream) {
-  if (stream == nullptr) return false;  // the default stream lives as long as the context
-  std::lock_guard guard(retired().mutex);
-  return retired().handles.count(stream) != 0;
-}
-
-device_guard::device_guard(const runtime_api& api, int device) : api_(api) {
-  check(api_, api_.activate(device, &saved_), "activate device", fmt::format("device {}", device));
-}
-
-device_guard::~device_guard() { api_.restore(saved_); }
-
 namespace {
 
 class gpu_resource final : public resource {
@@ -62,7 +20,7 @@ class gpu_resource final : public resource {
       : api_(api), device_(device), kind_(kind), name_(std::move(name)) {}
 
   ~gpu_resource() override {
-    if (event_ != nullptr) api_.event_destroy(event_);
+    if (event_ != nullptr) (void)api_.event_destroy(event_);
   }
 
   std::string_view name() const noexcept override { return name_; }
@@ -77,12 +35,12 @@ class gpu_resource final : public resource {
     status code = api_.success;
     std::string_view call;
     switch (kind_) {
-      case memory_kind::device: code = api_.mem_alloc(&ptr, bytes); call = "device allocation"; break;
+      case memory_kind::device: code = api_.mem_alloc(&ptr, bytes); call = api_.mem_alloc.name; break;
       case memory_kind::device_async:
         code = api_.mem_alloc_async(&ptr, bytes, stream.handle);
-        call = "stream-ordered allocation";
+        call = api_.mem_alloc_async.name;
         break;
-      case memory_kind::pinned_host: code = api_.host_alloc(&ptr, bytes); call = "pinned host allocation"; break;
+      case memory_kind::pinned_host: code = api_.host_alloc(&ptr, bytes); call = api_.host_alloc.name; break;
       case memory_kind::host: throw backend_error("refpool: a GPU resource cannot hand out pageable host memory", -1);
     }
     if (code == api_.out_of_memory) return nullptr;
@@ -91,32 +49,45 @@ class gpu_resource final : public resource {
   }
 
   void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    if (api_.torn_down()) return;  // at exit, after the runtime's teardown
     try {
       device_guard guard(api_, device_);
       status code = api_.success;
+      std::string_view call;
       switch (kind_) {
-        case memory_kind::device: code = api_.mem_free(ptr); break;
-        case memory_kind::device_async:  // a destroyed last stream was synchronised: free on the default one
-          code = api_.mem_free_async(ptr, stream_retired(stream.handle) ? nullptr : stream.handle);
+        case memory_kind::device: code = api_.mem_free(ptr); call = api_.mem_free.name; break;
+        case memory_kind::device_async: {  // a destroyed last stream was synchronised: free on the default one
+          const retirement_lock streams;
+          code = api_.mem_free_async(ptr, streams.retired(stream.handle) ? nullptr : stream.handle);
+          call = api_.mem_free_async.name;
           break;
-        case memory_kind::pinned_host: code = api_.host_free(ptr); break;
+        }
+        case memory_kind::pinned_host: code = api_.host_free(ptr); call = api_.host_free.name; break;
         case memory_kind::host: break;
       }
-      check(api_, code, "free", fmt::format("{} B at {} on device {}", bytes, ptr, device_));
+      check(api_, code, call, fmt::format("{} B at {} on device {}", bytes, ptr, device_));
     } catch (const std::exception& e) {
       // Cannot throw from here; a failed free at shutdown is worth a line, not a crash.
       std::fprintf(stderr, "%s\n", e.what());
     }
   }
 
+  virtual_memory* address_space() noexcept override {
+    if (kind_ != memory_kind::device) return nullptr;  // pinned to the device: only device memory
+    std::call_once(address_space_once_, [&] { address_space_ = make_virtual_memory(api_, device_); });
+    return address_space_.get();
+  }
+
   void order_streams(stream_ref producer, stream_ref consumer) override {
-    if (producer == consumer || stream_retired(producer.handle)) return;
+    if (producer == consumer) return;
+    const retirement_lock streams;  // the producer, if not retired, stays valid until the wait is enqueued
+    if (streams.retired(producer.handle)) return;
     device_guard guard(api_, device_);
     // One event suffices: a wait captures the event's latest record when it is enqueued.
     std::lock_guard lock(event_mutex_);
-    if (event_ == nullptr) check(api_, api_.event_create(&event_), "event creation");
-    check(api_, api_.event_record(event_, producer.handle), "event record", "stream ordering");
-    check(api_, api_.stream_wait_event(consumer.handle, event_), "stream wait", "stream ordering");
+    if (event_ == nullptr) check(api_, api_.event_create(&event_), api_.event_create.name);
+    check(api_, api_.event_record(event_, producer.handle), api_.event_record.name, "stream ordering");
+    check(api_, api_.stream_wait_event(consumer.handle, event_), api_.stream_wait_event.name, "stream ordering");
   }
 
  private:
@@ -126,6 +97,8 @@ class gpu_resource final : public resource {
   const std::string name_;
   std::mutex event_mutex_;
   handle event_ = nullptr;
+  std::once_flag address_space_once_;
+  std::unique_ptr<virtual_memory> address_space_;
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
-// The few entry points a GPU runtime (CUDA driver API, HIP runtime) provides to refpool, as a
-// table of plain functions returning the runtime's status code. One implementation of the GPU
-// resource (gpu_resource.cpp) serves every runtime through it; only lib/cuda/ and lib/hip/
-// include their vendor headers to fill it in.
+// The entry points a GPU runtime (CUDA driver API, HIP runtime) provides to refpool, as a table of
+// plain functions returning the runtime's status code. Everything GPU is written once over it in
+// lib/gpu/: the resource (gpu_resource.cpp), the process-wide backends (backend_registry.cpp) and
+// the public front end of refpool/gpu.hpp (devices, streams, modules, copies). Only lib/cuda/ and
+// lib/hip/ include their vendor headers, to load the runtime and fill the table in.
 #pragma once
 
 #include <cstddef>
@@ -10,37 +11,124 @@
 #include <string_view>
 
 #include <refpool/backend.hpp>
+#include <refpool/gpu.hpp>
 #include <refpool/resource.hpp>
+#include <refpool/virtual_memory.hpp>
 
 namespace refpool::detail::gpu {
 
 using status = int;
-using handle = void*;  // a stream, event or saved context of the runtime
+using handle = void*;  // a stream, event, module, function or saved context of the runtime
+using runtime_id = refpool::gpu::runtime;
+using refpool::gpu::dims3;
+
+/// One entry point: the function, and the runtime call it makes for messages ("cuMemAlloc").
+template <class F>
+struct entry;
+template <class... Args>
+struct entry<status (*)(Args...)> {
+  status (*function)(Args...) = nullptr;
+  std::string_view name;
+  status operator()(Args... args) const { return function(args...); }
+};
+
+/// The calls of a runtime, in order: X(name, function type). Each runtime defines, for every
+/// name, a function of that name and type and a constant `<name>_call` naming the runtime call it
+/// makes ("cuMemAlloc"), and fills its table with REFPOOL_GPU_TABLE_ENTRY. What they do:
+/// - activate makes `device` current on this thread, `*saved` receiving what to give restore;
+/// - memory_info is of the current device; keep_pool_memory sets the device's stream-ordered pool
+///   to keep what it frees (as refpool's cache does) instead of returning it at every sync;
+/// - event_create makes an event without timing (it only orders streams); stream_create a
+///   non-blocking stream on the current device;
+/// - module_load loads `image` on the current device `device`, `*details` receiving a JIT log or
+///   why the image was refused;
+/// - vm_*: virtual memory (virtual_memory.cpp) of device memory pinned to `device`: whether the
+///   device has it, the minimum granularity, address ranges reserved and freed, physical
+///   allocations created and released, mapped (at offset 0, whole) and unmapped, and made
+///   readable and writable by `device`.
+#define REFPOOL_GPU_ENTRIES(X)                                                                          \
+  X(activate, status (*)(int device, handle* saved))                                                   \
+  X(restore, status (*)(handle saved))                                                                 \
+  X(driver_version, status (*)(int* version))                                                          \
+  X(device_name, status (*)(int device, char* name, std::size_t size))                                 \
+  X(memory_info, status (*)(std::size_t* free, std::size_t* total))                                    \
+  X(keep_pool_memory, status (*)(int device))                                                          \
+  X(mem_alloc, status (*)(void** ptr, std::size_t bytes))                                              \
+  X(mem_free, status (*)(void* ptr))                                                                   \
+  X(mem_alloc_async, status (*)(void** ptr, std::size_t bytes, handle stream))                         \
+  X(mem_free_async, status (*)(void* ptr, handle stream))                                              \
+  X(host_alloc, status (*)(void** ptr, std::size_t bytes))                                             \
+  X(host_free, status (*)(void* ptr))                                                                  \
+  X(event_create, status (*)(handle* event))                                                           \
+  X(event_destroy, status (*)(handle event))                                                           \
+  X(event_record, status (*)(handle event, handle stream))                                             \
+  X(stream_wait_event, status (*)(handle stream, handle event))                                        \
+  X(stream_create, status (*)(handle* stream))                                                         \
+  X(stream_destroy, status (*)(handle stream))                                                         \
+  X(stream_synchronize, status (*)(handle stream))                                                     \
+  X(module_load, status (*)(handle* module, int device, std::string_view image, std::string* details)) \
+  X(module_unload, status (*)(handle module))                                                          \
+  X(module_function, status (*)(handle* function, handle module, const char* name))                    \
+  X(launch, status (*)(handle function, dims3 grid, dims3 block, unsigned shared_bytes, handle stream, \
+                       void** args))                                                                   \
+  X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                    \
+  X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                \
+  X(copy_peer, status (*)(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, \
+                          handle stream))                                                                 \
+  X(vm_supported, status (*)(int device, bool* supported))                                             \
+  X(vm_granularity, status (*)(int device, std::size_t* granularity))                                  \
+  X(vm_reserve, status (*)(void** ptr, std::size_t bytes, std::size_t alignment))                      \
+  X(vm_free, status (*)(void* ptr, std::size_t bytes))                                                 \
+  X(vm_create, status (*)(handle* physical, std::size_t bytes, int device))                            \
+  X(vm_release, status (*)(handle physical))                                                           \
+  X(vm_map, status (*)(void* ptr, std::size_t bytes, handle physical))                                 \
+  X(vm_unmap, status (*)(void* ptr, std::size_t bytes))                                                \
+  X(vm_set_access, status (*)(void* ptr, std::size_t bytes, int device))
+
+/// A runtime's table, from the functions it defines with the names of the fields below and of
+/// the entries above (and the entries' `<name>_call` constants): a runtime lacking one does not
+/// compile. NAME is "CUDA", PREFIX "cuda", SUCCESS and OUT_OF_MEMORY the runtime's codes.
+#define REFPOOL_GPU_TABLE(NAME, PREFIX, SUCCESS, OUT_OF_MEMORY)                                                 \
+  {                                                                                                             \
+    .name = NAME, .prefix = PREFIX, .success = SUCCESS, .out_of_memory = OUT_OF_MEMORY, .failure = failure,     \
+    .device_count = device_count, .version = version, .kind_unavailable = kind_unavailable,                     \
+    .torn_down = torn_down, REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,               \
+    .error_string = error_string                                                                                \
+  }
+#define REFPOOL_GPU_TABLE_ENTRY(name, ...) .name = {name, name##_call},
 
 struct runtime_api {
-  std::string_view runtime;  ///< "CUDA", "HIP": the prefix of messages
+  std::string_view name;    ///< "CUDA", "HIP": the start of messages
+  std::string_view prefix;  ///< "cuda", "hip": backend names ("hip:0 device")
   status success = 0;
   status out_of_memory = 0;
 
-  /// Makes `device` current on this thread; `*saved` receives what to give `restore`.
-  status (*activate)(int device, handle* saved) = nullptr;
-  status (*restore)(handle saved) = nullptr;
+  /// Why the runtime cannot be used, empty when it can; loads it at the first call. Never throws.
+  const std::string& (*failure)() noexcept = nullptr;
+  /// Valid once failure() is empty:
+  int (*device_count)() = nullptr;
+  int (*version)() = nullptr;  ///< CUDA: the driver's (cuDriverGetVersion); HIP: the runtime's
+  /// Why the runtime cannot serve memory of `kind` (empty if it can).
+  std::string (*kind_unavailable)(memory_kind kind) = nullptr;
+  /// True once the runtime may be torn down (the process is exiting): frees are skipped, the
+  /// memory goes with the process. Always false for a runtime that reports calls after its
+  /// teardown as errors (CUDA: CUDA_ERROR_DEINITIALIZED).
+  bool (*torn_down)() noexcept = nullptr;
 
-  status (*mem_alloc)(void** ptr, std::size_t bytes) = nullptr;
-  status (*mem_free)(void* ptr) = nullptr;
-  status (*mem_alloc_async)(void** ptr, std::size_t bytes, handle stream) = nullptr;
-  status (*mem_free_async)(void* ptr, handle stream) = nullptr;
-  status (*host_alloc)(void** ptr, std::size_t bytes) = nullptr;
-  status (*host_free)(void* ptr) = nullptr;
-
-  status (*event_create)(handle* event) = nullptr;  ///< without timing: used only to order streams
-  status (*event_destroy)(handle event) = nullptr;
-  status (*event_record)(handle event, handle stream) = nullptr;
-  status (*stream_wait_event)(handle stream, handle event) = nullptr;
+#define REFPOOL_GPU_DECLARE_ENTRY(name, ...) entry<__VA_ARGS__> name;
+  REFPOOL_GPU_ENTRIES(REFPOOL_GPU_DECLARE_ENTRY)
+#undef REFPOOL_GPU_DECLARE_ENTRY
 
   const char* (*error_name)(status) = nullptr;
   const char* (*error_string)(status) = nullptr;
 };
+
+/// The table of runtime `id`.
+const runtime_api& table(runtime_id id);
+/// The table of runtime `id` if it can be used; else throws `backend_unavailable` saying why.
+const runtime_api& usable(runtime_id id);
+/// Throws `backend_unavailable` unless `api`'s runtime (usable) has device `ordinal`.
+void check_device(const runtime_api& api, int ordinal);
 
 /// Throws `backend_error`: "<runtime> error NAME (code): description, in CALL (DETAILS)".
 [[noreturn]] void throw_error(const runtime_api& api, status code, std::string_view call, std::string_view details);
@@ -50,7 +138,8 @@ inline void check(const runtime_api& api, status code, std::string_view call, st
   if (code != api.success) throw_error(api, code, call, details);
 }
 
-/// Makes a device current for a scope, restoring the previous one after.
+/// Makes a device current for a scope, restoring the previous one after. Throws
+/// `backend_unavailable` for a device the runtime does not have.
 class device_guard {
  public:
   device_guard(const runtime_api& api, int device);
@@ -69,19 +158,45 @@ class device_guard {
 /// retired handle's address is revived. Thread-safe.
 void retire_stream(handle stream);
 void revive_stream(handle stream);
-bool stream_retired(handle stream);
 
-/// The resource for `kind` memory (device, device_async, pinned_host) of `device`.
+/// Holds retirement off while it lives, so that a stream it finds not retired stays valid until it
+/// ends: a thread that retires and then destroys its stream waits for every holder that may be
+/// using it (a cross-stream reuse recording an event on it, a free ordered on it). Hold it around
+/// the check and the runtime calls that use the stream. Thread-safe; readers do not exclude each
+/// other.
+class retirement_lock {
+ public:
+  retirement_lock();
+  ~retirement_lock();
+  retirement_lock(const retirement_lock&) = delete;
+  retirement_lock& operator=(const retirement_lock&) = delete;
+  /// Whether `stream` was retired; the default (null) stream never is.
+  [[nodiscard]] bool retired(handle stream) const;
+};
+
+/// The reserve/commit interface of `device`'s memory (virtual_memory.cpp), or nullptr when the
+/// device has no virtual memory management (or asking fails). Thread-safe.
+std::unique_ptr<virtual_memory> make_virtual_memory(const runtime_api& api, int device) noexcept;
+
+/// The resource for `kind` memory (device, device_async, pinned_host) of `device`; for device
+/// memory, address_space() is make_virtual_memory's, made at the first call.
 /// Stream safety: order_streams records an event on the producer and makes the consumer wait.
 std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name);
 
 /// The process-wide backend for `kind` memory on `device` of `api`'s runtime, named
 /// "<prefix>:<device> <kind>" ("hip:0 device"): made at first use and the same handle at every
-/// later call, so caches key their blocks by it. Before the device_async backend is made,
-/// `keep_pool_memory(device)` (when given) sets up the runtime's stream-ordered pool. The caller
-/// has checked that `device` exists. Thread-safe; when making a backend throws, nothing is kept.
+/// later call, so caches key their blocks by it. Before the device_async backend is made, the
+/// device's pool is set to keep what it frees. The caller has checked that `device` exists.
+/// Thread-safe; when making a backend throws, nothing is kept.
 /// Throws `backend_unavailable` for `memory_kind::host` (that is refpool::host_backend()).
-backend shared_backend(const runtime_api& api, std::string_view prefix, int device, memory_kind kind,
-                       void (*keep_pool_memory)(int device) = nullptr);
+backend shared_backend(const runtime_api& api, int device, memory_kind kind);
 
 }  // namespace refpool::detail::gpu
+
+/// The tables of the runtimes: lib/cuda/ and lib/hip/ where compiled in, else lib/gpu/compiled_out.cpp.
+namespace refpool::detail::cuda {
+const gpu::runtime_api& table();
+}  // namespace refpool::detail::cuda
+namespace refpool::detail::hip {
+const gpu::runtime_api& table();
+}  // namespace refpool::detail::hip

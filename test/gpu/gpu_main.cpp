@@ -5,22 +5,17 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <string>
 
-#ifdef REFPOOL_TEST_HIP
-#include <refpool/hip.hpp>
-namespace runtime = refpool::hip;
-constexpr const char* runtime_name = "HIP";
-#else
-#include <refpool/cuda.hpp>
-namespace runtime = refpool::cuda;
-constexpr const char* runtime_name = "CUDA";
-#endif
+#include "runtime_under_test.hpp"
 
 int main(int argc, char** argv) {
-  if (!runtime::available()) {
-    std::printf("SKIP: no usable %s device: %s\n", runtime_name, runtime::unavailable_reason().c_str());
+  namespace rt = gpu_test::rt;
+  const std::string name(gpu_test::runtime_name);
+  if (!rt::available()) {
+    std::printf("SKIP: no usable %s device: %s\n", name.c_str(), rt::unavailable_reason().c_str());
     return 77;
   }
-  std::printf("%s: %s, driver %d\n", runtime_name, runtime::device_name(0).c_str(), runtime::driver_version());
+  std::printf("%s: %s, driver %d\n", name.c_str(), rt::device_name(0).c_str(), rt::driver_version());
   return Catch::Session().run(argc, argv);
 }

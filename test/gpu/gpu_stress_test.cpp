@@ -1,6 +1,7 @@
 // Threads with their own streams on one cache, on the GPU: buffers are released right after an
 // asynchronous write, so reuse by another thread (a steal, on another stream) races with that
-// write unless the cache orders the streams. Each thread checks the bytes it wrote.
+// write unless the cache orders the streams. Each thread checks the bytes it wrote. Built once per
+// runtime (tests 'cuda-stress', 'hip-stress').
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -10,18 +11,21 @@
 
 #include <refpool/refpool.hpp>
 
-using namespace refpool;
+#include "runtime_under_test.hpp"
 
-TEST_CASE("8 threads, 8 streams, one cache: every buffer holds what its owner wrote", "[cuda][stress]") {
+using namespace refpool;
+namespace rt = gpu_test::rt;
+
+TEST_CASE("8 threads, 8 streams, one cache: every buffer holds what its owner wrote", "[gpu][stress]") {
   constexpr int threads = 8;
   constexpr int ops = 20000;
-  const backend be = cuda::device(0);
+  const backend be = rt::device(0);
   alloc_cache cache{cache_options{}};
   std::atomic<int> wrong{0};
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      cuda::stream s(0);
+      rt::stream s(0);
       std::mt19937 rng(static_cast<unsigned>(t) + 1);
       const auto value = static_cast<unsigned char>(t + 1);
       std::vector<unsigned char> back;
@@ -30,10 +34,10 @@ TEST_CASE("8 threads, 8 streams, one cache: every buffer holds what its owner wr
         for (int k = 0; k < 16; ++k, ++op) {
           const std::size_t bytes = std::size_t{4096} << (rng() % 6);  // 4 KiB .. 128 KiB: shared keys
           auto a = allocate(be, bytes, s);
-          cuda::fill(a.data(), value, bytes, s);
+          rt::fill(a.data(), value, bytes, s);
           if (rng() % 4 == 0) {  // check: the write must be ours alone
             back.assign(bytes, 0);
-            cuda::copy(back.data(), a.data(), bytes, s);
+            rt::copy(back.data(), a.data(), bytes, s);
             s.synchronize();
             for (unsigned char b : back)
               if (b != value) {

@@ -1,0 +1,188 @@
+// Virtual memory of a GPU's device memory over the runtime table (CUDA: cuMemAddressReserve,
+// cuMemCreate, cuMemMap, cuMemSetAccess; HIP: the hipMem* calls of the same names): address space
+// reserved once, one physical allocation created and mapped per commit, and a record of which
+// physical allocation backs which committed range, so decommit unmaps and releases exactly those.
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <refpool/error.hpp>
+
+#include "runtime_api.hpp"
+
+namespace refpool::detail::gpu {
+
+namespace {
+
+class gpu_virtual_memory final : public virtual_memory {
+ public:
+  gpu_virtual_memory(const runtime_api& api, int device, std::size_t granularity)
+      : api_(api), device_(device), granularity_(granularity) {}
+
+  std::size_t granularity() const noexcept override { return granularity_; }
+
+  void* reserve(std::size_t bytes) override {
+    check_size(bytes, "reserve");
+    device_guard guard(api_, device_);
+    void* ptr = nullptr;
+    const status code = api_.vm_reserve(&ptr, bytes, granularity_);
+    if (code == api_.out_of_memory) return nullptr;  // no address space left
+    check(api_, code, api_.vm_reserve.name, fmt::format("{} B on device {}", bytes, device_));
+    std::lock_guard lock(mutex_);
+    reservations_[address(ptr)] = bytes;
+    return ptr;
+  }
+
+  bool commit(void* addr, std::size_t bytes) override {
+    check_size(bytes, "commit");
+    {
+      std::lock_guard lock(mutex_);
+      check_uncommitted_range(addr, bytes);
+    }
+    device_guard guard(api_, device_);
+    handle physical = nullptr;
+    const status created = api_.vm_create(&physical, bytes, device_);
+    if (created == api_.out_of_memory) return false;
+    const std::string where = fmt::format("{} B at {} on device {}", bytes, addr, device_);
+    check(api_, created, api_.vm_create.name, where);
+    if (const status mapped = api_.vm_map(addr, bytes, physical); mapped != api_.success) {
+      (void)api_.vm_release(physical);
+      throw_error(api_, mapped, api_.vm_map.name, where);
+    }
+    if (const status opened = api_.vm_set_access(addr, bytes, device_); opened != api_.success) {
+      (void)api_.vm_unmap(addr, bytes);
+      (void)api_.vm_release(physical);
+      throw_error(api_, opened, api_.vm_set_access.name, where);
+    }
+    std::lock_guard lock(mutex_);
+    pieces_[address(addr)] = {bytes, physical};
+    return true;
+  }
+
+  void decommit(void* addr, std::size_t bytes) noexcept override {
+    if (api_.torn_down()) return;  // at exit, after the runtime's teardown
+    std::lock_guard lock(mutex_);
+    const auto start = address(addr);
+    // Each commit is one physical allocation, unmapped and released whole: a range that cuts one
+    // cannot be given back.
+    for (const auto& [at, piece] : pieces_)
+      if (at < start + bytes && at + piece.bytes > start && (at < start || at + piece.bytes > start + bytes)) {
+        std::fprintf(stderr,
+                     "refpool: virtual_memory::decommit(%p, %zu) on device %d cuts the committed range [%p, +%zu), "
+                     "one physical allocation: nothing was decommitted\n",
+                     addr, bytes, device_, reinterpret_cast<void*>(at), piece.bytes);
+        return;
+      }
+    give_back(start, start + bytes);
+  }
+
+  void release(void* addr, std::size_t bytes) noexcept override {
+    if (api_.torn_down()) return;
+    std::lock_guard lock(mutex_);
+    const auto start = address(addr);
+    const auto it = reservations_.find(start);
+    if (it == reservations_.end() || it->second != bytes) {
+      std::fprintf(stderr, "refpool: virtual_memory::release(%p, %zu) on device %d: not a range reserve() returned\n",
+                   addr, bytes, device_);
+      return;
+    }
+    give_back(start, start + bytes);  // anything still committed (the caller should have decommitted)
+    try {
+      device_guard guard(api_, device_);
+      check(api_, api_.vm_free(addr, bytes), api_.vm_free.name, fmt::format("{} B at {}", bytes, addr));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+    reservations_.erase(it);
+  }
+
+ private:
+  struct piece {
+    std::size_t bytes;
+    handle physical;
+  };
+
+  static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+  void check_size(std::size_t bytes, const char* call) const {
+    if (bytes == 0 || bytes % granularity_ != 0)
+      throw refpool::invalid_argument(
+          fmt::format("refpool: virtual_memory::{} of {} B on device {}: the size must be a non-zero "
+                      "multiple of the granularity, {} B",
+                      call, bytes, device_, granularity_));
+  }
+
+  // Throws unless [addr, addr + bytes) is granule-aligned, inside one reserved range, and has no
+  // committed byte. Called with mutex_ held.
+  void check_uncommitted_range(void* addr, std::size_t bytes) const {
+    const auto start = address(addr);
+    auto reservation = reservations_.upper_bound(start);
+    const bool reserved = reservation != reservations_.begin() &&
+                          start + bytes <= std::prev(reservation)->first + std::prev(reservation)->second;
+    const bool aligned = reserved && (start - std::prev(reservation)->first) % granularity_ == 0;
+    const auto next = pieces_.lower_bound(start);
+    const bool overlaps = (next != pieces_.end() && next->first < start + bytes) ||
+                          (next != pieces_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > start);
+    if (!reserved || !aligned || overlaps)
+      throw refpool::invalid_argument(
+          fmt::format("refpool: virtual_memory::commit({}, {}) on device {}: {}", addr, bytes, device_,
+                      !reserved  ? "the range is not inside one range reserve() returned"
+                      : !aligned ? "the range does not start at a multiple of the granularity"
+                                 : "part of the range is already committed"));
+  }
+
+  // Unmaps and releases every piece inside [start, end). Called with mutex_ held.
+  void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
+    auto it = pieces_.lower_bound(start);
+    if (it == pieces_.end() || it->first >= end) return;
+    try {
+      device_guard guard(api_, device_);
+      while (it != pieces_.end() && it->first + it->second.bytes <= end) {
+        void* ptr = reinterpret_cast<void*>(it->first);
+        const std::string where = fmt::format("{} B at {} on device {}", it->second.bytes, ptr, device_);
+        if (const status code = api_.vm_unmap(ptr, it->second.bytes); code != api_.success)
+          std::fprintf(stderr, "%s\n", error_text(code, api_.vm_unmap.name, where).c_str());
+        else if (const status released = api_.vm_release(it->second.physical); released != api_.success)
+          std::fprintf(stderr, "%s\n", error_text(released, api_.vm_release.name, where).c_str());
+        it = pieces_.erase(it);
+      }
+    } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  std::string error_text(status code, std::string_view call, const std::string& where) const {
+    try {
+      throw_error(api_, code, call, where);
+    } catch (const backend_error& e) {
+      return e.what();
+    }
+  }
+
+  const runtime_api& api_;
+  const int device_;
+  const std::size_t granularity_;
+  std::mutex mutex_;
+  std::map<std::uintptr_t, std::size_t> reservations_;  // start -> bytes
+  std::map<std::uintptr_t, piece> pieces_;              // committed ranges by start: one physical allocation each
+};
+
+}  // namespace
+
+std::unique_ptr<virtual_memory> make_virtual_memory(const runtime_api& api, int device) noexcept {
+  try {
+    device_guard guard(api, device);
+    bool supported = false;
+    std::size_t granularity = 0;
+    if (api.vm_supported(device, &supported) != api.success || !supported) return nullptr;
+    if (api.vm_granularity(device, &granularity) != api.success || granularity == 0) return nullptr;
+    return std::make_unique<gpu_virtual_memory>(api, device, granularity);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+}  // namespace refpool::detail::gpu
