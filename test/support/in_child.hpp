@@ -1,4 +1,5 @@
 // Death tests for Catch2 v2 (which has none): run code in a forked child and look at how it ended.
+// A Catch2 helper (it REQUIREs that fork, pipe and wait work). POSIX only.
 #pragma once
 
 #include <sys/wait.h>
