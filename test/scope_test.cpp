@@ -99,7 +99,8 @@ TEST_CASE_METHOD(host_fixture, "destroying a scope out of order terminates with 
   CHECK_THAT(output, Contains("closed out of order"));
 }
 
-TEST_CASE_METHOD(host_fixture, "threads with their own scopes on one cache reuse their own blocks", "[scope][threads]") {
+TEST_CASE_METHOD(host_fixture, "threads with their own scopes on one cache reuse their own blocks",
+                 "[scope][threads]") {
   constexpr int thread_count = 4;
   constexpr int iterations = 100;
   const auto floats = [](int t) { return std::size_t{1024} + 64 * static_cast<std::size_t>(t); };  // a size each
