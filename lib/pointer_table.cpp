@@ -103,8 +103,10 @@ class alignas(64) shard {
 
 constexpr std::size_t shard_count = 64;
 
+// Made while the library loads and never destroyed: frees may come from static destructors.
+std::array<shard, shard_count>* const shards = new std::array<shard, shard_count>;
+
 shard& shard_of(std::uintptr_t address) noexcept {
-  static auto* shards = new std::array<shard, shard_count>;  // leaked: frees may come at exit
   // Buffers are at least 256-byte aligned: skip those bits, mix the rest.
   return (*shards)[((address >> 8) ^ (address >> 20) ^ (address >> 32)) % shard_count];
 }

@@ -272,3 +272,29 @@ TEST_CASE("after reclaim a cache keeps no backend alive and no bookkeeping per s
   CHECK(gone);
   CHECK(cache.stats().idle_blocks == 0);
 }
+
+TEST_CASE("a cache destroyed while other threads release its buffers: each is freed once", "[framework][threads]") {
+  const backend be = make_host_backend();
+  for (int trial = 0; trial < 20; ++trial) {
+    auto cache = std::make_unique<alloc_cache>(cache_options{});
+    std::vector<data_ref> buffers;
+    {
+      scope s(*cache);
+      for (int i = 0; i < 400; ++i) buffers.push_back(allocate(be, 64 * (1 + i % 5)));
+    }
+    // Four threads release them (cross-thread: into the ended scope's slot) while the cache goes.
+    std::atomic<int> started{0};
+    std::vector<std::thread> releasers;
+    for (int t = 0; t < 4; ++t) {
+      releasers.emplace_back([&, t] {
+        started += 1;
+        for (std::size_t i = static_cast<std::size_t>(t); i < buffers.size(); i += 4) buffers[i].reset();
+      });
+    }
+    while (started != 4) std::this_thread::yield();
+    cache.reset();
+    for (auto& t : releasers) t.join();
+    CHECK(be.outstanding_bytes() == 0);
+  }
+  CHECK(be.allocation_count() == be.deallocation_count());
+}
