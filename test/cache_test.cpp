@@ -8,11 +8,12 @@
 #include <refpool/refpool.hpp>
 #include <refpool/stats_format.hpp>
 
-using namespace refpool;
+#include "support/host_fixture.hpp"
 
-TEST_CASE("the seed case: same byte size, other shapes, served by one buffer", "[cache][seed]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+using namespace refpool;
+using test_support::host_fixture;
+
+TEST_CASE_METHOD(host_fixture, "the seed case: same byte size, other shapes, served by one buffer", "[cache][seed]") {
   void* first = nullptr;
   for (int iteration = 0; iteration < 3; ++iteration) {
     scope s(cache);
@@ -40,9 +41,7 @@ TEST_CASE("the seed case: same byte size, other shapes, served by one buffer", "
   CHECK(be.allocation_count() == 1);
 }
 
-TEST_CASE("from the second iteration on a loop makes no backend allocation", "[cache]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "from the second iteration on a loop makes no backend allocation", "[cache]") {
   std::uint64_t after_first = 0;
   for (int iteration = 0; iteration < 20; ++iteration) {
     scope s(cache);
@@ -64,9 +63,7 @@ TEST_CASE("from the second iteration on a loop makes no backend allocation", "[c
   CHECK(st.held_bytes == be.outstanding_bytes());
 }
 
-TEST_CASE("a buffer released inside the scope is reusable at once; a live one never", "[cache]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "a buffer released inside the scope is reusable at once; a live one never", "[cache]") {
   scope s(cache);
   auto a = empty<float>(be, {256});
   auto b = empty<float>(be, {256});
@@ -79,9 +76,7 @@ TEST_CASE("a buffer released inside the scope is reusable at once; a live one ne
   CHECK(be.allocation_count() == 2);
 }
 
-TEST_CASE("unsafe_free inside a scope returns the buffer and is counted", "[cache][unsafe_free]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "unsafe_free inside a scope returns the buffer and is counted", "[cache][unsafe_free]") {
   scope s(cache);
   auto a = empty<float>(be, {64});
   void* pa = a.data();
@@ -97,9 +92,7 @@ TEST_CASE("unsafe_free inside a scope returns the buffer and is counted", "[cach
   CHECK(other.data() != pa);
 }
 
-TEST_CASE("arrays that escape a scope are not handed out again while held", "[cache][escape]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "arrays that escape a scope are not handed out again while held", "[cache][escape]") {
   array<float> escaped;
   {
     scope s(cache);
@@ -130,9 +123,8 @@ TEST_CASE("arrays that escape a scope are not handed out again while held", "[ca
   CHECK(be.allocation_count() == 3);
 }
 
-TEST_CASE("nested scopes: innermost wins, same-cache nesting shares state", "[cache][scope]") {
-  const backend be = make_host_backend();
-  alloc_cache outer_cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "nested scopes: innermost wins, same-cache nesting shares state", "[cache][scope]") {
+  alloc_cache& outer_cache = cache;
   alloc_cache inner_cache{cache_options{}};
   scope outer(outer_cache);
   auto a = empty<float>(be, {10});
@@ -154,9 +146,7 @@ TEST_CASE("nested scopes: innermost wins, same-cache nesting shares state", "[ca
   CHECK(outer_cache.stats().hits == 1);
 }
 
-TEST_CASE("cached() returns the function's result", "[cache][scope]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "cached() returns the function's result", "[cache][scope]") {
   auto result = cached(cache, [&] {
     auto t = empty<float>(be, {4});
     return empty<float>(be, {2, 2});
@@ -166,9 +156,7 @@ TEST_CASE("cached() returns the function's result", "[cache][scope]") {
   CHECK(cached(cache, [] { return 7; }) == 7);
 }
 
-TEST_CASE("without a scope, allocations go straight to the backend", "[cache]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "without a scope, allocations go straight to the backend", "[cache]") {
   { auto a = empty<float>(be, {8}); }
   CHECK(be.outstanding_bytes() == 0);
   CHECK(cache.stats().misses == 0);
@@ -212,9 +200,7 @@ TEST_CASE("a scope outliving its cache runs on, uncached, and frees everything",
   CHECK(be.outstanding_bytes() == 0);
 }
 
-TEST_CASE("reclaim frees idle blocks, oldest first, down to a budget", "[cache][reclaim]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "reclaim frees idle blocks, oldest first, down to a budget", "[cache][reclaim]") {
   for (std::size_t bytes : {1000, 2000, 3000}) {
     scope s(cache);  // one scope each: released in that order
     auto a = allocate(be, bytes);
@@ -252,11 +238,13 @@ TEST_CASE("max_idle_bytes evicts least recently released blocks", "[cache][limit
   }
   first = {};  // released after second: second is the least recently used
   CHECK(cache.stats().evictions == 0);
+  void* released_last = nullptr;
   {
     scope s(cache);
-    auto third = allocate(be, 1000);
-    auto fourth = allocate(be, 1000);  // takes no idle 1000? both idle blocks are handed out
-    auto fifth = allocate(be, 1000);
+    auto third = allocate(be, 1000);   // the two idle blocks
+    auto fourth = allocate(be, 1000);
+    auto fifth = allocate(be, 1000);   // a new one
+    released_last = third.data();      // locals go in reverse: fifth, fourth, then third
   }
   // Three 1000 B blocks went idle: over the limit by one, and one evicted.
   const auto st = cache.stats();
@@ -268,6 +256,10 @@ TEST_CASE("max_idle_bytes evicts least recently released blocks", "[cache][limit
   cache.set_max_idle_bytes(cache_options::unlimited);
   CHECK(cache.max_idle_bytes() == cache_options::unlimited);
   CHECK(be.outstanding_bytes() == 1000);
+  // The one kept is the most recently released.
+  scope s(cache);
+  CHECK(allocate(be, 1000).data() == released_last);
+  CHECK(be.allocation_count() == 3);
 }
 
 TEST_CASE("rounding policies widen keys; exact keys never mix sizes", "[cache][rounding]") {
@@ -303,20 +295,19 @@ TEST_CASE("rounding policies widen keys; exact keys never mix sizes", "[cache][r
   }
 }
 
-TEST_CASE("blocks of different backends never serve each other", "[cache][keys]") {
-  const backend one = make_host_backend();
+TEST_CASE_METHOD(host_fixture, "blocks of different backends never serve each other", "[cache][keys]") {
   const backend two = make_host_backend();
-  alloc_cache cache{cache_options{}};
   scope s(cache);
-  { auto a = allocate(one, 128); }
+  { auto a = allocate(be, 128); }
   auto b = allocate(two, 128);
   CHECK(cache.stats().misses == 2);
   CHECK(b.source() == two);
+  CHECK(be.outstanding_bytes() == 128);  // be's block stays idle, for be alone
+  CHECK(two.outstanding_bytes() == 128);
 }
 
-TEST_CASE("stable addresses: iteration n gets the same buffers in the same order", "[cache][stable]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "stable addresses: iteration n gets the same buffers in the same order",
+                 "[cache][stable]") {
   std::vector<std::vector<void*>> pointers;
   for (int iteration = 0; iteration < 10; ++iteration) {
     scope s(cache);
@@ -341,9 +332,7 @@ TEST_CASE("stable addresses: iteration n gets the same buffers in the same order
   CHECK(be.allocation_count() == 3);
 }
 
-TEST_CASE("the stats formatter prints every counter", "[cache][stats]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "the stats formatter prints every counter", "[cache][stats]") {
   { scope s(cache); auto a = allocate(be, 10); }
   const cache_stats st = cache.stats();
   const std::string table = fmt::format("{}", st);

@@ -4,9 +4,12 @@
 #include <refpool/error.hpp>
 
 #include "config/env_config.hpp"
+#include "support/error_matchers.hpp"
 
 using namespace refpool;
+using Catch::Contains;
 using detail::parse_conf;
+using test_support::what;
 
 TEST_CASE("REFPOOL_CONF keys are parsed", "[config]") {
   const auto c = parse_conf("rounding:pow2:4,max_idle_bytes:512M,log:/tmp/x.csv,stats_at_exit:1");
@@ -23,22 +26,19 @@ TEST_CASE("REFPOOL_CONF keys are parsed", "[config]") {
 }
 
 TEST_CASE("bad REFPOOL_CONF values name the key and the allowed values", "[config][errors]") {
-  const auto message = [](const char* conf) {
-    try {
-      parse_conf(conf);
-    } catch (const config_error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  CHECK_THAT(message("rounding:pow2:3"), Catch::Contains("'rounding'") && Catch::Contains("pow2:<divisions"));
-  CHECK_THAT(message("rounding:fast"), Catch::Contains("'fast'") && Catch::Contains("exact"));
-  CHECK_THAT(message("max_idle_bytes:lots"), Catch::Contains("'max_idle_bytes'") && Catch::Contains("512M"));
-  CHECK_THAT(message("max_idle_bytes:99999999999999999999G"), Catch::Contains("'max_idle_bytes'"));
-  CHECK_THAT(message("stats_at_exit:yes"), Catch::Contains("0, 1"));
-  CHECK_THAT(message("colour:blue"), Catch::Contains("unknown key 'colour'") && Catch::Contains("rounding"));
-  CHECK_THAT(message("rounding"), Catch::Contains("not key:value"));
-  CHECK_THROWS_AS(detail::parse_no_caching("yes"), config_error);
+  CHECK_THROWS_MATCHES(parse_conf("rounding:pow2:3"), config_error,
+                       what(Contains("'rounding'") && Contains("pow2:<divisions")));
+  CHECK_THROWS_MATCHES(parse_conf("rounding:fast"), config_error, what(Contains("'fast'") && Contains("exact")));
+  CHECK_THROWS_MATCHES(parse_conf("max_idle_bytes:lots"), config_error,
+                       what(Contains("'max_idle_bytes'") && Contains("512M")));
+  CHECK_THROWS_MATCHES(parse_conf("max_idle_bytes:99999999999999999999G"), config_error,
+                       what(Contains("'max_idle_bytes'")));
+  CHECK_THROWS_MATCHES(parse_conf("stats_at_exit:yes"), config_error, what(Contains("0, 1")));
+  CHECK_THROWS_MATCHES(parse_conf("colour:blue"), config_error,
+                       what(Contains("unknown key 'colour'") && Contains("rounding")));
+  CHECK_THROWS_MATCHES(parse_conf("rounding"), config_error, what(Contains("not key:value")));
+  CHECK_THROWS_MATCHES(detail::parse_no_caching("yes"), config_error,
+                       what(Contains("REFPOOL_NO_CACHING") && Contains("'yes'") && Contains("0, 1")));
   CHECK(detail::parse_no_caching("1"));
   CHECK_FALSE(detail::parse_no_caching("0"));
   CHECK_FALSE(detail::parse_no_caching(""));

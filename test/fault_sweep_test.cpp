@@ -169,17 +169,35 @@ TEST_CASE("the Nth backend allocation fails, for every N, in a two-thread multi-
 }
 
 TEST_CASE("real out of memory under a byte limit, two threads: retry or a clean out_of_memory", "[faults]") {
-  // No injection: a limit the scenario's working set sometimes exceeds, so reclaim-and-retry and
-  // out_of_memory both happen depending on the interleaving.
-  for (std::size_t limit : {6000u, 8000u, 10000u, 14000u, 20000u}) {
+  // No injection: limits from below one thread's working set (each thread needs 2,536 B or more
+  // at once: every run ends in out_of_memory) to above both threads' (no thread fails), through
+  // limits where reclaim-and-retry and out_of_memory both happen depending on the interleaving.
+  constexpr std::size_t limits[] = {2500, 3500, 5000, 6000, 8000, 10000, 14000, 20000};
+  constexpr int repeats = 10;
+  std::uint64_t retried = 0, oom_thrown = 0, finished = 0;
+  for (std::size_t limit : limits) {
     CAPTURE(limit);
     auto limited = std::make_shared<limiting_resource>(make_host_resource(), limit);
     const backend be(limited);
-    for (int repeat = 0; repeat < 10; ++repeat) {
+    int limit_ooms = 0;
+    for (int repeat = 0; repeat < repeats; ++repeat) {
       const run_result r = run_scenario(be);
       check_consistent(r);
       CHECK(count(r, thrown::backend_error) == 0);
       CHECK(limited->used() == 0);
+      retried += r.stats.oom_retries;
+      limit_ooms += count(r, thrown::out_of_memory);
+      finished += static_cast<std::uint64_t>(count(r, thrown::nothing));
     }
+    if (limit == limits[0]) CHECK(limit_ooms == 2 * repeats);
+    if (limit == limits[std::size(limits) - 1]) CHECK(limit_ooms == 0);
+    oom_thrown += static_cast<std::uint64_t>(limit_ooms);
   }
+  CHECK(retried > 0);
+  CHECK(oom_thrown > 0);
+  CHECK(finished > 0);
+  std::printf("byte limits: %zu limits x %d runs x 2 threads: %llu retries, %llu out_of_memory, %llu threads "
+              "finished; every run left the cache consistent and nothing leaked\n",
+              std::size(limits), repeats, static_cast<unsigned long long>(retried),
+              static_cast<unsigned long long>(oom_thrown), static_cast<unsigned long long>(finished));
 }

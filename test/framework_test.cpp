@@ -2,16 +2,26 @@
 // span threads, and free by pointer.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <atomic>
 #include <cstring>
+#include <latch>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
 
+#include "support/error_matchers.hpp"
+#include "support/host_fixture.hpp"
+
 using namespace refpool;
+using Catch::Contains;
+using test_support::host_fixture;
+using test_support::what;
 
 namespace {
 
@@ -34,9 +44,8 @@ class watched_resource final : public resource {
 
 }  // namespace
 
-TEST_CASE("cache-level requests hit from the second round, with releases on another thread", "[framework]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "cache-level requests hit from the second round, with releases on another thread",
+                 "[framework]") {
   for (int round = 0; round < 5; ++round) {
     std::vector<data_ref> made;
     for (std::size_t i = 1; i <= 8; ++i) made.push_back(cache.allocate(be, 1000 * i));
@@ -52,26 +61,49 @@ TEST_CASE("cache-level requests hit from the second round, with releases on anot
   CHECK(st.idle_blocks == 8);
 }
 
-TEST_CASE("each thread gets its own part of the cache; idle blocks of a thread that ended serve others",
-          "[framework]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture,
+                 "each thread gets its own part of the cache; idle blocks of a thread that ended serve others",
+                 "[framework]") {
   void* first = nullptr;
+  void* second = nullptr;
   std::thread([&] {
     data_ref r = cache.allocate(be, 4096);
     first = r.data();
   }).join();
   std::thread([&] {
     data_ref r = cache.allocate(be, 4096);  // the ended thread's idle block, not a new one
-    CHECK(r.data() == first);
+    second = r.data();
   }).join();
+  CHECK(second == first);
   CHECK(be.allocation_count() == 1);
   CHECK(cache.stats().hits == 1);
+  CHECK(cache.stats().steals == 0);  // the thread got the whole part, idle block and all
+
+  // Two threads at once, each with a block live: two parts. Each releases into its own part and
+  // gets its own block back, taking nothing from the other's.
+  std::latch both_hold(2);
+  std::array<void*, 2> held{};
+  std::array<void*, 2> again{};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      data_ref r = cache.allocate(be, 8192);
+      held[t] = r.data();
+      both_hold.arrive_and_wait();
+      r.reset();
+      again[t] = cache.allocate(be, 8192).data();
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(held[0] != held[1]);
+  CHECK(again == held);
+  const cache_stats st = cache.stats();
+  CHECK(st.misses == 3);
+  CHECK(st.hits == 3);
+  CHECK(st.steals == 0);
 }
 
-TEST_CASE("a step counts buffers of any thread that outlive it", "[framework][step]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "a step counts buffers of any thread that outlive it", "[framework][step]") {
   data_ref kept;
   {
     step s(cache);
@@ -92,20 +124,21 @@ TEST_CASE("a step counts buffers of any thread that outlive it", "[framework][st
   CHECK(st.live_blocks == 0);
 }
 
-TEST_CASE("steps do not nest, end once, and may end on another thread", "[framework][step]") {
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "steps do not nest, end once, and may end on another thread", "[framework][step]") {
   step first(cache);
-  CHECK_THROWS_AS(step(cache), scope_error);
+  CHECK_THROWS_MATCHES(step(cache), scope_error, what(Contains("a step is already open on this cache")));
   std::thread([&] { first.end(); }).join();
   first.end();  // idempotent
   step second(cache);  // the first is over
+  first.end();  // ended once already: this does not end the second
+  CHECK_THROWS_AS(step(cache), scope_error);
   second.end();
-  CHECK(cache.stats().steps == 2);
+  step third(cache);
+  third.end();
+  CHECK(cache.stats().steps == 3);
 }
 
-TEST_CASE("warm-up steps run uncached", "[framework][step]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "warm-up steps run uncached", "[framework][step]") {
   for (int i = 0; i < 3; ++i) {
     step s(cache, {.uncached_warmup_entries = 2, .plan = {}});
     data_ref r = cache.allocate(be, 1 << 16);
@@ -118,9 +151,8 @@ TEST_CASE("warm-up steps run uncached", "[framework][step]") {
   CHECK(st.held_bytes == std::size_t{1} << 16);
 }
 
-TEST_CASE("free by pointer: round trips, zero bytes, several hand-overs, and misuse", "[framework][pointer]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "free by pointer: round trips, zero bytes, several hand-overs, and misuse",
+                 "[framework][pointer]") {
   void* p = to_pointer(cache.allocate(be, 1024));
   REQUIRE(p != nullptr);
   std::memset(p, 1, 1024);
@@ -133,10 +165,15 @@ TEST_CASE("free by pointer: round trips, zero bytes, several hand-overs, and mis
   CHECK(cache.stats().live_blocks == 1);  // one hand-over still holds it
   free_pointer(p);
   CHECK(cache.stats().live_blocks == 0);
-  CHECK_THROWS_AS(free_pointer(p), invalid_argument);  // a double free, caught
+  const std::string address = fmt::format("{}", p);
+  CHECK_THROWS_MATCHES(free_pointer(p), invalid_argument,  // a double free, caught
+                       what(Contains("free of pointer " + address) && Contains("double free")));
   int local = 0;
-  CHECK_THROWS_WITH(free_pointer(&local), Catch::Contains("never handed out"));
-  CHECK_THROWS_AS(pointer_ref(&local), invalid_argument);
+  const std::string local_address = fmt::format("{}", static_cast<void*>(&local));
+  CHECK_THROWS_MATCHES(free_pointer(&local), invalid_argument,
+                       what(Contains("free of pointer " + local_address) && Contains("never handed out")));
+  CHECK_THROWS_MATCHES(pointer_ref(&local), invalid_argument,
+                       what(Contains("pointer_ref of pointer " + local_address)));
   free_pointer(nullptr);
   CHECK(to_pointer(cache.allocate(be, 0)) == nullptr);
 
@@ -146,9 +183,8 @@ TEST_CASE("free by pointer: round trips, zero bytes, several hand-overs, and mis
   CHECK(be.outstanding_bytes() == cache.stats().held_bytes);
 }
 
-TEST_CASE("pointers freed on other threads while the owners keep allocating", "[framework][pointer][threads]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "pointers freed on other threads while the owners keep allocating",
+                 "[framework][pointer][threads]") {
   constexpr int producers = 4;
   constexpr int per_producer = 20000;
   std::mutex mutex;

@@ -2,16 +2,22 @@
 // file covers, and regression tests for what the fuzzer found in array<T>.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <string>
 #include <thread>
 
 #include <refpool/refpool.hpp>
 
 #include "config/alloc_log.hpp"
-#include "in_child.hpp"
+#include "support/error_matchers.hpp"
+#include "support/host_fixture.hpp"
+#include "support/in_child.hpp"
 
 using namespace refpool;
-
+using Catch::Contains;
+using test_support::host_fixture;
+using test_support::oom_for;
+using test_support::what;
 
 // Found by the fuzzer: the implicit move kept size() and offset(), so a moved-from array said it
 // had 64 elements while data() was null, and reshape({64}) of it "succeeded".
@@ -68,9 +74,8 @@ TEST_CASE("a freed data_ref moved into a view throws use_after_free", "[misuse][
   CHECK(be.outstanding_bytes() == 0);
 }
 
-TEST_CASE("unsafe_free of one handle of a shared buffer leaves it to the other handles", "[misuse][unsafe_free]") {
-  const backend be = make_host_backend();
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "unsafe_free of one handle of a shared buffer leaves it to the other handles",
+                 "[misuse][unsafe_free]") {
   scope s(cache);
   auto a = empty<float>(be, {16});
   auto view = a.reshape({4, 4});
@@ -87,13 +92,15 @@ TEST_CASE("unsafe_free of one handle of a shared buffer leaves it to the other h
   CHECK(again.data() == p);
 }
 
-TEST_CASE("closing an uncached_guard out of order throws scope_error and keeps it open", "[misuse][scope]") {
-  alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "closing an uncached_guard out of order throws scope_error and keeps it open",
+                 "[misuse][scope]") {
   scope outer(cache);
   uncached_guard guard;
   auto inner = std::make_unique<scope>(cache);
   CHECK(caching_active());
-  CHECK_THROWS_AS(guard.close(), scope_error);
+  CHECK_THROWS_MATCHES(guard.close(), scope_error,
+                       what(Contains("uncached_guard was closed out of order") &&
+                            Contains("opened after it on this thread is still open")));
   inner.reset();
   CHECK_FALSE(caching_active());  // the guard is still the innermost frame
   guard.close();
@@ -102,14 +109,14 @@ TEST_CASE("closing an uncached_guard out of order throws scope_error and keeps i
   CHECK_FALSE(caching_active());
 }
 
-TEST_CASE("destroying a scope on another thread terminates with a clear message", "[misuse][scope][threads]") {
-  const auto [aborted, output] = test_support::in_child([] {
-    alloc_cache cache{cache_options{}};
+TEST_CASE_METHOD(host_fixture, "destroying a scope on another thread terminates with a clear message",
+                 "[misuse][scope][threads]") {
+  const auto [aborted, output] = test_support::in_child([&] {
     auto s = std::make_unique<scope>(cache);
     std::thread([&] { s.reset(); }).join();  // the destructor cannot throw: it must terminate
   });
   CHECK(aborted);
-  CHECK_THAT(output, Catch::Contains("on the thread that opened"));
+  CHECK_THAT(output, Contains("on the thread that opened"));
 }
 
 TEST_CASE("an uncached request that runs out of memory throws at once: no cache to reclaim", "[misuse][oom]") {
@@ -119,22 +126,12 @@ TEST_CASE("an uncached request that runs out of memory throws at once: no cache 
   scope s(cache);
   { auto idle = allocate(be, 800); }  // idle in the cache, which an uncached request cannot use
   uncached_guard g;
-  try {
-    (void)allocate(be, 512);
-    FAIL("no exception");
-  } catch (const out_of_memory& e) {
-    CHECK(e.requested_bytes() == 512);
-    CHECK_THAT(e.what(), Catch::Contains("uncached allocation"));
-  }
+  CHECK_THROWS_MATCHES(allocate(be, 512), out_of_memory, oom_for(512, -1) && what(Contains("uncached allocation")));
   CHECK(cache.stats().oom_retries == 0);
   CHECK(cache.stats().idle_bytes == 800);
 }
 
 TEST_CASE("an allocation log that cannot be opened throws config_error naming the path", "[misuse][config]") {
-  try {
-    detail::alloc_log log("/nonexistent-refpool-folder/alloc.csv");
-    FAIL("no exception");
-  } catch (const config_error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("'log'") && Catch::Contains("/nonexistent-refpool-folder/alloc.csv"));
-  }
+  CHECK_THROWS_MATCHES(detail::alloc_log("/nonexistent-refpool-folder/alloc.csv"), config_error,
+                       what(Contains("'log'") && Contains("/nonexistent-refpool-folder/alloc.csv")));
 }

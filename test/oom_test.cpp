@@ -2,9 +2,17 @@
 // Backend errors other than OOM propagate unchanged. Nothing leaks either way.
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <vector>
+
 #include <refpool/refpool.hpp>
 
+#include "support/error_matchers.hpp"
+
 using namespace refpool;
+using Catch::Contains;
+using test_support::oom_for;
+using test_support::what;
 
 TEST_CASE("out of memory reclaims idle blocks and retries", "[oom]") {
   auto limited = std::make_shared<limiting_resource>(make_host_resource(), 4096);
@@ -27,17 +35,12 @@ TEST_CASE("out of memory after reclaim throws an error naming sizes and cache st
   scope s(cache);
   auto live = allocate(be, 3000);
   { auto idle = allocate(be, 1000); }
-  try {
-    (void)allocate(be, 2048);
-    FAIL("no exception");
-  } catch (const out_of_memory& e) {
-    CHECK(e.requested_bytes() == 2048);
-    CHECK(e.device() == -1);
-    const std::string message = e.what();
-    CHECK_THAT(message, Catch::Contains("2048 B") && Catch::Contains("3000 B live") &&
-                            Catch::Contains("reclaiming 1000 B") && Catch::Contains("device -1"));
-  }
+  CHECK_THROWS_MATCHES(allocate(be, 2048), out_of_memory,
+                       oom_for(2048, -1) && what(Contains("2048 B") && Contains("3000 B live") &&
+                                                 Contains("reclaiming 1000 B") && Contains("device -1")));
   const auto st = cache.stats();
+  CHECK(st.oom_retries == 1);
+  CHECK(st.ooms == 1);
   CHECK(st.live_bytes == 3000);
   CHECK(st.idle_bytes == 0);
   CHECK(limited->used() == 3000);
@@ -56,7 +59,11 @@ TEST_CASE("reclaim on OOM only touches the failing backend", "[oom]") {
   { auto b = allocate(small, 1024); }
   auto c = allocate(small, 600);  // reclaims small's idle 1024, not other's 512
   CHECK(other.outstanding_bytes() == 512);
-  CHECK(cache.stats().idle_bytes == 512);
+  CHECK(limited->used() == 600);
+  const auto st = cache.stats();
+  CHECK(st.idle_bytes == 512);
+  CHECK(st.oom_retries == 1);
+  CHECK(st.reclaimed_blocks == 1);
 }
 
 TEST_CASE("a failing backend at every allocation leaves the cache consistent", "[oom][faults]") {

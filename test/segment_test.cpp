@@ -11,7 +11,7 @@
 
 #include <refpool/error.hpp>
 
-#include "in_child.hpp"
+#include "support/in_child.hpp"
 #include "segments/fixture.hpp"
 #include "segments/poison.hpp"
 

@@ -23,7 +23,12 @@
 
 #include <refpool/refpool.hpp>
 
+#include "support/stamped.hpp"
+
 using namespace refpool;
+using test_support::first_foreign_byte;
+using test_support::stamped_buffer;
+using test_support::stamped_set;
 
 namespace {
 
@@ -33,23 +38,10 @@ void check(bool ok, const char* what) {
   if (!ok && failures.fetch_add(1) < 20) fmt::print(stderr, "stress_test: FAILED: {}\n", what);
 }
 
-// A buffer and its owner's stamp: word i holds stamp + i. Written once, by its creator, before
-// anyone else can see it; read by every later holder.
-struct owned {
-  array<std::uint64_t> a;
-  std::uint64_t stamp = 0;
-  [[nodiscard]] bool intact() const {
-    const std::uint64_t* p = a.data();
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (p[i] != stamp + i) return false;
-    return true;
-  }
-};
-
 struct mailbox {
   static constexpr std::size_t capacity = 256;
   std::mutex mutex;
-  std::vector<owned> items;
+  stamped_set items;  // buffers on their way between threads, with their owners' stamps
 };
 
 struct counts {
@@ -59,22 +51,15 @@ struct counts {
 
 void worker(alloc_cache& cache, const backend& be, mailbox& box, int tid, std::uint64_t ops, counts& out) {
   std::mt19937_64 rng(0x5EED0000ull + static_cast<std::uint64_t>(tid));
-  std::uint64_t next_stamp = static_cast<std::uint64_t>(tid + 1) << 40;
-  std::vector<owned> mine;
+  stamped_set mine;
   auto fresh = [&] {
-    owned o{empty<std::uint64_t>(be, {std::size_t{1} << (rng() % 7)}), next_stamp};
-    next_stamp += 1 << 10;
-    std::uint64_t* p = o.a.data();
-    for (std::size_t i = 0; i < o.a.size(); ++i) p[i] = o.stamp + i;
+    stamped_buffer o = mine.stamp(empty<std::uint64_t>(be, {std::size_t{1} << (rng() % 7)}));
     out.allocations += 1;
     return o;
   };
   auto drop_one = [&] {
     if (mine.empty()) return;
-    const std::size_t i = rng() % mine.size();
-    check(mine[i].intact(), "a buffer lost its owner's stamp before it was dropped");
-    mine[i] = std::move(mine.back());
-    mine.pop_back();
+    check(mine.drop(rng() % mine.size()), "a buffer lost its owner's stamp before it was dropped");
   };
   std::uint64_t op = 0;
   while (op < ops) {
@@ -83,17 +68,17 @@ void worker(alloc_cache& cache, const backend& be, mailbox& box, int tid, std::u
     for (std::uint64_t k = 0; k < body && op < ops; ++k, ++op) {
       switch (rng() % 16) {
         case 0: case 1: case 2: case 3: case 4:
-          mine.push_back(fresh());
+          mine.adopt(fresh());
           break;
         case 5: {  // other views of the same buffer see the same stamp
           if (mine.empty()) break;
-          const owned& o = mine[rng() % mine.size()];
+          const stamped_buffer& o = mine[rng() % mine.size()];
           if (o.a.size() % 2 == 0) {
             auto m = o.a.reshape({2, o.a.size() / 2});
             check(m.data() == o.a.data(), "reshape moved the data");
           }
           auto words = o.a.reinterpret<std::uint32_t>();
-          check(words.size() == 2 * o.a.size() && words.data()[0] == static_cast<std::uint32_t>(o.stamp),
+          check(words.size() == 2 * o.a.size() && !first_foreign_byte(words.data(), words.bytes(), o.stamp),
                 "reinterpret does not see the stamp");
           break;
         }
@@ -103,57 +88,52 @@ void worker(alloc_cache& cache, const backend& be, mailbox& box, int tid, std::u
           if (box.items.size() >= mailbox::capacity) break;
           const std::size_t i = rng() % mine.size();
           if (rng() % 2 == 0) {
-            box.items.push_back(mine[i]);
+            box.items.adopt(mine[i]);
             out.shared += 1;
           } else {
-            box.items.push_back(std::move(mine[i]));
-            mine[i] = std::move(mine.back());
-            mine.pop_back();
+            box.items.adopt(mine.take(i));
           }
           out.handoffs += 1;
           break;
         }
         case 8: {  // adopt one from another thread
-          owned o;
+          stamped_buffer o;
           {
             std::lock_guard guard(box.mutex);
             if (box.items.empty()) break;
-            o = std::move(box.items.back());
-            box.items.pop_back();
+            o = box.items.take(box.items.size() - 1);
           }
           check(o.intact(), "a buffer handed between threads lost its stamp");
-          mine.push_back(std::move(o));
+          mine.adopt(std::move(o));
           break;
         }
         case 9: {  // give one back early; the handle must then refuse access
           if (mine.empty()) break;
-          const std::size_t i = rng() % mine.size();
-          check(mine[i].intact(), "a buffer lost its stamp before unsafe_free");
-          mine[i].a.unsafe_free();
+          stamped_buffer o = mine.take(rng() % mine.size());
+          check(o.intact(), "a buffer lost its stamp before unsafe_free");
+          o.a.unsafe_free();
           out.unsafe_frees += 1;
           try {
-            (void)mine[i].a.data();
+            (void)o.a.data();
             check(false, "data() after unsafe_free did not throw");
           } catch (const use_after_free&) {
             out.use_after_free_seen += 1;
           }
-          mine[i] = std::move(mine.back());
-          mine.pop_back();
           break;
         }
         case 10: {  // a nested scope on the same cache; some results outlive it
           scope inner(cache);
-          owned x = fresh();
-          owned y = fresh();
+          stamped_buffer x = fresh();
+          stamped_buffer y = fresh();
           check(x.intact() && y.intact(), "fresh buffers in a nested scope alias");
-          if (rng() % 2 == 0) mine.push_back(std::move(x));
+          if (rng() % 2 == 0) mine.adopt(std::move(x));
           break;
         }
         case 11: {  // uncached: straight to the backend
           uncached_guard g;
-          owned x = fresh();
+          stamped_buffer x = fresh();
           check(x.intact(), "an uncached buffer lost its stamp");
-          if (rng() % 4 == 0) mine.push_back(std::move(x));
+          if (rng() % 4 == 0) mine.adopt(std::move(x));
           break;
         }
         default:
@@ -218,7 +198,7 @@ int main(int argc, char** argv) {
     for (auto& t : threads) t.join();
     done.store(true);
     reclaim_thread.join();
-    for (const owned& o : box.items) check(o.intact(), "a buffer left in the mailbox lost its stamp");
+    check(box.items.check_all(), "a buffer left in the mailbox lost its stamp");
     box.items.clear();
     st = cache.stats();
     check(st.live_blocks == 0 && st.live_bytes == 0, "live blocks remain after every handle went");
