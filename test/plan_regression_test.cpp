@@ -1,0 +1,134 @@
+// Regression tests for the planned-scope bugs of issue 14, one test case each, named after the
+// bug. Each failed (crashed, threw or asserted) on the commit before its fix; the commit that
+// fixed it says how. Public API only, so they build against any version of the library.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <refpool/refpool.hpp>
+
+using namespace refpool;
+
+namespace {
+
+// A host resource that logs which streams it was asked to order, so a test can see the waits.
+class stream_log_resource final : public resource {
+ public:
+  std::string_view name() const noexcept override { return "host (stream log)"; }
+  device_id device() const noexcept override { return upstream_->device(); }
+  memory_kind kind() const noexcept override { return upstream_->kind(); }
+  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
+  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    upstream_->deallocate(ptr, bytes, stream);
+  }
+  void order_streams(stream_ref producer, stream_ref consumer) override {
+    std::lock_guard guard(mutex_);
+    waits_.emplace_back(producer.handle, consumer.handle);
+  }
+  std::vector<std::pair<void*, void*>> waits() const {
+    std::lock_guard guard(mutex_);
+    return waits_;
+  }
+
+ private:
+  std::shared_ptr<resource> upstream_ = make_host_resource();
+  mutable std::mutex mutex_;
+  std::vector<std::pair<void*, void*>> waits_;
+};
+
+// A host resource that says when it is destroyed.
+class flagged_resource final : public resource {
+ public:
+  explicit flagged_resource(std::atomic<bool>& destroyed) : destroyed_(destroyed) {}
+  ~flagged_resource() override { destroyed_ = true; }
+  std::string_view name() const noexcept override { return "host (flagged)"; }
+  device_id device() const noexcept override { return upstream_->device(); }
+  memory_kind kind() const noexcept override { return upstream_->kind(); }
+  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
+  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    upstream_->deallocate(ptr, bytes, stream);
+  }
+
+ private:
+  std::shared_ptr<resource> upstream_ = make_host_resource();
+  std::atomic<bool>& destroyed_;
+};
+
+
+[[maybe_unused]] stream_ref fake_stream(std::uintptr_t n) { return stream_ref{reinterpret_cast<void*>(n << 12)}; }
+
+[[maybe_unused]] bool disjoint(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x + an <= y || y + bn <= x;
+}
+
+}  // namespace
+
+TEST_CASE("#5: recording and diverged runs reclaim idle blocks on out of memory", "[plan][regression][oom]") {
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 12288);
+  const backend be(limited);
+  alloc_cache cache{cache_options{}};
+  const auto fill_idle = [&](int blocks) {  // idle 2 KiB blocks
+    scope s(cache);
+    std::vector<data_ref> held;
+    for (int i = 0; i < blocks; ++i) held.push_back(allocate(be, 2048));
+  };
+  fill_idle(4);
+  CHECK(cache.stats().idle_bytes == 8192);
+  {
+    scope s(cache, {.plan = "p"});
+    data_ref r;
+    REQUIRE_NOTHROW(r = allocate(be, 6144));  // recording: 8192 + 6144 B do not fit: reclaim, retry
+    CHECK(r.bytes() == 6144);
+  }
+  CHECK(cache.stats().oom_retries == 1);
+  CHECK(cache.stats().plans == 1);  // its arena holds 6144 B now
+  fill_idle(3);                     // and the rest is idle again
+  CHECK(limited->used() == 12288);
+  {
+    scope s(cache, {.plan = "p"});
+    data_ref r;
+    REQUIRE_NOTHROW(r = allocate(be, 3000));  // diverges at once: served uncached, reclaims, retries
+    CHECK(r.bytes() == 3000);
+  }
+  CHECK(cache.stats().oom_retries == 2);
+}
+
+TEST_CASE("#6: a planned region's source() is its backend", "[plan][regression]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  for (int i = 0; i < 3; ++i) {
+    scope s(cache, {.plan = "src"});
+    auto a = allocate(be, 512);
+    const backend from = a.source();
+    CHECK(from == be);
+    auto b = allocate(from, 64);  // threw invalid_argument (a null backend) for regions
+    CHECK(b.bytes() == 64);
+  }
+  CHECK(cache.stats().plan_hits >= 2);
+}
+
+TEST_CASE("core: a cache keeps no backend alive once its blocks and handles are gone", "[cache][regression]") {
+  std::atomic<bool> destroyed{false};
+  alloc_cache cache{cache_options{}};
+  {
+    backend be(std::make_shared<flagged_resource>(destroyed));
+    scope s(cache);
+    auto a = allocate(be, 4096);
+    auto b = allocate(be, 100);
+  }
+  CHECK_FALSE(destroyed);  // idle blocks keep their backend (they must be freed to it)
+  CHECK(cache.stats().idle_blocks == 2);
+  cache.reclaim(0);
+  CHECK(destroyed);  // nothing of it left in the cache, which lives on
+}
