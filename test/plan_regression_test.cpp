@@ -74,6 +74,31 @@ class flagged_resource final : public resource {
 
 }  // namespace
 
+TEST_CASE("#1: an arena that cannot be allocated at the end of a recording is released once", "[plan][regression]") {
+  // 4 KiB in all: the escaped 3000 B buffer stays held, so the 3072 B arena does not fit.
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 4096);
+  const backend be(limited);
+  alloc_cache cache{cache_options{}};
+  data_ref escaped;
+  {
+    scope s(cache, {.plan = "k"});
+    escaped = allocate(be, 3000);
+  }
+  const auto st = cache.stats();
+  CHECK(st.plans == 0);  // no memory for the arena: no plan, and nothing freed twice
+  CHECK(st.arena_bytes == 0);
+  CHECK(st.escapes == 1);
+  CHECK(limited->used() == 3000);
+  escaped = {};
+  CHECK(be.outstanding_bytes() == 0);
+  // The key works once memory is there again.
+  for (int i = 0; i < 2; ++i) {
+    scope s(cache, {.plan = "k"});
+    auto a = allocate(be, 3000);
+  }
+  CHECK(cache.stats().plans == 1);
+}
+
 TEST_CASE("#5: recording and diverged runs reclaim idle blocks on out of memory", "[plan][regression][oom]") {
   auto limited = std::make_shared<limiting_resource>(make_host_resource(), 12288);
   const backend be(limited);

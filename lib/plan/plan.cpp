@@ -330,8 +330,7 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
       p->bind(shared);
     } else {
       auto* grown = new arena(backend, needed, stream);
-      if (!grown->allocate()) {
-        grown->release();
+      if (!grown->allocate()) {  // the release below is the only one: it frees the arena
         dropped.push_back(p);
         added = false;
       } else {
@@ -343,7 +342,7 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
           q = moved;
         }
       }
-      grown->release();  // the plans hold it now
+      grown->release();  // the plans hold it now (none, if it could not be allocated)
     }
     if (added) {
       plans_.emplace_back(key, p);
