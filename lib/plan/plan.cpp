@@ -100,7 +100,7 @@ plan::plan(const plan& other, arena* a)
       bytes_needed_(other.bytes_needed_),
       peak_live_bytes_(other.peak_live_bytes_),
       live_(other.requests_.size(), 0) {
-  last_used.store(other.last_used.load());
+  last_used = other.last_used;  // the store's mutex is held
   bind(a);
 }
 
@@ -262,7 +262,7 @@ void plan_run::finish() noexcept {
   if (escaped != 0) cache_.add_escapes(escaped);
   plan_store& store = plan_store::of(cache_);
   const bool complete = current_ != nullptr && !diverged_ && current_->requests().size() == sequence.size();
-  if (complete) current_->last_used.store(store.clock.fetch_add(1) + 1, std::memory_order_relaxed);
+  if (complete) store.mark_used(current_);
   if (!complete && current_ != nullptr && !diverged_) store.misses.fetch_add(1, std::memory_order_relaxed);
   const bool record = !sequence.empty() && !several_streams_ && (!complete || current_->stale.load());
   if (!record) return;
@@ -287,13 +287,15 @@ plan_store& plan_store::of(cache_state& cache) {
 
 std::vector<plan*> plan_store::find(std::string_view key) {
   std::lock_guard guard(mutex_);
-  std::vector<plan*> out;
+  std::vector<std::pair<std::uint64_t, plan*>> found;  // last use read once: sort keys must not change
   for (const auto& [k, p] : plans_) {
     if (k != key) continue;
     p->retain();
-    out.push_back(p);
+    found.emplace_back(p->last_used, p);
   }
-  std::sort(out.begin(), out.end(), [](const plan* a, const plan* b) { return a->last_used > b->last_used; });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<plan*> out;
+  for (const auto& [used, p] : found) out.push_back(p);
   return out;
 }
 
@@ -302,7 +304,7 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
   bool added = true;
   {
     std::lock_guard guard(mutex_);
-    p->last_used.store(clock.fetch_add(1) + 1);
+    p->last_used = ++clock_;
     auto same = std::find_if(plans_.begin(), plans_.end(),
                              [&](const auto& e) { return e.first == key && e.second->requests() == p->requests(); });
     if (same != plans_.end()) {
@@ -359,6 +361,11 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
   }
   for (plan* d : dropped) d->release();
   return added;
+}
+
+void plan_store::mark_used(plan* p) noexcept {
+  std::lock_guard guard(mutex_);
+  p->last_used = ++clock_;
 }
 
 void plan_store::close() noexcept {

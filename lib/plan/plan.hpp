@@ -90,7 +90,7 @@ class plan final : public region_owner {
 
   std::atomic<bool> stale{false};
   std::atomic<std::uint64_t> unsafe_frees{0};
-  std::atomic<std::uint64_t> last_used{0};  ///< plan_store's clock at the last run that used it
+  std::uint64_t last_used = 0;  ///< plan_store's clock at the last run that used it (guarded by its mutex)
 
  private:
   std::atomic<int> refs_{1};
@@ -176,10 +176,12 @@ class plan_store final : public cache_extension {
   std::atomic<std::uint64_t> hits{0};
   std::atomic<std::uint64_t> misses{0};
   std::atomic<std::uint64_t> recordings{0};
-  std::atomic<std::uint64_t> clock{0};
+  /// A run of `p` ran it to its end: it becomes the key's most recently used plan.
+  void mark_used(plan* p) noexcept;
 
  private:
   mutable std::mutex mutex_;
+  std::uint64_t clock_ = 0;  // guarded by mutex_, as every plan's last_used
   std::vector<std::pair<std::string, plan*>> plans_;
   std::uint64_t retired_unsafe_frees_ = 0;
 };
