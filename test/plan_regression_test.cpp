@@ -134,6 +134,48 @@ TEST_CASE("#2: threads running one key with several plans (find sorts while runs
   CHECK(st.plan_hits + st.plan_misses > 0);
 }
 
+TEST_CASE("#3: a huge request in a planned scope fails every run and is never served", "[plan][regression]") {
+  // Sizes within 256 B of SIZE_MAX (where rounding to the region or host alignment wraps) go to
+  // the host backend itself; SIZE_MAX / 2 + 1 would make ASan abort in operator new, so it goes
+  // to a limited one.
+  const bool limited = GENERATE(false, true);
+  const backend be = limited ? backend(std::make_shared<limiting_resource>(make_host_resource(), std::size_t{1} << 30))
+                             : make_host_backend();
+  alloc_cache cache{cache_options{}};
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  const std::vector<std::size_t> huge_sizes =
+      limited ? std::vector<std::size_t>{max / 2 + 1, max - 100} : std::vector<std::size_t>{max, max - 100, max - 255};
+  for (std::size_t huge : huge_sizes) {
+    for (int run = 0; run < 4; ++run) {
+      scope s(cache, {.plan = "huge"});
+      auto a = allocate(be, 1024);
+      std::memset(a.data(), 0xA1, 1024);
+      data_ref got;
+      // out_of_memory (the backend has no such memory) or size_error (a size computation would
+      // wrap): either way an error, never a handle.
+      CHECK_THROWS_AS(got = allocate(be, huge), refpool::error);
+      CHECK(!got);
+      auto b = allocate(be, 512);
+      std::memset(b.data(), 0xB2, 512);
+      CHECK(disjoint(a.data(), a.capacity(), b.data(), b.capacity()));
+      CHECK(b.bytes() == 512);
+      CHECK(b.capacity() >= 512);
+      for (std::size_t i = 0; i < 1024; ++i) REQUIRE(static_cast<unsigned char*>(a.data())[i] == 0xA1);
+    }
+  }
+  // The root on the host backend: its aligned operator new wrapped such sizes to 0 bytes and
+  // succeeded, so plain scopes and uncached requests got a "buffer" too.
+  for (std::size_t huge : huge_sizes) {
+    CHECK_THROWS_AS(allocate(be, huge), out_of_memory);
+    scope s(cache);
+    CHECK_THROWS_AS(allocate(be, huge), out_of_memory);
+  }
+  const auto st = cache.stats();
+  CHECK(st.plan_hits > 0);  // the requests that did succeed are planned and replayed
+  cache.reclaim(0);
+  CHECK(be.outstanding_bytes() == st.arena_bytes);
+}
+
 TEST_CASE("#5: recording and diverged runs reclaim idle blocks on out of memory", "[plan][regression][oom]") {
   auto limited = std::make_shared<limiting_resource>(make_host_resource(), 12288);
   const backend be(limited);

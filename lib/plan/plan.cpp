@@ -4,13 +4,15 @@
 #include <algorithm>
 #include <limits>
 
+#include "plan/checked_size.hpp"
+
 namespace refpool::detail {
 
 namespace {
 constexpr std::size_t region_alignment = 256;  // what every backend's own allocations guarantee
 constexpr std::uint64_t still_live = std::numeric_limits<std::uint64_t>::max();
 
-std::size_t aligned(std::size_t bytes) { return (bytes + region_alignment - 1) / region_alignment * region_alignment; }
+std::size_t aligned(std::size_t bytes) { return checked_round_up(bytes, region_alignment, "a planned region"); }
 }  // namespace
 
 // ---- placement ----------------------------------------------------------------------------
@@ -25,7 +27,7 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return sizes[a] != sizes[b] ? sizes[a] > sizes[b] : lifetimes[a].first < lifetimes[b].first;
   });
-  const auto round = [&](std::size_t s) { return (s + alignment - 1) / alignment * alignment; };
+  const auto round = [&](std::size_t s) { return checked_round_up(s, alignment, "a planned request"); };
   std::vector<std::size_t> offsets(n, 0);
   std::vector<std::size_t> placed;  // indices placed so far
   std::size_t arena = 0;
@@ -38,11 +40,11 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(
     std::sort(busy.begin(), busy.end());
     std::size_t at = 0;
     for (const auto& [begin, end] : busy) {
-      if (begin >= at + round(sizes[i])) break;  // the gap before this one fits
+      if (begin >= checked_add(at, round(sizes[i]), "a placement")) break;  // the gap before this one fits
       at = std::max(at, end);
     }
     offsets[i] = at;
-    arena = std::max(arena, at + round(sizes[i]));
+    arena = std::max(arena, checked_add(at, round(sizes[i]), "an arena"));
     placed.push_back(i);
   }
   return {offsets, arena};
@@ -185,13 +187,9 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
   {
     std::lock_guard guard(lock_);
     index = sequence_.size();
-    sequence_.push_back(request);
-    lifetimes_.emplace_back(tick_.fetch_add(1, std::memory_order_relaxed), still_live);
-    several_streams_ |= request.stream != sequence_.front().stream || request.key.backend != sequence_.front().key.backend;
-    if (index == 0) {
-      first_backend_ = &backend;
-      backend.retain();  // the recording's blocks may all be gone by finish()
-    }
+    // Room for this request, so recording it after its allocation cannot fail.
+    sequence_.reserve(index + 1);
+    lifetimes_.reserve(index + 1);
   }
   block* b = nullptr;
   if (recording_only_) {
@@ -200,7 +198,8 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
     // The current plan matched every earlier request, so only this one needs comparing; another
     // plan is taken only if it matches the whole sequence so far.
     const auto matches = [&](const plan* p) {
-      return p->requests().size() > index && std::equal(sequence_.begin(), sequence_.begin() + index + 1, p->requests().begin());
+      return p->requests().size() > index && std::equal(sequence_.begin(), sequence_.begin() + index, p->requests().begin()) &&
+             p->requests()[index] == request;
     };
     const bool current_fits = current_ != nullptr && current_->requests().size() > index &&
                               current_->requests()[index] == request;
@@ -220,6 +219,17 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
       // A new sequence: served exactly and uncached, like a first run, since it will be recorded
       // into a plan; cached copies of its blocks would only add to the memory held.
       b = cache_.allocate_uncached(backend, bytes, stream);
+    }
+  }
+  {
+    // Recorded only now that it succeeded: a request that threw is no part of the sequence.
+    std::lock_guard guard(lock_);
+    sequence_.push_back(request);
+    lifetimes_.emplace_back(tick_.fetch_add(1, std::memory_order_relaxed), still_live);
+    several_streams_ |= request.stream != sequence_.front().stream || request.key.backend != sequence_.front().key.backend;
+    if (index == 0) {
+      first_backend_ = &backend;
+      backend.retain();  // the recording's blocks may all be gone by finish()
     }
   }
   note(b, index);
