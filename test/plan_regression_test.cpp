@@ -176,6 +176,40 @@ TEST_CASE("#3: a huge request in a planned scope fails every run and is never se
   CHECK(be.outstanding_bytes() == st.arena_bytes);
 }
 
+TEST_CASE("#4: plans of one key on two streams never share bytes without ordering", "[plan][regression][streams]") {
+  auto log = std::make_shared<stream_log_resource>();
+  const backend be(log);
+  alloc_cache cache{cache_options{}};
+  const stream_ref a = fake_stream(1);
+  const stream_ref b = fake_stream(2);
+  struct seen {
+    void* ptr;
+    std::size_t bytes;
+  };
+  std::vector<seen> on_a, on_b;
+  const auto run = [&](stream_ref s, std::vector<seen>& out) {
+    scope sc(cache, {.plan = "key"});
+    auto x = allocate(be, 4096, s);
+    auto y = allocate(be, 1024, s);
+    out.push_back({x.data(), x.capacity()});
+    out.push_back({y.data(), y.capacity()});
+  };
+  std::vector<seen> recordings;  // uncached and freed at once: the heap may reuse their bytes later
+  run(a, recordings);           // records on A
+  for (int i = 0; i < 2; ++i) run(a, on_a);
+  run(b, recordings);           // records on B
+  for (int i = 0; i < 2; ++i) run(b, on_b);
+  const auto allocations = be.allocation_count();
+  for (int i = 0; i < 4; ++i) run(i % 2 == 0 ? a : b, i % 2 == 0 ? on_a : on_b);  // both replay
+  CHECK(be.allocation_count() == allocations);
+  CHECK(cache.stats().plans == 2);
+  // The documented rule: a key used on another stream gets its own arena. So no byte handed out
+  // on A is ever handed out on B, and no wait is needed (none is recorded).
+  for (const seen& x : on_a)
+    for (const seen& y : on_b) CHECK(disjoint(x.ptr, x.bytes, y.ptr, y.bytes));
+  CHECK(log->waits().empty());
+}
+
 TEST_CASE("#5: recording and diverged runs reclaim idle blocks on out of memory", "[plan][regression][oom]") {
   auto limited = std::make_shared<limiting_resource>(make_host_resource(), 12288);
   const backend be(limited);

@@ -330,11 +330,14 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
         ++it;
       }
     }
-    // The key's plans share one arena: reuse it if it is big enough, else grow it and move them.
+    // The key's plans of one stream share one arena: reuse it if it is big enough, else grow it
+    // and move them. Plans of another stream get an arena of their own: replays on two streams
+    // never hand out the same bytes, so no stream ordering is needed between them.
+    const auto shares = [&](const std::string& k, const plan* q) { return k == key && q->memory()->stream() == stream; };
     arena* shared = nullptr;
     std::size_t needed = p->bytes_needed();
     for (const auto& [k, q] : plans_) {
-      if (k != key) continue;
+      if (!shares(k, q)) continue;
       needed = std::max(needed, q->bytes_needed());
       if (shared == nullptr || q->memory()->bytes() > shared->bytes()) shared = const_cast<arena*>(q->memory());
     }
@@ -348,7 +351,7 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
       } else {
         p->bind(grown);
         for (auto& [k, q] : plans_) {
-          if (k != key) continue;
+          if (!shares(k, q)) continue;
           plan* moved = new plan(*q, grown);
           dropped.push_back(q);
           q = moved;

@@ -31,8 +31,8 @@ struct planned_request {
   friend bool operator==(const planned_request&, const planned_request&) = default;
 };
 
-/// The memory that the plans of one key share: they never run at the same time, so one arena of
-/// the largest plan's size serves them all. Counts live regions of all its plans.
+/// The memory that the plans of one key and stream share: they never run at the same time, so one
+/// arena of the largest plan's size serves them all. Counts live regions of all its plans.
 class arena {
  public:
   /// Holds a counted reference to `backend` (released with the arena).
@@ -49,6 +49,7 @@ class arena {
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] std::byte* base() const noexcept { return static_cast<std::byte*>(ptr_); }
   [[nodiscard]] backend_state* backend() const noexcept { return backend_; }
+  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
 
   spinlock lock;              // guards live_total and the live counts of its plans
   std::size_t live_total = 0; ///< live regions of every plan in this arena
