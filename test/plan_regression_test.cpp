@@ -254,6 +254,26 @@ TEST_CASE("#6: a planned region's source() is its backend", "[plan][regression]"
   CHECK(cache.stats().plan_hits >= 2);
 }
 
+TEST_CASE("#7: unsafe frees of regions of a replaced plan are counted", "[plan][regression]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const scope_options planned{.plan = "u"};
+  data_ref escaped;
+  for (int i = 0; i < 2; ++i) {
+    scope s(cache, planned);
+    auto a = allocate(be, 1024);
+    if (i == 1) escaped = a;  // a region of the plan escapes
+  }
+  {
+    scope s(cache, planned);  // conflicts with the escaped region: the plan is replaced
+    auto a = allocate(be, 1024);
+  }
+  CHECK(cache.stats().plan_recordings == 2);
+  const auto before = cache.stats().unsafe_frees;
+  escaped.unsafe_free();  // a region of the replaced plan
+  CHECK(cache.stats().unsafe_frees == before + 1);
+}
+
 TEST_CASE("core: a cache keeps no backend alive once its blocks and handles are gone", "[cache][regression]") {
   std::atomic<bool> destroyed{false};
   alloc_cache cache{cache_options{}};

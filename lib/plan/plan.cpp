@@ -69,8 +69,9 @@ bool arena::allocate() {
 
 // ---- plan ---------------------------------------------------------------------------------
 
-plan::plan(std::vector<planned_request> requests, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& lifetimes)
-    : requests_(std::move(requests)) {
+plan::plan(cache_state& cache, std::vector<planned_request> requests,
+           const std::vector<std::pair<std::uint64_t, std::uint64_t>>& lifetimes)
+    : cache_(&cache), requests_(std::move(requests)) {
   std::vector<std::size_t> sizes;
   for (const auto& r : requests_) sizes.push_back(r.key.bytes);
   std::tie(offsets_, bytes_needed_) = place_greedy_by_size(sizes, lifetimes, region_alignment);
@@ -93,22 +94,26 @@ plan::plan(std::vector<planned_request> requests, const std::vector<std::pair<st
     live += delta;
     peak_live_bytes_ = std::max(peak_live_bytes_, static_cast<std::size_t>(std::max<std::int64_t>(live, 0)));
   }
+  cache.retain();  // last: a constructor that threw must not keep the cache
 }
 
 plan::plan(const plan& other, arena* a)
-    : requests_(other.requests_),
+    : cache_(other.cache_),
+      requests_(other.requests_),
       offsets_(other.offsets_),
       overlaps_(other.overlaps_),
       bytes_needed_(other.bytes_needed_),
       peak_live_bytes_(other.peak_live_bytes_),
       live_(other.requests_.size(), 0) {
   last_used = other.last_used;  // the store's mutex is held
+  cache_->retain();
   bind(a);
 }
 
 plan::~plan() {
   for (block* b : free_regions_) delete b;
   if (arena_ != nullptr) arena_->release();
+  cache_->release();
 }
 
 void plan::bind(arena* a) noexcept {
@@ -150,7 +155,7 @@ block* plan::take_region(std::size_t i, std::size_t requested, stream_ref stream
 }
 
 void plan::release_region(block* b, bool via_unsafe_free) noexcept {
-  if (via_unsafe_free) unsafe_frees.fetch_add(1, std::memory_order_relaxed);
+  if (via_unsafe_free) cache_->add_unsafe_free();  // counted whether or not the plan was replaced
   {
     std::lock_guard guard(arena_->lock);
     live_[b->region_index] -= 1;
@@ -277,7 +282,7 @@ void plan_run::finish() noexcept {
   const bool record = !sequence.empty() && !several_streams_ && (!complete || current_->stale.load());
   if (!record) return;
   try {
-    auto* made = new plan(std::move(sequence), lifetimes);
+    auto* made = new plan(cache_, std::move(sequence), lifetimes);
     if (!store.add(key_, made, *first_backend_, sequence_.front().stream)) return;  // no memory: normal cache
     store.recordings.fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
@@ -370,7 +375,6 @@ bool plan_store::add(const std::string& key, plan* p, backend_state& backend, st
         plans_.erase(oldest);
       }
     }
-    for (plan* d : dropped) retired_unsafe_frees_ += d->unsafe_frees.load();
   }
   for (plan* d : dropped) d->release();
   return added;
@@ -386,7 +390,6 @@ void plan_store::close() noexcept {
   {
     std::lock_guard guard(mutex_);
     all.swap(plans_);
-    for (const auto& e : all) retired_unsafe_frees_ += e.second->unsafe_frees.load();
   }
   for (const auto& e : all) e.second->release();
 }
@@ -396,12 +399,10 @@ void plan_store::add_counters(cache_stats& out) const {
   out.plan_misses = misses.load();
   out.plan_recordings = recordings.load();
   std::lock_guard guard(mutex_);
-  out.unsafe_frees += retired_unsafe_frees_;
   std::vector<const arena*> arenas;
   std::vector<std::pair<std::string_view, std::size_t>> peak_by_key;
   for (const auto& [key, p] : plans_) {
     out.plans += 1;
-    out.unsafe_frees += p->unsafe_frees.load();
     if (std::find(arenas.begin(), arenas.end(), p->memory()) == arenas.end()) arenas.push_back(p->memory());
     auto k = std::find_if(peak_by_key.begin(), peak_by_key.end(), [&key = key](const auto& e) { return e.first == key; });
     if (k == peak_by_key.end()) {

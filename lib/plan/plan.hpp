@@ -65,7 +65,10 @@ class arena {
 /// A placement: requests, their offsets, which requests share bytes, bound to an arena.
 class plan final : public region_owner {
  public:
-  plan(std::vector<planned_request> requests, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& lifetimes);
+  /// Unsafe frees of its regions are counted by `cache` (retained), whether or not the plan is
+  /// still in the cache's store by then.
+  plan(cache_state& cache, std::vector<planned_request> requests,
+       const std::vector<std::pair<std::uint64_t, std::uint64_t>>& lifetimes);
   /// The same placement bound to `a` (retained), with no live regions.
   plan(const plan& other, arena* a);
   ~plan();
@@ -90,11 +93,11 @@ class plan final : public region_owner {
   void release_region(block* b, bool via_unsafe_free) noexcept override;
 
   std::atomic<bool> stale{false};
-  std::atomic<std::uint64_t> unsafe_frees{0};
   std::uint64_t last_used = 0;  ///< plan_store's clock at the last run that used it (guarded by its mutex)
 
  private:
   std::atomic<int> refs_{1};
+  cache_state* cache_;  ///< retained: counts unsafe frees of regions
   std::vector<planned_request> requests_;
   std::vector<std::size_t> offsets_;
   std::vector<std::vector<std::uint32_t>> overlaps_;  ///< per request: requests sharing bytes (and itself)
@@ -184,7 +187,6 @@ class plan_store final : public cache_extension {
   mutable std::mutex mutex_;
   std::uint64_t clock_ = 0;  // guarded by mutex_, as every plan's last_used
   std::vector<std::pair<std::string, plan*>> plans_;
-  std::uint64_t retired_unsafe_frees_ = 0;
 };
 
 }  // namespace refpool::detail
