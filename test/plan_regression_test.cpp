@@ -258,17 +258,21 @@ TEST_CASE("#7: unsafe frees of regions of a replaced plan are counted", "[plan][
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
   const scope_options planned{.plan = "u"};
-  data_ref escaped;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 2; ++i) {  // recorded: a is released before b, so they share bytes
     scope s(cache, planned);
     auto a = allocate(be, 1024);
-    if (i == 1) escaped = a;  // a region of the plan escapes
+    a = {};
+    auto b = allocate(be, 1024);
   }
+  data_ref escaped;
   {
-    scope s(cache, planned);  // conflicts with the escaped region: the plan is replaced
-    auto a = allocate(be, 1024);
+    scope s(cache, planned);
+    auto a = allocate(be, 1024);  // a region of the plan, held past its recorded release
+    auto b = allocate(be, 1024);  // a's bytes: falls back, and the plan is stale
+    CHECK(a.data() != b.data());
+    escaped = a;  // and it escapes
   }
-  CHECK(cache.stats().plan_recordings == 2);
+  CHECK(cache.stats().plan_recordings == 2);  // the stale plan was replaced by this run's recording
   const auto before = cache.stats().unsafe_frees;
   escaped.unsafe_free();  // a region of the replaced plan
   CHECK(cache.stats().unsafe_frees == before + 1);

@@ -37,6 +37,12 @@
   X(size_t, peak_live_bytes, "highest live_bytes since creation or the last reset_peaks")              \
   X(uint64_t, steps, "steps begun on this cache")                                                       \
   X(uint64_t, uncached_allocations, "backend allocations made for this cache's scopes uncached")        \
-  X(size_t, uncached_live_bytes, "bytes of those still held by handles")
+  X(size_t, uncached_live_bytes, "bytes of those still held by handles")                               \
+  X(uint64_t, plan_evictions, "plans dropped: replaced by a re-recording, beyond 16 per key, or memoryless") \
+  X(uint64_t, plan_pauses, "times a key re-recorded so often that its recording was paused")            \
+  X(uint64_t, plan_unrecorded_runs, "planned runs served by the plain cache while their key was paused") \
+  X(uint64_t, plan_busy_runs, "planned runs served by the plain cache: another run held their arena")   \
+  X(uint64_t, arena_growths, "arenas grown in place (virtual memory: nothing moved or held twice)")      \
+  X(uint64_t, arena_replacements, "arenas grown by allocating a larger one and moving their plans")
 
 #endif

@@ -34,7 +34,10 @@ class CacheStats(Structure):
         [(name, c_uint64) for name in ["plan_hits", "plan_misses", "plan_recordings"]] + \
         [(name, c_size_t) for name in ["plans", "arena_bytes", "planned_peak_live_bytes"]] + \
         [("ooms", c_uint64), ("peak_live_bytes", c_size_t), ("steps", c_uint64), ("uncached_allocations", c_uint64),
-         ("uncached_live_bytes", c_size_t)]
+         ("uncached_live_bytes", c_size_t)] + \
+        [(name, c_uint64) for name in [
+            "plan_evictions", "plan_pauses", "plan_unrecorded_runs", "plan_busy_runs", "arena_growths",
+            "arena_replacements"]]
 
 
 class RefpoolError(Exception):
