@@ -1,5 +1,6 @@
 // Host backend: pageable memory from the C++ aligned allocator, so ASan and friends see the
 // exact bounds of every block.
+#include <cstddef>
 #include <limits>
 #include <new>
 
@@ -18,9 +19,9 @@ class host_resource final : public resource {
   std::size_t alignment() const noexcept override { return host_alignment; }
 
   void* allocate(std::size_t bytes, stream_ref) override {
-    // libstdc++'s aligned new rounds the size up to the alignment without an overflow check: a
-    // request within host_alignment of SIZE_MAX wraps to 0 bytes and "succeeds". No such memory.
-    if (bytes > std::numeric_limits<std::size_t>::max() - (host_alignment - 1)) return nullptr;
+    // No object is larger than PTRDIFF_MAX. Above it libstdc++'s aligned new may wrap: it rounds
+    // the size up to the alignment unchecked, so SIZE_MAX "succeeded" as a 0-byte allocation.
+    if (bytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max())) return nullptr;
     return ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
   }
   void deallocate(void* ptr, std::size_t, stream_ref) noexcept override {
