@@ -17,8 +17,10 @@ plan_run::plan_run(cache_state& cache, std::string_view key, bool shared)
 }
 
 plan_run::~plan_run() {
-  if (mode_ != mode::finished) finish_locked();  // never served, or its owner gave up on it
-  for (plan* p : candidates_) p->release();
+  if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
+    store_.abandon_run(this);
+    for (plan* p : candidates_) p->release();
+  }
   if (first_backend_ != nullptr) first_backend_->release();
   cache_.release();
 }
@@ -245,8 +247,10 @@ void plan_run::observe_release(block* b, bool) noexcept {
   {
     std::lock_guard guard(lock_);
     tracked& t = tracked_[b->observer_index];
-    if (!finished_) t.released_at = position_.load(std::memory_order_relaxed);
-    t.live = false;
+    if (!finished_) {  // after the end the recording sees it alive to the end, as it was
+      t.released_at = position_.load(std::memory_order_relaxed);
+      t.live = false;
+    }
     if (!t.cached) --uncached_live_;
   }
   release();
@@ -300,6 +304,11 @@ void plan_run::finish_locked() noexcept {
     }
   }
   store_.end_run(this, key_, out);
+  // The key's plans it started with are needed no more (later requests go to the plain cache).
+  for (plan* p : candidates_) p->release();
+  candidates_.clear();
+  current_ = nullptr;
+  segments_.clear();
 }
 
 // Pins this run's regions that are still live (their plan stays alive and the next run of the

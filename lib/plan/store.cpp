@@ -77,6 +77,11 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
   }
 }
 
+void plan_store::abandon_run(plan_run* run) noexcept {
+  std::lock_guard guard(mutex_);
+  std::erase(active_, run);
+}
+
 // ---- adding plans -------------------------------------------------------------------------
 
 plan_store::arena_group* plan_store::group_for(const backend_state* backend, stream_ref stream,

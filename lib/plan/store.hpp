@@ -68,6 +68,8 @@ class plan_store final : public cache_extension {
   key_state* begin_run(std::string_view key, plan_run* run, std::vector<plan*>& candidates, bool& may_record);
   /// A run ended: counts it, marks its plan used, adds its recording, applies the policy.
   void end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept;
+  /// A run that never began (its step could not open) is forgotten.
+  void abandon_run(plan_run* run) noexcept;
 
   /// Drops every plan (the cache is closing); arenas go when their last region does.
   void close() noexcept override;
