@@ -1363,8 +1363,12 @@ void session::op_planned_loop(int t) {
   const std::string key = fmt::format("key{}", in_.below(3));
   const std::size_t body = 2 + in_.below(10);
   const std::size_t rounds = 2 + in_.below(4);
-  trace("thread {}: planned loop on cache {} ({}, key {}): {} rounds of {} operations", t, c,
-        as_step ? "steps" : "scopes", key, rounds, body);
+  // Sometimes the other thread runs a planned scope of its own at the same time (its runs then
+  // meet this loop's on a shared arena).
+  const int other = 1 - t;
+  const std::string rival = in_.below(3) == 0 ? fmt::format("key{}", in_.below(3)) : std::string();
+  trace("thread {}: planned loop on cache {} ({}, key {}): {} rounds of {} operations{}{}", t, c,
+        as_step ? "steps" : "scopes", key, rounds, body, rival.empty() ? "" : "; rival key ", rival);
   const reader start = in_;
   repeating_ = true;
   for (std::size_t round = 0; round < rounds && steps_ < max_operations; ++round) {
@@ -1391,7 +1395,19 @@ void session::op_planned_loop(int t) {
       m_.enter_scope(t, cur_[c], 0, key);
       opened = true;
     }
+    const std::size_t other_depth = frames_[other].size();
+    if (!rival.empty() && other_depth < max_depth) {
+      expect(on(other,
+                [&] {
+                  real_frame f;
+                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, rival});
+                  frames_[other].push_back(std::move(f));
+                }),
+             outcome::ok, "a rival's scope");
+      m_.enter_scope(other, cur_[c], 0, rival);
+    }
     for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k) loop_step(t);
+    while (frames_[other].size() > other_depth) op_close(other);
     if (!opened) continue;
     if (as_step) {
       if (open_steps_[c] && step_cache_[c] == cur_[c]) {

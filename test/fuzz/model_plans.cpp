@@ -16,6 +16,7 @@
 //   reaches it). 16 plans per key; 4 re-recordings in 16 runs pause the key for 64 runs, doubling.
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -24,6 +25,12 @@
 namespace refpool_fuzz {
 
 namespace {
+
+const bool tracing = std::getenv("REFPOOL_FUZZ_TRACE") != nullptr;
+template <class... Args>
+void trace(fmt::format_string<Args...> format, Args&&... args) {
+  if (tracing) fmt::print(stderr, "    model: {}\n", fmt::format(format, std::forward<Args>(args)...));
+}
 
 constexpr std::size_t region_alignment = 256;
 constexpr std::size_t plans_per_key = 16;
@@ -90,6 +97,7 @@ int model::make_plan(int ci, std::vector<model_request> requests,
   }
   p.regions.resize(n);
   plans.push_back(std::move(p));
+  trace("plan {} made: {} requests, {} B", plans.size() - 1, n, plans.back().bytes_needed);
   return static_cast<int>(plans.size()) - 1;
 }
 
@@ -99,6 +107,7 @@ int model::copy_plan(int from, int arena) {
   p.regions.assign(p.requests.size(), model_region{});
   p.in_store = false;
   plans.push_back(std::move(p));
+  trace("plan {} is plan {} in arena {}", plans.size() - 1, from, arena);
   return static_cast<int>(plans.size()) - 1;
 }
 
@@ -118,6 +127,7 @@ bool model::new_arena(int ci, int backend, void* stream, std::size_t bytes, int&
   arenas.push_back(a);
   arena = static_cast<int>(arenas.size()) - 1;
   plan_totals.arenas += 1;
+  trace("arena {} at {} ({} B) for backend {} stream {}", arena, ptr, bytes, backend, stream);
   return true;
 }
 
@@ -155,15 +165,21 @@ void model::settle_arenas(bool at_end_of_operation) {
     if (e->bytes != arenas[a].bytes)
       fail(fmt::format("arena {} at {} ({} B) freed with {} B", a, arenas[a].base, arenas[a].bytes, e->bytes));
     (void)log_.next();
+    trace("arena {} freed", a);
     arenas[a].memory = false;
     be[arenas[a].backend].outstanding -= arenas[a].bytes;
     plan_totals.arena_frees += 1;
   }
   if (!at_end_of_operation) return;
   for (std::size_t a = 0; a < arenas.size(); ++a)
-    if (arenas[a].memory && unreachable(a, true))
-      fail(fmt::format("arena {} at {} ({} B) is still allocated, but no plan, run or region can reach it", a,
-                       arenas[a].base, arenas[a].bytes));
+    if (arenas[a].memory && unreachable(a, true)) {
+      std::string pending;
+      for (std::size_t i = 0; i < 4 && log_.peek_pending(i) != nullptr; ++i)
+        pending += fmt::format(" [{} {} {} B]", static_cast<int>(log_.peek_pending(i)->what), log_.peek_pending(i)->ptr,
+                               log_.peek_pending(i)->bytes);
+      fail(fmt::format("arena {} at {} ({} B) is still allocated, but no plan, run or region can reach it; next calls:{}",
+                       a, arenas[a].base, arenas[a].bytes, pending.empty() ? " none" : pending));
+    }
 }
 
 // ---- runs -----------------------------------------------------------------------------------
@@ -187,6 +203,7 @@ int model::begin_run(int ci, const std::string& key, bool shared) {
   r.may_record = !store.closed && k->runs >= k->paused_until;
   runs.push_back(std::move(r));
   plan_totals.runs += 1;
+  trace("run {} of key {} begins with {} candidates", runs.size() - 1, key, runs.back().candidates.size());
   return static_cast<int>(runs.size()) - 1;
 }
 
@@ -413,6 +430,7 @@ void model::finish_run(int run) {
   model_run& r = runs[static_cast<std::size_t>(run)];
   if (r.how == mode::finished) return;
   const mode was = r.how;
+  trace("run {} ends at {} (mode {}, plan {}, arena {})", run, r.position, static_cast<int>(was), r.current, r.arena);
   r.how = mode::finished;
   const std::uint64_t end = r.position;
   if (was == mode::replay) r.replayed_to = end;
@@ -495,6 +513,7 @@ void model::finish_run(int run) {
 // ---- the store ------------------------------------------------------------------------------
 
 void model::install(model_plan_store& store, int key, int plan) {
+  trace("plan {} joins key {} in arena {}", plan, key, plans[static_cast<std::size_t>(plan)].arena);
   model_key& k = store.keys[static_cast<std::size_t>(key)];
   k.plans.push_back(plan);
   k.last_used.push_back(++store.clock);
