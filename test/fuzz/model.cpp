@@ -698,8 +698,9 @@ refpool::cache_stats model::stats(int ci) const {
   const model_plan_store& store = c.plans;
   out.plan_hits = store.hits;
   out.plan_misses = store.misses;
-  for (const model_run& r : runs) {
-    if (r.cache != ci || r.how == model_run::mode::finished) continue;
+  for (int i : active_runs) {
+    const model_run& r = runs[static_cast<std::size_t>(i)];
+    if (r.cache != ci) continue;
     out.plan_hits += r.hits;
     out.plan_misses += r.misses;
   }

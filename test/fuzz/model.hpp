@@ -179,6 +179,8 @@ class model {
   std::vector<model_plan> plans;
   std::vector<model_arena> arenas;
   std::vector<model_run> runs;
+  std::vector<int> active_runs;     ///< runs begun and not ended
+  std::size_t first_live_arena = 0; ///< arenas below are all freed
   model_plan_totals plan_totals;
 
  private:

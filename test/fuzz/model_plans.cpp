@@ -104,6 +104,7 @@ int model::make_plan(int ci, std::vector<model_request> requests,
 int model::copy_plan(int from, int arena) {
   model_plan p = plans[static_cast<std::size_t>(from)];
   p.arena = arena;
+  arenas[static_cast<std::size_t>(arena)].plans.push_back(static_cast<int>(plans.size()));
   p.regions.assign(p.requests.size(), model_region{});
   p.in_store = false;
   plans.push_back(std::move(p));
@@ -139,8 +140,8 @@ bool model::plan_held(int p, bool counting_foreign) const {
   if (plan.in_store) return true;
   for (const model_region& r : plan.regions)
     if (r.live && r.pinned) return true;
-  for (const model_run& run : runs) {
-    if (run.how == model_run::mode::finished) continue;
+  for (int i : active_runs) {
+    const model_run& run = runs[static_cast<std::size_t>(i)];
     if (std::find(run.candidates.begin(), run.candidates.end(), p) != run.candidates.end()) return true;
     if (counting_foreign && std::find(run.foreign_plans.begin(), run.foreign_plans.end(), p) != run.foreign_plans.end())
       return true;
@@ -149,10 +150,11 @@ bool model::plan_held(int p, bool counting_foreign) const {
 }
 
 void model::settle_arenas(bool at_end_of_operation) {
+  while (first_live_arena < arenas.size() && !arenas[first_live_arena].memory) ++first_live_arena;
   const auto unreachable = [&](std::size_t a, bool counting_foreign) {
     if (arenas[a].in_group) return false;
-    for (std::size_t p = 0; p < plans.size(); ++p)
-      if (plans[p].arena == static_cast<int>(a) && plan_held(static_cast<int>(p), counting_foreign)) return false;
+    for (int p : arenas[a].plans)
+      if (plan_held(p, counting_foreign)) return false;
     return true;
   };
   // Deallocations of arenas that nothing holds any more may come at any point.
@@ -171,7 +173,7 @@ void model::settle_arenas(bool at_end_of_operation) {
     plan_totals.arena_frees += 1;
   }
   if (!at_end_of_operation) return;
-  for (std::size_t a = 0; a < arenas.size(); ++a)
+  for (std::size_t a = first_live_arena; a < arenas.size(); ++a)
     if (arenas[a].memory && unreachable(a, true)) {
       std::string pending;
       for (std::size_t i = 0; i < 4 && log_.peek_pending(i) != nullptr; ++i)
@@ -202,6 +204,7 @@ int model::begin_run(int ci, const std::string& key, bool shared) {
   for (const auto& [used, p] : order) r.candidates.push_back(p);
   r.may_record = !store.closed && k->runs >= k->paused_until;
   runs.push_back(std::move(r));
+  active_runs.push_back(static_cast<int>(runs.size()) - 1);
   plan_totals.runs += 1;
   trace("run {} of key {} begins with {} candidates", runs.size() - 1, key, runs.back().candidates.size());
   return static_cast<int>(runs.size()) - 1;
@@ -305,11 +308,10 @@ void model::begin_with(model_run& r, const model_request& request) {
     r.segment_from = 0;
     r.how = model_run::mode::replay;
     // Regions of earlier runs still live in this arena: the run may look at them until its end.
-    for (std::size_t q = 0; q < plans.size(); ++q) {
-      if (plans[q].arena != p.arena) continue;
-      for (const model_region& reg : plans[q].regions)
+    for (int q : a.plans) {
+      for (const model_region& reg : plans[static_cast<std::size_t>(q)].regions)
         if (reg.live) {
-          r.foreign_plans.push_back(static_cast<int>(q));
+          r.foreign_plans.push_back(q);
           break;
         }
     }
@@ -360,13 +362,12 @@ outcome model::replay_one(int run, int lease, const model_request& request, std:
   bool blocked = p.regions[at].live;
   bool stale = false;
   if (!blocked) {
-    for (std::size_t q = 0; q < plans.size(); ++q) {
-      const model_plan& o = plans[q];
-      if (o.arena != r.arena) continue;
+    for (int q : a.plans) {
+      const model_plan& o = plans[static_cast<std::size_t>(q)];
       for (std::size_t j = 0; j < o.regions.size(); ++j) {
         const model_region& reg = o.regions[j];
         if (!reg.live || !overlap(from, span, o.offsets[j], o.spans[j])) continue;
-        const bool mine = static_cast<int>(q) == r.current && reg.generation == r.generation && !reg.pinned;
+        const bool mine = q == r.current && reg.generation == r.generation && !reg.pinned;
         if (mine && o.released_at[j] > at) continue;  // alive together in the recording: placed apart
         blocked = true;
         stale = stale || mine;  // this run's own, released later than recorded
@@ -430,6 +431,7 @@ void model::finish_run(int run) {
   model_run& r = runs[static_cast<std::size_t>(run)];
   if (r.how == mode::finished) return;
   const mode was = r.how;
+  std::erase(active_runs, run);
   trace("run {} ends at {} (mode {}, plan {}, arena {})", run, r.position, static_cast<int>(was), r.current, r.arena);
   r.how = mode::finished;
   const std::uint64_t end = r.position;
@@ -556,6 +558,7 @@ bool model::add_plan(int ci, int key, int made) {
   });
   if (g != store.groups.end() && arenas[static_cast<std::size_t>(g->arena)].bytes >= m.bytes_needed) {
     plans[static_cast<std::size_t>(made)].arena = g->arena;
+    arenas[static_cast<std::size_t>(g->arena)].plans.push_back(made);
     install(store, key, made);
     return rerecorded;
   }
@@ -580,9 +583,8 @@ void model::grow_and_install(int ci, int key, int made, int old, std::size_t nee
   if (old >= 0) {
     model_arena& o = arenas[static_cast<std::size_t>(old)];
     bool pinned = false;
-    for (const model_plan& p : plans)
-      if (p.arena == old)
-        for (const model_region& reg : p.regions) pinned = pinned || (reg.live && reg.pinned);
+    for (int p : o.plans)
+      for (const model_region& reg : plans[static_cast<std::size_t>(p)].regions) pinned = pinned || (reg.live && reg.pinned);
     if (o.claimed_by < 0 && !o.retired && !pinned) {
       const backend_event& e = next_event("deallocate (an arena freed before its replacement)");
       if (e.what != backend_event::kind::deallocate || e.ptr != o.base || e.bytes != o.bytes)
@@ -627,6 +629,7 @@ void model::grow_and_install(int ci, int key, int made, int old, std::size_t nee
     store.replacements += 1;
   }
   plans[static_cast<std::size_t>(made)].arena = fresh;
+  arenas[static_cast<std::size_t>(fresh)].plans.push_back(made);
   install(store, key, made);
   arenas[static_cast<std::size_t>(fresh)].in_group = true;
   if (g != store.groups.end()) {

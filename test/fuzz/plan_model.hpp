@@ -54,6 +54,7 @@ struct model_arena {
   std::uint64_t generation = 0;
   std::uint64_t position = 0;
   std::vector<void*> waits;  ///< streams recorded on released regions: the next hand-out waits
+  std::vector<int> plans;    ///< the plans placed in it
 };
 
 struct model_key {
