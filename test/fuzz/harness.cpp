@@ -297,7 +297,9 @@ class session {
   void op_verify(int t);
   void op_repeat(int t);
   void op_planned_loop(int t);
-  void loop_step(int t);
+  void loop_step(int t, bool perturbed);
+  void keep_one(int t);
+  void release_kept(int t, std::size_t keep);
   void run_op(op f, int t, std::size_t code);
   void step();
 
@@ -340,6 +342,10 @@ class session {
   std::unique_ptr<rp::step> open_steps_[2];  // an open step per cache slot (it may outlive its cache)
   int step_cache_[2] = {-1, -1};        // the model cache it belongs to
   std::vector<std::pair<std::unique_ptr<rp::step>, int>> old_steps_;  // steps of destroyed caches
+  // Extra references a planned loop takes and drops in rounds after the first, so that buffers
+  // live longer than the recording said (late releases) or past their run (escapes).
+  std::vector<std::pair<rp::data_ref, std::uint64_t>> kept_;
+  std::uint64_t perturb_ = 0;
   int cur_[2] = {-1, -1};
   std::vector<real_frame> frames_[threads];
   handle h_[handle_count];
@@ -1339,7 +1345,7 @@ void session::run_op(op f, int t, std::size_t code) {
 
 // One operation of a planned loop's body: requests, releases and faults, mostly on the loop's
 // thread, so that the loop's runs repeat their sequences (and plans replay).
-void session::loop_step(int t) {
+void session::loop_step(int t, bool perturbed) {
   static constexpr op table[] = {
       &session::op_alloc,       &session::op_alloc,    &session::op_alloc,      &session::op_alloc,
       &session::op_alloc_raw,   &session::op_drop,     &session::op_drop,       &session::op_drop,
@@ -1351,6 +1357,49 @@ void session::loop_step(int t) {
   const int thread = code >> 5 == 7 ? 1 - t : t;  // an eighth on the other thread
   const std::size_t which = (code & 0x1f) % std::size(table);
   run_op(table[which], thread, 100 + which);
+  if (!perturbed) return;
+  const std::uint64_t r = splitmix(++perturb_);
+  if (r % 4 == 0) keep_one(t);
+  if (r % 4 == 1 && !kept_.empty()) release_kept(t, kept_.size() - 1);
+}
+
+// Takes one more reference to a live buffer (a handle's), kept until release_kept.
+void session::keep_one(int t) {
+  const int hi = static_cast<int>(splitmix(++perturb_) % handle_count);
+  const model_handle& m = mh_[hi];
+  if (m.gid == 0 || m.freed) return;
+  trace("keep a reference to handle {} (block {})", hi, m.gid);
+  rp::data_ref ref;
+  expect(on(t,
+            [&] {
+              ref = std::visit(
+                  [](const auto& x) -> rp::data_ref {
+                    using X = std::decay_t<decltype(x)>;
+                    if constexpr (std::is_same_v<X, std::monostate>) {
+                      return {};
+                    } else if constexpr (std::is_same_v<X, rp::data_ref>) {
+                      return x;
+                    } else {
+                      return x.ref();
+                    }
+                  },
+                  h_[hi]);
+            }),
+         outcome::ok, "keep a reference");
+  m_.add_ref(m.gid);
+  kept_.emplace_back(std::move(ref), m.gid);
+}
+
+// Drops kept references until `keep` are left (oldest first).
+void session::release_kept(int t, std::size_t keep) {
+  while (kept_.size() > keep) {
+    const std::uint64_t gid = kept_.front().second;
+    trace("drop a kept reference (block {})", gid);
+    if (m_.blocks.at(gid).refs == 1) verify_block(gid, "before its last (kept) reference went");
+    expect(on(t, [&] { kept_.erase(kept_.begin()); }), outcome::ok, "drop a kept reference");
+    m_.drop_ref(gid, false);
+    check_all();
+  }
 }
 
 // A training loop: a few rounds of one body, each inside a planned scope (or a planned step)
@@ -1360,7 +1409,8 @@ void session::op_planned_loop(int t) {
   if (repeating_) return;
   const int c = in_.byte() & 1;
   const bool as_step = in_.below(4) == 0;
-  const std::string key = fmt::format("key{}", in_.below(3));
+  const std::size_t k = in_.below(10);
+  const std::string key = fmt::format("key{}", k < 5 ? 0 : k < 8 ? 1 : 2);  // key0 often: many plans per key
   const std::size_t body = 2 + in_.below(10);
   const std::size_t rounds = 2 + in_.below(4);
   // Sometimes the other thread runs a planned scope of its own at the same time (its runs then
@@ -1369,7 +1419,9 @@ void session::op_planned_loop(int t) {
   const std::string rival = in_.below(3) == 0 ? fmt::format("key{}", in_.below(3)) : std::string();
   trace("thread {}: planned loop on cache {} ({}, key {}): {} rounds of {} operations{}{}", t, c,
         as_step ? "steps" : "scopes", key, rounds, body, rival.empty() ? "" : "; rival key ", rival);
+  const bool perturbing = in_.below(2) == 0;
   const reader start = in_;
+  perturb_ = splitmix(seed_ ^ (static_cast<std::uint64_t>(body) << 8 | rounds) ^ steps_);
   repeating_ = true;
   for (std::size_t round = 0; round < rounds && steps_ < max_operations; ++round) {
     in_ = start;
@@ -1406,7 +1458,8 @@ void session::op_planned_loop(int t) {
              outcome::ok, "a rival's scope");
       m_.enter_scope(other, cur_[c], 0, rival);
     }
-    for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k) loop_step(t);
+    for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k)
+      loop_step(t, perturbing && round > 0);
     while (frames_[other].size() > other_depth) op_close(other);
     if (!opened) continue;
     if (as_step) {
@@ -1419,7 +1472,9 @@ void session::op_planned_loop(int t) {
       while (frames_[t].size() > depth) op_close(t);
     }
     check_all();
+    release_kept(t, kept_.size() / 2);  // the others live on into the next round: escapes
   }
+  release_kept(t, 0);
   repeating_ = false;
 }
 
