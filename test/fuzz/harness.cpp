@@ -316,7 +316,13 @@ class session {
   std::size_t pick_count() { return counts[in_.below(std::size(counts))]; }
   void* pick_stream() {
     const std::size_t s = in_.below(8);
+    if (loop_backend_ >= 0 && s != 7) return loop_stream_;  // a planned loop's stream, mostly
     return s < 6 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s - 5) << 12);
+  }
+  int pick_backend() {
+    const std::size_t b = in_.below(8);
+    if (loop_backend_ >= 0) return b == 7 ? 1 - loop_backend_ : loop_backend_;  // a planned loop's, mostly
+    return b == 0 ? 1 : 0;
   }
   std::vector<std::size_t> make_dims(std::size_t count);
   std::vector<std::size_t> overflow_dims();
@@ -346,6 +352,11 @@ class session {
   // live longer than the recording said (late releases) or past their run (escapes).
   std::vector<std::pair<rp::data_ref, std::uint64_t>> kept_;
   std::uint64_t perturb_ = 0;
+  // While a planned loop runs: its requests' usual backend and stream (so its sequences can be
+  // planned) and, for a loop of steps, the cache its requests go to.
+  int loop_backend_ = -1;
+  void* loop_stream_ = nullptr;
+  int loop_cache_ = -1;
   int cur_[2] = {-1, -1};
   std::vector<real_frame> frames_[threads];
   handle h_[handle_count];
@@ -632,7 +643,7 @@ void session::op_alloc(int t) {
   const int hi = pick_handle();
   const std::size_t pick = in_.below(2 * type_count);  // half the requests are floats
   const int type = pick < type_count ? static_cast<int>(pick) : 2;
-  const int b = in_.below(8) == 0 ? 1 : 0;
+  const int b = pick_backend();
   const std::vector<std::size_t> dims = make_dims(pick_count());
   void* stream = pick_stream();
   const std::uint64_t stamp = next_stamp();
@@ -665,7 +676,7 @@ void session::op_alloc(int t) {
 
 void session::op_alloc_raw(int t) {
   const int hi = pick_handle();
-  const int b = in_.below(8) == 0 ? 1 : 0;
+  const int b = pick_backend();
   const std::size_t bytes = raw_sizes[in_.below(std::size(raw_sizes))];
   void* stream = pick_stream();
   const std::uint64_t stamp = next_stamp();
@@ -1138,9 +1149,9 @@ void session::op_step(int t) {
 
 // alloc_cache::allocate: the calling thread's cache-level slot, or the open step's plan.
 void session::op_cache_alloc(int t) {
-  const int c = in_.byte() & 1;
+  const int c = loop_cache_ >= 0 ? (in_.byte(), loop_cache_) : in_.byte() & 1;
   const int hi = pick_handle();
-  const int b = in_.below(8) == 0 ? 1 : 0;
+  const int b = pick_backend();
   const std::size_t bytes = in_.below(8) == 0 ? 0 : raw_sizes[in_.below(std::size(raw_sizes))];
   void* stream = pick_stream();
   const std::uint64_t stamp = next_stamp();
@@ -1347,16 +1358,20 @@ void session::run_op(op f, int t, std::size_t code) {
 // thread, so that the loop's runs repeat their sequences (and plans replay).
 void session::loop_step(int t, bool perturbed) {
   static constexpr op table[] = {
-      &session::op_alloc,       &session::op_alloc,    &session::op_alloc,      &session::op_alloc,
-      &session::op_alloc_raw,   &session::op_drop,     &session::op_drop,       &session::op_drop,
-      &session::op_unsafe_free, &session::op_copy,     &session::op_move,       &session::op_write,
-      &session::op_cache_alloc, &session::op_cache_alloc, &session::op_record_stream, &session::op_arm,
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc,       &session::op_alloc,
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc_raw,   &session::op_alloc_raw,
+      &session::op_drop,         &session::op_drop,        &session::op_drop,        &session::op_drop,
+      &session::op_unsafe_free,  &session::op_copy,        &session::op_move,        &session::op_write,
+      &session::op_cache_alloc,  &session::op_cache_alloc, &session::op_record_stream, &session::op_arm,
       &session::op_alloc_misuse, &session::op_access,
   };
   const std::uint8_t code = in_.byte();
   const int thread = code >> 5 == 7 ? 1 - t : t;  // an eighth on the other thread
   const std::size_t which = (code & 0x1f) % std::size(table);
-  run_op(table[which], thread, 100 + which);
+  op f = table[which];
+  // A loop of steps: its requests are cache-level (a step serves alloc_cache::allocate).
+  if (loop_cache_ >= 0 && (f == &session::op_alloc || f == &session::op_alloc_raw)) f = &session::op_cache_alloc;
+  run_op(f, thread, 100 + which);
   if (!perturbed) return;
   const std::uint64_t r = splitmix(++perturb_);
   if (r % 4 == 0) keep_one(t);
@@ -1411,7 +1426,7 @@ void session::op_planned_loop(int t) {
   const bool as_step = in_.below(4) == 0;
   const std::size_t k = in_.below(10);
   const std::string key = fmt::format("key{}", k < 5 ? 0 : k < 8 ? 1 : 2);  // key0 often: many plans per key
-  const std::size_t body = 2 + in_.below(10);
+  const std::size_t body = 4 + in_.below(13);
   const std::size_t rounds = 2 + in_.below(4);
   // Sometimes the other thread runs a planned scope of its own at the same time (its runs then
   // meet this loop's on a shared arena).
@@ -1420,6 +1435,10 @@ void session::op_planned_loop(int t) {
   trace("thread {}: planned loop on cache {} ({}, key {}): {} rounds of {} operations{}{}", t, c,
         as_step ? "steps" : "scopes", key, rounds, body, rival.empty() ? "" : "; rival key ", rival);
   const bool perturbing = in_.below(2) == 0;
+  const std::size_t place = in_.below(16);  // mostly backend 0, no stream
+  loop_backend_ = place == 15 ? 1 : 0;
+  loop_stream_ = place >= 12 && place < 15 ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(place - 11) << 12) : nullptr;
+  loop_cache_ = as_step ? c : -1;
   const reader start = in_;
   perturb_ = splitmix(seed_ ^ (static_cast<std::uint64_t>(body) << 8 | rounds) ^ steps_);
   repeating_ = true;
@@ -1475,6 +1494,8 @@ void session::op_planned_loop(int t) {
     release_kept(t, kept_.size() / 2);  // the others live on into the next round: escapes
   }
   release_kept(t, 0);
+  loop_backend_ = -1;
+  loop_cache_ = -1;
   repeating_ = false;
 }
 
@@ -1533,6 +1554,8 @@ void session::cleanup() {
   all.pauses += pt.pauses;
   all.arenas += pt.arenas;
   all.arena_frees += pt.arena_frees;
+  all.stale += pt.stale;
+  all.plan_evictions += pt.evictions;
   for (const model_cache& c : m_.caches) all.steps += c.steps;
   for (int b = 0; b < backends; ++b) {
     all.injected_faults += m_.be[b].injected;
@@ -1599,9 +1622,10 @@ void print_totals() {
              all.reclaimed, all.oom_retries, all.injected_faults, all.limit_failures, all.expected_errors);
   fmt::print(stderr,
              "refpool fuzz: planned: {} runs, {} region hits, {} conflicts, {} divergences, {} recordings, {} escapes, "
-             "{} busy runs, {} pauses, {} arenas made ({} freed); {} steps, {} cache-level requests\n",
-             all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.busy_runs,
-             all.pauses, all.arenas, all.arena_frees, all.steps, all.cache_level);
+             "{} stale plans, {} busy runs, {} pauses, {} plans dropped, {} arenas made ({} freed); {} steps, {} "
+             "cache-level requests\n",
+             all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.stale,
+             all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.steps, all.cache_level);
   std::fflush(stderr);
 }
 

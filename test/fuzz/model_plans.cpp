@@ -397,6 +397,7 @@ outcome model::replay_one(int run, int lease, const model_request& request, std:
     gid = b.gid;
     return outcome::ok;
   }
+  if (stale && !r.stale) plan_totals.stale += 1;
   r.stale = r.stale || stale;
   r.misses += 1;
   plan_totals.conflicts += 1;
@@ -529,6 +530,7 @@ void model::drop_plan(model_plan_store& store, int key, std::size_t i) {
   k.plans.erase(k.plans.begin() + static_cast<std::ptrdiff_t>(i));
   k.last_used.erase(k.last_used.begin() + static_cast<std::ptrdiff_t>(i));
   store.evictions += 1;
+  plan_totals.evictions += 1;
 }
 
 // A recording joins its key: it replaces the plan of its sequence, or the least recently used one

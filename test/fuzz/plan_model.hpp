@@ -121,7 +121,7 @@ struct model_run {
 /// Totals over all inputs, for the fuzzer's summary line.
 struct model_plan_totals {
   std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0,
-                busy = 0, pauses = 0, arenas = 0, arena_frees = 0;
+                busy = 0, pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0;
 };
 
 }  // namespace refpool_fuzz
