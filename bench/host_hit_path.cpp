@@ -1,6 +1,9 @@
 // Host hit path: alloc + free of one size inside a scope, steady state, 1..N threads, side by
 // side with the same loop through malloc/free and through a mutex-guarded size-keyed cache (the
-// design ANCHORS.md measured). Prints a table and writes JSON (argv[1], default host_hit_path.json).
+// design ANCHORS.md measured); also a cache-level request freed by pointer (what a framework
+// allocator hook does). Prints a table and writes JSON (argv[1], default host_hit_path.json).
+// `host_hit_path --pairs N [handle|pointer|cache-level]`: just N pairs of one kind on one thread,
+// for instruction counts under callgrind.
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -11,6 +14,8 @@
 #include <fmt/ranges.h>
 
 #include <refpool/refpool.hpp>
+
+#include <string_view>
 
 #include "timing.hpp"
 
@@ -58,7 +63,31 @@ double threaded(int threads, std::size_t ops, PerThread per_thread) {
 
 }  // namespace
 
+/// N alloc+free pairs of 256 B on this thread: `handle` (a scope, a data_ref), `cache-level`
+/// (alloc_cache::allocate, a data_ref), `pointer` (cache-level, freed by pointer).
+int pairs_only(std::size_t n, std::string_view kind) {
+  const refpool::backend be = refpool::host_backend();
+  refpool::alloc_cache cache{refpool::cache_options{}};
+  refpool::scope s(cache);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (kind == "pointer") {
+      void* p = refpool::to_pointer(cache.allocate(be, 256));
+      keep(p);
+      refpool::free_pointer(p);
+    } else if (kind == "cache-level") {
+      refpool::data_ref r = cache.allocate(be, 256);
+      keep(r.data());
+    } else {
+      refpool::data_ref r = refpool::allocate(be, 256);
+      keep(r.data());
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 2 && std::string_view(argv[1]) == "--pairs")
+    return pairs_only(std::strtoull(argv[2], nullptr, 10), argc > 3 ? argv[3] : "handle");
   const std::string json_path = argc > 1 ? argv[1] : "host_hit_path.json";
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<int> thread_counts{1};
@@ -69,8 +98,8 @@ int main(int argc, char** argv) {
   refpool::bench::json_rows json;
 
   fmt::print("host hit path: one alloc + free pair of one size, ns per pair (median), per thread\n");
-  fmt::print("{:>8} {:>7} | {:>12} {:>12} {:>10} {:>10} | {:>12}\n", "bytes", "threads", "refpool", "refpool arr",
-             "malloc", "mutex map", "mutex/refpool");
+  fmt::print("{:>8} {:>7} | {:>12} {:>12} {:>12} {:>10} {:>10} | {:>12}\n", "bytes", "threads", "refpool",
+             "refpool arr", "refpool ptr", "malloc", "mutex map", "mutex/refpool");
   for (std::size_t bytes : {256ul, 65536ul, 1ul << 20}) {
     for (int threads : thread_counts) {
       const std::size_t ops = 200000;
@@ -88,6 +117,13 @@ int main(int argc, char** argv) {
           keep(a.data());
         }
       });
+      const double by_pointer = threaded(threads, ops, [&](std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) {
+          void* p = refpool::to_pointer(cache.allocate(be, bytes));
+          keep(p);
+          refpool::free_pointer(p);
+        }
+      });
       const double plain = threaded(threads, ops, [&](std::size_t n) {
         for (std::size_t i = 0; i < n; ++i) {
           void* p = std::malloc(bytes);
@@ -102,11 +138,12 @@ int main(int argc, char** argv) {
           baseline.put(p, bytes);
         }
       });
-      fmt::print("{:>8} {:>7} | {:>12.1f} {:>12.1f} {:>10.1f} {:>10.1f} | {:>11.1f}x\n", bytes, threads, ours, arrays,
-                 plain, locked, locked / ours);
+      fmt::print("{:>8} {:>7} | {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f} {:>10.1f} | {:>11.1f}x\n", bytes, threads, ours,
+                 arrays, by_pointer, plain, locked, locked / ours);
       json.add(fmt::format(R"({{"workload": "host_hit_path", "bytes": {}, "threads": {}, "refpool_ns": {:.2f}, )"
-                           R"("refpool_array_ns": {:.2f}, "malloc_ns": {:.2f}, "mutex_map_ns": {:.2f}}})",
-                           bytes, threads, ours, arrays, plain, locked));
+                           R"("refpool_array_ns": {:.2f}, "refpool_pointer_ns": {:.2f}, "malloc_ns": {:.2f}, )"
+                           R"("mutex_map_ns": {:.2f}}})",
+                           bytes, threads, ours, arrays, by_pointer, plain, locked));
     }
   }
   const auto st = cache.stats();

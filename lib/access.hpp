@@ -23,6 +23,12 @@ struct access {
   static block_header* block(const data_ref& ref) noexcept { return ref.block_; }
   /// A handle that takes over the one reference a fresh block was handed out with.
   static data_ref adopt(block_header* b) noexcept { return data_ref(b); }
+  /// Empties `ref` without dropping its reference (its new keeper holds it).
+  static void release_into_table(data_ref& ref) noexcept {
+    ref.block_ = nullptr;
+    ref.freed_ptr_ = nullptr;
+    ref.freed_bytes_ = 0;
+  }
 };
 
 }  // namespace refpool::detail

@@ -1,4 +1,4 @@
-// limiting_resource and failing_resource.
+// limiting_resource and failing_resource, and their virtual-memory counterparts.
 #include <refpool/adaptors.hpp>
 
 #include <fmt/format.h>
@@ -7,48 +7,117 @@
 
 namespace refpool {
 
-limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity)
-    : upstream_(std::move(upstream)), capacity_(capacity) {
-  if (!upstream_) throw invalid_argument("refpool: limiting_resource needs an upstream resource");
-  name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity_);
-}
-
-void* limiting_resource::allocate(std::size_t bytes, stream_ref stream) {
+bool byte_budget::take(std::size_t bytes) noexcept {
   std::size_t used = used_.load();
   do {
-    if (bytes > capacity_ || used > capacity_ - bytes) return nullptr;
+    if (bytes > capacity_ || used > capacity_ - bytes) return false;
   } while (!used_.compare_exchange_weak(used, used + bytes));
-  void* ptr = upstream_->allocate(bytes, stream);
-  if (ptr == nullptr) used_.fetch_sub(bytes);
-  return ptr;
+  return true;
 }
 
-void limiting_resource::deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept {
-  upstream_->deallocate(ptr, bytes, stream);
-  used_.fetch_sub(bytes);
-}
-
-failing_resource::failing_resource(std::shared_ptr<resource> upstream) : upstream_(std::move(upstream)) {
-  if (!upstream_) throw invalid_argument("refpool: failing_resource needs an upstream resource");
-  name_ = fmt::format("{} (fault injection)", upstream_->name());
-}
-
-void failing_resource::arm(std::uint64_t first, std::uint64_t count, failure how) {
+void fault_schedule::arm(std::uint64_t first, std::uint64_t count, failure how) {
   how_.store(how);
   count_.store(count);
   first_.store(first);
   calls_.store(0);
 }
 
-void failing_resource::disarm() { count_.store(0); }
-
-void* failing_resource::allocate(std::size_t bytes, stream_ref stream) {
+bool fault_schedule::next(failure& how) noexcept {
   const std::uint64_t call = calls_.fetch_add(1) + 1;
   const std::uint64_t first = first_.load();
-  if (call >= first && call < first + count_.load()) {
-    injected_.fetch_add(1);
-    if (how_.load() == failure::backend_error)
-      throw backend_error(fmt::format("refpool: injected failure of allocation call {} ({} B)", call, bytes), -1);
+  if (call < first || call >= first + count_.load()) return false;
+  injected_.fetch_add(1);
+  how = how_.load();
+  return true;
+}
+
+limiting_virtual_memory::limiting_virtual_memory(virtual_memory& upstream, std::shared_ptr<byte_budget> budget)
+    : upstream_(upstream), budget_(std::move(budget)) {
+  if (!budget_) throw invalid_argument("refpool: limiting_virtual_memory needs a byte budget");
+}
+
+bool limiting_virtual_memory::commit(void* addr, std::size_t bytes) {
+  if (!budget_->take(bytes)) return false;
+  bool committed = false;
+  try {
+    committed = upstream_.commit(addr, bytes);
+  } catch (...) {
+    budget_->give_back(bytes);
+    throw;
+  }
+  if (!committed) budget_->give_back(bytes);
+  return committed;
+}
+
+void limiting_virtual_memory::decommit(void* addr, std::size_t bytes) noexcept {
+  upstream_.decommit(addr, bytes);
+  budget_->give_back(bytes);
+}
+
+failing_virtual_memory::failing_virtual_memory(virtual_memory& upstream, std::shared_ptr<fault_schedule> schedule)
+    : upstream_(upstream), schedule_(std::move(schedule)) {
+  if (!schedule_) throw invalid_argument("refpool: failing_virtual_memory needs a fault schedule");
+}
+
+void* failing_virtual_memory::reserve(std::size_t bytes) {
+  fault_schedule::failure how{};
+  if (schedule_->next(how)) {
+    if (how == fault_schedule::failure::backend_error)
+      throw backend_error(fmt::format("refpool: injected failure of a reservation ({} B)", bytes), -1);
+    return nullptr;
+  }
+  return upstream_.reserve(bytes);
+}
+
+bool failing_virtual_memory::commit(void* addr, std::size_t bytes) {
+  fault_schedule::failure how{};
+  if (schedule_->next(how)) {
+    if (how == fault_schedule::failure::backend_error)
+      throw backend_error(fmt::format("refpool: injected failure of a commit ({} B at {})", bytes, addr), -1);
+    return false;
+  }
+  return upstream_.commit(addr, bytes);
+}
+
+limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity)
+    : upstream_(std::move(upstream)), budget_(std::make_shared<byte_budget>(capacity)) {
+  if (!upstream_) throw invalid_argument("refpool: limiting_resource needs an upstream resource");
+  if (virtual_memory* vm = upstream_->address_space())
+    address_space_ = std::make_unique<limiting_virtual_memory>(*vm, budget_);
+  name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity);
+}
+
+void* limiting_resource::allocate(std::size_t bytes, stream_ref stream) {
+  if (!budget_->take(bytes)) return nullptr;
+  void* ptr = nullptr;
+  try {
+    ptr = upstream_->allocate(bytes, stream);
+  } catch (...) {
+    budget_->give_back(bytes);
+    throw;
+  }
+  if (ptr == nullptr) budget_->give_back(bytes);
+  return ptr;
+}
+
+void limiting_resource::deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept {
+  upstream_->deallocate(ptr, bytes, stream);
+  budget_->give_back(bytes);
+}
+
+failing_resource::failing_resource(std::shared_ptr<resource> upstream)
+    : upstream_(std::move(upstream)), schedule_(std::make_shared<fault_schedule>()) {
+  if (!upstream_) throw invalid_argument("refpool: failing_resource needs an upstream resource");
+  if (virtual_memory* vm = upstream_->address_space())
+    address_space_ = std::make_unique<failing_virtual_memory>(*vm, schedule_);
+  name_ = fmt::format("{} (fault injection)", upstream_->name());
+}
+
+void* failing_resource::allocate(std::size_t bytes, stream_ref stream) {
+  failure how{};
+  if (schedule_->next(how)) {
+    if (how == failure::backend_error)
+      throw backend_error(fmt::format("refpool: injected failure of allocation call {} ({} B)", calls(), bytes), -1);
     return nullptr;
   }
   return upstream_->allocate(bytes, stream);

@@ -76,6 +76,24 @@ void pop(scope_frame& frame, std::string_view what) {
   std::terminate();
 }
 
+/// Closes a scope or guard from its destructor, which cannot throw a broken order.
+template <class Closable>
+void close_from_destructor(Closable& closable) noexcept {
+  try {
+    closable.close();
+  } catch (const scope_error& e) {
+    terminate_with(e);
+  }
+}
+
+/// A planned run's end: it makes or replaces its key's plan, then goes.
+void finish(plan_run*& run) noexcept {
+  if (plan_run* ending = std::exchange(run, nullptr)) {
+    ending->finish();
+    ending->release();
+  }
+}
+
 }  // namespace
 
 }  // namespace detail
@@ -121,11 +139,7 @@ scope::scope(alloc_cache& cache, scope_options options) : state_(new detail::sco
 }
 
 scope::~scope() {
-  try {
-    close();
-  } catch (const scope_error& e) {
-    detail::terminate_with(e);
-  }
+  detail::close_from_destructor(*this);
   delete state_;
 }
 
@@ -133,10 +147,7 @@ void scope::close() {
   detail::scope_frame& frame = state_->frame;
   if (!frame.open) return;
   detail::pop(frame, "a refpool scope was");
-  if (detail::plan_run* run = std::exchange(state_->run, nullptr)) {
-    run->finish();
-    run->release();
-  }
+  detail::finish(state_->run);
   frame.router = nullptr;
   if (frame.owns_lease) frame.cache->give_back(frame.lease);
   frame.cache->release();
@@ -149,11 +160,7 @@ bool scope::caching() const noexcept { return state_->frame.lease != nullptr; }
 uncached_guard::uncached_guard() : state_(new detail::scope_state) { detail::push(state_->frame); }
 
 uncached_guard::~uncached_guard() {
-  try {
-    close();
-  } catch (const scope_error& e) {
-    detail::terminate_with(e);
-  }
+  detail::close_from_destructor(*this);
   delete state_;
 }
 
@@ -188,10 +195,7 @@ step::~step() {
 void step::end() noexcept {
   if (!state_->open.exchange(false)) return;
   state_->cache.end_step();
-  if (detail::plan_run* run = std::exchange(state_->run, nullptr)) {
-    run->finish();
-    run->release();
-  }
+  detail::finish(state_->run);
   state_->cache.release();
 }
 

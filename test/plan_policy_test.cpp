@@ -66,6 +66,22 @@ class mmap_virtual_memory final : public virtual_memory {
   int commits = 0;
 };
 
+// Host memory without virtual memory (the host backend has some): arenas grow by replacement.
+class plain_host_resource final : public resource {
+ public:
+  std::string_view name() const noexcept override { return "host without virtual memory"; }
+  device_id device() const noexcept override { return -1; }
+  memory_kind kind() const noexcept override { return memory_kind::host; }
+  std::size_t alignment() const noexcept override { return host_alignment; }
+  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    upstream_->deallocate(ptr, bytes, stream);
+  }
+
+ private:
+  std::shared_ptr<resource> upstream_ = make_host_resource();
+};
+
 class vm_host_resource final : public resource {
  public:
   std::string_view name() const noexcept override { return "host with virtual memory"; }
@@ -190,10 +206,11 @@ TEST_CASE("an arena grows in place when the backend has virtual memory", "[plan]
   auto res = std::make_shared<vm_host_resource>();
   const backend be(res);
   alloc_cache cache{cache_options{}};
-  for (int i = 0; i < 2; ++i) run_step(cache, be, 1, "small");
-  void* const region_before = run_step(cache, be, 1, "small");
+  // Arenas of 16 granules (64 KiB here) or more use virtual memory.
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 8, "small");
+  void* const region_before = run_step(cache, be, 8, "small");
   const auto first = cache.stats().arena_bytes;
-  for (int i = 0; i < 2; ++i) run_step(cache, be, 8, "large");  // needs more: the shared arena grows
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 32, "large");  // needs more: the shared arena grows
   const auto stats = cache.stats();
   CHECK(stats.arena_growths == 1);
   CHECK(stats.arena_replacements == 0);
@@ -202,13 +219,13 @@ TEST_CASE("an arena grows in place when the backend has virtual memory", "[plan]
   CHECK(res->vm.commits == 2);
   CHECK(res->vm.committed == stats.arena_bytes);
   CHECK(be.outstanding_bytes() == stats.arena_bytes);  // the recordings were freed; the arena is all
-  CHECK(run_step(cache, be, 1, "small") == region_before);  // nothing moved
+  CHECK(run_step(cache, be, 8, "small") == region_before);  // nothing moved
   CHECK(cache.stats().plan_hits == 5 + 5 + 5 + 5);
 }
 
 TEST_CASE("without virtual memory an arena grows by replacement; the old one goes when nothing reaches it",
           "[plan][policy]") {
-  const backend be = make_host_backend();
+  const backend be(std::make_shared<plain_host_resource>());
   alloc_cache cache{cache_options{}};
   for (int i = 0; i < 2; ++i) run_step(cache, be, 4, "small");
   // A region of the small key's arena escapes: that arena must outlive the replacement.

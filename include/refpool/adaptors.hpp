@@ -1,4 +1,5 @@
-// Resource adaptors that wrap another resource: a byte limit, and fault injection for tests.
+// Resource adaptors that wrap another resource: a byte limit, and fault injection for tests;
+// and the same two for virtual memory, so segment growth can be limited and made to fail.
 #pragma once
 
 #include <refpool/detail/export.hpp>
@@ -10,11 +11,109 @@
 #include <string>
 
 #include <refpool/resource.hpp>
+#include <refpool/virtual_memory.hpp>
 
 namespace refpool {
 
+/// A count of bytes in use against a fixed capacity, shared by the adaptors that charge it
+/// (a limiting_resource and its address space charge one budget). Thread-safe.
+class REFPOOL_API byte_budget {
+ public:
+  explicit byte_budget(std::size_t capacity) noexcept : capacity_(capacity) {}
+  /// Charges `bytes` if they fit under the capacity; false (and nothing charged) otherwise.
+  [[nodiscard]] bool take(std::size_t bytes) noexcept;
+  /// Returns bytes charged by take().
+  void give_back(std::size_t bytes) noexcept { used_.fetch_sub(bytes); }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::size_t used() const noexcept { return used_.load(); }
+
+ private:
+  std::size_t capacity_;
+  std::atomic<std::size_t> used_{0};
+};
+
+/// Which calls an injecting adaptor fails: calls number `first` to `first + count - 1`
+/// (1-based, counted from construction or the last `arm`) fail as out of memory or with
+/// `backend_error`. Shared by a failing_resource and its address space, so "the Nth call"
+/// counts allocations, reservations and commits in the order they happen. Thread-safe.
+class REFPOOL_API fault_schedule {
+ public:
+  enum class failure { out_of_memory, backend_error };
+
+  /// Fails calls `first` .. `first + count - 1` from now on, in the given way.
+  void arm(std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory);
+  /// No more failures.
+  void disarm() { count_.store(0); }
+  /// Calls counted since the last arm(), failed ones included.
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_.load(); }
+  /// Calls made to fail since construction.
+  [[nodiscard]] std::uint64_t injected() const noexcept { return injected_.load(); }
+
+  /// Counts one call. Returns true if it must fail, and then sets `how`.
+  [[nodiscard]] bool next(failure& how) noexcept;
+
+ private:
+  std::atomic<std::uint64_t> calls_{0};
+  std::atomic<std::uint64_t> first_{0};
+  std::atomic<std::uint64_t> count_{0};
+  std::atomic<failure> how_{failure::out_of_memory};
+  std::atomic<std::uint64_t> injected_{0};
+};
+
+/// Virtual memory whose commits fail (return false, i.e. out of memory) when they would take
+/// the budget's used bytes past its capacity; decommits give the bytes back. Reservations are
+/// address space, not memory, and are not charged. `upstream` is not owned and must outlive
+/// the adaptor. Thread-safe.
+class REFPOOL_API limiting_virtual_memory final : public virtual_memory {
+ public:
+  limiting_virtual_memory(virtual_memory& upstream, std::shared_ptr<byte_budget> budget);
+  limiting_virtual_memory(virtual_memory& upstream, std::size_t capacity)
+      : limiting_virtual_memory(upstream, std::make_shared<byte_budget>(capacity)) {}
+
+  std::size_t granularity() const noexcept override { return upstream_.granularity(); }
+  void* reserve(std::size_t bytes) override { return upstream_.reserve(bytes); }
+  bool commit(void* addr, std::size_t bytes) override;
+  void decommit(void* addr, std::size_t bytes) noexcept override;
+  void release(void* addr, std::size_t bytes) noexcept override { upstream_.release(addr, bytes); }
+
+  [[nodiscard]] std::size_t capacity() const noexcept { return budget_->capacity(); }
+  /// Bytes committed through this adaptor (plus whatever else charges the same budget).
+  [[nodiscard]] std::size_t used() const noexcept { return budget_->used(); }
+
+ private:
+  virtual_memory& upstream_;
+  std::shared_ptr<byte_budget> budget_;
+};
+
+/// Virtual memory whose chosen `reserve` and `commit` calls fail, for failure tests: a failing
+/// reserve returns nullptr (no address space) or throws `backend_error`; a failing commit
+/// returns false (out of memory) or throws `backend_error`. Both kinds of call count in the
+/// schedule; decommit and release never fail. `upstream` is not owned and must outlive the
+/// adaptor. Thread-safe.
+class REFPOOL_API failing_virtual_memory final : public virtual_memory {
+ public:
+  explicit failing_virtual_memory(virtual_memory& upstream,
+                                  std::shared_ptr<fault_schedule> schedule = std::make_shared<fault_schedule>());
+
+  std::size_t granularity() const noexcept override { return upstream_.granularity(); }
+  void* reserve(std::size_t bytes) override;
+  bool commit(void* addr, std::size_t bytes) override;
+  void decommit(void* addr, std::size_t bytes) noexcept override { upstream_.decommit(addr, bytes); }
+  void release(void* addr, std::size_t bytes) noexcept override { upstream_.release(addr, bytes); }
+
+  [[nodiscard]] fault_schedule& schedule() const noexcept { return *schedule_; }
+
+ private:
+  virtual_memory& upstream_;
+  std::shared_ptr<fault_schedule> schedule_;
+};
+
 /// Fails (returns nullptr, i.e. out of memory) any allocation that would take the bytes it
 /// has outstanding past `capacity`. Thread-safe.
+///
+/// Its address space (when the upstream has one) is a limiting_virtual_memory charging the same
+/// budget: committed memory is memory, and a limit that commits could bypass would not limit a
+/// segment heap that grows through virtual memory. `used()` counts both.
 class REFPOOL_API limiting_resource final : public resource {
  public:
   limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity);
@@ -28,34 +127,44 @@ class REFPOOL_API limiting_resource final : public resource {
   void order_streams(stream_ref producer, stream_ref consumer) override {
     upstream_->order_streams(producer, consumer);
   }
+  /// A limiting_virtual_memory over the upstream's address space, or nullptr if it has none.
+  virtual_memory* address_space() noexcept override { return address_space_.get(); }
 
-  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-  [[nodiscard]] std::size_t used() const noexcept { return used_.load(); }
+  [[nodiscard]] std::size_t capacity() const noexcept { return budget_->capacity(); }
+  /// Bytes allocated plus bytes committed through address_space().
+  [[nodiscard]] std::size_t used() const noexcept { return budget_->used(); }
 
  private:
   std::shared_ptr<resource> upstream_;
-  std::size_t capacity_;
-  std::atomic<std::size_t> used_{0};
+  std::shared_ptr<byte_budget> budget_;
+  std::unique_ptr<limiting_virtual_memory> address_space_;
   std::string name_;
 };
 
-/// Makes chosen allocation calls fail, for failure tests: calls number `first` to
-/// `first + count - 1` (1-based, counted from construction or the last `arm`) return nullptr
-/// (out of memory) or throw `backend_error`. Thread-safe.
+/// Makes chosen calls fail, for failure tests: calls number `first` to `first + count - 1`
+/// (1-based, counted from construction or the last `arm`) return nullptr / false (out of
+/// memory) or throw `backend_error`. Thread-safe.
+///
+/// The calls counted are those that obtain memory: allocate(), and reserve() and commit() of its
+/// address space (a failing_virtual_memory over the upstream's, sharing the schedule, when the
+/// upstream has one). Counting them in one sequence lets a sweep that fails "the Nth call"
+/// reach every path, whether a segment grows through virtual memory or by allocation.
 class REFPOOL_API failing_resource final : public resource {
  public:
-  enum class failure { out_of_memory, backend_error };
+  using failure = fault_schedule::failure;
 
   explicit failing_resource(std::shared_ptr<resource> upstream);
 
   /// Fails calls `first` .. `first + count - 1` from now on, in the given way.
-  void arm(std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory);
+  void arm(std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory) {
+    schedule_->arm(first, count, how);
+  }
   /// No more failures.
-  void disarm();
-  /// allocate() calls since the last arm(), failed ones included.
-  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_.load(); }
+  void disarm() { schedule_->disarm(); }
+  /// Calls counted since the last arm(), failed ones included.
+  [[nodiscard]] std::uint64_t calls() const noexcept { return schedule_->calls(); }
   /// Calls made to fail since construction.
-  [[nodiscard]] std::uint64_t injected() const noexcept { return injected_.load(); }
+  [[nodiscard]] std::uint64_t injected() const noexcept { return schedule_->injected(); }
 
   std::string_view name() const noexcept override { return name_; }
   device_id device() const noexcept override { return upstream_->device(); }
@@ -66,14 +175,13 @@ class REFPOOL_API failing_resource final : public resource {
   void order_streams(stream_ref producer, stream_ref consumer) override {
     upstream_->order_streams(producer, consumer);
   }
+  /// A failing_virtual_memory over the upstream's address space, or nullptr if it has none.
+  virtual_memory* address_space() noexcept override { return address_space_.get(); }
 
  private:
   std::shared_ptr<resource> upstream_;
-  std::atomic<std::uint64_t> calls_{0};
-  std::atomic<std::uint64_t> first_{0};
-  std::atomic<std::uint64_t> count_{0};
-  std::atomic<failure> how_{failure::out_of_memory};
-  std::atomic<std::uint64_t> injected_{0};
+  std::shared_ptr<fault_schedule> schedule_;
+  std::unique_ptr<failing_virtual_memory> address_space_;
   std::string name_;
 };
 

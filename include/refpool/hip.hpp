@@ -69,6 +69,11 @@ class stream {
 /// Waits for all work on `s` (the null stream when null) of device `ordinal`.
 void synchronize(stream_ref s, int ordinal = 0);
 
+/// Call before destroying a stream you created yourself and used with refpool (hip::stream does
+/// this itself): waits for its work and tells every cache never to order after it again (HIP 7
+/// turns calls on a destroyed stream into crashes). As cuda::retire_stream.
+void retire_stream(stream_ref s, int ordinal = 0);
+
 /// A kernel of a loaded module.
 struct kernel {
   void* function = nullptr;

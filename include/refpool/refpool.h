@@ -95,6 +95,11 @@ typedef struct refpool_scope {
   uint64_t id;
 } refpool_scope;
 
+/// An open step on a cache (refpool::step). End with refpool_step_end.
+typedef struct refpool_step {
+  uint64_t id;
+} refpool_step;
+
 /// A buffer view: one reference to a buffer, plus dims and an element size. Release with
 /// refpool_release; the buffer goes back to its cache when the last handle to it is released.
 typedef struct refpool_buffer {
@@ -110,6 +115,21 @@ typedef enum refpool_rounding REFPOOL_ENUM_BASE {
   /// Split each [2^k, 2^(k+1)) into rounding_parameter steps (a power of two, 1..64).
   REFPOOL_ROUNDING_POW2 = 2
 } refpool_rounding;
+
+/// What kind of memory a backend hands out (refpool::memory_kind).
+typedef enum refpool_memory_kind REFPOOL_ENUM_BASE {
+  REFPOOL_MEMORY_HOST = 0,          ///< pageable host memory
+  REFPOOL_MEMORY_DEVICE = 1,        ///< device memory (cuMemAlloc / hipMalloc)
+  REFPOOL_MEMORY_DEVICE_ASYNC = 2,  ///< stream-ordered device memory (cuMemAllocAsync / hipMallocAsync)
+  REFPOOL_MEMORY_PINNED_HOST = 3    ///< page-locked host memory (cuMemHostAlloc / hipHostMalloc)
+} refpool_memory_kind;
+
+/// A GPU runtime.
+typedef enum refpool_runtime REFPOOL_ENUM_BASE {
+  REFPOOL_RUNTIME_CUDA = 0,  ///< the CUDA driver API (libcuda.so.1)
+  REFPOOL_RUNTIME_HIP = 1,   ///< the HIP runtime (libamdhip64)
+  REFPOOL_RUNTIME_HOST = 2   ///< the host backend (any device number; for CPU frameworks and tests)
+} refpool_runtime;
 
 /// max_idle_bytes value for "no limit".
 #define REFPOOL_UNLIMITED SIZE_MAX
@@ -142,6 +162,16 @@ typedef struct refpool_scope_options {
   /// regions of one arena. The text is copied.
   const char* plan;
 } refpool_scope_options;
+
+/// The framework allocator: one process-wide cache over the GPU backends of every device, used
+/// by the framework entry points (refpool_torch_malloc, refpool_cupy_malloc) and by
+/// refpool_allocator_alloc. Fill with refpool_allocator_options_init, change fields, then pass to
+/// refpool_allocator_configure before the allocator's first allocation.
+typedef struct refpool_allocator_options {
+  refpool_runtime runtime;      ///< default REFPOOL_RUNTIME_CUDA
+  refpool_memory_kind kind;     ///< REFPOOL_MEMORY_DEVICE (default) or _DEVICE_ASYNC; ignored for HOST
+  refpool_cache_options cache;  ///< default: refpool_cache_options_from_environment
+} refpool_allocator_options;
 
 /// A backend's own accounting (refpool::backend's counters).
 typedef struct refpool_backend_stats {
@@ -249,6 +279,121 @@ REFPOOL_C_API refpool_status refpool_scope_enter_with_options(refpool_cache cach
 /// innermost scope of the calling thread, or called on another thread: the scope then stays
 /// active and the handle valid; exit the inner scopes first, on the entering thread).
 REFPOOL_C_API refpool_status refpool_scope_exit(refpool_scope scope);
+
+/* ---- GPU backends and streams ------------------------------------------------------------- */
+
+/// A new handle to the process-wide CUDA backend of `device` and `kind` (REFPOOL_MEMORY_DEVICE,
+/// _DEVICE_ASYNC or _PINNED_HOST): every call names the same backend, so buffers share cache keys.
+/// Owned by the caller (refpool_backend_release). Errors: INVALID_ARGUMENT (out NULL, a kind out
+/// of range or HOST), BACKEND_UNAVAILABLE (no driver, no such device, built without CUDA: the
+/// message says which), BACKEND.
+REFPOOL_C_API refpool_status refpool_backend_cuda(int device, refpool_memory_kind kind, refpool_backend* out);
+
+/// The same for the HIP runtime (AMD GPUs).
+REFPOOL_C_API refpool_status refpool_backend_hip(int device, refpool_memory_kind kind, refpool_backend* out);
+
+/// As refpool_alloc, for use on `stream` (a CUstream or hipStream_t; NULL: the default stream).
+/// Reuse of an idle buffer last used on another stream makes `stream` wait for that stream.
+REFPOOL_C_API refpool_status refpool_alloc_on_stream(refpool_backend backend, const size_t* dims, size_t rank,
+                                                     size_t element_size, void* stream, refpool_buffer* out);
+
+/// Tells refpool the buffer is also used on `stream` (PyTorch's recordStream): a later reuse on
+/// any other stream waits for it too. Errors: INVALID_ARGUMENT, INVALID_HANDLE, USE_AFTER_FREE.
+REFPOOL_C_API refpool_status refpool_record_stream(refpool_buffer buffer, void* stream);
+
+/// Call before destroying a stream you used with refpool: waits for its work and makes refpool
+/// never order after it again (idle buffers may still name it). `backend` names the runtime and
+/// device (a host backend: nothing to do). Errors: INVALID_ARGUMENT, INVALID_HANDLE, BACKEND.
+REFPOOL_C_API refpool_status refpool_retire_stream(refpool_backend backend, void* stream);
+
+/* ---- raw pointers (free by pointer) ------------------------------------------------------ */
+
+/// Allocates `bytes` for `stream` through the calling thread's active scope (else straight from
+/// the backend) and returns the address; refpool keeps the buffer until refpool_free(address),
+/// from any thread. 0 bytes gives *out = NULL and allocates nothing. Errors: as refpool_alloc.
+REFPOOL_C_API refpool_status refpool_malloc(refpool_backend backend, size_t bytes, void* stream, void** out);
+
+/// The same through `cache` with no scope, from any thread (refpool::alloc_cache::allocate):
+/// each thread gets its own part of the cache; requests belong to the cache's open step.
+REFPOOL_C_API refpool_status refpool_cache_malloc(refpool_cache cache, refpool_backend backend, size_t bytes,
+                                                  void* stream, void** out);
+
+/// Gives back a buffer from refpool_malloc / refpool_cache_malloc / refpool_allocator_alloc, on
+/// any thread. NULL does nothing. Errors: INVALID_ARGUMENT naming the pointer when refpool keeps
+/// nothing under it (never handed out, or already freed: a double free); nothing is freed then.
+REFPOOL_C_API refpool_status refpool_free(void* ptr);
+
+/* ---- steps ------------------------------------------------------------------------------- */
+
+/// Opens a step on `cache` (refpool::step): every request made through the cache without a scope
+/// (refpool_cache_malloc, the framework allocator when `cache` is its cache), on any thread, belongs
+/// to it until refpool_step_end; with options->plan set it is planned. `options` NULL: a plain
+/// step. The caller owns *out; it may be ended on any thread. Errors: INVALID_ARGUMENT,
+/// INVALID_HANDLE, SCOPE (a step is already open on the cache), CONFIG, OUT_OF_MEMORY.
+REFPOOL_C_API refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options,
+                                                refpool_step* out);
+
+/// Ends a step: buffers its requests got that are still referenced are counted as escapes.
+/// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already ended).
+REFPOOL_C_API refpool_status refpool_step_end(refpool_step step);
+
+/* ---- stats by name (for bindings) --------------------------------------------------------- */
+
+/// The number of counters a cache has (the fields of refpool_cache_stats, in order).
+REFPOOL_C_API size_t refpool_stat_count(void);
+/// The name of counter `index` ("hits"); NULL when index >= refpool_stat_count(). Static storage.
+REFPOOL_C_API const char* refpool_stat_name(size_t index);
+/// One line saying what counter `index` counts; NULL past the end. Static storage.
+REFPOOL_C_API const char* refpool_stat_description(size_t index);
+/// The counters of `cache` as integers, in refpool_stat_name order, into values[0..capacity);
+/// *count receives refpool_stat_count() (so a caller can size its array first with capacity 0).
+/// Errors: INVALID_ARGUMENT (count NULL, values NULL with capacity > 0), INVALID_HANDLE.
+REFPOOL_C_API refpool_status refpool_cache_get_stat_values(refpool_cache cache, uint64_t* values, size_t capacity,
+                                                          size_t* count);
+/// Restarts the cache's peaks (peak_held_bytes, peak_live_bytes) from the current values.
+REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
+
+/* ---- the framework allocator -------------------------------------------------------------- */
+
+/// Fills *options with the defaults (CUDA, device memory, cache options from REFPOOL_CONF).
+/// Errors: INVALID_ARGUMENT, CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options);
+
+/// Sets the framework allocator's options. Only before its first allocation (or its cache was
+/// asked for): CONFIG afterwards, naming what is in use. Errors: INVALID_ARGUMENT, CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options);
+
+/// A new handle to the framework allocator's cache, for steps, stats and reclaim (made at first
+/// use with the configured options). refpool_cache_destroy on it drops this handle only: the
+/// allocator keeps its cache for the life of the process. Errors: INVALID_ARGUMENT, CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_cache(refpool_cache* out);
+
+/// Allocates `bytes` on `device` for `stream` through the framework allocator; free with
+/// refpool_allocator_free or refpool_free. 0 bytes gives NULL. Errors: INVALID_ARGUMENT,
+/// BACKEND_UNAVAILABLE, OUT_OF_MEMORY (after reclaim and retry), BACKEND.
+REFPOOL_C_API refpool_status refpool_allocator_alloc(size_t bytes, int device, void* stream, void** out);
+
+/// As refpool_free.
+REFPOOL_C_API refpool_status refpool_allocator_free(void* ptr);
+
+/* The exact signatures frameworks call, so they load these by name from librefpool and no Python
+ * runs per allocation (docs/frameworks.md). They allocate through the framework allocator.
+ *
+ * PyTorch (torch.cuda.memory.CUDAPluggableAllocator(path, "refpool_torch_malloc",
+ * "refpool_torch_free")): `stream` is the request's cudaStream_t. A 0-byte request gives NULL. On
+ * failure refpool_torch_malloc throws a C++ exception (refpool::out_of_memory, a std::bad_alloc,
+ * or another refpool::error), which PyTorch reports as a Python exception with refpool's message:
+ * call it from C++ only. refpool_torch_free of NULL does nothing; size, device and stream are
+ * what PyTorch recorded and are not needed.
+ *
+ * CuPy (cupy.cuda.memory.CFunctionAllocator(0, malloc, free, owner)): CuPy passes no stream, so
+ * requests are made for the device's default (legacy) stream, which orders against CuPy's
+ * blocking streams; `param` is unused (pass 0). On failure refpool_cupy_malloc returns NULL and
+ * sets refpool_last_error. */
+REFPOOL_C_API void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream);  /* ssize_t on Linux */
+REFPOOL_C_API void refpool_torch_free(void* ptr, ptrdiff_t size, int device, void* stream);
+REFPOOL_C_API void* refpool_cupy_malloc(void* param, size_t size, int device);
+REFPOOL_C_API void refpool_cupy_free(void* param, void* ptr, int device);
 
 /* ---- buffers ----------------------------------------------------------------------------- */
 

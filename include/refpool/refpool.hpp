@@ -11,6 +11,7 @@
 #include <refpool/data_ref.hpp>
 #include <refpool/error.hpp>
 #include <refpool/hip.hpp>
+#include <refpool/pointer.hpp>
 #include <refpool/resource.hpp>
 #include <refpool/rounding.hpp>
 #include <refpool/scope.hpp>

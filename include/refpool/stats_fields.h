@@ -37,7 +37,12 @@
   X(size_t, peak_live_bytes, "highest live_bytes since creation or the last reset_peaks")              \
   X(uint64_t, steps, "steps begun on this cache")                                                       \
   X(uint64_t, uncached_allocations, "backend allocations made for this cache's scopes uncached")        \
-  X(size_t, uncached_live_bytes, "bytes of those still held by handles")                               \
+  X(size_t, uncached_live_bytes, "bytes of those still held by handles")                                \
+  X(size_t, plan_live_bytes, "bytes of plan regions held by handles")                                  \
+  X(size_t, allocated_bytes, "everything handed out and still held: live + plan_live + uncached_live")  \
+  X(size_t, reserved_bytes, "everything held from backends: held + arena + uncached_live")              \
+  X(size_t, peak_allocated_bytes, "peak_live + planned_peak_live + peak uncached: an upper bound")      \
+  X(size_t, peak_reserved_bytes, "peak_held + arena + peak uncached: an upper bound")                   \
   X(uint64_t, plan_evictions, "plans dropped: replaced by a re-recording, beyond 16 per key, or memoryless") \
   X(uint64_t, plan_pauses, "times a key re-recorded so often that its recording was paused")            \
   X(uint64_t, plan_unrecorded_runs, "planned runs served by the plain cache while their key was paused") \

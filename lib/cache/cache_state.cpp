@@ -22,6 +22,27 @@ void raise_max(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
 /// Room for one more block in `home`'s idle list, so putting it back never allocates.
 void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + home.idle.size() + 1); }
 
+/// A direct block over `ptr` (from `backend`, which it holds), handed out once.
+block* direct_block(std::unique_ptr<block> made, backend_state& backend, void* ptr, std::size_t bytes,
+                    stream_ref stream) noexcept {
+  block* b = made.release();
+  b->ptr = ptr;
+  b->capacity = bytes;
+  b->requested = bytes;
+  b->backend = &backend;
+  backend.retain();
+  b->last_stream = stream;
+  b->refs.reset(1);
+  return b;
+}
+
+/// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
+void free_block(block* b) noexcept {
+  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
+  b->backend->release();
+  delete b;
+}
+
 }  // namespace
 
 cache_state::cache_state(const cache_options& options, bool bypass)
@@ -119,8 +140,9 @@ slot* cache_state::lease_ambient() {
   if (closed_.load(std::memory_order_relaxed)) return nullptr;
   slot* s = lease_locked(free_ambient_slots_, this_thread_token());
   s->ambient = true;
-  s->epoch = step_epoch_.load(std::memory_order_relaxed);  // steps change it under mutex_ too
-  s->live_in_epoch = 0;
+  // Blocks an earlier thread got from this slot in the open step still count for it.
+  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);  // steps change it under mutex_ too
+  if (s->epoch != epoch) roll_epoch(*s, epoch);
   return s;
 }
 
@@ -263,28 +285,18 @@ block* cache_state::allocate_new(slot& s, backend_state& backend, const block_ke
 block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
   auto made = std::make_unique<block>();
   void* ptr = allocate_or_reclaim(backend, bytes, bytes, stream);
-  block* b = made.release();
-  b->ptr = ptr;
-  b->capacity = bytes;
-  b->requested = bytes;
-  b->backend = &backend;
-  backend.retain();
-  b->origin = block_origin::direct;
+  block* b = direct_block(std::move(made), backend, ptr, bytes, stream);
   b->uncached_for = this;
   retain();
-  b->last_stream = stream;
-  b->refs.reset(1);
   uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
-  uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return b;
 }
 
 void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
   uncached_live_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
   if (via_unsafe_free) extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed);
-  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
-  b->backend->release();
-  delete b;
+  free_block(b);
   release();
 }
 
@@ -296,15 +308,7 @@ block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref str
                                     "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
                                     backend.res().name(), bytes, backend.device(), backend.outstanding_bytes.load()),
                         bytes, backend.device());
-  block* b = made.release();
-  b->ptr = ptr;
-  b->capacity = bytes;
-  b->requested = bytes;
-  b->backend = &backend;
-  backend.retain();
-  b->last_stream = stream;
-  b->refs.reset(1);
-  return b;
+  return direct_block(std::move(made), backend, ptr, bytes, stream);
 }
 
 void release_direct(block* b, bool via_unsafe_free) noexcept {
@@ -312,9 +316,7 @@ void release_direct(block* b, bool via_unsafe_free) noexcept {
     cache->release_uncached(b, via_unsafe_free);
     return;
   }
-  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
-  b->backend->release();
-  delete b;
+  free_block(b);
 }
 
 // ---- releases on other threads and after the cache is gone --------------------------------
@@ -359,9 +361,11 @@ void cache_state::release_orphaned(slot& s, block* b) noexcept {
 }
 
 void cache_state::drop_orphan_ref(slot& s) noexcept {
-  if (s.orphan_refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   {
+    // Under mutex_, so a release that sees the orphan marker while close() is still counting
+    // this slot's references waits for the count.
     std::lock_guard guard(mutex_);
+    if (--s.orphan_refs != 0) return;
     std::erase_if(slots_, [&](const std::unique_ptr<slot>& p) { return p.get() == &s; });
   }
   release();  // each orphaned slot held the cache's state
@@ -372,9 +376,7 @@ void cache_state::drop_orphan_ref(slot& s) noexcept {
 void cache_state::free_to_backend(block* b) noexcept {
   held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
   backend_frees_.fetch_add(1, std::memory_order_relaxed);
-  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
-  b->backend->release();
-  delete b;
+  free_block(b);
 }
 
 std::size_t cache_state::free_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
@@ -485,12 +487,12 @@ void cache_state::close() noexcept {
       live += bk.live;
     });
     const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
-    s->orphan_refs.store(live + (leased ? 1 : 0), std::memory_order_relaxed);
+    s->orphan_refs = live + (leased ? 1 : 0);
     if (live != 0 || leased) retain();  // an orphaned slot needs our counters until its last block goes
   }
   idle_total_.store(0, std::memory_order_relaxed);
   leave_all();
-  std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs.load() == 0; });
+  std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs == 0; });
   for (block* b : idle) free_to_backend(b);
 }
 
@@ -535,8 +537,15 @@ cache_stats cache_state::stats() const {
   out.uncached_live_bytes = uncached_live_bytes_.load();
   out.held_bytes = held_bytes_.load();
   out.peak_held_bytes = peak_held_bytes_.load();
-  std::unique_lock guard(mutex_);
-  if (extension_) extension_->add_counters(out);
+  {
+    std::unique_lock guard(mutex_);
+    if (extension_) extension_->add_counters(out);
+  }
+  const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
+  out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
+  out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
+  out.peak_reserved_bytes = std::max(out.peak_held_bytes + out.arena_bytes + uncached_peak, out.reserved_bytes);
   return out;
 }
 
@@ -546,6 +555,7 @@ void cache_state::reset_peaks() noexcept {
   for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
   leave_all();
   peak_held_bytes_.store(held_bytes_.load());
+  peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
 }
 
 }  // namespace refpool::detail

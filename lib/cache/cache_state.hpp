@@ -78,9 +78,21 @@ class cache_state : public ref_counted<cache_state> {
   void end_step() noexcept;
 
   // ---- the hit path (hit_path.cpp) ------------------------------------------------------------
-  /// A live block of at least `bytes` for `stream`, from `s`'s idle blocks, another slot's, or
-  /// the backend (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`.
-  block* acquire(slot& s, backend_state& backend, std::size_t bytes, stream_ref stream);
+  /// The cache key of a request.
+  [[nodiscard]] block_key key_of(const backend_state& backend, std::size_t bytes) const {
+    return {&backend, backend.device(), backend.kind(), backend.alignment(), rounding_.round(bytes)};
+  }
+  /// The common hit, inline-sized: the oldest idle block of the slot's most recent key, last
+  /// used on `stream`, with nothing pending; null otherwise (then acquire() does the request).
+  /// Caller owns `s`. Sets neither `requested` nor the handle count.
+  block* try_hit(slot& s, const block_key& key, stream_ref stream) noexcept;
+  /// A live block for `key` and `stream`, from `s`'s idle blocks, another slot's, or the backend
+  /// (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the
+  /// handle count and `requested`.
+  block* acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes, stream_ref stream);
+  /// The common release: on the slot's own thread, nothing pending, no idle limit. False: not
+  /// done (release_cached does it).
+  bool try_release(block* b, bool via_unsafe_free) noexcept;
   /// The last handle of cached block `b` went away (any thread).
   void release_cached(block* b, bool via_unsafe_free) noexcept;
 
@@ -176,6 +188,7 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<std::uint64_t> steps_{0};
   std::atomic<std::uint64_t> uncached_allocations_{0};
   std::atomic<std::size_t> uncached_live_bytes_{0};
+  std::atomic<std::size_t> peak_uncached_live_bytes_{0};
   std::atomic<std::uint64_t> extra_escapes_{0};
   std::atomic<std::uint64_t> extra_unsafe_frees_{0};
   std::atomic<std::size_t> held_bytes_{0};

@@ -97,8 +97,30 @@ void cache_state::mark_live(slot& s, bucket& home, block* b, bool hit) noexcept 
   b->idle = false;
 }
 
-block* cache_state::acquire(slot& s, backend_state& backend, std::size_t bytes, stream_ref stream) {
-  const block_key key{&backend, backend.device(), backend.kind(), backend.alignment(), rounding_.round(bytes)};
+// The fast paths are inlined into allocate() and last_reference_dropped(), the two calls a hit
+// and a release make; nothing else calls them.
+#define REFPOOL_HIT_PATH inline __attribute__((always_inline))
+
+REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stream_ref stream) noexcept {
+  const bool fast = s.lock.owner_enter();
+  block* b = nullptr;
+  bucket* home = s.last_bucket;
+  if (fast && s.handed_off.load(std::memory_order_relaxed) == nullptr && home != nullptr && home->key == key &&
+      !home->idle.empty() && (!s.ambient || s.epoch == step_epoch_.load(std::memory_order_relaxed)) &&
+      !tracking_idle_.load(std::memory_order_relaxed)) [[likely]] {
+    block* oldest = home->idle.back();
+    if (oldest->last_stream == stream && oldest->extra_streams.empty()) [[likely]] {
+      home->idle.pop_back();
+      mark_live(s, *home, oldest, true);
+      b = oldest;
+    }
+  }
+  s.lock.owner_leave(fast);
+  return b;
+}
+
+block* cache_state::acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes,
+                            stream_ref stream) {
   block* b = nullptr;
   bool other_stream = false;
   bool over_limit = false;
@@ -188,6 +210,21 @@ bool cache_state::drain_handed_off(slot& s) noexcept {
   return drain_list(s, s.handed_off.exchange(nullptr, std::memory_order_acquire));
 }
 
+REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) noexcept {
+  slot& s = *b->home->owner;
+  if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token() ||
+      tracking_idle_.load(std::memory_order_relaxed)) [[unlikely]]
+    return false;
+  const bool fast = s.lock.owner_enter();
+  const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;
+  if (done) [[likely]] {
+    b->idle_since = clock_.load(std::memory_order_relaxed);
+    release_in_slot(s, b, via_unsafe_free);
+  }
+  s.lock.owner_leave(fast);
+  return done;
+}
+
 void cache_state::release_cached(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
   b->idle_since = clock_.load(std::memory_order_relaxed);
@@ -221,6 +258,10 @@ namespace detail {
 
 void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
   block* b = as_block(h);
+  // The common case first: a cached block released on its slot's thread, nothing watching.
+  if (b->origin == block_origin::cached && b->observer == nullptr && active_log() == nullptr) [[likely]] {
+    if (b->home->owner->cache->try_release(b, via_unsafe_free)) return;
+  }
   if (alloc_log* log = active_log()) log->record(false, b->ptr, b->requested, b->last_stream);
   if (release_observer* o = b->observer) {
     b->observer = nullptr;
@@ -247,7 +288,11 @@ data_ref alloc_cache::allocate(const backend& be, std::size_t bytes, stream_ref 
   } else if (detail::request_router* planned = cache.step_router()) {
     b = planned->acquire(s, *backend, bytes, stream);
   } else {
-    b = cache.acquire(*s, *backend, bytes, stream);
+    const detail::block_key key = cache.key_of(*backend, bytes);
+    b = cache.try_hit(*s, key, stream);
+    if (b == nullptr) [[unlikely]] b = cache.acquire(*s, *backend, key, bytes, stream);
+    b->requested = bytes;
+    b->refs.reset(1);
   }
   if (detail::alloc_log* log = detail::active_log()) log->record(true, b->ptr, bytes, stream);
   return detail::access::adopt(b);
@@ -264,8 +309,13 @@ data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream) {
     b = detail::allocate_direct(*backend, bytes, stream);
   } else if (f->router != nullptr) {
     b = f->router->acquire(f->lease, *backend, bytes, stream);
-  } else if (f->lease != nullptr) {
-    b = f->cache->acquire(*f->lease, *backend, bytes, stream);  // the scope read the environment already
+  } else if (f->lease != nullptr) {  // the scope read the environment already
+    detail::cache_state& cache = *f->cache;
+    const detail::block_key key = cache.key_of(*backend, bytes);
+    b = cache.try_hit(*f->lease, key, stream);
+    if (b == nullptr) [[unlikely]] b = cache.acquire(*f->lease, *backend, key, bytes, stream);
+    b->requested = bytes;
+    b->refs.reset(1);
   } else {
     b = detail::allocate_direct(*backend, bytes, stream);  // a warm-up entry: uncached
   }

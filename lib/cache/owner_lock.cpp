@@ -34,7 +34,9 @@ void heavy_barrier() noexcept {
 
 }  // namespace
 
-owner_lock::mode owner_lock::process_mode() noexcept {
+const owner_lock::mode owner_lock::owner_lock_mode = owner_lock::choose_mode();
+
+owner_lock::mode owner_lock::choose_mode() noexcept {
   if (under_tsan) return mode::spinlock;
   if (const char* forced = std::getenv("REFPOOL_OWNER_LOCK")) {
     const std::string_view name = forced;
@@ -48,11 +50,11 @@ owner_lock::mode owner_lock::process_mode() noexcept {
 
 void owner_lock::begin_intrusion() noexcept {
   gate_.lock();
-  if (cached_mode() != mode::spinlock) intruding_.store(true, std::memory_order_relaxed);
+  if (owner_lock_mode != mode::spinlock) intruding_.store(true, std::memory_order_relaxed);
 }
 
 void owner_lock::barrier() noexcept {
-  switch (cached_mode()) {
+  switch (owner_lock_mode) {
     case mode::membarrier: heavy_barrier(); break;
     case mode::fence: std::atomic_thread_fence(std::memory_order_seq_cst); break;
     case mode::spinlock: break;  // the owner takes gate_ too

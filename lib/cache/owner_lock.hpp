@@ -18,13 +18,14 @@ namespace refpool::detail {
 
 class owner_lock {
  public:
-  enum class mode : unsigned char { membarrier, fence, spinlock };
-  /// The process's mode, chosen once.
-  static mode process_mode() noexcept;
+  // spinlock is 0: the safe mode for anything that would run before the choice is made.
+  enum class mode : unsigned char { spinlock, fence, membarrier };
+  /// Chooses the process's mode (once, while the library loads: owner_lock_mode).
+  static mode choose_mode() noexcept;
 
   /// The owner's side. Returns a token for owner_leave: true on the fast path.
   [[nodiscard]] bool owner_enter() noexcept {
-    const mode m = cached_mode();
+    const mode m = owner_lock_mode;
     if (m != mode::spinlock) {
       busy_.store(true, std::memory_order_relaxed);
       if (m == mode::fence) {
@@ -67,10 +68,7 @@ class owner_lock {
   void wait_until_owner_out() noexcept;
 
  private:
-  static mode cached_mode() noexcept {
-    static const mode chosen = process_mode();
-    return chosen;
-  }
+  static const mode owner_lock_mode;
 
   spinlock gate_;                     // serialises intruders (and the owner's slow path)
   std::atomic<bool> intruding_{false};

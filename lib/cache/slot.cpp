@@ -28,13 +28,7 @@ block* bucket::take(stream_ref stream) noexcept {
   return oldest;
 }
 
-void bucket::put(block* b) {
-  if (idle.empty() || newer(idle.back(), b)) {
-    idle.push_back(b);  // the common case: b is the oldest
-    return;
-  }
-  idle.insert(std::upper_bound(idle.begin(), idle.end(), b, newer), b);
-}
+void bucket::insert_in_order(block* b) noexcept { idle.insert(std::upper_bound(idle.begin(), idle.end(), b, newer), b); }
 
 void bucket::remove(block* b) noexcept {
   auto it = std::lower_bound(idle.begin(), idle.end(), b, newer);

@@ -49,8 +49,15 @@ struct alignas(64) bucket {
 
   /// Takes the oldest idle block last used on `stream`, else the oldest; null if none.
   block* take(stream_ref stream) noexcept;
-  /// Puts an idle block back in order.
-  void put(block* b);
+  /// Puts an idle block back in order (capacity is reserved: never reallocates).
+  void put(block* b) noexcept {
+    if (idle.empty() || idle.back()->id > b->id) [[likely]] {
+      idle.push_back(b);  // the common case: b is the oldest
+    } else {
+      insert_in_order(b);
+    }
+  }
+  void insert_in_order(block* b) noexcept;
   /// Removes `b` (known to be idle here).
   void remove(block* b) noexcept;
   [[nodiscard]] bool unused() const noexcept { return live == 0 && idle.empty(); }
@@ -96,9 +103,9 @@ struct alignas(64) slot {
   bool ambient = false;     ///< serves a thread's cache-level allocations (not a scope)
   const void* last_thread = nullptr;  ///< prefer giving the slot back to the thread that used it last
 
-  // After the cache is destroyed: live blocks + (leased ? 1 : 0). Whoever drops it to zero
-  // deletes the slot.
-  std::atomic<std::size_t> orphan_refs{0};
+  // After the cache is destroyed: live blocks + (leased ? 1 : 0), under the cache's mutex.
+  // Whoever drops it to zero deletes the slot.
+  std::size_t orphan_refs = 0;
 
   /// The bucket for `key`, made if absent. Caller holds the slot.
   bucket& bucket_for(const block_key& key) {

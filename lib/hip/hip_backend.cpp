@@ -105,6 +105,11 @@ void synchronize(stream_ref s, int ordinal) {
   check(runtime().hipStreamSynchronize(as_stream(s)), "hipStreamSynchronize");
 }
 
+void retire_stream(stream_ref s, int ordinal) {
+  synchronize(s, ordinal);
+  detail::gpu::retire_stream(s.handle);
+}
+
 module::module(int ordinal, std::string_view image) : device_(ordinal) {
   auto guard = on_device(ordinal);
   hipModule_t m = nullptr;

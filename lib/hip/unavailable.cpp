@@ -24,6 +24,7 @@ stream::~stream() = default;
 stream& stream::operator=(stream&&) noexcept { return *this; }
 void stream::synchronize() const { unavailable(); }
 void synchronize(stream_ref, int) { unavailable(); }
+void retire_stream(stream_ref, int) { unavailable(); }
 module::module(int, std::string_view) { unavailable(); }
 module::~module() = default;
 kernel module::function(const char*) const { unavailable(); }

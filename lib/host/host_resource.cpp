@@ -1,11 +1,13 @@
 // Host backend: pageable memory from the C++ aligned allocator, so ASan and friends see the
-// exact bounds of every block.
+// exact bounds of every block; and host virtual memory for segments that grow in place.
 #include <cstddef>
 #include <limits>
 #include <new>
 
 #include <refpool/adaptors.hpp>
 #include <refpool/backend.hpp>
+
+#include "host_virtual_memory.hpp"
 
 namespace refpool {
 
@@ -27,6 +29,10 @@ class host_resource final : public resource {
   void deallocate(void* ptr, std::size_t, stream_ref) noexcept override {
     ::operator delete(ptr, std::align_val_t{host_alignment});
   }
+  virtual_memory* address_space() noexcept override { return &address_space_; }
+
+ private:
+  detail::host_virtual_memory address_space_;
 };
 
 }  // namespace

@@ -16,6 +16,9 @@ namespace {
 // least 1 GiB (address space is cheap; committed memory is what counts).
 constexpr std::size_t reservation_factor = 4;
 constexpr std::size_t minimum_reservation = std::size_t{1} << 30;
+// Committed memory comes in granules (2 MiB on CUDA and the host): an arena uses virtual memory
+// only from 16 granules on, where rounding up to one costs at most 1/16.
+constexpr std::size_t minimum_granules = 16;
 }  // namespace
 
 arena::arena(backend_state& backend, stream_ref stream) : backend_(&backend), stream_(stream) { backend.retain(); }
@@ -26,7 +29,8 @@ arena::~arena() {
 }
 
 bool arena::allocate(std::size_t bytes, cache_state& cache) {
-  if (virtual_memory* vm = backend_->res().address_space()) {
+  virtual_memory* vm = backend_->res().address_space();
+  if (vm != nullptr && bytes / vm->granularity() >= minimum_granules) {
     const std::size_t granule = vm->granularity();
     const std::size_t target = checked_round_up(bytes, granule, "an arena");
     std::size_t reservation = 0;

@@ -82,6 +82,13 @@ void plan::bind(arena& a) {
   arena_ = &a;
 }
 
+std::size_t plan::live_region_bytes() const noexcept {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < requests_.size(); ++i)
+    if ((states_[i].state.load(std::memory_order_acquire) & region_state::live) != 0) bytes += regions_[i].capacity;
+  return bytes;
+}
+
 void plan::release_region(block* b, bool via_unsafe_free) noexcept {
   auto& r = static_cast<region_block&>(*b);
   region_state& st = states_[r.region_index];

@@ -216,7 +216,8 @@ void plan_run::diverge() {
 }
 
 block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
-  return lease != nullptr ? cache_.acquire(*lease, backend, bytes, stream) : cache_.allocate_uncached(backend, bytes, stream);
+  return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)
+                          : cache_.allocate_uncached(backend, bytes, stream);
 }
 
 void plan_run::reserve_tracking() {

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""GPT-2 small training from random initialisation (transformers, batch 8 x 256 tokens, AdamW), one
+mode per process (see common.py). Eager attention by default, for bitwise-comparable losses.
+Usage: gpt2_train.py --mode MODE --out RESULT.json [--attention eager|sdpa]"""
+import sys
+
+from common import Loop, parse_args, skip
+
+BENCHMARK = "gpt2_train"
+BATCH, TOKENS = 8, 256
+
+
+def attention_choice():
+    # An extra option of this script, taken out before common's parser sees the arguments.
+    if "--attention" in sys.argv:
+        at = sys.argv.index("--attention")
+        choice = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
+        return choice
+    return "eager"
+
+
+def gpt2_model(transformers, attention):
+    config = transformers.GPT2Config()  # GPT-2 small: 12 layers, 768 wide, 1024 positions
+    try:
+        return transformers.GPT2LMHeadModel._from_config(config, attn_implementation=attention)
+    except (AttributeError, TypeError):  # an older transformers: eager attention only
+        return transformers.GPT2LMHeadModel(config)
+
+
+def main():
+    attention = attention_choice()
+    args = parse_args(__doc__.split("\n")[0])
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        skip(args, BENCHMARK, f"needs torch and transformers ({e})")
+    if not torch.cuda.is_available():
+        skip(args, BENCHMARK, "PyTorch sees no CUDA device")
+    from torch_harness import TorchFramework, loss_hex
+
+    framework = TorchFramework(args.mode, args.seed)
+    loop = Loop(args, BENCHMARK, framework)
+    model = gpt2_model(transformers, attention).cuda()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator(device="cuda").manual_seed(args.seed)
+    vocabulary = model.config.vocab_size
+
+    def iteration(i):
+        optimizer.zero_grad(set_to_none=True)
+        tokens = torch.randint(0, vocabulary, (BATCH, TOKENS), device="cuda", generator=generator)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        return loss_hex(loss)
+
+    loop.run(iteration, key=lambda i: "train")
+    loop.finish(versions=dict(framework.versions(), transformers=transformers.__version__), batch=BATCH,
+                tokens=TOKENS, attention=attention)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+// The C API (include/refpool/refpool.h): errors, backends, caches, scopes, buffers. GPU
+// backends, streams, pointers, steps and stats by name are in c_api_more.cpp; the framework
+// allocator in framework_allocator.cpp.
+#include "c_api/support.hpp"
+
+using namespace refpool::c_api;
+
+
+extern "C" {
+
+// ---- errors and version -------------------------------------------------------------------
+
+const char* refpool_last_error(void) { return last_text; }
+
+const char* refpool_status_name(refpool_status status) {
+  switch (status) {
+    case REFPOOL_OK: return "REFPOOL_OK";
+    case REFPOOL_ERROR_USE_AFTER_FREE: return "REFPOOL_ERROR_USE_AFTER_FREE";
+    case REFPOOL_ERROR_SHAPE: return "REFPOOL_ERROR_SHAPE";
+    case REFPOOL_ERROR_SIZE: return "REFPOOL_ERROR_SIZE";
+    case REFPOOL_ERROR_OUT_OF_MEMORY: return "REFPOOL_ERROR_OUT_OF_MEMORY";
+    case REFPOOL_ERROR_BACKEND: return "REFPOOL_ERROR_BACKEND";
+    case REFPOOL_ERROR_SCOPE: return "REFPOOL_ERROR_SCOPE";
+    case REFPOOL_ERROR_CONFIG: return "REFPOOL_ERROR_CONFIG";
+    case REFPOOL_ERROR_INVALID_ARGUMENT: return "REFPOOL_ERROR_INVALID_ARGUMENT";
+    case REFPOOL_ERROR_INVALID_HANDLE: return "REFPOOL_ERROR_INVALID_HANDLE";
+    case REFPOOL_ERROR_BACKEND_UNAVAILABLE: return "REFPOOL_ERROR_BACKEND_UNAVAILABLE";
+    case REFPOOL_ERROR_INTERNAL: return "REFPOOL_ERROR_INTERNAL";
+  }
+  return "REFPOOL_UNKNOWN_STATUS";
+}
+
+const char* refpool_version(void) { return REFPOOL_VERSION; }
+
+// ---- backends -----------------------------------------------------------------------------
+
+refpool_status refpool_backend_host(refpool_backend* out) {
+  return backend_handle(&refpool::host_backend, out, "refpool_backend_host");
+}
+
+refpool_status refpool_backend_new_host(refpool_backend* out) {
+  return backend_handle(&refpool::make_host_backend, out, "refpool_backend_new_host");
+}
+
+refpool_status refpool_backend_new_host_limited(size_t capacity_bytes, refpool_backend* out) {
+  return backend_handle(
+      [&] {
+        return refpool::backend(std::make_shared<refpool::limiting_resource>(refpool::make_host_resource(), capacity_bytes));
+      },
+      out, "refpool_backend_new_host_limited");
+}
+
+refpool_status refpool_backend_release(refpool_backend backend) {
+  return guarded([&] { table_of<backend_object>().remove(backend.id, "refpool_backend_release"); });
+}
+
+refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out) {
+  return guarded([&] {
+    refpool_backend_stats& result = required(out, "refpool_backend_get_stats", "out");
+    const auto object = lookup<backend_object>(backend, "refpool_backend_get_stats");
+    result.outstanding_bytes = object->backend.outstanding_bytes();
+    result.allocation_count = object->backend.allocation_count();
+    result.deallocation_count = object->backend.deallocation_count();
+  });
+}
+
+// ---- caches -------------------------------------------------------------------------------
+
+refpool_status refpool_cache_options_init(refpool_cache_options* options) {
+  return guarded([&] { required(options, "refpool_cache_options_init", "options") = to_c(refpool::cache_options{}); });
+}
+
+refpool_status refpool_cache_options_from_environment(refpool_cache_options* options) {
+  return guarded([&] {
+    refpool_cache_options& result = required(options, "refpool_cache_options_from_environment", "options");
+    result = to_c(refpool::cache_options::from_environment());
+  });
+}
+
+refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out) {
+  return guarded([&] {
+    refpool_cache& result = required(out, "refpool_cache_create", "out");
+    const refpool::cache_options chosen =
+        options == nullptr ? refpool::cache_options::from_environment() : from_c(*options);
+    result = make_handle<refpool_cache>(std::make_shared<cache_object>(std::make_shared<refpool::alloc_cache>(chosen)));
+  });
+}
+
+refpool_status refpool_cache_destroy(refpool_cache cache) {
+  return guarded([&] { table_of<cache_object>().remove(cache.id, "refpool_cache_destroy"); });
+}
+
+refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out) {
+  return guarded([&] {
+    refpool_cache_stats& result = required(out, "refpool_cache_get_stats", "out");
+    const refpool::cache_stats s = lookup<cache_object>(cache, "refpool_cache_get_stats")->cache.stats();
+#define REFPOOL_STATS_FIELD(type, name, description) result.name = s.name;
+    REFPOOL_CACHE_STATS(REFPOOL_STATS_FIELD)
+#undef REFPOOL_STATS_FIELD
+  });
+}
+
+refpool_status refpool_cache_reclaim(refpool_cache cache, size_t keep_bytes, size_t* freed_bytes) {
+  return guarded([&] {
+    const std::size_t freed = lookup<cache_object>(cache, "refpool_cache_reclaim")->cache.reclaim(keep_bytes);
+    if (freed_bytes != nullptr) *freed_bytes = freed;
+  });
+}
+
+refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_idle_bytes) {
+  return guarded([&] {
+    lookup<cache_object>(cache, "refpool_cache_set_max_idle_bytes")->cache.set_max_idle_bytes(max_idle_bytes);
+  });
+}
+
+// ---- scopes -------------------------------------------------------------------------------
+
+refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out) {
+  return enter_scope(cache, nullptr, out, "refpool_scope_enter");
+}
+
+refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
+                                                refpool_scope* out) {
+  return enter_scope(cache, options, out, "refpool_scope_enter_with_options");
+}
+
+refpool_status refpool_scope_exit(refpool_scope scope) {
+  return guarded([&] {
+    auto& table = table_of<scope_object>();
+    const auto object = table.get(scope.id, "refpool_scope_exit");
+    std::lock_guard guard(object->mutex);
+    object->scope.close();  // throws scope_error (handle kept) when out of order or on another thread
+    table.remove(scope.id, "refpool_scope_exit");  // throws if a racing exit removed it first
+  });
+}
+
+// ---- buffers ------------------------------------------------------------------------------
+
+refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
+                             refpool_buffer* out) {
+  return allocate_buffer(backend, dims, rank, element_size, {}, out, "refpool_alloc");
+}
+
+refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank, refpool_buffer* out) {
+  return guarded([&] {
+    refpool_buffer& result = required(out, "refpool_reshape", "out");
+    const auto object = lookup<buffer_object>(buffer, "refpool_reshape");
+    refpool::shape shape = dims_from(dims, rank, "refpool_reshape");
+    std::lock_guard guard(object->mutex);
+    if (shape.element_count() != object->element_count)
+      refpool::detail::throw_reshape_error(object->dims, object->element_size, shape, object->element_size);
+    result = new_buffer(object->ref, std::move(shape), object->element_size, object->element_count);
+  });
+}
+
+refpool_status refpool_retain(refpool_buffer buffer, refpool_buffer* out) {
+  return guarded([&] {
+    refpool_buffer& result = required(out, "refpool_retain", "out");
+    const auto object = lookup<buffer_object>(buffer, "refpool_retain");
+    std::lock_guard guard(object->mutex);
+    result = new_buffer(object->ref, object->dims, object->element_size, object->element_count);
+  });
+}
+
+refpool_status refpool_release(refpool_buffer buffer) {
+  return guarded([&] { table_of<buffer_object>().remove(buffer.id, "refpool_release"); });
+}
+
+refpool_status refpool_unsafe_free(refpool_buffer buffer) {
+  return guarded([&] {
+    const auto object = lookup<buffer_object>(buffer, "refpool_unsafe_free");
+    std::lock_guard guard(object->mutex);
+    object->ref.unsafe_free();
+  });
+}
+
+refpool_status refpool_use_count(refpool_buffer buffer, long* out) {
+  return guarded([&] {
+    long& result = required(out, "refpool_use_count", "out");
+    const auto object = lookup<buffer_object>(buffer, "refpool_use_count");
+    std::lock_guard guard(object->mutex);
+    result = object->ref.use_count();
+  });
+}
+
+refpool_status refpool_data(refpool_buffer buffer, void** out) {
+  return guarded([&] {
+    void*& result = required(out, "refpool_data", "out");
+    const auto object = lookup<buffer_object>(buffer, "refpool_data");
+    std::lock_guard guard(object->mutex);
+    result = object->ref.data();
+  });
+}
+
+refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity, size_t* rank) {
+  return guarded([&] {
+    std::size_t& rank_out = required(rank, "refpool_dims", "rank");
+    const auto object = lookup<buffer_object>(buffer, "refpool_dims");
+    std::lock_guard guard(object->mutex);
+    const refpool::shape& shape = object->dims;
+    rank_out = shape.rank();
+    if (dims == nullptr) return;
+    if (capacity < shape.rank())
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+           fmt::format("refpool: refpool_dims: the buffer has rank {} but dims has room for {}", shape.rank(), capacity));
+    std::copy(shape.begin(), shape.end(), dims);
+  });
+}
+
+refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out) {
+  return guarded([&] {
+    refpool_buffer_info& result = required(out, "refpool_buffer_get_info", "out");
+    const auto object = lookup<buffer_object>(buffer, "refpool_buffer_get_info");
+    std::lock_guard guard(object->mutex);
+    result = refpool_buffer_info{object->dims.rank(), object->element_count, object->element_size,
+                                 object->element_count * object->element_size, object->ref.is_freed() ? 1 : 0};
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,159 @@
+// The framework allocator: one process-wide cache over the GPU backends of every device, behind
+// the exact entry points PyTorch's pluggable allocator and CuPy's CFunctionAllocator call. The
+// per-request path is a cache-level allocation (the calling thread's slot) plus the pointer
+// table; configuration and per-device backends are made once, under a mutex, then read lock-free.
+#include <refpool/cuda.hpp>
+#include <refpool/hip.hpp>
+#include <refpool/pointer.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+
+#include "c_api/support.hpp"
+
+using namespace refpool::c_api;
+
+namespace {
+
+class framework_allocator {
+ public:
+  static constexpr int max_devices = 64;
+
+  static framework_allocator& instance() {
+    static auto* made = new framework_allocator;  // leaked: frees may come from static destructors
+    return *made;
+  }
+
+  void configure(const refpool_allocator_options& options) {
+    std::lock_guard guard(mutex_);
+    if (cache_ != nullptr)
+      fail(REFPOOL_ERROR_CONFIG,
+           "refpool: refpool_allocator_configure: the framework allocator is already in use (its cache was made "
+           "by an allocation or by refpool_allocator_cache); configure it before either");
+    if (options.runtime != REFPOOL_RUNTIME_CUDA && options.runtime != REFPOOL_RUNTIME_HIP &&
+        options.runtime != REFPOOL_RUNTIME_HOST)
+      fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.runtime is {}; allowed: "
+                                             "REFPOOL_RUNTIME_CUDA (0), REFPOOL_RUNTIME_HIP (1), REFPOOL_RUNTIME_HOST (2)",
+                                             static_cast<int>(options.runtime)));
+    if (options.runtime != REFPOOL_RUNTIME_HOST && options.kind != REFPOOL_MEMORY_DEVICE &&
+        options.kind != REFPOOL_MEMORY_DEVICE_ASYNC)
+      fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.kind is {}; allowed: "
+                                             "REFPOOL_MEMORY_DEVICE (1), REFPOOL_MEMORY_DEVICE_ASYNC (2)",
+                                             static_cast<int>(options.kind)));
+    options_ = options;
+    cache_options_ = from_c(options.cache);  // throws config_error for a bad rounding
+    configured_ = true;
+  }
+
+  std::shared_ptr<refpool::alloc_cache> cache() {
+    std::lock_guard guard(mutex_);
+    if (cache_ == nullptr) {
+      cache_ = std::make_shared<refpool::alloc_cache>(configured_ ? cache_options_ : refpool::cache_options::from_environment());
+      made_.store(cache_.get(), std::memory_order_release);
+    }
+    return cache_;
+  }
+
+  void* allocate(std::size_t bytes, int device, refpool::stream_ref stream) {
+    if (bytes == 0) return nullptr;
+    refpool::alloc_cache* cache = made_.load(std::memory_order_acquire);
+    if (cache == nullptr) cache = this->cache().get();
+    return refpool::to_pointer(cache->allocate(backend_for(device), bytes, stream));
+  }
+
+ private:
+  const refpool::backend& backend_for(int device) {
+    if (device >= 0 && device < max_devices) [[likely]] {
+      if (const refpool::backend* known = backends_[static_cast<std::size_t>(device)].load(std::memory_order_acquire))
+        return *known;
+    }
+    return make_backend(device);
+  }
+
+  const refpool::backend& make_backend(int device) {
+    if (device < 0 || device >= max_devices)  // a refpool::error: it may reach PyTorch (see refpool_torch_malloc)
+      throw refpool::invalid_argument(fmt::format(
+          "refpool: the framework allocator was asked for device {}; devices 0 to {} are supported", device,
+          max_devices - 1));
+    std::lock_guard guard(mutex_);
+    auto& slot = backends_[static_cast<std::size_t>(device)];
+    if (const refpool::backend* known = slot.load(std::memory_order_relaxed)) return *known;
+    const refpool::memory_kind kind =
+        options_.kind == REFPOOL_MEMORY_DEVICE_ASYNC ? refpool::memory_kind::device_async : refpool::memory_kind::device;
+    auto made = std::make_unique<refpool::backend>(options_.runtime == REFPOOL_RUNTIME_HOST  ? refpool::host_backend()
+                                                   : options_.runtime == REFPOOL_RUNTIME_HIP ? refpool::hip::device(device, kind)
+                                                                                            : refpool::cuda::device(device, kind));
+    slot.store(made.get(), std::memory_order_release);
+    return *made.release();  // kept for the life of the process, like the runtime's own backends
+  }
+
+  std::mutex mutex_;
+  refpool_allocator_options options_{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE, {}};
+  refpool::cache_options cache_options_;
+  bool configured_ = false;
+  std::shared_ptr<refpool::alloc_cache> cache_;
+  std::atomic<refpool::alloc_cache*> made_{nullptr};
+  std::array<std::atomic<const refpool::backend*>, max_devices> backends_{};
+};
+
+}  // namespace
+
+extern "C" {
+
+refpool_status refpool_allocator_options_init(refpool_allocator_options* options) {
+  return guarded([&] {
+    refpool_allocator_options& result = required(options, "refpool_allocator_options_init", "options");
+    result = refpool_allocator_options{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE,
+                                       to_c(refpool::cache_options::from_environment())};
+  });
+}
+
+refpool_status refpool_allocator_configure(const refpool_allocator_options* options) {
+  return guarded([&] {
+    framework_allocator::instance().configure(required(options, "refpool_allocator_configure", "options"));
+  });
+}
+
+refpool_status refpool_allocator_cache(refpool_cache* out) {
+  return guarded([&] {
+    refpool_cache& result = required(out, "refpool_allocator_cache", "out");
+    result = make_handle<refpool_cache>(std::make_shared<cache_object>(framework_allocator::instance().cache()));
+  });
+}
+
+refpool_status refpool_allocator_alloc(size_t bytes, int device, void* stream, void** out) {
+  return guarded([&] {
+    void*& result = required(out, "refpool_allocator_alloc", "out");
+    result = framework_allocator::instance().allocate(bytes, device, refpool::stream_ref{stream});
+  });
+}
+
+refpool_status refpool_allocator_free(void* ptr) {
+  return guarded([&] { refpool::free_pointer(ptr); });
+}
+
+void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream) {
+  if (size < 0)
+    throw refpool::size_error(fmt::format("refpool: refpool_torch_malloc was asked for {} bytes", size));
+  return framework_allocator::instance().allocate(static_cast<std::size_t>(size), device, refpool::stream_ref{stream});
+}
+
+void refpool_torch_free(void* ptr, ptrdiff_t, int, void*) {
+  // Called from PyTorch's deleters, where an exception would end the process: a pointer refpool
+  // does not keep (never expected from PyTorch) is reported on stderr and not freed.
+  if (guarded([&] { refpool::free_pointer(ptr); }) != REFPOOL_OK) std::fprintf(stderr, "%s\n", refpool_last_error());
+}
+
+void* refpool_cupy_malloc(void*, size_t size, int device) {
+  void* result = nullptr;
+  if (guarded([&] { result = framework_allocator::instance().allocate(size, device, {}); }) != REFPOOL_OK) return nullptr;
+  return result;
+}
+
+void refpool_cupy_free(void*, void* ptr, int) {
+  // CuPy cannot be told of a failure here; a bad pointer is reported on stderr, never freed.
+  if (guarded([&] { refpool::free_pointer(ptr); }) != REFPOOL_OK) std::fprintf(stderr, "%s\n", refpool_last_error());
+}
+
+}  // extern "C"

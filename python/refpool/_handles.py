@@ -1,0 +1,43 @@
+"""Ownership of C handles by Python objects: released once, by close() or when garbage-collected."""
+import weakref
+
+from . import _types as t
+from ._library import lib
+
+
+def _release(function_name, handle_id):
+    # Runs from close() or from the garbage collector: a failure here has nowhere to go, and the
+    # library itself reports double releases, so the status is ignored.
+    try:
+        lib().fn(function_name)(t.Handle(handle_id))
+    except Exception:  # noqa: BLE001 (interpreter shutdown: the library may be gone)
+        pass
+
+
+class Owned:
+    """A Python object owning one C handle: `handle` while open, released by `close()` (idempotent)
+    or at garbage collection. Subclasses name the release function."""
+
+    _release_function = None
+
+    def __init__(self, handle, owns=True):
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, _release, self._release_function, handle.id) if owns else None
+
+    @property
+    def handle(self):
+        return self._handle
+
+    def close(self):
+        if self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def closed(self):
+        return self._finalizer is not None and not self._finalizer.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

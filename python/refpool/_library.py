@@ -1,0 +1,172 @@
+"""Finds and loads librefpool, declares the C signatures, and turns failed statuses into exceptions.
+
+The library is looked up once, on first use (importing refpool loads nothing): $REFPOOL_LIBRARY if
+set (a build tree: build/python/librefpool.so), else the copy installed inside this package. Each C
+function is bound on its first call, so a library older than this package fails only the calls it
+lacks, with a message naming the function."""
+import ctypes
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint64, c_void_p
+from pathlib import Path
+
+from . import _types as t
+from .errors import LibraryError, error_for_status
+
+LIBRARY_ENV = "REFPOOL_LIBRARY"
+_LIBRARY_NAME = "librefpool.so"
+
+_size_p = POINTER(c_size_t)
+_handle_p = POINTER(t.Handle)
+try:
+    _ssize_t = ctypes.c_ssize_t
+except AttributeError:  # pragma: no cover (every supported Python has it)
+    _ssize_t = ctypes.c_long
+
+# name: (restype, argtypes). restype c_int means a refpool_status, checked by call().
+SIGNATURES = {
+    "refpool_last_error": (c_char_p, []),
+    "refpool_status_name": (c_char_p, [c_int]),
+    "refpool_version": (c_char_p, []),
+    # backends
+    "refpool_backend_host": (c_int, [_handle_p]),
+    "refpool_backend_new_host": (c_int, [_handle_p]),
+    "refpool_backend_new_host_limited": (c_int, [c_size_t, _handle_p]),
+    "refpool_backend_cuda": (c_int, [c_int, c_int, _handle_p]),
+    "refpool_backend_hip": (c_int, [c_int, c_int, _handle_p]),
+    "refpool_backend_release": (c_int, [t.Handle]),
+    "refpool_backend_get_stats": (c_int, [t.Handle, c_void_p]),
+    "refpool_retire_stream": (c_int, [t.Handle, c_void_p]),
+    # caches
+    "refpool_cache_options_init": (c_int, [POINTER(t.CacheOptions)]),
+    "refpool_cache_options_from_environment": (c_int, [POINTER(t.CacheOptions)]),
+    "refpool_cache_create": (c_int, [POINTER(t.CacheOptions), _handle_p]),
+    "refpool_cache_destroy": (c_int, [t.Handle]),
+    "refpool_cache_get_stats": (c_int, [t.Handle, c_void_p]),
+    "refpool_cache_reclaim": (c_int, [t.Handle, c_size_t, _size_p]),
+    "refpool_cache_set_max_idle_bytes": (c_int, [t.Handle, c_size_t]),
+    "refpool_cache_reset_peaks": (c_int, [t.Handle]),
+    # scopes and steps
+    "refpool_scope_enter": (c_int, [t.Handle, _handle_p]),
+    "refpool_scope_enter_with_options": (c_int, [t.Handle, POINTER(t.ScopeOptions), _handle_p]),
+    "refpool_scope_exit": (c_int, [t.Handle]),
+    "refpool_step_begin": (c_int, [t.Handle, POINTER(t.ScopeOptions), _handle_p]),
+    "refpool_step_end": (c_int, [t.Handle]),
+    # buffers
+    "refpool_alloc": (c_int, [t.Handle, _size_p, c_size_t, c_size_t, _handle_p]),
+    "refpool_alloc_on_stream": (c_int, [t.Handle, _size_p, c_size_t, c_size_t, c_void_p, _handle_p]),
+    "refpool_record_stream": (c_int, [t.Handle, c_void_p]),
+    "refpool_reshape": (c_int, [t.Handle, _size_p, c_size_t, _handle_p]),
+    "refpool_retain": (c_int, [t.Handle, _handle_p]),
+    "refpool_release": (c_int, [t.Handle]),
+    "refpool_unsafe_free": (c_int, [t.Handle]),
+    "refpool_use_count": (c_int, [t.Handle, POINTER(ctypes.c_long)]),
+    "refpool_data": (c_int, [t.Handle, POINTER(c_void_p)]),
+    "refpool_dims": (c_int, [t.Handle, _size_p, c_size_t, _size_p]),
+    "refpool_buffer_get_info": (c_int, [t.Handle, POINTER(t.BufferInfo)]),
+    # raw pointers
+    "refpool_malloc": (c_int, [t.Handle, c_size_t, c_void_p, POINTER(c_void_p)]),
+    "refpool_cache_malloc": (c_int, [t.Handle, t.Handle, c_size_t, c_void_p, POINTER(c_void_p)]),
+    "refpool_free": (c_int, [c_void_p]),
+    # stats by name
+    "refpool_stat_count": (c_size_t, []),
+    "refpool_stat_name": (c_char_p, [c_size_t]),
+    "refpool_stat_description": (c_char_p, [c_size_t]),
+    "refpool_cache_get_stat_values": (c_int, [t.Handle, POINTER(c_uint64), c_size_t, _size_p]),
+    # the process-wide framework allocator and its entry points
+    "refpool_allocator_options_init": (c_int, [POINTER(t.AllocatorOptions)]),
+    "refpool_allocator_configure": (c_int, [POINTER(t.AllocatorOptions)]),
+    "refpool_allocator_cache": (c_int, [_handle_p]),
+    "refpool_allocator_alloc": (c_int, [c_size_t, c_int, c_void_p, POINTER(c_void_p)]),
+    "refpool_allocator_free": (c_int, [c_void_p]),
+    "refpool_torch_malloc": (c_void_p, [_ssize_t, c_int, c_void_p]),
+    "refpool_torch_free": (None, [c_void_p, _ssize_t, c_int, c_void_p]),
+    "refpool_cupy_malloc": (c_void_p, [c_void_p, c_size_t, c_int]),
+    "refpool_cupy_free": (None, [c_void_p, c_void_p, c_int]),
+}
+
+
+class Library:
+    """librefpool, loaded once: `fn(name)` is the bound C function, `call(name, ...)` checks its status."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        try:
+            self.cdll = ctypes.CDLL(self.path)
+        except OSError as e:
+            raise LibraryError(f"refpool: cannot load {self.path}: {e}") from None
+        self._functions = {}
+
+    def fn(self, name):
+        function = self._functions.get(name)
+        if function is None:
+            restype, argtypes = SIGNATURES[name]
+            try:
+                function = getattr(self.cdll, name)
+            except AttributeError:
+                raise LibraryError(
+                    f"refpool: librefpool {self.version()} at {self.path} has no function {name}: it was built from "
+                    "an older refpool than this package; rebuild it from the same source") from None
+            function.restype = restype
+            function.argtypes = argtypes
+            self._functions[name] = function
+        return function
+
+    def has(self, name):
+        return hasattr(self.cdll, name)
+
+    def address(self, name):
+        """The address of a C function, for frameworks that call it themselves."""
+        self.fn(name)
+        return ctypes.cast(getattr(self.cdll, name), c_void_p).value
+
+    def call(self, name, *args):
+        """Calls a status-returning function; raises the status's RefpoolError subclass on failure."""
+        status = self.fn(name)(*args)
+        if status != t.OK:
+            raise error_for_status(status, self.status_name(status), self.last_error())
+
+    def new_handle(self, name, *args):
+        """Calls a function whose last parameter is an output handle; returns the handle."""
+        handle = t.Handle()
+        self.call(name, *args, ctypes.byref(handle))
+        return handle
+
+    def last_error(self):
+        return self.fn("refpool_last_error")().decode(errors="replace")
+
+    def status_name(self, status):
+        return self.fn("refpool_status_name")(status).decode()
+
+    def version(self):
+        return self.fn("refpool_version")().decode()
+
+
+_lock = threading.Lock()
+_library = None
+
+
+def library_path():
+    """Where librefpool is taken from: $REFPOOL_LIBRARY, else the copy inside this package."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        path = Path(override).expanduser().resolve()
+        if not path.is_file():
+            raise LibraryError(f"refpool: {LIBRARY_ENV}={override} names no file")
+        return path
+    path = Path(__file__).resolve().parent / _LIBRARY_NAME
+    if not path.is_file():
+        raise LibraryError(
+            f"refpool: {path} is missing: install the package with `pip install .` from the refpool source, or "
+            f"point {LIBRARY_ENV} at a built librefpool (build/python/{_LIBRARY_NAME} of a meson build)")
+    return path
+
+
+def lib():
+    """The loaded library (loaded on first call, thread-safe)."""
+    global _library
+    if _library is None:
+        with _lock:
+            if _library is None:
+                _library = Library(library_path())
+    return _library

@@ -1,0 +1,63 @@
+"""ctypes mirrors of refpool.h's structs and enums (include/refpool/refpool.h is the reference)."""
+import ctypes
+from ctypes import Structure, c_char_p, c_int, c_size_t, c_uint64
+
+# refpool_status values (stable, part of the ABI).
+OK = 0
+
+# refpool_memory_kind
+MEMORY_KINDS = {"host": 0, "device": 1, "device_async": 2, "pinned_host": 3}
+# refpool_runtime
+RUNTIMES = {"cuda": 0, "hip": 1, "host": 2}
+# refpool_rounding
+ROUNDINGS = {"exact": 0, "step": 1, "pow2": 2}
+
+UNLIMITED = ctypes.c_size_t(-1).value  # REFPOOL_UNLIMITED (SIZE_MAX)
+
+
+class Handle(Structure):
+    """Every refpool handle (backend, cache, scope, step, buffer) is a struct holding one 64-bit id."""
+    _fields_ = [("id", c_uint64)]
+
+
+class CacheOptions(Structure):
+    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t)]
+
+
+class ScopeOptions(Structure):
+    """refpool_scope_options: also the options of a step."""
+    _fields_ = [("uncached_warmup_entries", c_size_t), ("plan", c_char_p)]
+
+
+class AllocatorOptions(Structure):
+    _fields_ = [("runtime", c_int), ("kind", c_int), ("cache", CacheOptions)]
+
+
+class BufferInfo(Structure):
+    _fields_ = [("rank", c_size_t), ("element_count", c_size_t), ("element_size", c_size_t), ("bytes", c_size_t),
+                ("is_freed", c_int)]
+
+
+class CacheStats(Structure):
+    """refpool_cache_stats as of refpool 0.1 (before issue 15): the fallback when the library has no
+    stats by name. Filled through a larger zeroed buffer, so a library whose struct grew cannot write
+    past it (see stats.py)."""
+    _fields_ = [(name, c_uint64) for name in (
+        "hits", "misses", "steals", "backend_allocations", "backend_frees", "unsafe_frees", "escapes", "evictions",
+        "reclaimed_blocks", "oom_retries", "cross_stream_reuses", "scope_entries", "uncached_entries")] + \
+        [(name, c_size_t) for name in (
+            "live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes")] + \
+        [(name, c_uint64) for name in ("plan_hits", "plan_misses", "plan_recordings")] + \
+        [(name, c_size_t) for name in ("plans", "arena_bytes", "planned_peak_live_bytes")]
+
+
+class BackendStats(Structure):
+    _fields_ = [("outstanding_bytes", c_size_t), ("allocation_count", c_uint64), ("deallocation_count", c_uint64)]
+
+
+def enum_value(table, name, what):
+    """The C value of `name` in `table`, or a ValueError listing the accepted names."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"refpool: unknown {what} {name!r} (one of: {', '.join(table)})") from None

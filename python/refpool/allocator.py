@@ -1,0 +1,74 @@
+"""The process-wide framework allocator: one cache with GPU backends per device, behind the C entry
+points that PyTorch and CuPy call (refpool_torch_malloc, refpool_cupy_malloc) and the Numba plugin.
+
+Configure it before its first allocation (`configure()`); `cache()` is a handle to its cache, for
+steps, stats and reclaim. Every adapter of this package uses this one allocator, so a process that
+mixes PyTorch, CuPy and Numba has one cache and one set of counters."""
+import ctypes
+import threading
+
+from . import _types as t
+from .cache import Cache, cache_options
+from ._library import lib
+from .streams import stream_pointer
+
+_lock = threading.Lock()
+_cache = None
+
+
+def configure(runtime="cuda", kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None):
+    """Sets the allocator's runtime ("cuda", "hip"), memory kind ("device", "device_async") and cache
+    options (those not given come from REFPOOL_CONF). Only before the allocator's first allocation:
+    ConfigError after."""
+    options = t.AllocatorOptions()
+    lib().call("refpool_allocator_options_init", ctypes.byref(options))
+    options.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
+    options.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
+    options.cache = cache_options(rounding, rounding_parameter, max_idle_bytes)
+    lib().call("refpool_allocator_configure", ctypes.byref(options))
+
+
+def cache():
+    """The allocator's cache (one handle per process, kept by this module)."""
+    global _cache
+    if _cache is None:
+        with _lock:
+            if _cache is None:
+                _cache = Cache(_handle=lib().new_handle("refpool_allocator_cache"))
+    return _cache
+
+
+def step(plan=None, uncached_warmup_entries=0):
+    """A step on the allocator's cache (a context manager). It covers every allocation the framework
+    makes through refpool while it is open, on any thread (PyTorch's backward runs on its autograd
+    thread). With `plan`, a planned step: the first run under a key records, the next ones replay."""
+    return cache().step(plan, uncached_warmup_entries)
+
+
+def stats():
+    """The allocator cache's counters (see refpool.stats)."""
+    return cache().stats()
+
+
+def reset_peaks():
+    cache().reset_peaks()
+
+
+def reclaim(keep_bytes=0):
+    """Frees idle blocks back to the driver until at most `keep_bytes` idle bytes remain."""
+    return cache().reclaim(keep_bytes)
+
+
+def malloc(nbytes, device=0, stream=None):
+    """`nbytes` on `device` from the allocator (any thread): the address, 0 for 0 bytes."""
+    out = ctypes.c_void_p()
+    lib().call("refpool_allocator_alloc", nbytes, device, ctypes.c_void_p(stream_pointer(stream)),
+               ctypes.byref(out))
+    return out.value or 0
+
+
+def free(address):
+    """Gives back an address from malloc(), from any thread."""
+    lib().call("refpool_allocator_free", ctypes.c_void_p(address or None))
+
+__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free"]

@@ -1,0 +1,150 @@
+"""Caches, and the two ways to run work through one: scopes (this thread) and steps (every thread)."""
+import ctypes
+import threading
+
+from . import _types as t
+from ._handles import Owned
+from ._library import lib
+from .stats import cache_stats
+from .streams import stream_pointer
+
+
+def _scope_options(plan, uncached_warmup_entries):
+    if plan is not None and not isinstance(plan, str):
+        raise TypeError(f"refpool: a plan key is a str, not {type(plan).__name__}")
+    return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
+
+
+class Cache(Owned):
+    """A refpool cache of idle blocks. Options not given come from REFPOOL_CONF (rounding,
+    max_idle_bytes) unless `from_environment` is False. `close()` destroys the cache: idle blocks go
+    back to their backends; buffers still referenced stay valid.
+
+    Thread safety: every method may be called from any thread."""
+
+    _release_function = "refpool_cache_destroy"
+
+    def __init__(self, rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True,
+                 _handle=None, _owns=True):
+        if _handle is None:
+            options = cache_options(rounding, rounding_parameter, max_idle_bytes, from_environment)
+            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(options))
+        super().__init__(_handle, _owns)
+
+    def __repr__(self):
+        return f"<refpool.Cache id={self.handle.id:#x}{' (closed)' if self.closed else ''}>"
+
+    def scope(self, plan=None, uncached_warmup_entries=0):
+        """A scope on this cache (a context manager): while active, refpool allocations of this
+        thread (Buffer, refpool.malloc) go through the cache; with `plan`, a planned scope."""
+        return Scope(self, plan, uncached_warmup_entries)
+
+    def step(self, plan=None, uncached_warmup_entries=0):
+        """A step on this cache (a context manager): an iteration boundary covering every allocation
+        made through the cache without a scope, on any thread (cache.malloc, the framework entry
+        points); with `plan`, a planned step. Steps on one cache do not nest."""
+        return Step(self, plan, uncached_warmup_entries)
+
+    def malloc(self, backend, nbytes, stream=None):
+        """`nbytes` from `backend` through this cache, from any thread, no scope needed: the address
+        (0 for 0 bytes). Give it back with refpool.free(address)."""
+        out = ctypes.c_void_p()
+        lib().call("refpool_cache_malloc", self.handle, backend.handle, nbytes,
+                   ctypes.c_void_p(stream_pointer(stream)), ctypes.byref(out))
+        return out.value or 0
+
+    def stats(self):
+        """The cache's counters as a dict (names as in refpool_stat_name)."""
+        return cache_stats(self.handle)
+
+    def reset_peaks(self):
+        """Restarts the peak counters (peak_live_bytes, peak_held_bytes) from the current values."""
+        lib().call("refpool_cache_reset_peaks", self.handle)
+
+    def reclaim(self, keep_bytes=0):
+        """Frees least recently released idle blocks until at most `keep_bytes` idle bytes remain;
+        returns the bytes freed. Live buffers are never touched."""
+        freed = ctypes.c_size_t()
+        lib().call("refpool_cache_reclaim", self.handle, keep_bytes, ctypes.byref(freed))
+        return freed.value
+
+    def set_max_idle_bytes(self, max_idle_bytes):
+        """The idle limit (None: no limit), evicting at once if needed."""
+        limit = t.UNLIMITED if max_idle_bytes is None else max_idle_bytes
+        lib().call("refpool_cache_set_max_idle_bytes", self.handle, limit)
+
+
+def cache_options(rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True):
+    """A filled refpool_cache_options: REFPOOL_CONF's values (or the defaults), then the given ones."""
+    options = t.CacheOptions()
+    init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
+    lib().call(init, ctypes.byref(options))
+    if rounding is not None:
+        options.rounding = t.enum_value(t.ROUNDINGS, rounding, "rounding")
+    if rounding_parameter is not None:
+        options.rounding_parameter = rounding_parameter
+    if max_idle_bytes is not None:
+        options.max_idle_bytes = max_idle_bytes
+    return options
+
+
+class Scope:
+    """An active scope (refpool_scope): entered by `enter()` or `with`, exited on the same thread."""
+
+    def __init__(self, cache, plan=None, uncached_warmup_entries=0):
+        self.cache = cache
+        self.plan = plan
+        self._options = _scope_options(plan, uncached_warmup_entries)
+        self._handle = None
+
+    def enter(self):
+        if self._handle is not None:
+            raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
+        self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle,
+                                        ctypes.byref(self._options))
+        return self
+
+    def exit(self):
+        """Ends the scope: buffers it handed out that are still referenced count as escapes."""
+        if self._handle is None:
+            raise RuntimeError("refpool: this scope is not active")
+        lib().call("refpool_scope_exit", self._handle)  # a ScopeError leaves it active: keep the handle
+        self._handle = None
+
+    def __enter__(self):
+        return self.enter()
+
+    def __exit__(self, *exc):
+        self.exit()
+
+
+class Step:
+    """An open step on a cache (refpool_step): begun by `begin()` or `with`; may end on another thread."""
+
+    def __init__(self, cache, plan=None, uncached_warmup_entries=0):
+        self.cache = cache
+        self.plan = plan
+        self._options = _scope_options(plan, uncached_warmup_entries)
+        self._handle = None
+        self._lock = threading.Lock()
+
+    def begin(self):
+        with self._lock:
+            if self._handle is not None:
+                raise RuntimeError("refpool: this step is already open (make a new one with cache.step())")
+            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, ctypes.byref(self._options))
+        return self
+
+    def end(self):
+        """Ends the step: memory handed out during it and still referenced counts as escaped."""
+        with self._lock:
+            if self._handle is None:
+                raise RuntimeError("refpool: this step is not open")
+            lib().call("refpool_step_end", self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self.begin()
+
+    def __exit__(self, *exc):
+        self.end()

@@ -1,0 +1,92 @@
+"""refpool as Numba's CUDA memory manager: an External Memory Management (EMM) plugin.
+
+    from numba import cuda
+    import refpool.numba
+    cuda.set_memory_manager(refpool.numba.RefpoolNumbaManager)   # before the first CUDA context
+or, for a whole program: NUMBA_CUDA_MEMORY_MANAGER=refpool.numba python3 program.py
+
+Device memory comes from refpool's process-wide allocator (the cache PyTorch and CuPy adapters use
+too); host and pinned memory stay Numba's (HostOnlyCUDAMemoryManager). Numba's plugin interface is
+Python, so each allocation runs a little Python here: memalloc calls refpool_allocator_alloc, the
+finalizer refpool_allocator_free. `defer_cleanup()` changes nothing for device memory: freed blocks
+return to refpool's cache at once, and refpool never frees to the driver on that path anyway.
+Importing this module does not import Numba; the plugin class is made on first access."""
+import ctypes
+
+from . import allocator
+from .errors import FrameworkError
+
+_class = None
+
+
+def _make_class():
+    try:
+        from numba import cuda
+        from numba.cuda.cudadrv import driver
+    except ImportError as e:
+        raise FrameworkError(f"refpool.numba needs Numba with CUDA support, which cannot be imported here: {e}") \
+            from None
+    nvidia_binding = getattr(driver, "USE_NV_BINDING", False)
+
+    def device_pointer(address):
+        # The pointer type Numba's driver layer expects: cuda-python's CUdeviceptr, else ctypes.
+        return driver.binding.CUdeviceptr(address) if nvidia_binding else ctypes.c_uint64(address)
+
+    class RefpoolNumbaManager(cuda.HostOnlyCUDAMemoryManager):
+        """Numba EMM plugin: device allocations through refpool's allocator (interface version 1)."""
+
+        def initialize(self):
+            # Nothing per context: refpool's allocator makes its backend for a device on first use.
+            pass
+
+        def memalloc(self, size):
+            device = self.context.device.id
+            address = allocator.malloc(size, device)
+            return cuda.MemoryPointer(self.context, device_pointer(address), size,
+                                      finalizer=_finalizer(address) if address else None)
+
+        def get_memory_info(self):
+            if nvidia_binding:
+                free, total = driver.driver.cuMemGetInfo()
+            else:
+                free, total = ctypes.c_size_t(), ctypes.c_size_t()
+                driver.driver.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+                free, total = free.value, total.value
+            return driver.MemoryInfo(free=free, total=total)
+
+        def get_ipc_handle(self, memory):
+            raise FrameworkError("refpool.numba: IPC handles of refpool memory are not supported (a refpool block "
+                                 "may be part of a larger driver allocation, or an arena); allocate memory to share "
+                                 "between processes with Numba's own manager")
+
+        def reset(self):
+            # Numba resets a context: give refpool's idle blocks back to the driver, and Numba's host memory.
+            super().reset()
+            allocator.reclaim(0)
+
+        @property
+        def interface_version(self):
+            return 1
+
+    return RefpoolNumbaManager
+
+
+def _finalizer(address):
+    def finalize():
+        allocator.free(address)
+    return finalize
+
+
+def step(plan=None, uncached_warmup_entries=0):
+    """A step on refpool's allocator cache (a context manager) around one iteration."""
+    return allocator.step(plan, uncached_warmup_entries)
+
+
+def __getattr__(name):
+    # RefpoolNumbaManager, and _numba_memory_manager for NUMBA_CUDA_MEMORY_MANAGER=refpool.numba.
+    global _class
+    if name in ("RefpoolNumbaManager", "_numba_memory_manager"):
+        if _class is None:
+            _class = _make_class()
+        return _class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

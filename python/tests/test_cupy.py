@@ -1,0 +1,66 @@
+"""refpool.cupy on a real CuPy with a CUDA device (skipped elsewhere), each case in a child process."""
+import pytest
+
+from conftest import child_json
+
+cupy = pytest.importorskip("cupy")
+try:
+    devices = cupy.cuda.runtime.getDeviceCount()
+except cupy.cuda.runtime.CUDARuntimeError:
+    devices = 0
+if devices == 0:
+    pytest.skip("CuPy sees no CUDA device", allow_module_level=True)
+
+LOOP = """
+    import contextlib, json
+    import cupy as cp
+    import refpool.cupy
+    mode = MODE
+    if mode != "cupy":
+        refpool.cupy.install()
+    rng = cp.random.RandomState(0)
+    w1 = rng.standard_normal((256, 512), dtype=cp.float32)
+    w2 = rng.standard_normal((512, 64), dtype=cp.float32)
+    results, driver = [], []
+    for i in range(12):
+        step = {"cupy": contextlib.nullcontext, "plain": refpool.cupy.step,
+                "planned": lambda: refpool.cupy.step(plan=f"rows {i % 3}")}[mode]()
+        with step:
+            rows = 64 + 32 * (i % 3)  # temporaries of three shapes, in turn
+            x = rng.standard_normal((rows, 256), dtype=cp.float32)
+            h = cp.maximum(x @ w1, 0)
+            spectrum = cp.fft.rfft(h @ w2, axis=1)
+            results.append(float(cp.abs(spectrum).sum()).hex())
+        if mode != "cupy":
+            stats = refpool.cupy.stats()
+            driver.append(stats["backend_allocations"] + stats["uncached_allocations"])
+    print(json.dumps({"results": results, "driver": driver}))
+"""
+
+
+def run(mode):
+    return child_json(LOOP.replace("MODE", repr(mode)))
+
+
+def test_results_are_identical_and_no_driver_calls_after_warmup():
+    own, plain, planned = run("cupy"), run("plain"), run("planned")
+    assert plain["results"] == own["results"] and planned["results"] == own["results"]
+    assert plain["driver"][3:] == [plain["driver"][3]] * 9, plain["driver"]
+    # A key may record twice: its first run also makes cuFFT's plan (and workspace), later ones do not.
+    assert planned["driver"][6:] == [planned["driver"][6]] * 6, planned["driver"]
+
+
+def test_using_is_scoped_to_the_with_block():
+    result = child_json("""
+        import json
+        import cupy as cp
+        import refpool.cupy
+        with refpool.cupy.using():
+            inside = cp.empty(1 << 20, dtype=cp.uint8)
+            live_inside = refpool.cupy.stats()["live_bytes"]
+        outside = cp.empty(1 << 20, dtype=cp.uint8)
+        live_after = refpool.cupy.stats()["live_bytes"]
+        del inside
+        print(json.dumps([live_inside, live_after, refpool.cupy.stats()["live_bytes"]]))
+    """)
+    assert result[0] >= 1 << 20 and result[1] == result[0] and result[2] == result[0] - (1 << 20)

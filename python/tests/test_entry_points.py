@@ -1,0 +1,131 @@
+"""The framework entry points of librefpool called through ctypes exactly as PyTorch's
+CUDAPluggableAllocator and CuPy's CFunctionAllocator call them, and the process-wide allocator behind
+them. Without a CUDA device they must fail cleanly (NULL and a reason); with one (the H200), serve
+and reuse device memory."""
+import ctypes
+
+import pytest
+
+import refpool
+import refpool._library
+from conftest import child_json, cuda_device_count, run_python
+
+ENTRY_POINTS = ["refpool_torch_malloc", "refpool_torch_free", "refpool_cupy_malloc", "refpool_cupy_free"]
+
+
+def lib():
+    return refpool._library.lib()
+
+
+def require_cuda():
+    # Checked inside each test: a library without the CUDA entry point fails the test, never skips it.
+    if cuda_device_count() == 0:
+        pytest.skip("needs a CUDA device")
+
+
+def test_entry_points_are_exported():
+    for name in ENTRY_POINTS:
+        assert lib().address(name), name
+
+
+def test_zero_bytes_from_the_entry_points():
+    # NULL is also what a failure returns: a failure would replace this thread's last error.
+    with pytest.raises(refpool.InvalidArgumentError):
+        refpool.free(ctypes.addressof(ctypes.c_int()))
+    marker = lib().last_error()
+    assert lib().fn("refpool_torch_malloc")(0, 0, None) is None
+    lib().fn("refpool_torch_free")(None, 0, 0, None)
+    assert lib().fn("refpool_cupy_malloc")(None, 0, 0) is None
+    lib().fn("refpool_cupy_free")(None, None, 0)
+    assert lib().last_error() == marker
+
+
+def test_without_cuda_the_entry_points_fail_cleanly():
+    # (Not refpool_torch_malloc: on failure it throws a C++ exception for PyTorch to report, which
+    # must not cross ctypes.)
+    if cuda_device_count() > 0:
+        pytest.skip("checks the failure without CUDA")
+    assert lib().fn("refpool_cupy_malloc")(None, 4096, 0) is None
+    message = lib().last_error()
+    assert "CUDA" in message or "cuda" in message, message
+    with pytest.raises(refpool.BackendUnavailableError):
+        refpool.allocator.malloc(4096, 0)
+    assert refpool.allocator.stats()["live_bytes"] == 0
+
+
+# Run in a child: refpool_torch_malloc throws on failure, which would abort a ctypes caller.
+SHAPED_CALLS = """
+    import ctypes, json
+    import refpool, refpool._library
+    refpool.allocator.configure(runtime=RUNTIME)
+    lib = refpool._library.lib()
+    torch_malloc, torch_free = lib.fn("refpool_torch_malloc"), lib.fn("refpool_torch_free")
+    cupy_malloc, cupy_free = lib.fn("refpool_cupy_malloc"), lib.fn("refpool_cupy_free")
+    size = 3 << 20
+    result = {}
+    with refpool.allocator.step():
+        first = torch_malloc(size, 0, None)  # as PyTorch calls it: size, device, stream
+        if RUNTIME == "host":
+            ctypes.memset(first, 0x5A, size)  # host memory: really there
+        result["live_in_step"] = refpool.allocator.stats()["live_bytes"]
+        torch_free(first, size, 0, None)
+        second = cupy_malloc(None, size, 0)  # as CuPy calls it: param, size, device
+        result["same_block"] = second == first
+        cupy_free(None, second, 0)
+    result["after_first_step"] = refpool.allocator.stats()
+    addresses = []
+    for _ in range(5):
+        with refpool.allocator.step(plan="loop"):
+            sizes = (size, 1 << 16, 0, 4096)
+            pointers = [torch_malloc(n, 0, None) for n in sizes]
+            addresses.append(pointers)
+            for pointer, n in zip(pointers, sizes):
+                torch_free(pointer, n, 0, None)
+    result["addresses"] = addresses
+    result["after_loop"] = refpool.allocator.stats()
+    print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["host", "cuda"])
+def test_torch_and_cupy_shaped_calls_share_the_allocator_cache(runtime):
+    if runtime == "cuda":
+        require_cuda()
+    result = child_json(SHAPED_CALLS.replace("RUNTIME", repr(runtime)))
+    assert result["live_in_step"] == 3 << 20
+    assert result["same_block"]  # the block torch's call released, to CuPy's call of the same size
+    first = result["after_first_step"]
+    assert (first["backend_allocations"], first["hits"], first["steps"], first["escapes"]) == (1, 1, 1, 0)
+    addresses = result["addresses"]
+    assert all(run[2] is None for run in addresses)  # 0 bytes: NULL
+    assert addresses[2] == addresses[3] == addresses[4]  # replays: the same regions
+    loop = result["after_loop"]
+    assert loop["live_bytes"] == 0 and loop["escapes"] == 0 and loop["steps"] == 6
+    assert loop["plan_recordings"] >= 1 and loop["plan_hits"] >= 3 * 3 and loop["plan_misses"] == 0
+
+
+def test_allocator_configuration_is_fixed_by_the_first_allocation():
+    result = run_python("""
+        import refpool
+        refpool.allocator.configure(runtime="host", rounding="pow2", rounding_parameter=4)
+        address = refpool.allocator.malloc(1000)
+        refpool.allocator.free(address)
+        try:
+            refpool.allocator.configure(kind="device")
+        except refpool.ConfigError as e:
+            print("refused:", e)
+    """)
+    assert "refused: REFPOOL_ERROR_CONFIG" in result.stdout
+
+
+def test_allocator_configuration_is_checked():
+    result = run_python("""
+        import refpool
+        for kind in ("host", "pinned_host"):
+            try:
+                refpool.allocator.configure(kind=kind)
+            except refpool.RefpoolError as e:
+                print(e.status_name)
+    """)
+    assert result.stdout.split() == ["REFPOOL_ERROR_CONFIG"] * 2 or \
+        result.stdout.split() == ["REFPOOL_ERROR_INVALID_ARGUMENT"] * 2, result.stdout

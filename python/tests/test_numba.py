@@ -1,0 +1,64 @@
+"""refpool.numba, Numba's External Memory Management plugin, with a CUDA device (skipped elsewhere)."""
+import textwrap
+
+import pytest
+
+from conftest import child_json
+
+numba_cuda = pytest.importorskip("numba.cuda")
+if not numba_cuda.is_available():
+    pytest.skip("Numba sees no CUDA device", allow_module_level=True)
+
+KERNEL_LOOP = """
+    import json
+    import numpy as np
+    from numba import cuda
+    import refpool, refpool.numba
+
+    @cuda.jit
+    def axpy(out, a, x, y):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = a * x[i] + y[i]
+
+    driver, correct = [], True
+    for i in range(8):
+        with refpool.numba.step():
+            n = 1000 * (1 + i % 3)
+            x = cuda.to_device(np.arange(n, dtype=np.float32))
+            y = cuda.to_device(np.ones(n, dtype=np.float32))
+            out = cuda.device_array_like(x)
+            axpy[(n + 127) // 128, 128](out, np.float32(2), x, y)
+            correct &= bool((out.copy_to_host() == 2 * np.arange(n, dtype=np.float32) + 1).all())
+            del x, y, out
+        stats = refpool.allocator.stats()
+        driver.append(stats["backend_allocations"] + stats["uncached_allocations"])
+    context = cuda.current_context()
+    info = context.get_memory_info()
+    try:
+        cuda.device_array(16).get_ipc_handle()
+        ipc = "no error"
+    except refpool.FrameworkError as e:
+        ipc = str(e)
+    print(json.dumps({"manager": type(context.memory_manager).__name__, "driver": driver, "correct": correct,
+                      "memory_info": [info.free, info.total], "ipc": ipc,
+                      "live": refpool.allocator.stats()["live_bytes"]}))
+"""
+
+
+def check(result):
+    assert result["manager"] == "RefpoolNumbaManager"
+    assert result["correct"]
+    assert result["driver"][3:] == [result["driver"][3]] * 5, result["driver"]
+    free, total = result["memory_info"]
+    assert 0 < free <= total
+    assert "IPC handles of refpool memory are not supported" in result["ipc"]
+
+
+def test_plugin_from_the_environment():
+    check(child_json(KERNEL_LOOP, env={"NUMBA_CUDA_MEMORY_MANAGER": "refpool.numba"}))
+
+
+def test_plugin_from_set_memory_manager():
+    setup = "from numba import cuda\nimport refpool.numba\ncuda.set_memory_manager(refpool.numba.RefpoolNumbaManager)\n"
+    check(child_json(setup + textwrap.dedent(KERNEL_LOOP)))

@@ -1,0 +1,119 @@
+// tracking_resource: an adaptor for segment tests that passes every call to its upstream and
+// keeps the books from the outside: bytes allocated, address space reserved, bytes committed,
+// and how many requests the upstream refused. A heap that leaks or double-frees shows up here,
+// whatever the heap's own counters say.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+
+#include <refpool/resource.hpp>
+#include <refpool/virtual_memory.hpp>
+
+namespace refpool::test {
+
+class tracking_resource final : public resource {
+  class tracking_vm final : public virtual_memory {
+   public:
+    tracking_vm(tracking_resource& owner, virtual_memory& upstream) : owner_(owner), upstream_(upstream) {}
+    std::size_t granularity() const noexcept override { return upstream_.granularity(); }
+    void* reserve(std::size_t bytes) override {
+      void* p = upstream_.reserve(bytes);
+      std::lock_guard guard(owner_.mutex_);
+      if (p == nullptr) {
+        ++owner_.refusals_;
+      } else {
+        owner_.reservations_[p] = bytes;
+        owner_.reserved_ += bytes;
+      }
+      return p;
+    }
+    bool commit(void* addr, std::size_t bytes) override {
+      const bool ok = upstream_.commit(addr, bytes);
+      std::lock_guard guard(owner_.mutex_);
+      if (ok) {
+        owner_.committed_ += bytes;
+        ++owner_.commits_;
+      } else {
+        ++owner_.refusals_;
+      }
+      return ok;
+    }
+    void decommit(void* addr, std::size_t bytes) noexcept override {
+      upstream_.decommit(addr, bytes);
+      std::lock_guard guard(owner_.mutex_);
+      owner_.committed_ -= bytes;
+      ++owner_.decommits_;
+    }
+    void release(void* addr, std::size_t bytes) noexcept override {
+      upstream_.release(addr, bytes);
+      std::lock_guard guard(owner_.mutex_);
+      auto it = owner_.reservations_.find(addr);
+      if (it == owner_.reservations_.end() || it->second != bytes) ++owner_.bad_releases_;
+      else owner_.reservations_.erase(it);
+      owner_.reserved_ -= bytes;
+    }
+
+   private:
+    tracking_resource& owner_;
+    virtual_memory& upstream_;
+  };
+
+ public:
+  explicit tracking_resource(std::shared_ptr<resource> upstream) : upstream_(std::move(upstream)) {
+    if (virtual_memory* vm = upstream_->address_space()) vm_ = std::make_unique<tracking_vm>(*this, *vm);
+  }
+
+  std::string_view name() const noexcept override { return upstream_->name(); }
+  device_id device() const noexcept override { return upstream_->device(); }
+  memory_kind kind() const noexcept override { return upstream_->kind(); }
+  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
+  void* allocate(std::size_t bytes, stream_ref stream) override {
+    void* p = upstream_->allocate(bytes, stream);
+    std::lock_guard guard(mutex_);
+    if (p == nullptr) {
+      ++refusals_;
+    } else {
+      allocated_ += bytes;
+      ++allocations_;
+    }
+    return p;
+  }
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    upstream_->deallocate(ptr, bytes, stream);
+    std::lock_guard guard(mutex_);
+    allocated_ -= bytes;
+    ++deallocations_;
+  }
+  virtual_memory* address_space() noexcept override { return vm_.get(); }
+
+  /// Backend allocations plus commits outstanding: the memory the heap holds.
+  std::size_t held() const {
+    std::lock_guard guard(mutex_);
+    return allocated_ + committed_;
+  }
+  std::size_t allocated() const { std::lock_guard guard(mutex_); return allocated_; }
+  std::size_t committed() const { std::lock_guard guard(mutex_); return committed_; }
+  std::size_t reserved() const { std::lock_guard guard(mutex_); return reserved_; }
+  std::size_t reservations() const { std::lock_guard guard(mutex_); return reservations_.size(); }
+  std::size_t commits() const { std::lock_guard guard(mutex_); return commits_; }
+  std::size_t decommits() const { std::lock_guard guard(mutex_); return decommits_; }
+  std::size_t allocations() const { std::lock_guard guard(mutex_); return allocations_; }
+  std::size_t deallocations() const { std::lock_guard guard(mutex_); return deallocations_; }
+  /// Requests the upstream answered with "out of memory" / "no address space".
+  std::size_t refusals() const { std::lock_guard guard(mutex_); return refusals_; }
+  std::size_t bad_releases() const { std::lock_guard guard(mutex_); return bad_releases_; }
+
+ private:
+  std::shared_ptr<resource> upstream_;
+  std::unique_ptr<tracking_vm> vm_;
+  mutable std::mutex mutex_;
+  std::size_t allocated_ = 0, committed_ = 0, reserved_ = 0;
+  std::size_t allocations_ = 0, deallocations_ = 0, commits_ = 0, decommits_ = 0, refusals_ = 0, bad_releases_ = 0;
+  std::map<void*, std::size_t> reservations_;
+};
+
+}  // namespace refpool::test
