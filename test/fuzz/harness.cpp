@@ -560,6 +560,9 @@ void session::check_all() {
     REFPOOL_FUZZ_FIELD(plan_busy_runs)
     REFPOOL_FUZZ_FIELD(arena_growths)
     REFPOOL_FUZZ_FIELD(arena_replacements)
+    REFPOOL_FUZZ_FIELD(plan_live_bytes)
+    REFPOOL_FUZZ_FIELD(allocated_bytes)
+    REFPOOL_FUZZ_FIELD(reserved_bytes)
 #undef REFPOOL_FUZZ_FIELD
     if (!diffs.empty()) fail(fmt::format("stats of cache {} differ:{}", c, diffs));
     if (real.held_bytes != real.live_bytes + real.idle_bytes)

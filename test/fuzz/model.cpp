@@ -712,6 +712,15 @@ refpool::cache_stats model::stats(int ci) const {
     out.planned_peak_live_bytes += peak;
   }
   for (const model_group& g : store.groups) out.arena_bytes += arenas[static_cast<std::size_t>(g.arena)].bytes;
+  // Regions held by handles, of the plans the store keeps.
+  for (const model_key& k : store.keys)
+    for (int p : k.plans) {
+      const model_plan& plan = plans[static_cast<std::size_t>(p)];
+      for (std::size_t i = 0; i < plan.regions.size(); ++i)
+        if (plan.regions[i].live) out.plan_live_bytes += plan.spans[i];
+    }
+  out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.plan_evictions = store.evictions;
   out.plan_pauses = store.pauses;
   out.plan_unrecorded_runs = store.unrecorded;
