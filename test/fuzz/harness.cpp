@@ -297,6 +297,7 @@ class session {
   void op_verify(int t);
   void op_repeat(int t);
   void op_planned_loop(int t);
+  void op_plan_sweep(int t);
   void loop_step(int t, bool perturbed);
   void keep_one(int t);
   void release_kept(int t, std::size_t keep);
@@ -1338,7 +1339,7 @@ void session::step() {
       &session::op_close_misuse, &session::op_reclaim,       &session::op_set_limit,    &session::op_arm,
       &session::op_recreate,     &session::op_verify,        &session::op_repeat,       &session::op_repeat,
       &session::op_scope,        &session::op_step,          &session::op_cache_alloc,  &session::op_cache_alloc,
-      &session::op_planned_loop, &session::op_planned_loop,
+      &session::op_planned_loop, &session::op_planned_loop, &session::op_plan_sweep,
   };
   const std::uint8_t code = in_.byte();
   const int t = code >> 6 == 3 ? 1 : 0;  // a quarter of the operations run on the helper
@@ -1416,6 +1417,44 @@ void session::release_kept(int t, std::size_t keep) {
     if (m_.blocks.at(gid).refs == 1) verify_block(gid, "before its last (kept) reference went");
     expect(on(t, [&] { kept_.erase(kept_.begin()); }), outcome::ok, "drop a kept reference");
     m_.drop_ref(gid, false);
+    check_all();
+  }
+}
+
+// More sequences under one key than it keeps plans for (16): short planned runs of 17 to 24
+// distinct sizes, then a second pass in an order from the input, so plans are dropped and which
+// ones survive (least recently used first) decides what replays.
+void session::op_plan_sweep(int t) {
+  if (frames_[t].size() >= max_depth) return;
+  const int c = in_.byte() & 1;
+  const std::size_t n = 17 + in_.below(8);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) order.push_back(i);
+  for (std::size_t i = 0; i < n; ++i) order.push_back(in_.below(n));
+  trace("thread {}: plan sweep on cache {}: {} sizes under key 'sweep'", t, c, n);
+  for (std::size_t i : order) {
+    const std::size_t bytes = 64 * (1 + i);
+    const std::uint64_t stamp = next_stamp();
+    void* got = nullptr;
+    bool intact = true;
+    const result r = on(t, [&] {
+      rp::scope s(*cache_[c], rp::scope_options{0, "sweep"});
+      rp::data_ref ref = rp::allocate(be_[0], bytes);
+      got = ref.data();
+      fill(got, 0, bytes, stamp);
+      for (std::size_t k = 0; k < bytes; ++k) intact = intact && static_cast<std::uint8_t*>(got)[k] == pattern(stamp, k);
+    });
+    m_.enter_scope(t, cur_[c], 0, "sweep");
+    std::uint64_t gid = 0;
+    std::size_t oom = 0;
+    const outcome want = m_.allocate(t, 0, bytes, nullptr, gid, oom);
+    expect(r, want, "a sweep's request");
+    if (want == outcome::ok) {
+      accept_block(gid, got, stamp, "a sweep's request");
+      if (!intact) fail("a sweep's buffer lost its pattern while its run held it");
+      m_.drop_ref(gid, false);
+    }
+    if (m_.close_frame(t, t, m_.frames[t].size() - 1) != outcome::ok) fail("model: closing a sweep's scope failed");
     check_all();
   }
 }
