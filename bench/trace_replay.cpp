@@ -3,15 +3,21 @@
 // and reports memory held against peak live bytes, ns per request and driver calls in steady
 // state.
 //
-// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--only LABEL] [--json FILE] TRACE.csv...
+// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
 //                 v = 0..K-1, rounded up to 256 B) under one plan key: a loop with K distinct step
 //                 sequences (variable sequence lengths).
+// ns/request is the replaying thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per request in steady
+// state, allocation and release: time the thread spent descheduled on a shared machine does not
+// count.
+//   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
+//                 of the GPT step are a 3,115-request step)
 //   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "planned"), e.g.
 //                 under callgrind: valgrind --tool=callgrind --instr-atstart=no trace_replay ...
 //                 counts only the steady-state iterations (instructions per request = Ir / the
 //                 request count printed).
-#include <chrono>
+#include <time.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +42,12 @@
 #endif
 
 namespace {
+
+double thread_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
 
 struct event {
   bool alloc;
@@ -100,6 +112,24 @@ std::vector<step> variants(const std::vector<step>& steps, int count) {
   return out;
 }
 
+// Each step as `copies` copies of itself in a row (buffer indices of copy c shifted past copy c-1's).
+std::vector<step> concatenated(const std::vector<step>& steps, int copies) {
+  if (copies <= 1) return steps;
+  std::vector<step> out;
+  for (const step& st : steps) {
+    std::size_t span = 0;
+    for (const event& e : st) span = std::max(span, e.index + 1);
+    step joined;
+    for (int c = 0; c < copies; ++c)
+      for (event e : st) {
+        e.index += static_cast<std::size_t>(c) * span;
+        joined.push_back(e);
+      }
+    out.push_back(std::move(joined));
+  }
+  return out;
+}
+
 struct result {
   double ns_per_request = 0;
   std::size_t held_bytes = 0;  ///< backend bytes outstanding after the last iteration
@@ -125,7 +155,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
         allocations_at_steady = be.allocation_count();
         REFPOOL_BENCH_COUNT_ON();
       }
-      const auto start = std::chrono::steady_clock::now();
+      const double start = thread_seconds();
       {
         refpool::scope s(cache, {.plan = planned ? "trace" : ""});
         for (const event& e : st) {
@@ -139,7 +169,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
         for (auto& r : live) r.reset();  // what the step did not free goes at its end
       }
       if (it >= warmup) {
-        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        seconds += thread_seconds() - start;
         for (const event& e : st) requests += e.alloc;
       }
     }
@@ -159,6 +189,7 @@ int main(int argc, char** argv) {
   bool use_cuda = false;
   int iterations = 60;
   int variant_count = 1;
+  int copies = 1;
   std::string only;
   std::string json_path = "trace_replay.json";
   std::vector<std::string> traces;
@@ -169,6 +200,8 @@ int main(int argc, char** argv) {
       iterations = std::stoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
       variant_count = std::stoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--concat") == 0 && i + 1 < argc) {
+      copies = std::stoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
@@ -185,13 +218,14 @@ int main(int argc, char** argv) {
   fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}\n", "trace", "refpool", "requests",
              "peak live", "held", "held/live", "ns/req", "steady allocs", "plan hits", "measured");
   for (const std::string& path : traces) {
-    const auto steps = variants(read_trace(path), variant_count);
+    const auto steps = concatenated(variants(read_trace(path), variant_count), copies);
     const std::size_t live = peak_live(steps);
     std::size_t requests = 0;
     for (const auto& st : steps)
       for (const auto& e : st) requests += e.alloc;
     std::string name = path.substr(path.find_last_of('/') + 1);
     if (variant_count > 1) name += fmt::format(" x{}", variant_count);
+    if (copies > 1) name += fmt::format(" +{}", copies);
     struct config {
       const char* label;
       refpool::cache_options options;
