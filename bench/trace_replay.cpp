@@ -1,8 +1,24 @@
 // Replays captured training-step allocation traces (bench/traces/*.csv: step,event,index,bytes)
 // through refpool's plain cache and through a planned scope, on the host backend or a CUDA device,
 // and reports memory held against peak live bytes, ns per request and driver calls in steady
-// state. Usage: trace_replay [--cuda] [--iterations N] [--json FILE] TRACE.csv...
-#include <chrono>
+// state.
+//
+// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
+//   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
+//                 v = 0..K-1, rounded up to 256 B) under one plan key: a loop with K distinct step
+//                 sequences (variable sequence lengths).
+// ns/request is the replaying thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per request in steady
+// state, allocation and release: time the thread spent descheduled on a shared machine does not
+// count.
+//   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
+//                 of the GPT step are a 3,115-request step)
+//   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "planned"), e.g.
+//                 under callgrind: valgrind --tool=callgrind --instr-atstart=no trace_replay ...
+//                 counts only the steady-state iterations (instructions per request = Ir / the
+//                 request count printed).
+#include <time.h>
+
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -16,7 +32,22 @@
 
 #include "timing.hpp"
 
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define REFPOOL_BENCH_COUNT_ON() CALLGRIND_START_INSTRUMENTATION
+#define REFPOOL_BENCH_COUNT_OFF() CALLGRIND_STOP_INSTRUMENTATION
+#else
+#define REFPOOL_BENCH_COUNT_ON() (void)0
+#define REFPOOL_BENCH_COUNT_OFF() (void)0
+#endif
+
 namespace {
+
+double thread_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
 
 struct event {
   bool alloc;
@@ -64,10 +95,46 @@ std::size_t peak_live(const std::vector<step>& steps) {
   return peak;
 }
 
+// The trace's steps as `count` sequences: sizes scaled by (count + v) / count, rounded up to 256 B.
+std::vector<step> variants(const std::vector<step>& steps, int count) {
+  if (count <= 1) return steps;
+  std::vector<step> out;
+  for (int v = 0; v < count; ++v) {
+    for (const step& st : steps) {
+      step scaled = st;
+      for (event& e : scaled) {
+        const double bytes = static_cast<double>(e.bytes) * (count + v) / count;
+        e.bytes = static_cast<std::size_t>(std::ceil(bytes / 256.0)) * 256;
+      }
+      out.push_back(std::move(scaled));
+    }
+  }
+  return out;
+}
+
+// Each step as `copies` copies of itself in a row (buffer indices of copy c shifted past copy c-1's).
+std::vector<step> concatenated(const std::vector<step>& steps, int copies) {
+  if (copies <= 1) return steps;
+  std::vector<step> out;
+  for (const step& st : steps) {
+    std::size_t span = 0;
+    for (const event& e : st) span = std::max(span, e.index + 1);
+    step joined;
+    for (int c = 0; c < copies; ++c)
+      for (event e : st) {
+        e.index += static_cast<std::size_t>(c) * span;
+        joined.push_back(e);
+      }
+    out.push_back(std::move(joined));
+  }
+  return out;
+}
+
 struct result {
   double ns_per_request = 0;
   std::size_t held_bytes = 0;  ///< backend bytes outstanding after the last iteration
   std::uint64_t steady_driver_allocations = 0;
+  std::uint64_t steady_requests = 0;
   refpool::cache_stats stats;
 };
 
@@ -84,8 +151,11 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     const int warmup = static_cast<int>(2 * steps.size());  // every sequence seen twice
     for (int it = 0; it < iterations; ++it) {
       const step& st = steps[static_cast<std::size_t>(it) % steps.size()];
-      if (it == warmup) allocations_at_steady = be.allocation_count();
-      const auto start = std::chrono::steady_clock::now();
+      if (it == warmup) {
+        allocations_at_steady = be.allocation_count();
+        REFPOOL_BENCH_COUNT_ON();
+      }
+      const double start = thread_seconds();
       {
         refpool::scope s(cache, {.plan = planned ? "trace" : ""});
         for (const event& e : st) {
@@ -99,12 +169,14 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
         for (auto& r : live) r.reset();  // what the step did not free goes at its end
       }
       if (it >= warmup) {
-        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        requests += st.size();
+        seconds += thread_seconds() - start;
+        for (const event& e : st) requests += e.alloc;
       }
     }
+    REFPOOL_BENCH_COUNT_OFF();
     out.ns_per_request = seconds * 1e9 / static_cast<double>(std::max<std::size_t>(requests, 1));
     out.steady_driver_allocations = be.allocation_count() - allocations_at_steady;
+    out.steady_requests = requests;
     out.held_bytes = be.outstanding_bytes();
     out.stats = cache.stats();
   }
@@ -116,6 +188,9 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
 int main(int argc, char** argv) {
   bool use_cuda = false;
   int iterations = 60;
+  int variant_count = 1;
+  int copies = 1;
+  std::string only;
   std::string json_path = "trace_replay.json";
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
@@ -123,6 +198,12 @@ int main(int argc, char** argv) {
       use_cuda = true;
     } else if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc) {
       iterations = std::stoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
+      variant_count = std::stoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--concat") == 0 && i + 1 < argc) {
+      copies = std::stoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
     } else {
@@ -134,15 +215,17 @@ int main(int argc, char** argv) {
     return 77;
   }
   refpool::bench::json_rows json;
-  fmt::print("{:<14} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>14} {:>10}\n", "trace", "refpool", "requests",
-             "peak live", "held", "held/live", "ns/req", "steady allocs", "plan hits");
+  fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}\n", "trace", "refpool", "requests",
+             "peak live", "held", "held/live", "ns/req", "steady allocs", "plan hits", "measured");
   for (const std::string& path : traces) {
-    const auto steps = read_trace(path);
+    const auto steps = concatenated(variants(read_trace(path), variant_count), copies);
     const std::size_t live = peak_live(steps);
     std::size_t requests = 0;
     for (const auto& st : steps)
       for (const auto& e : st) requests += e.alloc;
-    const std::string name = path.substr(path.find_last_of('/') + 1);
+    std::string name = path.substr(path.find_last_of('/') + 1);
+    if (variant_count > 1) name += fmt::format(" x{}", variant_count);
+    if (copies > 1) name += fmt::format(" +{}", copies);
     struct config {
       const char* label;
       refpool::cache_options options;
@@ -152,19 +235,21 @@ int main(int argc, char** argv) {
     pow2.rounding = refpool::rounding_policy::pow2(4);
     for (const config& c : {config{"cache exact", {}, false}, config{"cache pow2:4", pow2, false},
                             config{"planned", {}, true}}) {
+      if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
       const result r = replay(be, steps, iterations, c.options, c.planned);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
-      fmt::print("{:<14} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>14} {:>10}\n", name, c.label,
+      fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>14} {:>10} {:>10}\n", name, c.label,
                  requests / steps.size(), live / 1e6, held / 1e6, static_cast<double>(held) / live, r.ns_per_request,
-                 r.steady_driver_allocations, r.stats.plan_hits);
-      json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "steps": {}, "peak_live_bytes": {}, )"
+                 r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
+      json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
                            R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
-                           R"("plan_hits": {}, "plan_misses": {}, "arena_bytes": {}}})",
+                           R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}}})",
                            name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
-                           r.steady_driver_allocations, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes));
+                           r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses,
+                           r.stats.arena_bytes));
     }
   }
   json.write(json_path);

@@ -14,7 +14,7 @@
 #include "cache/cache_state.hpp"
 #include "cache/scope_frame.hpp"
 #include "config/env_config.hpp"
-#include "plan/plan.hpp"
+#include "plan/run.hpp"
 
 namespace refpool {
 
@@ -125,7 +125,7 @@ scope::scope(alloc_cache& cache, scope_options options) : state_(new detail::sco
         frame.owns_lease = frame.lease != nullptr;
       }
       if (frame.lease != nullptr && !options.plan.empty()) {
-        state_->run = new detail::plan_run(state, std::string(options.plan));
+        state_->run = new detail::plan_run(state, options.plan, /*shared=*/false);
         frame.router = state_->run;
       }
     } catch (...) {
@@ -175,7 +175,7 @@ step::step(alloc_cache& cache, scope_options options)
     if (state.steps_begun() < options.uncached_warmup_entries) {
       router = &state_->uncached;
     } else if (!options.plan.empty()) {
-      state_->run = new detail::plan_run(state, std::string(options.plan));
+      state_->run = new detail::plan_run(state, options.plan, /*shared=*/true);  // any thread may serve a step
       router = state_->run;
     }
     state.begin_step(router);

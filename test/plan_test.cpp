@@ -10,7 +10,8 @@
 
 #include <refpool/refpool.hpp>
 
-#include "plan/plan.hpp"
+#include "plan/placement.hpp"
+#include "plan/store.hpp"
 
 using namespace refpool;
 
@@ -156,7 +157,7 @@ TEST_CASE("no request gets bytes a live handle can reach: random loops with esca
   CHECK(st.escapes > 0);
 }
 
-TEST_CASE("an escaped region is never reused while held; the plan is re-recorded", "[plan][escape]") {
+TEST_CASE("an escaped region is never reused while held, and is reused once released", "[plan][escape]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
   const scope_options planned{.plan = "k"};
@@ -177,7 +178,9 @@ TEST_CASE("an escaped region is never reused while held; the plan is re-recorded
   CHECK(escaped.data()[0] == 7.0f);
   const auto st = cache.stats();
   CHECK(st.plan_misses == 1);
-  CHECK(st.plan_recordings == 2);  // the stale plan was replaced by this run's recording
+  // An escape from an earlier run is no reason to re-record: the same sequence would be placed
+  // the same way. The plan stays; its region is handed out again once released.
+  CHECK(st.plan_recordings == 1);
   escaped = {};
   {
     scope s(cache, planned);

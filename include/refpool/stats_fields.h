@@ -42,6 +42,12 @@
   X(size_t, allocated_bytes, "everything handed out and still held: live + plan_live + uncached_live")  \
   X(size_t, reserved_bytes, "everything held from backends: held + arena + uncached_live")              \
   X(size_t, peak_allocated_bytes, "peak_live + planned_peak_live + peak uncached: an upper bound")      \
-  X(size_t, peak_reserved_bytes, "peak_held + arena + peak uncached: an upper bound")
+  X(size_t, peak_reserved_bytes, "peak_held + arena + peak uncached: an upper bound")                   \
+  X(uint64_t, plan_evictions, "plans dropped: replaced by a re-recording, beyond 16 per key, or memoryless") \
+  X(uint64_t, plan_pauses, "times a key re-recorded so often that its recording was paused")            \
+  X(uint64_t, plan_unrecorded_runs, "planned runs served by the plain cache while their key was paused") \
+  X(uint64_t, plan_busy_runs, "planned runs served by the plain cache: another run held their arena")   \
+  X(uint64_t, arena_growths, "arenas grown in place (virtual memory: nothing moved or held twice)")      \
+  X(uint64_t, arena_replacements, "arenas grown by allocating a larger one and moving their plans")
 
 #endif

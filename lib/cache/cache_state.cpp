@@ -232,12 +232,7 @@ void* cache_state::allocate_or_reclaim(backend_state& backend, std::size_t bytes
   void* ptr = backend.allocate(bytes, stream);
   if (ptr != nullptr) return ptr;
   // Out of memory: give back this backend's idle blocks (all sizes, all slots), retry once.
-  std::size_t freed = 0;
-  {
-    std::lock_guard guard(mutex_);
-    freed = free_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
-  }
-  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t freed = reclaim_for_retry(backend);
   ptr = backend.allocate(bytes, stream);
   if (ptr != nullptr) return ptr;
   ooms_.fetch_add(1, std::memory_order_relaxed);
@@ -249,6 +244,16 @@ void* cache_state::allocate_or_reclaim(backend_state& backend, std::size_t bytes
                   backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes, now.live_blocks,
                   now.idle_bytes, backend.outstanding_bytes.load()),
       bytes, backend.device());
+}
+
+std::size_t cache_state::reclaim_for_retry(const backend_state& backend) {
+  std::size_t freed = 0;
+  {
+    std::lock_guard guard(mutex_);
+    freed = free_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
+  }
+  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  return freed;
 }
 
 block* cache_state::allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,

@@ -113,6 +113,10 @@ class cache_state : public ref_counted<cache_state> {
   /// out-of-memory this cache's idle blocks of that backend are reclaimed and the request
   /// retried once, as for cached requests. Counted as an uncached allocation of this cache.
   block* allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream);
+  /// The out-of-memory step of the ladder, for memory the cache does not hand out itself (plan
+  /// arenas): frees every idle block of `backend` (counted as reclaimed) and counts a retry.
+  /// Returns the bytes freed.
+  std::size_t reclaim_for_retry(const backend_state& backend);
   /// An uncached block of this cache lost its last handle.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).

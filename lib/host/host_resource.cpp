@@ -1,5 +1,7 @@
 // Host backend: pageable memory from the C++ aligned allocator, so ASan and friends see the
 // exact bounds of every block; and host virtual memory for segments that grow in place.
+#include <cstddef>
+#include <limits>
 #include <new>
 
 #include <refpool/adaptors.hpp>
@@ -19,6 +21,9 @@ class host_resource final : public resource {
   std::size_t alignment() const noexcept override { return host_alignment; }
 
   void* allocate(std::size_t bytes, stream_ref) override {
+    // No object is larger than PTRDIFF_MAX. Above it libstdc++'s aligned new may wrap: it rounds
+    // the size up to the alignment unchecked, so SIZE_MAX "succeeded" as a 0-byte allocation.
+    if (bytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max())) return nullptr;
     return ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
   }
   void deallocate(void* ptr, std::size_t, stream_ref) noexcept override {

@@ -1,9 +1,11 @@
 // The fuzz harness: decodes input bytes into operations, runs each on the main or the helper
 // thread (one at a time, so results are deterministic), and compares refpool with the model
-// after every operation: results and exception types, the address each allocation got, every
-// backend call, all stats of both caches, backend bytes outstanding, and the state of every
-// handle. Every live buffer carries its owner's byte pattern, checked before it is dropped and
-// every 16 operations, so a buffer handed to two owners would show the other owner's bytes.
+// after every operation: results and exception types, the address each allocation got (a block,
+// or a region of a plan), every backend call, all stats of both caches (plan counters included),
+// backend bytes outstanding, and the state of every handle. Every live buffer carries its owner's
+// byte pattern, checked before it is dropped and every 16 operations, so a buffer handed to two
+// owners would show the other owner's bytes. Planned scopes and steps run under a few keys, so
+// recordings, replays, divergences, several plans per key and busy arenas all happen.
 #include "harness.hpp"
 
 #include <algorithm>
@@ -82,6 +84,7 @@ constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
 // ---- reporting ----------------------------------------------------------------------------
 
 totals all;
+std::vector<std::uint8_t> current_input;  // the input being run, for REFPOOL_FUZZ_KEEP
 bool tracing = std::getenv("REFPOOL_FUZZ_TRACE") != nullptr;
 std::uint64_t op_index = 0;
 std::size_t op_code = 0;  // which operation of the table; -1: setup and cleanup
@@ -282,6 +285,8 @@ class session {
   void op_write(int t);
   void op_record_stream(int t);
   void op_scope(int t);
+  void op_step(int t);
+  void op_cache_alloc(int t);
   void op_guard(int t);
   void op_close(int t);
   void op_close_misuse(int t);
@@ -291,6 +296,12 @@ class session {
   void op_recreate(int t);
   void op_verify(int t);
   void op_repeat(int t);
+  void op_planned_loop(int t);
+  void op_plan_sweep(int t);
+  void loop_step(int t, bool perturbed);
+  void keep_one(int t);
+  void release_kept(int t, std::size_t keep);
+  void run_op(op f, int t, std::size_t code);
   void step();
 
   // Helpers.
@@ -298,10 +309,21 @@ class session {
   result on(int t, F&& f);
   void expect(const result& r, outcome want, const char* what);
   int pick_handle() { return static_cast<int>(in_.below(handle_count)); }
+  /// No plan (half the time) or one of three keys: few enough that runs of a key repeat.
+  std::string pick_key() {
+    const std::size_t k = in_.below(6);
+    return k < 3 ? std::string() : fmt::format("key{}", k - 3);
+  }
   std::size_t pick_count() { return counts[in_.below(std::size(counts))]; }
   void* pick_stream() {
     const std::size_t s = in_.below(8);
+    if (loop_backend_ >= 0 && s != 7) return loop_stream_;  // a planned loop's stream, mostly
     return s < 6 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s - 5) << 12);
+  }
+  int pick_backend() {
+    const std::size_t b = in_.below(8);
+    if (loop_backend_ >= 0) return b == 7 ? 1 - loop_backend_ : loop_backend_;  // a planned loop's, mostly
+    return b == 0 ? 1 : 0;
   }
   std::vector<std::size_t> make_dims(std::size_t count);
   std::vector<std::size_t> overflow_dims();
@@ -324,6 +346,18 @@ class session {
   std::shared_ptr<rp::failing_resource> failing_[backends];
   rp::backend be_[backends];
   std::unique_ptr<rp::alloc_cache> cache_[2];
+  std::unique_ptr<rp::step> open_steps_[2];  // an open step per cache slot (it may outlive its cache)
+  int step_cache_[2] = {-1, -1};        // the model cache it belongs to
+  std::vector<std::pair<std::unique_ptr<rp::step>, int>> old_steps_;  // steps of destroyed caches
+  // Extra references a planned loop takes and drops in rounds after the first, so that buffers
+  // live longer than the recording said (late releases) or past their run (escapes).
+  std::vector<std::pair<rp::data_ref, std::uint64_t>> kept_;
+  std::uint64_t perturb_ = 0;
+  // While a planned loop runs: its requests' usual backend and stream (so its sequences can be
+  // planned) and, for a loop of steps, the cache its requests go to.
+  int loop_backend_ = -1;
+  void* loop_stream_ = nullptr;
+  int loop_cache_ = -1;
   int cur_[2] = {-1, -1};
   std::vector<real_frame> frames_[threads];
   handle h_[handle_count];
@@ -511,6 +545,25 @@ void session::check_all() {
     REFPOOL_FUZZ_FIELD(idle_bytes)
     REFPOOL_FUZZ_FIELD(held_bytes)
     REFPOOL_FUZZ_FIELD(peak_held_bytes)
+    REFPOOL_FUZZ_FIELD(ooms)
+    REFPOOL_FUZZ_FIELD(steps)
+    REFPOOL_FUZZ_FIELD(uncached_allocations)
+    REFPOOL_FUZZ_FIELD(uncached_live_bytes)
+    REFPOOL_FUZZ_FIELD(plan_hits)
+    REFPOOL_FUZZ_FIELD(plan_misses)
+    REFPOOL_FUZZ_FIELD(plan_recordings)
+    REFPOOL_FUZZ_FIELD(plans)
+    REFPOOL_FUZZ_FIELD(arena_bytes)
+    REFPOOL_FUZZ_FIELD(planned_peak_live_bytes)
+    REFPOOL_FUZZ_FIELD(plan_evictions)
+    REFPOOL_FUZZ_FIELD(plan_pauses)
+    REFPOOL_FUZZ_FIELD(plan_unrecorded_runs)
+    REFPOOL_FUZZ_FIELD(plan_busy_runs)
+    REFPOOL_FUZZ_FIELD(arena_growths)
+    REFPOOL_FUZZ_FIELD(arena_replacements)
+    REFPOOL_FUZZ_FIELD(plan_live_bytes)
+    REFPOOL_FUZZ_FIELD(allocated_bytes)
+    REFPOOL_FUZZ_FIELD(reserved_bytes)
 #undef REFPOOL_FUZZ_FIELD
     if (!diffs.empty()) fail(fmt::format("stats of cache {} differ:{}", c, diffs));
     if (real.held_bytes != real.live_bytes + real.idle_bytes)
@@ -530,9 +583,13 @@ void session::check_all() {
                        b, real, limited_[b]->used(), failing_[b]->calls(), m_.be[b].outstanding, m_.be[b].calls));
     outstanding += real;
   }
+  // ... plus arenas of plans.
   std::size_t elsewhere = 0;
-  for (const auto& [gid, b] : m_.blocks)
-    if (b.cache < 0 || m_.caches[static_cast<std::size_t>(b.cache)].closed) elsewhere += b.capacity;
+  for (const auto& [gid, b] : m_.blocks) {
+    if (b.kind == block_kind::region) continue;  // inside an arena
+    if (b.kind != block_kind::cached || m_.caches[static_cast<std::size_t>(b.cache)].closed) elsewhere += b.capacity;
+  }
+  for (int b = 0; b < backends; ++b) elsewhere += m_.arena_bytes(b);
   if (outstanding != held + elsewhere)
     fail(fmt::format("backends have {} B outstanding, but the caches hold {} B and uncached or orphaned buffers {} B",
                      outstanding, held, elsewhere));
@@ -590,7 +647,7 @@ void session::op_alloc(int t) {
   const int hi = pick_handle();
   const std::size_t pick = in_.below(2 * type_count);  // half the requests are floats
   const int type = pick < type_count ? static_cast<int>(pick) : 2;
-  const int b = in_.below(8) == 0 ? 1 : 0;
+  const int b = pick_backend();
   const std::vector<std::size_t> dims = make_dims(pick_count());
   void* stream = pick_stream();
   const std::uint64_t stamp = next_stamp();
@@ -623,7 +680,7 @@ void session::op_alloc(int t) {
 
 void session::op_alloc_raw(int t) {
   const int hi = pick_handle();
-  const int b = in_.below(8) == 0 ? 1 : 0;
+  const int b = pick_backend();
   const std::size_t bytes = raw_sizes[in_.below(std::size(raw_sizes))];
   void* stream = pick_stream();
   const std::uint64_t stamp = next_stamp();
@@ -1038,22 +1095,92 @@ void session::op_record_stream(int t) {
 void session::op_scope(int t) {
   const int c = in_.byte() & 1;
   const std::size_t warmup = in_.below(8) == 0 ? 1 + in_.below(2) : 0;
+  const std::string key = pick_key();
   if (frames_[t].size() >= max_depth) return op_close(t);
-  trace("thread {}: scope on cache {} (warm-up {})", t, c, warmup);
+  trace("thread {}: scope on cache {} (warm-up {}{}{})", t, c, warmup, key.empty() ? "" : ", plan ", key);
   bool caching = false, active = false;
   expect(on(t,
             [&] {
               real_frame f;
-              f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{warmup});
+              f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{warmup, key});
               caching = f.scope->caching();
               active = rp::caching_active();
               frames_[t].push_back(std::move(f));
             }),
          outcome::ok, "scope");
-  m_.enter_scope(t, cur_[c], warmup);
+  m_.enter_scope(t, cur_[c], warmup, key);
   const bool want = m_.frames[t].back().lease >= 0;
   if (caching != want || active != want)
     fail(fmt::format("scope::caching() {} caching_active() {}, the model expected {}", caching, active, want));
+}
+
+// Opens a step on a cache (planned or not, sometimes a warm-up step), or ends the open one, on
+// either thread. A second step on one cache is a scope_error.
+void session::op_step(int t) {
+  const int c = in_.byte() & 1;
+  if (!old_steps_.empty() && in_.below(4) == 0) {
+    trace("thread {}: end a step of a destroyed cache", t);
+    expect(on(t, [&] { old_steps_.front().first->end(); }), outcome::ok, "step end after its cache");
+    m_.end_step(old_steps_.front().second);
+    old_steps_.erase(old_steps_.begin());
+    return;
+  }
+  if (open_steps_[c] && in_.below(4) != 0) {
+    trace("thread {}: end the step of cache {}", t, c);
+    expect(on(t,
+              [&] {
+                open_steps_[c]->end();
+                open_steps_[c]->end();  // idempotent
+                open_steps_[c].reset();
+              }),
+           outcome::ok, "step end");
+    m_.end_step(step_cache_[c]);
+    step_cache_[c] = -1;
+    return;
+  }
+  const std::size_t warmup = in_.below(8) == 0 ? 1 + in_.below(3) : 0;
+  const std::string key = pick_key();
+  trace("thread {}: step on cache {} (warm-up {}{}{})", t, c, warmup, key.empty() ? "" : ", plan ", key);
+  std::unique_ptr<rp::step> made;
+  const result r = on(t, [&] { made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{warmup, key}); });
+  const outcome want = m_.open_step(cur_[c], warmup, key);
+  expect(r, want, open_steps_[c] ? "a second step on one cache" : "step");
+  if (want != outcome::ok) return;
+  if (open_steps_[c]) fail("model: a step opened where one was open");
+  open_steps_[c] = std::move(made);
+  step_cache_[c] = cur_[c];
+}
+
+// alloc_cache::allocate: the calling thread's cache-level slot, or the open step's plan.
+void session::op_cache_alloc(int t) {
+  const int c = loop_cache_ >= 0 ? (in_.byte(), loop_cache_) : in_.byte() & 1;
+  const int hi = pick_handle();
+  const int b = pick_backend();
+  const std::size_t bytes = in_.below(8) == 0 ? 0 : raw_sizes[in_.below(std::size(raw_sizes))];
+  void* stream = pick_stream();
+  const std::uint64_t stamp = next_stamp();
+  trace("cache {}.allocate({} B, backend {}, stream {}) -> handle {}", c, bytes, b, stream, hi);
+  pre_drop_verify(hi);
+  void* got = nullptr;
+  const result r = on(t, [&] {
+    rp::data_ref ref = cache_[c]->allocate(be_[b], bytes, rp::stream_ref{stream});
+    got = ref.data();
+    if (got != nullptr) fill(got, 0, bytes, stamp);
+    h_[hi] = std::move(ref);
+  });
+  std::uint64_t gid = 0;
+  std::size_t oom = 0;
+  const outcome want = bytes == 0 ? outcome::ok : m_.cache_allocate(t, cur_[c], b, bytes, stream, gid, oom);
+  all.cache_level += 1;
+  expect(r, want, "alloc_cache::allocate");
+  if (want == outcome::out_of_memory) check_oom(r, oom);
+  if (want != outcome::ok) return;
+  if (bytes == 0 && got != nullptr) fail("a zero-byte request got a buffer");
+  if (gid != 0) accept_block(gid, got, stamp, "alloc_cache::allocate");
+  drop_model(hi);
+  mh_[hi] = model_handle{};
+  mh_[hi].kind = ref_kind;
+  mh_[hi].gid = gid;
 }
 
 void session::op_guard(int t) {
@@ -1176,6 +1303,10 @@ void session::op_recreate(int t) {
   cur_[c] = m_.new_cache(rounding, options.max_idle_bytes);
   if (cache_[c]->rounding() != options.rounding || cache_[c]->max_idle_bytes() != options.max_idle_bytes)
     fail("a new cache does not report the options it was made with");
+  if (open_steps_[c]) {  // a step still open on the destroyed cache: ended later, by op_step or cleanup
+    old_steps_.emplace_back(std::move(open_steps_[c]), step_cache_[c]);
+    step_cache_[c] = -1;
+  }
 }
 
 void session::op_verify(int) { verify_all("periodic check"); }
@@ -1207,18 +1338,207 @@ void session::step() {
       &session::op_scope,        &session::op_guard,         &session::op_close,        &session::op_close,
       &session::op_close_misuse, &session::op_reclaim,       &session::op_set_limit,    &session::op_arm,
       &session::op_recreate,     &session::op_verify,        &session::op_repeat,       &session::op_repeat,
+      &session::op_scope,        &session::op_step,          &session::op_cache_alloc,  &session::op_cache_alloc,
+      &session::op_planned_loop, &session::op_planned_loop, &session::op_plan_sweep,
   };
   const std::uint8_t code = in_.byte();
   const int t = code >> 6 == 3 ? 1 : 0;  // a quarter of the operations run on the helper
   const std::size_t which = (code & 0x3f) % std::size(table);
+  run_op(table[which], t, which);
+}
+
+void session::run_op(op f, int t, std::size_t code) {
   const std::size_t n = steps_++;
   op_index = n;
-  op_code = which;
-  (this->*table[which])(t);
+  op_code = code;
+  (this->*f)(t);
   all.operations += 1;
   check_all();
   if (n % 16 == 15) verify_all("periodic check");
   if (n % 64 == 63) log_.compact();
+}
+
+// One operation of a planned loop's body: requests, releases and faults, mostly on the loop's
+// thread, so that the loop's runs repeat their sequences (and plans replay).
+void session::loop_step(int t, bool perturbed) {
+  static constexpr op table[] = {
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc,       &session::op_alloc,
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc_raw,   &session::op_alloc_raw,
+      &session::op_drop,         &session::op_drop,        &session::op_drop,        &session::op_drop,
+      &session::op_unsafe_free,  &session::op_copy,        &session::op_move,        &session::op_write,
+      &session::op_cache_alloc,  &session::op_cache_alloc, &session::op_record_stream, &session::op_arm,
+      &session::op_alloc_misuse, &session::op_access,
+  };
+  const std::uint8_t code = in_.byte();
+  const int thread = code >> 5 == 7 ? 1 - t : t;  // an eighth on the other thread
+  const std::size_t which = (code & 0x1f) % std::size(table);
+  op f = table[which];
+  // A loop of steps: its requests are cache-level (a step serves alloc_cache::allocate).
+  if (loop_cache_ >= 0 && (f == &session::op_alloc || f == &session::op_alloc_raw)) f = &session::op_cache_alloc;
+  run_op(f, thread, 100 + which);
+  if (!perturbed) return;
+  const std::uint64_t r = splitmix(++perturb_);
+  if (r % 4 == 0) keep_one(t);
+  if (r % 4 == 1 && !kept_.empty()) release_kept(t, kept_.size() - 1);
+}
+
+// Takes one more reference to a live buffer (a handle's), kept until release_kept.
+void session::keep_one(int t) {
+  const int hi = static_cast<int>(splitmix(++perturb_) % handle_count);
+  const model_handle& m = mh_[hi];
+  if (m.gid == 0 || m.freed) return;
+  trace("keep a reference to handle {} (block {})", hi, m.gid);
+  rp::data_ref ref;
+  expect(on(t,
+            [&] {
+              ref = std::visit(
+                  [](const auto& x) -> rp::data_ref {
+                    using X = std::decay_t<decltype(x)>;
+                    if constexpr (std::is_same_v<X, std::monostate>) {
+                      return {};
+                    } else if constexpr (std::is_same_v<X, rp::data_ref>) {
+                      return x;
+                    } else {
+                      return x.ref();
+                    }
+                  },
+                  h_[hi]);
+            }),
+         outcome::ok, "keep a reference");
+  m_.add_ref(m.gid);
+  kept_.emplace_back(std::move(ref), m.gid);
+}
+
+// Drops kept references until `keep` are left (oldest first).
+void session::release_kept(int t, std::size_t keep) {
+  while (kept_.size() > keep) {
+    const std::uint64_t gid = kept_.front().second;
+    trace("drop a kept reference (block {})", gid);
+    if (m_.blocks.at(gid).refs == 1) verify_block(gid, "before its last (kept) reference went");
+    expect(on(t, [&] { kept_.erase(kept_.begin()); }), outcome::ok, "drop a kept reference");
+    m_.drop_ref(gid, false);
+    check_all();
+  }
+}
+
+// More sequences under one key than it keeps plans for (16): short planned runs of 17 to 24
+// distinct sizes, then a second pass in an order from the input, so plans are dropped and which
+// ones survive (least recently used first) decides what replays.
+void session::op_plan_sweep(int t) {
+  if (frames_[t].size() >= max_depth) return;
+  const int c = in_.byte() & 1;
+  const std::size_t n = 17 + in_.below(8);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) order.push_back(i);
+  for (std::size_t i = 0; i < n; ++i) order.push_back(in_.below(n));
+  trace("thread {}: plan sweep on cache {}: {} sizes under key 'sweep'", t, c, n);
+  for (std::size_t i : order) {
+    const std::size_t bytes = 64 * (1 + i);
+    const std::uint64_t stamp = next_stamp();
+    void* got = nullptr;
+    bool intact = true;
+    const result r = on(t, [&] {
+      rp::scope s(*cache_[c], rp::scope_options{0, "sweep"});
+      rp::data_ref ref = rp::allocate(be_[0], bytes);
+      got = ref.data();
+      fill(got, 0, bytes, stamp);
+      for (std::size_t k = 0; k < bytes; ++k) intact = intact && static_cast<std::uint8_t*>(got)[k] == pattern(stamp, k);
+    });
+    m_.enter_scope(t, cur_[c], 0, "sweep");
+    std::uint64_t gid = 0;
+    std::size_t oom = 0;
+    const outcome want = m_.allocate(t, 0, bytes, nullptr, gid, oom);
+    expect(r, want, "a sweep's request");
+    if (want == outcome::ok) {
+      accept_block(gid, got, stamp, "a sweep's request");
+      if (!intact) fail("a sweep's buffer lost its pattern while its run held it");
+      m_.drop_ref(gid, false);
+    }
+    if (m_.close_frame(t, t, m_.frames[t].size() - 1) != outcome::ok) fail("model: closing a sweep's scope failed");
+    check_all();
+  }
+}
+
+// A training loop: a few rounds of one body, each inside a planned scope (or a planned step)
+// under one key. The rounds repeat the body's requests, so the key records, then replays; the
+// body's releases, escapes, unsafe frees, faults and requests on the other thread perturb it.
+void session::op_planned_loop(int t) {
+  if (repeating_) return;
+  const int c = in_.byte() & 1;
+  const bool as_step = in_.below(4) == 0;
+  const std::size_t k = in_.below(10);
+  const std::string key = fmt::format("key{}", k < 5 ? 0 : k < 8 ? 1 : 2);  // key0 often: many plans per key
+  const std::size_t body = 4 + in_.below(13);
+  const std::size_t rounds = 2 + in_.below(4);
+  // Sometimes the other thread runs a planned scope of its own at the same time (its runs then
+  // meet this loop's on a shared arena).
+  const int other = 1 - t;
+  const std::string rival = in_.below(3) == 0 ? fmt::format("key{}", in_.below(3)) : std::string();
+  trace("thread {}: planned loop on cache {} ({}, key {}): {} rounds of {} operations{}{}", t, c,
+        as_step ? "steps" : "scopes", key, rounds, body, rival.empty() ? "" : "; rival key ", rival);
+  const bool perturbing = in_.below(2) == 0;
+  const std::size_t place = in_.below(16);  // mostly backend 0, no stream
+  loop_backend_ = place == 15 ? 1 : 0;
+  loop_stream_ = place >= 12 && place < 15 ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(place - 11) << 12) : nullptr;
+  loop_cache_ = as_step ? c : -1;
+  const reader start = in_;
+  perturb_ = splitmix(seed_ ^ (static_cast<std::uint64_t>(body) << 8 | rounds) ^ steps_);
+  repeating_ = true;
+  for (std::size_t round = 0; round < rounds && steps_ < max_operations; ++round) {
+    in_ = start;
+    const std::size_t depth = frames_[t].size();
+    bool opened = false;
+    if (as_step) {
+      if (!open_steps_[c]) {
+        std::unique_ptr<rp::step> made;
+        expect(on(t, [&] { made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{0, key}); }),
+               m_.open_step(cur_[c], 0, key), "a loop's step");
+        open_steps_[c] = std::move(made);
+        step_cache_[c] = cur_[c];
+        opened = true;
+      }
+    } else if (depth < max_depth) {
+      expect(on(t,
+                [&] {
+                  real_frame f;
+                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
+                  frames_[t].push_back(std::move(f));
+                }),
+             outcome::ok, "a loop's scope");
+      m_.enter_scope(t, cur_[c], 0, key);
+      opened = true;
+    }
+    const std::size_t other_depth = frames_[other].size();
+    if (!rival.empty() && other_depth < max_depth) {
+      expect(on(other,
+                [&] {
+                  real_frame f;
+                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, rival});
+                  frames_[other].push_back(std::move(f));
+                }),
+             outcome::ok, "a rival's scope");
+      m_.enter_scope(other, cur_[c], 0, rival);
+    }
+    for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k)
+      loop_step(t, perturbing && round > 0);
+    while (frames_[other].size() > other_depth) op_close(other);
+    if (!opened) continue;
+    if (as_step) {
+      if (open_steps_[c] && step_cache_[c] == cur_[c]) {
+        expect(on(t, [&] { open_steps_[c].reset(); }), outcome::ok, "the end of a loop's step");
+        m_.end_step(step_cache_[c]);
+        step_cache_[c] = -1;
+      }
+    } else {
+      while (frames_[t].size() > depth) op_close(t);
+    }
+    check_all();
+    release_kept(t, kept_.size() / 2);  // the others live on into the next round: escapes
+  }
+  release_kept(t, 0);
+  loop_backend_ = -1;
+  loop_cache_ = -1;
+  repeating_ = false;
 }
 
 // ---- the input ----------------------------------------------------------------------------
@@ -1227,6 +1547,17 @@ void session::cleanup() {
   in_cleanup = true;
   for (int t = 0; t < threads; ++t)
     while (!frames_[t].empty()) op_close(t);
+  for (int c = 0; c < 2; ++c) {
+    if (!open_steps_[c]) continue;
+    open_steps_[c]->end();
+    open_steps_[c].reset();
+    m_.end_step(step_cache_[c]);
+  }
+  for (auto& [st, model_cache] : old_steps_) {
+    st->end();
+    m_.end_step(model_cache);
+  }
+  old_steps_.clear();
   for (int i = 0; i < handle_count; ++i) {
     pre_drop_verify(i);
     h_[i] = std::monostate{};
@@ -1254,6 +1585,20 @@ void session::cleanup() {
     all.reclaimed += c.reclaimed;
     all.oom_retries += c.oom_retries;
   }
+  const model_plan_totals& pt = m_.plan_totals;
+  all.plan_runs += pt.runs;
+  all.region_hits += pt.region_hits;
+  all.conflicts += pt.conflicts;
+  all.divergences += pt.divergences;
+  all.recordings += pt.recordings;
+  all.run_escapes += pt.escapes;
+  all.busy_runs += pt.busy;
+  all.pauses += pt.pauses;
+  all.arenas += pt.arenas;
+  all.arena_frees += pt.arena_frees;
+  all.stale += pt.stale;
+  all.plan_evictions += pt.evictions;
+  for (const model_cache& c : m_.caches) all.steps += c.steps;
   for (int b = 0; b < backends; ++b) {
     all.injected_faults += m_.be[b].injected;
     all.limit_failures += m_.be[b].limit_failures;
@@ -1287,12 +1632,20 @@ void session::run() {
 void fail(const std::string& what) {
   const std::string where = in_cleanup ? "cleanup" : fmt::format("operation {} (code {})", op_index, op_code);
   fmt::print(stderr, "\nrefpool fuzz: MISMATCH in {} on thread {}:\n  {}\n", where, op_thread, what);
+  if (const char* keep = std::getenv("REFPOOL_FUZZ_KEEP")) {  // the input, to replay or add to the corpus
+    if (std::FILE* f = std::fopen(keep, "wb")) {
+      std::fwrite(current_input.data(), 1, current_input.size(), f);
+      std::fclose(f);
+      fmt::print(stderr, "  (input of {} bytes written to {})\n", current_input.size(), keep);
+    }
+  }
   if (!tracing) fmt::print(stderr, "  (rerun with REFPOOL_FUZZ_TRACE=1 to print every operation)\n");
   std::fflush(stderr);
   std::abort();
 }
 
 void run_input(const std::uint8_t* data, std::size_t size) {
+  current_input.assign(data, data + size);
   in_cleanup = false;
   op_index = 0;
   if (tracing) fmt::print(stderr, "input of {} bytes\n", size);
@@ -1309,6 +1662,12 @@ void print_totals() {
              "checked {}\n",
              all.operations, all.inputs, all.hits, all.misses, all.steals, all.escapes, all.unsafe_frees, all.evictions,
              all.reclaimed, all.oom_retries, all.injected_faults, all.limit_failures, all.expected_errors);
+  fmt::print(stderr,
+             "refpool fuzz: planned: {} runs, {} region hits, {} conflicts, {} divergences, {} recordings, {} escapes, "
+             "{} stale plans, {} busy runs, {} pauses, {} plans dropped, {} arenas made ({} freed); {} steps, {} "
+             "cache-level requests\n",
+             all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.stale,
+             all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.steps, all.cache_level);
   std::fflush(stderr);
 }
 

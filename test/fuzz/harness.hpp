@@ -20,6 +20,11 @@ struct totals {
   std::uint64_t limit_failures = 0;   ///< limiting_resource refusals (real out of memory)
   std::uint64_t hits = 0, misses = 0, steals = 0, escapes = 0, unsafe_frees = 0, evictions = 0,
                 reclaimed = 0, oom_retries = 0, expected_errors = 0;
+  /// Planned scopes and steps, from the model: runs, requests served by a region, conflicts
+  /// (fell back), divergences, recordings, escapes of runs, busy runs, pauses, arenas made/freed.
+  std::uint64_t plan_runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, run_escapes = 0,
+                busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, steps = 0, cache_level = 0, stale = 0,
+                plan_evictions = 0;
 };
 [[nodiscard]] const totals& get_totals() noexcept;
 /// "N operations in M inputs: ..." for the logs.

@@ -75,12 +75,14 @@ bool model_rounding::round(std::size_t bytes, std::size_t& out) const noexcept {
 // ---- backend calls ------------------------------------------------------------------------
 
 const backend_event& model::next_event(const char* expected) {
+  settle_arenas(false);  // an arena that may go now may be freed before the call expected
   const backend_event* e = log_.next();
   if (e == nullptr) fail(fmt::format("model expected a backend call ({}), but refpool made none", expected));
   return *e;
 }
 
 void model::expect_no_more_events(const char* where) {
+  settle_arenas(true);
   if (const backend_event* e = log_.peek_pending(0))
     fail(fmt::format("{}: refpool made a backend call the model did not expect: {} ({} unexpected calls)", where,
                      describe(*e), log_.pending()));
@@ -115,9 +117,13 @@ model::backend_result model::backend_allocate(int backend, std::size_t bytes, vo
   }
   if (reinterpret_cast<std::uintptr_t>(e.ptr) % 256 != 0) fail(fmt::format("misaligned block {}", e.ptr));
   for (const auto& [gid, b] : blocks)
-    if (overlaps(e.ptr, bytes, b.ptr, b.capacity))
+    if (b.kind != block_kind::region && overlaps(e.ptr, bytes, b.ptr, b.capacity))
       fail(fmt::format("the backend returned {} ({} B), overlapping block {} at {} ({} B) that is still allocated",
                        e.ptr, bytes, gid, b.ptr, b.capacity));
+  for (std::size_t a = 0; a < arenas.size(); ++a)
+    if (arenas[a].memory && overlaps(e.ptr, bytes, arenas[a].base, arenas[a].bytes))
+      fail(fmt::format("the backend returned {} ({} B), overlapping arena {} at {} ({} B) that is still allocated",
+                       e.ptr, bytes, a, arenas[a].base, arenas[a].bytes));
   m.outstanding += bytes;
   ptr = e.ptr;
   return expect;
@@ -132,9 +138,16 @@ void model::backend_free(const model_block& b) {
 }
 
 std::size_t model::allocated_bytes(int backend) const {
-  std::size_t sum = 0;
+  std::size_t sum = arena_bytes(backend);
   for (const auto& [gid, b] : blocks)
-    if (b.backend == backend) sum += b.capacity;
+    if (b.backend == backend && b.kind != block_kind::region) sum += b.capacity;
+  return sum;
+}
+
+std::size_t model::arena_bytes(int backend) const {
+  std::size_t sum = 0;
+  for (const model_arena& a : arenas)
+    if (a.memory && a.backend == backend) sum += a.bytes;
   return sum;
 }
 
@@ -188,13 +201,14 @@ void model::give_back(model_cache& c, int s) {
   c.clock += 1;
 }
 
-void model::enter_scope(int thread, int c, std::size_t warmup) {
+void model::enter_scope(int thread, int c, std::size_t warmup, const std::string& key) {
   model_frame f;
   f.cache = c;
   bool nested = false;
   for (auto it = frames[thread].rbegin(); it != frames[thread].rend(); ++it) {
-    if (!it->guard && it->cache == c) {  // nesting on a cache in use here shares its state
+    if (!it->guard && it->cache == c) {  // nesting on a cache in use here shares its state (and run)
       f.lease = it->lease;
+      f.run = it->run;
       nested = true;
       break;
     }
@@ -208,6 +222,10 @@ void model::enter_scope(int thread, int c, std::size_t warmup) {
     } else {
       f.lease = lease(cache, thread);
       f.owns = f.lease >= 0;
+    }
+    if (f.lease >= 0 && !key.empty()) {  // a planned scope on a cache that serves it
+      f.run = begin_run(c, key, false);
+      f.owns_run = true;
     }
   }
   frames[thread].push_back(f);
@@ -223,6 +241,7 @@ outcome model::close_frame(int closer, int owner, std::size_t index) {
   if (closer != owner || index + 1 != frames[owner].size()) return outcome::scope_error;
   const model_frame f = frames[owner].back();
   frames[owner].pop_back();
+  if (f.owns_run) finish_run(f.run);  // the run ends before its scope gives its slot back
   if (!f.guard && f.owns) give_back(caches[static_cast<std::size_t>(f.cache)], f.lease);
   return outcome::ok;
 }
@@ -308,6 +327,7 @@ outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream
     }
     model_block b;
     b.gid = next_gid++;
+    b.kind = block_kind::direct;
     b.ptr = ptr;
     b.capacity = b.requested = bytes;
     b.backend = backend;
@@ -317,11 +337,31 @@ outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream
     blocks.emplace(b.gid, b);
     return outcome::ok;
   }
-  const int ci = f->cache;
-  const int si = f->lease;
+  if (f->run >= 0) return run_acquire(f->run, f->lease, backend, bytes, stream, gid, oom_bytes);
+  return slot_acquire(f->cache, f->lease, backend, bytes, stream, gid, oom_bytes);
+}
+
+// The out-of-memory ladder: this cache's idle blocks of the backend are freed and the request
+// retried once. Counted as a retry, and as an out-of-memory when the retry fails too.
+model::backend_result model::allocate_or_reclaim(int ci, int backend, std::size_t bytes, void*& ptr, bool count_oom) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  backend_result r = backend_allocate(backend, bytes, ptr);
+  if (r != backend_result::out_of_memory) return r;
+  free_idle(ci, 0, backend, c.reclaimed);
+  c.oom_retries += 1;
+  r = backend_allocate(backend, bytes, ptr);
+  if (r == backend_result::out_of_memory && count_oom) c.ooms += 1;
+  return r;
+}
+
+outcome model::slot_acquire(int ci, int si, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                            std::size_t& oom_bytes) {
+  void* ptr = nullptr;
   model_cache& c = caches[static_cast<std::size_t>(ci)];
   std::size_t rounded = 0;
   if (!c.rounding.round(bytes, rounded)) return outcome::size_error;
+  if (c.slots[static_cast<std::size_t>(si)].ambient && c.slots[static_cast<std::size_t>(si)].epoch != c.step_epoch)
+    roll_epoch(c.slots[static_cast<std::size_t>(si)], c.step_epoch);  // a step began or ended since its last request
   const std::pair<int, std::size_t> key{backend, rounded};
   bool other_stream = false;
   std::uint64_t g = take(c.slots[static_cast<std::size_t>(si)], key, stream);
@@ -348,18 +388,11 @@ outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream
     }
   }
   if (g == 0) {
-    backend_result r = backend_allocate(backend, rounded, ptr);
+    const backend_result r = allocate_or_reclaim(ci, backend, rounded, ptr, true);
     if (r == backend_result::error) return outcome::backend_error;
     if (r == backend_result::out_of_memory) {
-      // Out of memory: free every idle block of this backend in this cache, retry once.
-      free_idle(ci, 0, backend, c.reclaimed);
-      c.oom_retries += 1;
-      r = backend_allocate(backend, rounded, ptr);
-      if (r == backend_result::error) return outcome::backend_error;
-      if (r == backend_result::out_of_memory) {
-        oom_bytes = rounded;
-        return outcome::out_of_memory;
-      }
+      oom_bytes = rounded;
+      return outcome::out_of_memory;
     }
     model_block b;
     b.gid = next_gid++;
@@ -387,6 +420,86 @@ outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream
   return outcome::ok;
 }
 
+outcome model::uncached_acquire(int ci, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                                std::size_t& oom_bytes) {
+  void* ptr = nullptr;
+  const backend_result r = allocate_or_reclaim(ci, backend, bytes, ptr, true);
+  if (r == backend_result::error) return outcome::backend_error;
+  if (r == backend_result::out_of_memory) {
+    oom_bytes = bytes;
+    return outcome::out_of_memory;
+  }
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  model_block b;
+  b.gid = next_gid++;
+  b.kind = block_kind::uncached;
+  b.uncached_for = ci;
+  b.ptr = ptr;
+  b.capacity = b.requested = bytes;
+  b.backend = backend;
+  b.last_stream = stream;
+  b.refs = 1;
+  gid = b.gid;
+  blocks.emplace(b.gid, b);
+  c.uncached_allocations += 1;
+  c.uncached_live += bytes;
+  return outcome::ok;
+}
+
+// ---- cache-level requests and steps ---------------------------------------------------------
+
+// A thread's slot for cache-level requests: leased at its first one, kept while the thread runs.
+int model::ambient_slot(model_cache& c, int thread) {
+  if (c.ambient[thread] >= 0) return c.ambient[thread];
+  c.slots.emplace_back();
+  model_slot& s = c.slots.back();
+  s.ambient = true;
+  s.leased = true;
+  s.last_thread = thread;
+  s.epoch = c.step_epoch;
+  c.ambient[thread] = static_cast<int>(c.slots.size()) - 1;
+  return c.ambient[thread];
+}
+
+// Buffers a slot handed out in a step and still live when it ended have escaped.
+void model::roll_epoch(model_slot& s, std::uint64_t epoch) {
+  if (s.epoch % 2 == 1) s.escapes += s.live_in_epoch;
+  s.live_in_epoch = 0;
+  s.epoch = epoch;
+}
+
+outcome model::cache_allocate(int thread, int ci, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                              std::size_t& oom_bytes) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  const int si = ambient_slot(c, thread);
+  if (c.step_open && c.step_run >= 0) return run_acquire(c.step_run, si, backend, bytes, stream, gid, oom_bytes);
+  if (c.step_open && c.step_uncached) return uncached_acquire(ci, backend, bytes, stream, gid, oom_bytes);
+  return slot_acquire(ci, si, backend, bytes, stream, gid, oom_bytes);
+}
+
+outcome model::open_step(int ci, std::size_t warmup, const std::string& key) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  if (c.step_open) return outcome::scope_error;  // steps of one cache do not nest
+  const bool warm = c.steps < warmup;
+  c.steps += 1;
+  c.step_epoch += 1;
+  c.step_open = true;
+  c.step_uncached = warm;
+  if (!warm && !key.empty()) c.step_run = begin_run(ci, key, true);
+  return outcome::ok;
+}
+
+void model::end_step(int ci) {
+  model_cache& c = caches[static_cast<std::size_t>(ci)];
+  c.step_epoch += 1;
+  c.step_open = false;
+  c.step_uncached = false;
+  for (model_slot& s : c.slots)
+    if (!s.erased && s.ambient && s.epoch != c.step_epoch) roll_epoch(s, c.step_epoch);
+  const int run = std::exchange(c.step_run, -1);
+  if (run >= 0) finish_run(run);
+}
+
 void model::add_ref(std::uint64_t gid) { blocks.at(gid).refs += 1; }
 
 void model::record_stream(std::uint64_t gid, void* stream) {
@@ -411,10 +524,22 @@ void model::drop_ref(std::uint64_t gid, bool via_unsafe_free) {
   model_block& b = blocks.at(gid);
   if (b.refs <= 0) fail(fmt::format("model: block {} released with no references", gid));
   if (--b.refs > 0) return;
-  if (b.cache < 0) {
-    backend_free(b);
-    blocks.erase(gid);
-    return;
+  if (b.run >= 0) observe_release(b);  // a planned run learns the lifetime first
+  switch (b.kind) {
+    case block_kind::region: release_region(b, via_unsafe_free); return;
+    case block_kind::direct:
+      backend_free(b);
+      blocks.erase(gid);
+      return;
+    case block_kind::uncached: {
+      model_cache& owner = caches[static_cast<std::size_t>(b.uncached_for)];
+      owner.uncached_live -= b.capacity;
+      if (via_unsafe_free) owner.extra_unsafe_frees += 1;
+      backend_free(b);
+      blocks.erase(gid);
+      return;
+    }
+    case block_kind::cached: break;
   }
   const int ci = b.cache;
   model_cache& c = caches[static_cast<std::size_t>(ci)];
@@ -467,6 +592,7 @@ std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_
       if (matching - freed <= keep) return freed;
       std::size_t pick = 0;
       if (group.size() > 1) {
+        settle_arenas(false);
         const backend_event* e = log_.peek_pending(0);
         pick = group.size();
         for (std::size_t k = 0; e != nullptr && k < group.size(); ++k)
@@ -510,6 +636,7 @@ void model::set_max_idle(int ci, std::size_t bytes) {
 void model::close_cache(int ci) {
   model_cache& c = caches[static_cast<std::size_t>(ci)];
   c.closed = true;
+  close_plans(ci);  // the store lets its plans go first; arenas go with their last region
   c.free_slots.clear();
   std::vector<std::uint64_t> idle;
   for (model_slot& s : c.slots) {
@@ -521,6 +648,7 @@ void model::close_cache(int ci) {
     if (s.leased || s.live_blocks != 0) s.orphaned = true;
   }
   for (std::size_t n = idle.size(); n > 0; --n) {  // in an order the model does not fix
+    settle_arenas(false);
     const backend_event* e = log_.peek_pending(0);
     auto it = std::find_if(idle.begin(), idle.end(), [&](std::uint64_t g) {
       return e != nullptr && e->what == backend_event::kind::deallocate && e->ptr == blocks.at(g).ptr;
@@ -561,6 +689,44 @@ refpool::cache_stats model::stats(int ci) const {
   out.uncached_entries = c.uncached_entries;
   out.held_bytes = c.held;
   out.peak_held_bytes = c.peak;
+  out.unsafe_frees += c.extra_unsafe_frees;
+  out.escapes += c.extra_escapes;
+  out.ooms = c.ooms;
+  out.steps = c.steps;
+  out.uncached_allocations = c.uncached_allocations;
+  out.uncached_live_bytes = c.uncached_live;
+  const model_plan_store& store = c.plans;
+  out.plan_hits = store.hits;
+  out.plan_misses = store.misses;
+  for (int i : active_runs) {
+    const model_run& r = runs[static_cast<std::size_t>(i)];
+    if (r.cache != ci) continue;
+    out.plan_hits += r.hits;
+    out.plan_misses += r.misses;
+  }
+  out.plan_recordings = store.recordings;
+  for (const model_key& k : store.keys) {
+    std::size_t peak = 0;
+    for (int p : k.plans) peak = std::max(peak, plans[static_cast<std::size_t>(p)].peak);
+    out.plans += k.plans.size();
+    out.planned_peak_live_bytes += peak;
+  }
+  for (const model_group& g : store.groups) out.arena_bytes += arenas[static_cast<std::size_t>(g.arena)].bytes;
+  // Regions held by handles, of the plans the store keeps.
+  for (const model_key& k : store.keys)
+    for (int p : k.plans) {
+      const model_plan& plan = plans[static_cast<std::size_t>(p)];
+      for (std::size_t i = 0; i < plan.regions.size(); ++i)
+        if (plan.regions[i].live) out.plan_live_bytes += plan.spans[i];
+    }
+  out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
+  out.plan_evictions = store.evictions;
+  out.plan_pauses = store.pauses;
+  out.plan_unrecorded_runs = store.unrecorded;
+  out.plan_busy_runs = store.busy;
+  out.arena_growths = store.growths;
+  out.arena_replacements = store.replacements;
   return out;
 }
 

@@ -1,9 +1,11 @@
 // A reference model of refpool's caching rules, written from docs/design.md and the stats
 // definitions rather than from lib/: which idle block a request gets (own slot, oldest, same
 // stream first; then another slot's), where a released block goes, what reclaim, eviction and
-// out-of-memory free (least recently released first), escapes, and what a destroyed cache
-// does. It also predicts every backend call, and checks each against the tracking_resource's
-// log as it goes, learning the addresses of new allocations from it.
+// out-of-memory free (least recently released first), escapes, what a destroyed cache does,
+// cache-level requests and steps, and planned scopes and steps (plan_model.hpp: which region of
+// which plan a request gets, or why it falls back). It also predicts every backend call, and
+// checks each against the tracking_resource's log as it goes, learning the addresses of new
+// allocations from it.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +17,7 @@
 
 #include <refpool/stats.hpp>
 
+#include "plan_model.hpp"
 #include "tracking_resource.hpp"
 
 namespace refpool_fuzz {
@@ -41,13 +44,27 @@ struct model_rounding {
   bool round(std::size_t bytes, std::size_t& out) const noexcept;
 };
 
+/// Where a block came from, and so where it goes at its last release.
+enum class block_kind : std::uint8_t {
+  cached,    ///< a cache's block: idle in its home slot
+  direct,    ///< straight from the backend, no cache: freed
+  uncached,  ///< allocate_uncached of cache `uncached_for` (recordings, warm-up steps): freed, counted
+  region,    ///< a region of plan `plan` (request `region`): back to the plan
+};
+
 struct model_block {
   std::uint64_t gid = 0;  ///< the model's own number, unique over the input
+  block_kind kind = block_kind::cached;
+  int uncached_for = -1;  ///< uncached: the cache that counts it
+  int plan = -1;          ///< region: its plan (model id) and request
+  std::size_t region = 0;
+  int run = -1;           ///< tracked by a planned run (a recording or a fallback): the run and entry
+  std::size_t tracked = 0;
   void* ptr = nullptr;
   std::size_t capacity = 0;
   std::size_t requested = 0;
   int backend = 0;
-  int cache = -1;  ///< model cache index, -1: uncached (freed at its last release)
+  int cache = -1;  ///< model cache index (cached blocks), else -1
   int slot = -1;   ///< home slot in that cache
   std::uint64_t id = 0;  ///< creation number in its cache
   bool idle = false;
@@ -60,6 +77,7 @@ struct model_block {
 
 struct model_slot {
   bool erased = false, leased = false, orphaned = false;
+  bool ambient = false;  ///< a thread's slot for cache-level requests (leased until the thread ends)
   int last_thread = -1;
   std::uint64_t epoch = 1, live_in_epoch = 0, releases = 0;
   std::uint64_t hits = 0, misses = 0, steals = 0, unsafe_frees = 0, escapes = 0, cross_stream = 0;
@@ -72,6 +90,16 @@ struct model_cache {
   model_rounding rounding;
   std::size_t max_idle = unlimited;
   bool closed = false;
+  int ambient[2] = {-1, -1};  ///< each thread's cache-level slot, once it made a request
+  // Steps: the epoch of cache-level requests is odd inside a step.
+  std::uint64_t step_epoch = 0;
+  bool step_open = false;
+  bool step_uncached = false;  ///< a warm-up step: cache-level requests go uncached
+  int step_run = -1;           ///< a planned step's run
+  std::uint64_t steps = 0;
+  std::uint64_t uncached_allocations = 0, extra_escapes = 0, extra_unsafe_frees = 0, ooms = 0;
+  std::size_t uncached_live = 0;
+  model_plan_store plans;
   std::vector<model_slot> slots;  ///< in creation order, as the cache iterates them
   std::vector<int> free_slots;
   std::uint64_t next_id = 1, clock = 1;
@@ -86,6 +114,8 @@ struct model_frame {
   int cache = -1;  ///< model cache index (scopes)
   int lease = -1;  ///< slot index, -1: uncached
   bool owns = false;
+  int run = -1;    ///< a planned scope's run (shared with nested scopes on the same cache)
+  bool owns_run = false;
 };
 
 /// Fault injection of one backend, as failing_resource documents it, and its byte limit.
@@ -99,6 +129,7 @@ struct model_backend {
 
 class model {
  public:
+  enum class backend_result { ok, out_of_memory, error };
   explicit model(event_log& log) : log_(log) {}
 
   model_backend be[backends];
@@ -110,7 +141,8 @@ class model {
   /// The alloc_cache is destroyed: its idle blocks are freed, slots in use are orphaned.
   void close_cache(int c);
 
-  void enter_scope(int thread, int c, std::size_t warmup);
+  /// `key` non-empty: a planned scope.
+  void enter_scope(int thread, int c, std::size_t warmup, const std::string& key = {});
   void enter_guard(int thread);
   /// `closer` closes frame `index` of `owner`'s stack: scope_error unless it is the innermost
   /// of the closer's own stack.
@@ -124,6 +156,13 @@ class model {
   void drop_ref(std::uint64_t gid, bool via_unsafe_free);
   void record_stream(std::uint64_t gid, void* stream);
 
+  /// alloc_cache::allocate on `thread`: its cache-level slot, through the open step if any.
+  outcome cache_allocate(int thread, int c, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                         std::size_t& oom_bytes);
+  /// A step on cache `c`: scope_error if one is open.
+  outcome open_step(int c, std::size_t warmup, const std::string& key);
+  void end_step(int c);
+
   std::size_t reclaim(int c, std::size_t keep);
   void set_max_idle(int c, std::size_t bytes);
 
@@ -131,16 +170,64 @@ class model {
   /// Bytes of blocks of `backend` that the model thinks are allocated.
   [[nodiscard]] std::size_t allocated_bytes(int backend) const;
 
-  /// Every backend call the model expected happened, and no other.
+  /// Every backend call the model expected happened, and no other; arenas that must be gone are.
   void expect_no_more_events(const char* where);
+  /// Bytes of arenas not yet freed, of `backend`.
+  [[nodiscard]] std::size_t arena_bytes(int backend) const;
 
   std::uint64_t next_gid = 1;
+  std::vector<model_plan> plans;
+  std::vector<model_arena> arenas;
+  std::vector<model_run> runs;
+  std::vector<int> active_runs;     ///< runs begun and not ended
+  std::size_t first_live_arena = 0; ///< arenas below are all freed
+  model_plan_totals plan_totals;
 
  private:
-  enum class backend_result { ok, out_of_memory, error };
+  // (backend_result is public: plan_model uses it)
   backend_result backend_allocate(int backend, std::size_t bytes, void*& ptr);
   void backend_free(const model_block& b);
   const backend_event& next_event(const char* expected);
+
+  // The plain cache's request path (rounding, own slot, steal, backend with the OOM ladder).
+  outcome slot_acquire(int c, int s, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                       std::size_t& oom_bytes);
+  // cache_state::allocate_uncached: exact, from the backend, reclaiming on out-of-memory, counted.
+  outcome uncached_acquire(int c, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                           std::size_t& oom_bytes);
+  // A backend allocation with the cache's out-of-memory ladder (reclaim this backend's idle
+  // blocks, retry once). `ptr` is set on success.
+  backend_result allocate_or_reclaim(int c, int backend, std::size_t bytes, void*& ptr, bool count_oom);
+  int ambient_slot(model_cache& c, int thread);
+  void roll_epoch(model_slot& s, std::uint64_t epoch);
+
+  // Planned runs (model_plans.cpp).
+  int begin_run(int c, const std::string& key, bool shared);
+  outcome run_acquire(int run, int lease, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                      std::size_t& oom_bytes);
+  outcome replay_one(int run, int lease, const model_request& request, std::uint64_t at, std::uint64_t& gid,
+                     std::size_t& oom_bytes);
+  outcome fallback(int run, int lease, const model_request& request, bool track, std::uint64_t& gid,
+                   std::size_t& oom_bytes);
+  void begin_with(model_run& r, const model_request& request);
+  bool switch_to(model_run& r, const model_request& request, std::uint64_t at);
+  void finish_run(int run);
+  void track(model_run& r, int run, std::uint64_t gid, const model_request& request, std::uint64_t at);
+  void advance(model_run& r, std::uint64_t to);
+  bool add_plan(int c, int key, int made);
+  void grow_and_install(int c, int key, int made, int old, std::size_t needed);
+  void move_to_own_arena(int c, int key);
+  void install(model_plan_store& store, int key, int plan);
+  void drop_plan(model_plan_store& store, int key, std::size_t i);
+  int make_plan(int c, std::vector<model_request> requests, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life);
+  int copy_plan(int plan, int arena);
+  bool new_arena(int c, int backend, void* stream, std::size_t bytes, int& arena);
+  void release_region(model_block& b, bool via_unsafe_free);
+  void observe_release(const model_block& b);
+  void close_plans(int c);
+  /// Accepts the deallocation of arenas that may go now, and checks those that must be gone.
+  void settle_arenas(bool at_end_of_operation);
+  [[nodiscard]] bool plan_held(int plan, bool counting_foreign) const;
 
   std::uint64_t take(model_slot& s, std::pair<int, std::size_t> key, void* stream);
   void mark_live(model_slot& s, model_block& b, bool hit);

@@ -1,0 +1,107 @@
+// An arena: the memory that plans place their regions in, one backend and one stream. Plans of
+// several keys may share one (their runs never overlap in time: a run claims the arena for its
+// whole length, and a second run finding it claimed is served by the plain cache). Grows in place
+// through the backend's virtual memory when it has some, else by being replaced.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include <refpool/types.hpp>
+
+#include "cache/backend_state.hpp"
+#include "cache/spinlock.hpp"
+#include "ref_counted.hpp"
+
+namespace refpool {
+class virtual_memory;
+}
+
+namespace refpool::detail {
+
+class cache_state;
+class plan;
+
+/// A region of a finished run still live: it pins its bytes until released. Recorded at the
+/// run's end; the next run that claims the arena avoids it while it is live.
+struct pinned_region {
+  plan* owner;               ///< not counted: a plan removes its entries when it is destroyed
+  std::uint32_t index;       ///< its request in the plan
+  std::uint64_t live_state;  ///< the region's state while it stays live
+};
+
+class arena : public ref_counted<arena> {
+ public:
+  /// Holds a counted reference to `backend`. No memory yet.
+  arena(backend_state& backend, stream_ref stream);
+
+  /// Memory for `bytes` (> 0): reserves address space and commits it when the backend offers
+  /// virtual memory, else one allocation. On out-of-memory the cache's idle blocks of this
+  /// backend are reclaimed and it retries once. False when still out of memory; backend_error
+  /// and size_error propagate. Once, before the arena is shared.
+  bool allocate(std::size_t bytes, cache_state& cache);
+  /// Grows to `bytes` where it is, keeping every address: only with virtual memory and room left
+  /// in the reservation. False when it cannot (the caller replaces the arena) or is out of memory.
+  bool grow_in_place(std::size_t bytes, cache_state& cache);
+  /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
+  /// pinned); the arena is retired.
+  void free_memory() noexcept;
+
+  [[nodiscard]] std::byte* base() const noexcept { return base_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return committed_.load(std::memory_order_relaxed); }
+  [[nodiscard]] backend_state* backend() const noexcept { return backend_; }
+  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
+  [[nodiscard]] bool in_place_growth() const noexcept { return vm_ != nullptr; }
+
+  // ---- one run at a time ----------------------------------------------------------------------
+  /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
+  /// it or the arena was retired. The claimer owns `generation` until it unclaims.
+  [[nodiscard]] bool claim(const void* run, const void* key) noexcept;
+  void unclaim() noexcept { claimed_by_.store(nullptr, std::memory_order_release); }
+  /// The key of the run that holds the claim, or of the last one (a hint: read without a lock).
+  [[nodiscard]] const void* claimed_key() const noexcept { return claimed_key_.load(std::memory_order_relaxed); }
+  /// No run may claim it any more (it was replaced); runs holding it finish normally.
+  void retire() noexcept { retired_.store(true, std::memory_order_release); }
+  [[nodiscard]] bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
+
+  /// The claiming run's position (requests made so far); regions record it at release.
+  std::atomic<std::uint64_t> position{0};
+  /// Numbers runs of this arena (claimer only): a region's state names the run that holds it.
+  std::uint64_t generation = 0;
+
+  /// Regions of finished runs still live. Guarded by pinned_mutex (claimers, plan destruction).
+  std::mutex pinned_mutex;
+  std::vector<pinned_region> pinned;
+
+  // ---- streams recorded on released regions (record_stream) -----------------------------------
+  /// A region used on `streams` too was released: its bytes' next user waits for them.
+  void add_waits(const std::vector<stream_ref>& streams);
+  /// Orders `consumer` after every pending stream (throws what order_streams throws; the
+  /// pending streams stay pending then).
+  void wait_for_pending(stream_ref consumer);
+  [[nodiscard]] bool waits_pending() const noexcept { return waits_pending_.load(std::memory_order_acquire); }
+
+ private:
+  friend class ref_counted<arena>;
+  ~arena();
+  bool commit_more(std::size_t bytes, cache_state& cache);  // vm_: commit [committed_, bytes)
+
+  backend_state* backend_;
+  stream_ref stream_;
+  virtual_memory* vm_ = nullptr;  ///< the backend's, when this arena reserved address space
+  std::byte* base_ = nullptr;
+  std::atomic<std::size_t> committed_{0};  ///< bytes usable from base_ (stats read it while it grows)
+  std::size_t reserved_ = 0;      ///< vm_: bytes of address space reserved at base_
+  std::atomic<const void*> claimed_by_{nullptr};
+  std::atomic<const void*> claimed_key_{nullptr};
+  std::atomic<bool> retired_{false};
+
+  spinlock waits_lock_;
+  std::vector<stream_ref> waits_;
+  std::atomic<bool> waits_pending_{false};
+};
+
+}  // namespace refpool::detail

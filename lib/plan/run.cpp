@@ -1,0 +1,386 @@
+// Planned runs: matching requests against the key's plans, handing out regions, recording, and
+// what a run leaves behind at its end (pinned regions, escapes, a new plan).
+#include "plan/run.hpp"
+
+#include <algorithm>
+
+namespace refpool::detail {
+
+namespace {
+bool overlap(std::size_t a, std::size_t an, std::size_t b, std::size_t bn) noexcept { return a < b + bn && b < a + an; }
+}  // namespace
+
+plan_run::plan_run(cache_state& cache, std::string_view key, bool shared)
+    : cache_(cache), store_(plan_store::of(cache)), shared_(shared), thread_(shared ? nullptr : this_thread_token()) {
+  key_ = store_.begin_run(key, this, candidates_, may_record_);
+  cache_.retain();  // releases of this run's blocks may come after the scope and the cache ended
+}
+
+plan_run::~plan_run() {
+  if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
+    store_.abandon_run(this);
+    for (plan* p : candidates_) p->release();
+  }
+  if (first_backend_ != nullptr) first_backend_->release();
+  cache_.release();
+}
+
+// ---- serving requests ---------------------------------------------------------------------
+
+block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  if (shared_) {
+    std::lock_guard guard(match_mutex_);
+    return serve(lease, backend, bytes, stream);
+  }
+  return serve(lease, backend, bytes, stream);
+}
+
+// The replay path: the request is the one the plan recorded at this position.
+block* plan_run::serve(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  const std::uint64_t at = position_.load(std::memory_order_relaxed);
+  if (mode_ == mode::replay && at < current_->size()) [[likely]] {
+    const planned_request& want = current_->request(at);
+    if (want.key.bytes == bytes && want.key.backend == &backend && want.stream == stream) [[likely]]
+      return replay_one(lease, backend, bytes, stream, at);
+  }
+  return serve_slow(lease, backend, bytes, stream);
+}
+
+block* plan_run::replay_one(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream,
+                            std::uint64_t at) {
+  advance(at + 1);
+  try {
+    if (block* b = take_region(at, stream)) [[likely]] {
+      hits.store(hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      return b;
+    }
+    // A live handle can still reach these bytes: this request alone goes to the plain cache.
+    misses.store(misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    reserve_tracking();
+    block* b = fallback(lease, backend, bytes, stream);
+    track(b, current_->request(at), at);
+    return b;
+  } catch (...) {
+    advance(at);  // nothing was served: the next request takes this position again
+    throw;
+  }
+}
+
+block* plan_run::take_region(std::uint64_t at, stream_ref stream) {
+  plan& p = *current_;
+  if (arena_->waits_pending()) [[unlikely]] arena_->wait_for_pending(stream);
+  if (at >= due_processed_) {
+    // Regions the recording had released by now: one this run still holds is overdue.
+    for (const std::uint32_t* d = p.due_begin(at); d != p.due_end(at); ++d)
+      if (p.state(*d).state.load(std::memory_order_acquire) == region_state::live_in(generation_)) [[unlikely]]
+        overdue_.push_back(*d);
+    due_processed_ = at + 1;
+  }
+  region_state& st = p.state(at);
+  if ((st.state.load(std::memory_order_acquire) & region_state::live) != 0) [[unlikely]] return nullptr;
+  // Only an overdue region of this run or a live region of another can share bytes with this one:
+  // every other live region was recorded alive together with it, and placed apart.
+  if ((!overdue_.empty() || !foreign_.empty()) && blocked(at)) [[unlikely]] return nullptr;
+  region_block& r = p.region_at(at);
+  r.thread = thread_;
+  r.refs.reset(1);
+  st.state.store(region_state::live_in(generation_), std::memory_order_relaxed);
+  return &r;
+}
+
+bool plan_run::blocked(std::uint64_t at) {
+  const plan& p = *current_;
+  const std::size_t from = p.offset(at);
+  const std::size_t span = p.span(at);
+  std::erase_if(overdue_, [&](std::uint32_t j) {
+    return p.state(j).state.load(std::memory_order_acquire) != region_state::live_in(generation_);
+  });
+  for (std::uint32_t j : overdue_) {
+    if (overlap(from, span, p.offset(j), p.span(j))) {
+      stale_ = true;  // a release later than recorded: the plan's lifetimes no longer hold
+      return true;
+    }
+  }
+  bool hit = false;
+  std::erase_if(foreign_, [&](const foreign_region& f) {
+    if (f.owner->state(f.index).state.load(std::memory_order_acquire) != f.live_state) {
+      f.owner->release();
+      return true;
+    }
+    hit = hit || overlap(from, span, f.owner->offset(f.index), f.owner->span(f.index));
+    return false;
+  });
+  return hit;
+}
+
+block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  const backend_state& bs = backend;
+  const planned_request request{{&bs, bs.device(), bs.kind(), bs.alignment(), bytes}, stream};
+  const std::uint64_t at = position_.load(std::memory_order_relaxed);
+  if (mode_ == mode::start) {
+    begin_with(request);
+  } else if (mode_ == mode::replay && !switch_to(request, at)) {
+    diverge();
+  }
+  switch (mode_) {
+    case mode::replay: return replay_one(lease, backend, bytes, stream, at);
+    case mode::record: {
+      // A new sequence: served exactly and uncached, since it becomes a plan at the end; cached
+      // copies of its blocks would only add to the memory held.
+      reserve_tracking();
+      block* b = cache_.allocate_uncached(backend, bytes, stream);
+      track(b, request, at);  // only now that it succeeded: a request that threw is no part of it
+      advance(at + 1);
+      return b;
+    }
+    case mode::plain: {
+      if (lease == nullptr) reserve_tracking();
+      block* b = fallback(lease, backend, bytes, stream);
+      if (lease == nullptr) track(b, request, at);  // its escape is counted by the run
+      advance(at + 1);
+      return b;
+    }
+    default: return fallback(lease, backend, bytes, stream);  // a step's late request after its end
+  }
+}
+
+void plan_run::begin_with(const planned_request& request) {
+  for (plan* c : candidates_) {
+    if (c->size() == 0 || !(c->request(0) == request)) continue;
+    arena& a = c->memory();
+    if (!a.claim(this, key_)) {
+      // Another run holds the arena (or it was just replaced): the plain cache serves this one.
+      busy_ = true;
+      busy_other_key_ = !a.retired() && a.claimed_key() != key_;
+      mode_ = mode::plain;
+      return;
+    }
+    arena_ = &a;
+    current_ = c;
+    generation_ = ++a.generation;
+    try {
+      // Regions of finished runs still live pin their bytes: this run must not hand those out.
+      std::lock_guard guard(a.pinned_mutex);
+      std::erase_if(a.pinned, [](const pinned_region& p) {
+        return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
+      });
+      foreign_.reserve(a.pinned.size());
+      for (const pinned_region& p : a.pinned) {
+        p.owner->retain();
+        foreign_.push_back({p.owner, p.index, p.live_state});
+      }
+    } catch (...) {
+      a.unclaim();
+      arena_ = nullptr;
+      current_ = nullptr;
+      throw;
+    }
+    mode_ = mode::replay;
+    return;
+  }
+  if (!candidates_.empty()) misses.store(misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  mode_ = may_record_ ? mode::record : mode::plain;
+}
+
+bool plan_run::switch_to(const planned_request& request, std::uint64_t at) {
+  for (plan* c : candidates_) {
+    if (c == current_ || c->size() <= at || &c->memory() != arena_ || !(c->request(at) == request)) continue;
+    if (!std::equal(c->requests().begin(), c->requests().begin() + static_cast<std::ptrdiff_t>(at),
+                    current_->requests().begin()))
+      continue;
+    // The regions this run holds of the plan it leaves may share bytes with the new plan's.
+    const std::uint64_t held = region_state::live_in(generation_);
+    std::size_t live = 0;
+    for (std::uint64_t p = segment_from_; p < at; ++p) live += current_->state(p).state.load(std::memory_order_acquire) == held;
+    foreign_.reserve(foreign_.size() + live);
+    segments_.reserve(segments_.size() + 1);
+    for (std::uint64_t p = segment_from_; p < at; ++p) {
+      if (current_->state(p).state.load(std::memory_order_acquire) != held) continue;
+      current_->retain();
+      foreign_.push_back({current_, static_cast<std::uint32_t>(p), held});
+    }
+    segments_.push_back({current_, segment_from_, at});
+    current_ = c;
+    segment_from_ = at;
+    overdue_.clear();
+    due_processed_ = at;
+    return true;
+  }
+  return false;
+}
+
+void plan_run::diverge() {
+  misses.store(misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  replayed_to_ = position_.load(std::memory_order_relaxed);
+  mode_ = may_record_ ? mode::record : mode::plain;
+}
+
+block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)
+                          : cache_.allocate_uncached(backend, bytes, stream);
+}
+
+void plan_run::reserve_tracking() {
+  std::lock_guard guard(lock_);
+  tracked_.reserve(tracked_.size() + 1);
+}
+
+void plan_run::track(block* b, const planned_request& request, std::uint64_t at) noexcept {
+  const bool cached = b->origin == block_origin::cached;
+  retain();  // released by observe_release
+  std::lock_guard guard(lock_);
+  b->observer = this;
+  b->observer_index = static_cast<std::uint32_t>(tracked_.size());
+  tracked_.push_back({request, at, 0, true, cached});  // room was reserved
+  if (!cached) ++uncached_live_;
+  if (first_backend_ == nullptr) {
+    first_backend_ = b->backend;
+    first_backend_->retain();
+  }
+}
+
+void plan_run::advance(std::uint64_t to) noexcept {
+  position_.store(to, std::memory_order_relaxed);
+  if (arena_ != nullptr) arena_->position.store(to, std::memory_order_relaxed);
+}
+
+void plan_run::observe_release(block* b, bool) noexcept {
+  {
+    std::lock_guard guard(lock_);
+    tracked& t = tracked_[b->observer_index];
+    if (!finished_) {  // after the end the recording sees it alive to the end, as it was
+      t.released_at = position_.load(std::memory_order_relaxed);
+      t.live = false;
+    }
+    if (!t.cached) --uncached_live_;
+  }
+  release();
+}
+
+// ---- the end ------------------------------------------------------------------------------
+
+void plan_run::finish() noexcept {
+  std::unique_lock<std::mutex> guard(match_mutex_, std::defer_lock);
+  if (shared_) guard.lock();
+  if (mode_ == mode::finished) return;
+  finish_locked();
+}
+
+void plan_run::finish_locked() noexcept {
+  const mode was = mode_;
+  mode_ = mode::finished;
+  const std::uint64_t end = position_.load(std::memory_order_relaxed);
+  if (was == mode::replay) replayed_to_ = end;
+  const bool complete = was == mode::replay && end == current_->size();
+  if (was == mode::replay && !complete) misses.store(misses.load(std::memory_order_relaxed) + 1);  // a shorter run
+  const bool record = may_record_ && end != 0 && (was == mode::record || (was == mode::replay && (!complete || stale_)));
+  std::vector<lifetime> region_lifetimes;
+  bool recordable = record;
+  try {
+    if (record) region_lifetimes.assign(end, lifetime{0, 0});  // {0, 0}: not a region of this run
+  } catch (...) {
+    recordable = false;
+  }
+  const std::size_t region_escapes = settle_regions(end, recordable ? &region_lifetimes : nullptr);
+  std::size_t uncached_escapes = 0;
+  {
+    std::lock_guard guard(lock_);
+    finished_ = true;  // lifetimes are final: later releases only mark their block released
+    uncached_escapes = uncached_live_;
+  }
+  if (region_escapes + uncached_escapes != 0) cache_.add_escapes(region_escapes + uncached_escapes);
+  run_outcome out;
+  out.hits = hits.load(std::memory_order_relaxed);
+  out.misses = misses.load(std::memory_order_relaxed);
+  out.busy = busy_;
+  out.busy_other_key = busy_other_key_;
+  out.unrecorded = !may_record_ && !busy_ && was == mode::plain;
+  out.used = complete ? current_ : nullptr;
+  if (recordable) {
+    try {
+      out.made = make_recording(end, std::move(region_lifetimes));
+    } catch (...) {
+      // A plan is an optimisation: failing to make one (no host memory, a size that would wrap)
+      // leaves the cache correct.
+    }
+  }
+  store_.end_run(this, key_, out);
+  // The key's plans it started with are needed no more (later requests go to the plain cache).
+  for (plan* p : candidates_) p->release();
+  candidates_.clear();
+  current_ = nullptr;
+  segments_.clear();
+}
+
+// Pins this run's regions that are still live (their plan stays alive and the next run of the
+// arena avoids their bytes), drops the foreign regions and gives the arena back. Returns the
+// number pinned: escapes.
+std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept {
+  if (arena_ == nullptr) return 0;
+  segments_.push_back({current_, segment_from_, std::min(end, replayed_to_)});
+  std::vector<pinned_region> pins;
+  const std::uint64_t held = region_state::live_in(generation_);
+  for (const segment& s : segments_) {
+    for (std::uint64_t p = s.from; p < s.to; ++p) {
+      region_state& st = s.owner->state(p);
+      std::uint64_t seen = st.state.load(std::memory_order_acquire);
+      if (region_state::generation_of(seen) != generation_) continue;  // never handed out by this run
+      if (seen == held) {
+        s.owner->retain();  // the region's: it keeps its plan alive until released
+        if (st.state.compare_exchange_strong(seen, held | region_state::holds_plan, std::memory_order_acq_rel)) {
+          pins.push_back({s.owner, static_cast<std::uint32_t>(p), held | region_state::holds_plan});
+          if (lifetimes != nullptr) (*lifetimes)[p] = {p, end + 1};  // escaped: alive to the end
+          continue;
+        }
+        s.owner->release();  // released meanwhile
+      }
+      // Released, and the arena is still ours: its release position is this run's.
+      if (lifetimes != nullptr) (*lifetimes)[p] = {p, st.released_at.load(std::memory_order_relaxed)};
+    }
+  }
+  for (const foreign_region& f : foreign_) f.owner->release();
+  foreign_.clear();
+  {
+    std::lock_guard guard(arena_->pinned_mutex);
+    std::erase_if(arena_->pinned, [](const pinned_region& p) {
+      return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
+    });
+    arena_->pinned.insert(arena_->pinned.end(), pins.begin(), pins.end());
+  }
+  arena_->unclaim();
+  return pins.size();
+}
+
+// The run's sequence and lifetimes as a plan: replayed positions from the plans' region states,
+// the others from what observe_release wrote. Null when the run cannot be planned (several
+// streams or backends).
+plan* plan_run::make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const {
+  std::vector<planned_request> sequence(end);
+  std::vector<lifetime>& lifetimes = region_lifetimes;  // {0, 0} where not a region of this run
+  std::vector<bool> known(end, false);
+  for (const segment& s : segments_) {
+    for (std::uint64_t p = s.from; p < s.to; ++p) {
+      if (lifetimes[p].second == 0) continue;
+      sequence[p] = s.owner->request(p);
+      known[p] = true;
+    }
+  }
+  {
+    std::lock_guard guard(lock_);
+    for (const tracked& t : tracked_) {
+      if (t.position >= end) continue;
+      sequence[t.position] = t.request;
+      lifetimes[t.position] = {t.position, t.live ? end + 1 : t.released_at};
+      known[t.position] = true;
+    }
+  }
+  for (std::uint64_t p = 0; p < end; ++p) {
+    if (!known[p]) return nullptr;  // not served by this run (cannot happen: every request is one or the other)
+    if (sequence[p].stream != sequence[0].stream || sequence[p].key.backend != sequence[0].key.backend) return nullptr;
+    // A release read on another thread may lag: it is never before its own allocation.
+    lifetimes[p].second = std::clamp<std::uint64_t>(lifetimes[p].second, p + 1, end + 1);
+  }
+  return new plan(cache_, std::move(sequence), lifetimes);
+}
+
+}  // namespace refpool::detail

@@ -1,0 +1,125 @@
+// A planned run: one planned scope (or planned step) from its first request to its end. It
+// replays the plan of its key that matches its requests, handing out that plan's regions; records
+// its requests when none matches (or a late release made the plan stale); and falls back to the
+// plain cache for a request whose region a live handle can still reach.
+//
+// Threads. A scope's run is served by its scope's thread only: the replay path takes no lock and
+// makes no atomic read-modify-write. A step's run may be served by several threads at once: its
+// requests are matched one at a time under match_mutex_, so an interleaving that differs from the
+// plan diverges and falls back, and no byte ever has two owners. Releases come from any thread at
+// any time, also after the run ended.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "cache/cache_state.hpp"
+#include "cache/spinlock.hpp"
+#include "plan/plan.hpp"
+#include "plan/store.hpp"
+
+namespace refpool::detail {
+
+class plan_run final : public ref_counted<plan_run>, public request_router, public release_observer {
+ public:
+  /// A run of `key` on `cache`. `shared`: a step's run, served by any thread (else only the
+  /// constructing thread serves it).
+  plan_run(cache_state& cache, std::string_view key, bool shared);
+
+  /// Serves one request of this run (a region; the plain cache through `lease`; or, while
+  /// recording, the backend directly).
+  block* acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) override;
+  /// A block of this run that is not a region (a fallback or a recorded one) lost its last handle.
+  void observe_release(block* b, bool via_unsafe_free) noexcept override;
+  /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
+  /// Later requests (a step's thread that was late) go to the plain cache.
+  void finish() noexcept;
+
+  /// Counters of the running run (stats read them while it runs; the store adds them at its end).
+  std::atomic<std::uint64_t> hits{0};
+  std::atomic<std::uint64_t> misses{0};
+
+ private:
+  friend class ref_counted<plan_run>;
+  ~plan_run();
+
+  enum class mode : std::uint8_t {
+    start,     ///< no request yet
+    replay,    ///< handing out regions of current_ (its arena is claimed)
+    record,    ///< recording: served uncached and exact, so nothing lingers after it
+    plain,     ///< served by the plain cache, unrecorded (busy arena, paused key)
+    finished,  ///< ended: late requests go to the plain cache
+  };
+  /// A block that is not a region: its request and lifetime, for the recording.
+  struct tracked {
+    planned_request request;
+    std::uint64_t position;
+    std::uint64_t released_at;
+    bool live;
+    bool cached;  ///< a cached block: the cache counts its escape
+  };
+  /// A live region another run or plan handed out, in the arena this run uses.
+  struct foreign_region {
+    plan* owner;  ///< retained
+    std::uint32_t index;
+    std::uint64_t live_state;
+  };
+  /// Requests [from, to) of the run were matched against `owner` (a plan switch starts a new one).
+  struct segment {
+    plan* owner;
+    std::uint64_t from;
+    std::uint64_t to;
+  };
+
+  block* serve(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
+  block* replay_one(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream, std::uint64_t at);
+  block* serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
+  block* take_region(std::uint64_t at, stream_ref stream);
+  [[nodiscard]] bool blocked(std::uint64_t at);
+  void begin_with(const planned_request& request);
+  [[nodiscard]] bool switch_to(const planned_request& request, std::uint64_t at);
+  void diverge();
+  block* fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
+  void track(block* b, const planned_request& request, std::uint64_t at) noexcept;
+  void reserve_tracking();
+  void advance(std::uint64_t to) noexcept;
+  void finish_locked() noexcept;
+  std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
+  plan* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
+
+  cache_state& cache_;
+  plan_store& store_;
+  key_state* key_ = nullptr;
+  const bool shared_;
+  std::mutex match_mutex_;  // shared runs: one request (and the end) at a time
+  const void* const thread_;  ///< the serving thread of a scope's run; null for steps
+
+  mode mode_ = mode::start;
+  bool may_record_ = true;
+  bool stale_ = false;
+  bool busy_ = false;
+  bool busy_other_key_ = false;
+  std::vector<plan*> candidates_;  ///< the key's plans at the start, most recently used first (retained)
+  plan* current_ = nullptr;        ///< replay: the plan matched so far
+  arena* arena_ = nullptr;         ///< its arena, claimed by this run until it ends
+  std::uint64_t generation_ = 0;   ///< this run's number in arena_
+  std::vector<segment> segments_;  ///< earlier plans of this run (after switches)
+  std::uint64_t segment_from_ = 0; ///< current_ serves from this position
+  std::uint64_t replayed_to_ = 0;  ///< positions below came from plans (replay), later ones were recorded
+  std::uint64_t due_processed_ = 0;  ///< due lists of current_ below this position were checked
+  std::vector<std::uint32_t> overdue_;         ///< regions of current_ this run still holds past their recorded release
+  std::vector<foreign_region> foreign_;        ///< live regions of other runs or plans in arena_
+  std::atomic<std::uint64_t> position_{0};     ///< requests served so far (written by the serving thread)
+
+  mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
+  std::vector<tracked> tracked_;
+  std::size_t uncached_live_ = 0;
+  bool finished_ = false;
+  backend_state* first_backend_ = nullptr;  ///< retained: a recording's backend outlives its blocks
+};
+
+}  // namespace refpool::detail

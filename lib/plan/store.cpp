@@ -1,0 +1,357 @@
+// The plan store: keys, their plans, the arenas they share, and the policy against thrashing.
+#include "plan/store.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "plan/run.hpp"
+
+namespace refpool::detail {
+
+plan_store::~plan_store() { close(); }
+
+plan_store& plan_store::of(cache_state& cache) {
+  return static_cast<plan_store&>(cache.extension([](cache_state& c) -> std::unique_ptr<cache_extension> {
+    return std::make_unique<plan_store>(c);
+  }));
+}
+
+// ---- runs ---------------------------------------------------------------------------------
+
+key_state* plan_store::begin_run(std::string_view key, plan_run* run, std::vector<plan*>& candidates,
+                                 bool& may_record) {
+  std::lock_guard guard(mutex_);
+  auto found = std::find_if(keys_.begin(), keys_.end(), [&](const auto& k) { return k->name == key; });
+  if (found == keys_.end()) {
+    auto made = std::make_unique<key_state>();
+    made->name = key;
+    made->next_pause = first_pause;
+    keys_.push_back(std::move(made));
+    found = keys_.end() - 1;
+  }
+  key_state& k = **found;
+  std::vector<std::pair<std::uint64_t, plan*>> order;
+  order.reserve(k.plans.size());
+  for (std::size_t i = 0; i < k.plans.size(); ++i) order.emplace_back(k.last_used[i], k.plans[i]);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  candidates.reserve(order.size());
+  active_.reserve(active_.size() + 1);
+  for (const auto& [used, p] : order) {
+    p->retain();
+    candidates.push_back(p);
+  }
+  may_record = !closed_ && k.runs >= k.paused_until;
+  active_.push_back(run);
+  return &k;
+}
+
+void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept {
+  const bool grows = outcome.made != nullptr || outcome.busy_other_key;
+  std::unique_lock<std::mutex> growing(growth_mutex_, std::defer_lock);
+  if (grows) growing.lock();
+  {
+    std::lock_guard guard(mutex_);
+    hits_ += outcome.hits;
+    misses_ += outcome.misses;
+    busy_runs_ += outcome.busy ? 1 : 0;
+    unrecorded_runs_ += outcome.unrecorded ? 1 : 0;
+    std::erase(active_, run);
+    key->runs += 1;
+    if (outcome.used != nullptr) {
+      auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
+      if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
+    }
+  }
+  bool rerecorded = false;
+  if (outcome.made != nullptr) rerecorded = add_plan(*key, outcome.made);
+  if (outcome.busy_other_key) move_to_own_arena(*key);
+  std::lock_guard guard(mutex_);
+  key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  if (static_cast<unsigned>(std::popcount(key->rerecordings)) >= thrash_rerecordings) {
+    // It keeps recording: every recording is a run of uncached driver allocations. Stop for a
+    // while (its plans still replay; other runs use the plain cache), longer each time.
+    key->paused_until = key->runs + key->next_pause;
+    key->next_pause = std::min(key->next_pause * 2, longest_pause);
+    key->rerecordings = 0;
+    pauses_ += 1;
+  }
+}
+
+void plan_store::abandon_run(plan_run* run) noexcept {
+  std::lock_guard guard(mutex_);
+  std::erase(active_, run);
+}
+
+// ---- adding plans -------------------------------------------------------------------------
+
+plan_store::arena_group* plan_store::group_for(const backend_state* backend, stream_ref stream,
+                                               const key_state* owner) noexcept {
+  for (arena_group& g : groups_)
+    if (g.backend == backend && g.stream == stream && g.owner == owner) return &g;
+  return nullptr;
+}
+
+void plan_store::drop(key_state& key, std::size_t i, std::vector<plan*>& dropped) noexcept {
+  dropped.push_back(key.plans[i]);
+  key.plans.erase(key.plans.begin() + static_cast<std::ptrdiff_t>(i));
+  key.last_used.erase(key.last_used.begin() + static_cast<std::ptrdiff_t>(i));
+  evictions_ += 1;
+}
+
+std::size_t plan_store::needed_by(const arena* a) const noexcept {
+  std::size_t needed = 0;
+  for (const auto& k : keys_)
+    for (const plan* p : k->plans)
+      if (&p->memory() == a) needed = std::max(needed, p->bytes_needed());
+  return needed;
+}
+
+bool plan_store::add_plan(key_state& key, plan* made) noexcept {
+  const backend_state* backend = made->request(0).key.backend;
+  const stream_ref stream = made->request(0).stream;
+  std::vector<plan*> dropped;
+  bool rerecorded = false;
+  arena* old = nullptr;
+  std::size_t needed = made->bytes_needed();
+  {
+    std::lock_guard guard(mutex_);
+    if (closed_) {
+      dropped.push_back(made);
+      made = nullptr;
+    } else {
+      auto same = std::find_if(key.plans.begin(), key.plans.end(),
+                               [&](const plan* p) { return p->requests() == made->requests(); });
+      if (same != key.plans.end()) {
+        drop(key, static_cast<std::size_t>(same - key.plans.begin()), dropped);  // stale: replaced
+        rerecorded = true;
+      } else if (key.plans.size() >= plans_per_key) {
+        const auto oldest = std::min_element(key.last_used.begin(), key.last_used.end());
+        drop(key, static_cast<std::size_t>(oldest - key.last_used.begin()), dropped);
+        rerecorded = true;
+      }
+      try {
+        key.plans.reserve(key.plans.size() + 1);
+        key.last_used.reserve(key.last_used.size() + 1);
+        groups_.reserve(groups_.size() + 1);
+      } catch (...) {
+        dropped.push_back(made);
+        made = nullptr;
+      }
+      if (made != nullptr) {
+        arena_group* g = group_for(backend, stream, key.own_arena ? &key : nullptr);
+        if (g != nullptr && g->memory->bytes() >= made->bytes_needed()) {
+          made->bind(*g->memory);
+          install(key, made);
+          made = nullptr;
+        } else if (g != nullptr) {
+          old = g->memory;
+          old->retain();
+          needed = std::max(needed, needed_by(old));
+        }
+      }
+    }
+  }
+  if (made != nullptr) grow_and_install(key, made, old, needed, dropped);
+  if (old != nullptr) old->release();
+  for (plan* d : dropped) d->release();
+  return rerecorded;
+}
+
+void plan_store::install(key_state& key, plan* made) noexcept {
+  key.plans.push_back(made);  // room was reserved
+  key.last_used.push_back(++clock_);
+  recordings_ += 1;
+}
+
+// Makes room for `needed` bytes in `made`'s group (whose arena is `old`, or none yet): in place
+// when the arena can grow there, else a new arena, freeing the old one first when no region can
+// reach it (so old and new are not held at once). Caller holds growth_mutex_ only.
+void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed,
+                                  std::vector<plan*>& dropped) noexcept {
+  try {
+    if (old != nullptr && old->grow_in_place(needed, cache_)) {
+      std::lock_guard guard(mutex_);
+      made->bind(*old);
+      install(key, made);
+      growths_ += 1;
+      return;
+    }
+  } catch (...) {
+    // The backend failed: no plan this time; the old arena is unchanged.
+    dropped.push_back(made);
+    return;
+  }
+  backend_state& backend = *const_cast<backend_state*>(made->request(0).key.backend);
+  const stream_ref stream = made->request(0).stream;
+  bool old_freed = false;
+  if (old != nullptr && old->claim(this, nullptr)) {
+    bool unpinned = false;
+    {
+      std::lock_guard guard(old->pinned_mutex);
+      std::erase_if(old->pinned, [](const pinned_region& p) {
+        return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
+      });
+      unpinned = old->pinned.empty();
+    }
+    if (unpinned) {
+      old->free_memory();  // no run holds it and nothing is pinned: no handle reaches its bytes
+      old_freed = true;
+    } else {
+      old->unclaim();
+    }
+  }
+  arena* fresh = nullptr;
+  bool allocated = false;
+  try {
+    fresh = new arena(backend, stream);
+    allocated = fresh->allocate(needed, cache_);
+  } catch (...) {
+    allocated = false;
+  }
+  std::lock_guard guard(mutex_);
+  arena_group* g = group_for(&backend, stream, key.own_arena ? &key : nullptr);
+  if (!allocated) {
+    dropped.push_back(made);
+    if (old_freed) {  // its plans have no memory now
+      for (auto& k : keys_)
+        for (std::size_t i = k->plans.size(); i-- > 0;)
+          if (&k->plans[i]->memory() == old) drop(*k, i, dropped);
+      if (g != nullptr) {
+        g->memory->release();
+        *g = groups_.back();
+        groups_.pop_back();
+      }
+    }
+    if (fresh != nullptr) fresh->release();
+    return;
+  }
+  if (old != nullptr) {
+    // Every plan of the old arena, of any key, moves to the new one (a copy: the old plan may
+    // still have live regions, in the old arena, that runs or escapes hold).
+    for (auto& k : keys_) {
+      for (std::size_t i = k->plans.size(); i-- > 0;) {
+        if (&k->plans[i]->memory() != old) continue;
+        try {
+          plan* moved = new plan(*k->plans[i], *fresh);
+          dropped.push_back(k->plans[i]);
+          k->plans[i] = moved;
+        } catch (...) {
+          drop(*k, i, dropped);
+        }
+      }
+    }
+    old->retire();
+    replacements_ += 1;
+  }
+  made->bind(*fresh);
+  install(key, made);
+  if (g != nullptr) {
+    g->memory->release();
+    g->memory = fresh;
+  } else {
+    groups_.push_back({&backend, stream, key.own_arena ? &key : nullptr, fresh});  // room was reserved
+  }
+}
+
+// A run of `key` found its arena held by a run of another key: their runs overlap in time, so
+// they cannot share memory. The key's plans move to an arena of their own.
+void plan_store::move_to_own_arena(key_state& key) noexcept {
+  std::vector<std::pair<const backend_state*, stream_ref>> places;
+  std::vector<plan*> dropped;
+  {
+    std::lock_guard guard(mutex_);
+    if (closed_ || key.own_arena) return;
+    key.own_arena = true;
+    for (const plan* p : key.plans) {
+      const std::pair<const backend_state*, stream_ref> place{p->request(0).key.backend, p->request(0).stream};
+      if (std::find(places.begin(), places.end(), place) == places.end()) places.push_back(place);
+    }
+  }
+  for (const auto& [backend, stream] : places) {
+    std::size_t needed = 0;
+    {
+      std::lock_guard guard(mutex_);
+      for (const plan* p : key.plans)
+        if (p->request(0).key.backend == backend && p->request(0).stream == stream)
+          needed = std::max(needed, p->bytes_needed());
+    }
+    arena* fresh = nullptr;
+    bool allocated = false;
+    try {
+      fresh = new arena(*const_cast<backend_state*>(backend), stream);
+      allocated = fresh->allocate(needed, cache_);
+    } catch (...) {
+      allocated = false;
+    }
+    std::lock_guard guard(mutex_);
+    try {
+      if (allocated) groups_.push_back({backend, stream, &key, fresh});
+    } catch (...) {
+      allocated = false;
+    }
+    if (!allocated) {  // the plans stay where they are; its runs may meet the other key's again
+      if (fresh != nullptr) fresh->release();
+      continue;
+    }
+    for (std::size_t i = key.plans.size(); i-- > 0;) {
+      plan* p = key.plans[i];
+      if (p->request(0).key.backend != backend || p->request(0).stream != stream) continue;
+      try {
+        key.plans[i] = new plan(*p, *fresh);
+        dropped.push_back(p);
+      } catch (...) {
+        drop(key, i, dropped);
+      }
+    }
+  }
+  for (plan* d : dropped) d->release();
+}
+
+// ---- the cache's view ---------------------------------------------------------------------
+
+void plan_store::close() noexcept {
+  std::vector<plan*> plans;
+  std::vector<arena*> arenas;
+  {
+    std::lock_guard guard(mutex_);
+    closed_ = true;
+    for (auto& k : keys_) {
+      plans.insert(plans.end(), k->plans.begin(), k->plans.end());
+      k->plans.clear();
+      k->last_used.clear();
+    }
+    for (const arena_group& g : groups_) arenas.push_back(g.memory);
+    groups_.clear();
+  }
+  for (plan* p : plans) p->release();
+  for (arena* a : arenas) a->release();
+}
+
+void plan_store::add_counters(cache_stats& out) const {
+  std::lock_guard guard(mutex_);
+  out.plan_hits = hits_;
+  out.plan_misses = misses_;
+  for (const plan_run* r : active_) {
+    out.plan_hits += r->hits.load(std::memory_order_relaxed);
+    out.plan_misses += r->misses.load(std::memory_order_relaxed);
+  }
+  out.plan_recordings = recordings_;
+  for (const auto& k : keys_) {
+    std::size_t peak = 0;
+    for (const plan* p : k->plans) {
+      peak = std::max(peak, p->peak_live_bytes());
+      out.plan_live_bytes += p->live_region_bytes();
+    }
+    out.plans += k->plans.size();
+    out.planned_peak_live_bytes += peak;
+  }
+  for (const arena_group& g : groups_) out.arena_bytes += g.memory->bytes();
+  out.plan_evictions = evictions_;
+  out.plan_pauses = pauses_;
+  out.plan_unrecorded_runs = unrecorded_runs_;
+  out.plan_busy_runs = busy_runs_;
+  out.arena_growths = growths_;
+  out.arena_replacements = replacements_;
+}
+
+}  // namespace refpool::detail

@@ -1,0 +1,108 @@
+// The plans of one cache, by key, and the policy that keeps them useful in real loops
+// (docs/design.md, "Planned scopes"): up to plans_per_key plans per key, least recently used
+// dropped first; a key that keeps re-recording is paused (its runs use the plain cache) with a
+// backoff; keys share one arena per backend and stream until their runs are seen to overlap in
+// time; arenas grow in place where the backend has virtual memory.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <refpool/stats.hpp>
+
+#include "cache/cache_state.hpp"
+#include "plan/plan.hpp"
+
+namespace refpool::detail {
+
+class plan_run;
+
+/// A plan key and its plans. Fields are guarded by the store's mutex.
+struct key_state {
+  std::string name;
+  std::vector<plan*> plans;                 ///< retained by the store
+  std::vector<std::uint64_t> last_used;     ///< per plan: the store's clock at its last complete run
+  bool own_arena = false;                   ///< its runs met another key's run on a shared arena
+  std::uint64_t runs = 0;                   ///< runs ended
+  std::uint32_t rerecordings = 0;           ///< bit i: the run i runs ago re-recorded
+  std::uint64_t paused_until = 0;           ///< no recording while runs < paused_until
+  std::uint64_t next_pause = 0;             ///< length of the next pause, in runs
+};
+
+/// What a run did, handed to the store at its end.
+struct run_outcome {
+  plan* used = nullptr;       ///< the plan it replayed to its end (becomes the most recently used)
+  plan* made = nullptr;       ///< its recording, placed, not yet bound (the store adopts it)
+  bool busy = false;          ///< its arena was held by another run
+  bool busy_other_key = false;///< ... of another key
+  bool unrecorded = false;    ///< served by the plain cache, unrecorded, because its key was paused
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+};
+
+class plan_store final : public cache_extension {
+ public:
+  /// Plans kept per key: one per distinct sequence of a loop (variable lengths, several shapes).
+  static constexpr std::size_t plans_per_key = 16;
+  /// A key whose last `thrash_window` runs re-recorded `thrash_rerecordings` times (a plan
+  /// replaced by a recording of its own sequence, or dropped for a new one) is paused.
+  static constexpr unsigned thrash_window = 16;
+  static constexpr unsigned thrash_rerecordings = 4;
+  /// Pauses last `first_pause` runs, doubling with each pause of the key up to `longest_pause`.
+  static constexpr std::uint64_t first_pause = 64;
+  static constexpr std::uint64_t longest_pause = 4096;
+
+  explicit plan_store(cache_state& cache) : cache_(cache) {}
+  ~plan_store() override;
+  /// The store of `cache`, made at first use.
+  static plan_store& of(cache_state& cache);
+
+  /// A run of `key` begins: its key, the key's plans most recently used first (retained for the
+  /// caller), and whether it may record. Registers the run, whose counters stats() then reads.
+  key_state* begin_run(std::string_view key, plan_run* run, std::vector<plan*>& candidates, bool& may_record);
+  /// A run ended: counts it, marks its plan used, adds its recording, applies the policy.
+  void end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept;
+  /// A run that never began (its step could not open) is forgotten.
+  void abandon_run(plan_run* run) noexcept;
+
+  /// Drops every plan (the cache is closing); arenas go when their last region does.
+  void close() noexcept override;
+  void add_counters(cache_stats& out) const override;
+
+ private:
+  struct arena_group {
+    const backend_state* backend;
+    stream_ref stream;
+    const key_state* owner;  ///< null: shared by every key without an arena of its own
+    arena* memory;           ///< retained
+  };
+  /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
+  /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).
+  /// Caller holds growth_mutex_ only.
+  bool add_plan(key_state& key, plan* made) noexcept;
+  void grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed, std::vector<plan*>& dropped) noexcept;
+  void install(key_state& key, plan* made) noexcept;  // caller holds mutex_, room reserved
+  void move_to_own_arena(key_state& key) noexcept;
+  arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;
+  [[nodiscard]] std::size_t needed_by(const arena* a) const noexcept;  // the largest plan bound to `a`
+  void drop(key_state& key, std::size_t i, std::vector<plan*>& dropped) noexcept;
+
+  cache_state& cache_;
+  std::mutex growth_mutex_;  // serialises adding plans: taken before mutex_; arenas are allocated under it alone
+  mutable std::mutex mutex_;
+  bool closed_ = false;
+  std::uint64_t clock_ = 0;
+  std::vector<std::unique_ptr<key_state>> keys_;
+  std::vector<arena_group> groups_;
+  std::vector<plan_run*> active_;  // runs begun and not ended (their counters are live)
+  std::uint64_t hits_ = 0, misses_ = 0, recordings_ = 0, evictions_ = 0, pauses_ = 0, unrecorded_runs_ = 0,
+                busy_runs_ = 0, growths_ = 0, replacements_ = 0;
+};
+
+}  // namespace refpool::detail

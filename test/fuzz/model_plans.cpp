@@ -1,0 +1,692 @@
+// The reference model's rules for planned scopes and steps, written from docs/design.md
+// ("Planned scopes"), none of it copied from lib/plan:
+//
+// - A run of a key matches its n-th request (backend, exact bytes, stream) with the n-th request
+//   of the key's most recently used plan that matches all of its requests so far; a request that
+//   no plan matches diverges: the rest of the run is recorded (uncached, exact) or, while the key
+//   is paused, served by the plain cache.
+// - A matched request gets its region (arena base + planned offset) unless a live region can
+//   reach one of its bytes, other than this run's regions that the recording had alive at this
+//   point (placed apart by construction): then it falls back to the plain cache, a miss; when the
+//   region in the way is one of this run's own, released later than recorded, the plan is stale.
+// - At its end a run pins its live regions (escapes), and records a plan when it diverged, ended
+//   short, or was stale: greedy by size in request positions.
+// - Plans go to one arena per (backend, stream), shared by keys until a run finds it held by
+//   another key's run; a plan that needs more replaces it (the old one freed first when nothing
+//   reaches it). 16 plans per key; 4 re-recordings in 16 runs pause the key for 64 runs, doubling.
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "model.hpp"
+
+namespace refpool_fuzz {
+
+namespace {
+
+const bool tracing = std::getenv("REFPOOL_FUZZ_TRACE") != nullptr;
+template <class... Args>
+void trace(fmt::format_string<Args...> format, Args&&... args) {
+  if (tracing) fmt::print(stderr, "    model: {}\n", fmt::format(format, std::forward<Args>(args)...));
+}
+
+constexpr std::size_t region_alignment = 256;
+constexpr std::size_t plans_per_key = 16;
+constexpr unsigned thrash_window = 16;
+constexpr unsigned thrash_rerecordings = 4;
+constexpr std::uint64_t longest_pause = 4096;
+
+std::size_t round256(std::size_t bytes) { return (bytes + region_alignment - 1) / region_alignment * region_alignment; }
+
+bool overlap(std::size_t a, std::size_t an, std::size_t b, std::size_t bn) { return a < b + bn && b < a + an; }
+
+// Greedy by size: largest first (ties: first used first), each at the lowest offset where it
+// overlaps no request alive at the same time that is placed already. The lowest such offset is 0
+// or the end of one of those requests.
+std::pair<std::vector<std::size_t>, std::size_t> place(const std::vector<std::size_t>& spans,
+                                                        const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life) {
+  const std::size_t n = spans.size();
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return spans[a] != spans[b] ? spans[a] > spans[b] : life[a].first < life[b].first;
+  });
+  std::vector<std::size_t> offsets(n, 0);
+  std::vector<bool> placed(n, false);
+  std::size_t arena = 0;
+  for (std::size_t i : order) {
+    std::vector<std::size_t> together;
+    for (std::size_t j = 0; j < n; ++j)
+      if (placed[j] && life[j].first < life[i].second && life[i].first < life[j].second) together.push_back(j);
+    std::size_t best = SIZE_MAX;
+    std::vector<std::size_t> tries{0};
+    for (std::size_t j : together) tries.push_back(offsets[j] + spans[j]);
+    for (std::size_t at : tries) {
+      const bool free = std::none_of(together.begin(), together.end(),
+                                     [&](std::size_t j) { return overlap(at, spans[i], offsets[j], spans[j]); });
+      if (free) best = std::min(best, at);
+    }
+    offsets[i] = best;
+    placed[i] = true;
+    arena = std::max(arena, best + spans[i]);
+  }
+  return {offsets, arena};
+}
+
+}  // namespace
+
+// ---- plans and arenas -----------------------------------------------------------------------
+
+int model::make_plan(int ci, std::vector<model_request> requests,
+                     const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life) {
+  model_plan p;
+  p.cache = ci;
+  p.requests = std::move(requests);
+  const std::size_t n = p.requests.size();
+  for (const model_request& r : p.requests) p.spans.push_back(round256(r.bytes));
+  std::tie(p.offsets, p.bytes_needed) = place(p.spans, life);
+  for (const auto& l : life) p.released_at.push_back(l.second);
+  // The peak of live bytes: at each allocation, what is alive then.
+  for (std::size_t t = 0; t < n; ++t) {
+    std::size_t live = 0;
+    for (std::size_t j = 0; j < n; ++j)
+      if (life[j].first <= life[t].first && life[t].first < life[j].second) live += p.requests[j].bytes;
+    p.peak = std::max(p.peak, live);
+  }
+  p.regions.resize(n);
+  plans.push_back(std::move(p));
+  trace("plan {} made: {} requests, {} B", plans.size() - 1, n, plans.back().bytes_needed);
+  return static_cast<int>(plans.size()) - 1;
+}
+
+int model::copy_plan(int from, int arena) {
+  model_plan p = plans[static_cast<std::size_t>(from)];
+  p.arena = arena;
+  arenas[static_cast<std::size_t>(arena)].plans.push_back(static_cast<int>(plans.size()));
+  p.regions.assign(p.requests.size(), model_region{});
+  p.in_store = false;
+  plans.push_back(std::move(p));
+  trace("plan {} is plan {} in arena {}", plans.size() - 1, from, arena);
+  return static_cast<int>(plans.size()) - 1;
+}
+
+// A new arena of `bytes` for (backend, stream), with the out-of-memory ladder. False when the
+// backend has no memory (or fails): no plan then.
+bool model::new_arena(int ci, int backend, void* stream, std::size_t bytes, int& arena) {
+  void* ptr = nullptr;
+  const backend_result r = allocate_or_reclaim(ci, backend, bytes, ptr, false);
+  if (r != backend_result::ok) return false;
+  model_arena a;
+  a.cache = ci;
+  a.backend = backend;
+  a.stream = stream;
+  a.base = ptr;
+  a.bytes = bytes;
+  a.memory = true;
+  arenas.push_back(a);
+  arena = static_cast<int>(arenas.size()) - 1;
+  plan_totals.arenas += 1;
+  trace("arena {} at {} ({} B) for backend {} stream {}", arena, ptr, bytes, backend, stream);
+  return true;
+}
+
+// A plan is alive while its store keeps it, a running run started with it, or a region of it is
+// pinned (live past its run). `counting_foreign`: also while a running run may still look at one
+// of its regions (the run lets go of those lazily, at the latest at its end).
+bool model::plan_held(int p, bool counting_foreign) const {
+  const model_plan& plan = plans[static_cast<std::size_t>(p)];
+  if (plan.in_store) return true;
+  for (const model_region& r : plan.regions)
+    if (r.live && r.pinned) return true;
+  for (int i : active_runs) {
+    const model_run& run = runs[static_cast<std::size_t>(i)];
+    if (std::find(run.candidates.begin(), run.candidates.end(), p) != run.candidates.end()) return true;
+    if (counting_foreign && std::find(run.foreign_plans.begin(), run.foreign_plans.end(), p) != run.foreign_plans.end())
+      return true;
+  }
+  return false;
+}
+
+void model::settle_arenas(bool at_end_of_operation) {
+  while (first_live_arena < arenas.size() && !arenas[first_live_arena].memory) ++first_live_arena;
+  const auto unreachable = [&](std::size_t a, bool counting_foreign) {
+    if (arenas[a].in_group) return false;
+    for (int p : arenas[a].plans)
+      if (plan_held(p, counting_foreign)) return false;
+    return true;
+  };
+  // Deallocations of arenas that nothing holds any more may come at any point.
+  for (const backend_event* e = log_.peek_pending(0); e != nullptr && e->what == backend_event::kind::deallocate;
+       e = log_.peek_pending(0)) {
+    std::size_t a = 0;
+    while (a < arenas.size() && !(arenas[a].memory && arenas[a].base == e->ptr && arenas[a].backend == e->backend)) ++a;
+    if (a == arenas.size()) break;
+    if (!unreachable(a, false)) break;  // not this one's time: the caller expects something else
+    if (e->bytes != arenas[a].bytes)
+      fail(fmt::format("arena {} at {} ({} B) freed with {} B", a, arenas[a].base, arenas[a].bytes, e->bytes));
+    (void)log_.next();
+    trace("arena {} freed", a);
+    arenas[a].memory = false;
+    be[arenas[a].backend].outstanding -= arenas[a].bytes;
+    plan_totals.arena_frees += 1;
+  }
+  if (!at_end_of_operation) return;
+  for (std::size_t a = first_live_arena; a < arenas.size(); ++a)
+    if (arenas[a].memory && unreachable(a, true)) {
+      std::string pending;
+      for (std::size_t i = 0; i < 4 && log_.peek_pending(i) != nullptr; ++i)
+        pending += fmt::format(" [{} {} {} B]", static_cast<int>(log_.peek_pending(i)->what), log_.peek_pending(i)->ptr,
+                               log_.peek_pending(i)->bytes);
+      fail(fmt::format("arena {} at {} ({} B) is still allocated, but no plan, run or region can reach it; next calls:{}",
+                       a, arenas[a].base, arenas[a].bytes, pending.empty() ? " none" : pending));
+    }
+}
+
+// ---- runs -----------------------------------------------------------------------------------
+
+int model::begin_run(int ci, const std::string& key, bool shared) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  auto k = std::find_if(store.keys.begin(), store.keys.end(), [&](const model_key& x) { return x.name == key; });
+  if (k == store.keys.end()) {
+    store.keys.push_back(model_key{});
+    store.keys.back().name = key;
+    k = store.keys.end() - 1;
+  }
+  model_run r;
+  r.cache = ci;
+  r.key = static_cast<int>(k - store.keys.begin());
+  r.shared = shared;
+  std::vector<std::pair<std::uint64_t, int>> order;
+  for (std::size_t i = 0; i < k->plans.size(); ++i) order.emplace_back(k->last_used[i], k->plans[i]);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [used, p] : order) r.candidates.push_back(p);
+  r.may_record = !store.closed && k->runs >= k->paused_until;
+  runs.push_back(std::move(r));
+  active_runs.push_back(static_cast<int>(runs.size()) - 1);
+  plan_totals.runs += 1;
+  trace("run {} of key {} begins with {} candidates", runs.size() - 1, key, runs.back().candidates.size());
+  return static_cast<int>(runs.size()) - 1;
+}
+
+// The run's position: requests served so far. Regions released now record it (through their
+// arena, which the run holds).
+void model::advance(model_run& r, std::uint64_t to) {
+  r.position = to;
+  if (r.arena >= 0) arenas[static_cast<std::size_t>(r.arena)].position = to;
+}
+
+void model::track(model_run& r, int run, std::uint64_t gid, const model_request& request, std::uint64_t at) {
+  model_block& b = blocks.at(gid);
+  b.run = run;
+  b.tracked = r.tracked.size();
+  model_tracked t;
+  t.request = request;
+  t.position = at;
+  t.cached = b.kind == block_kind::cached;
+  r.tracked.push_back(t);
+  if (!t.cached) r.uncached_live += 1;
+}
+
+void model::observe_release(const model_block& b) {
+  model_run& r = runs[static_cast<std::size_t>(b.run)];
+  model_tracked& t = r.tracked[b.tracked];
+  if (r.how != model_run::mode::finished) {  // after its end the recording has its lifetimes
+    t.released_at = r.position;
+    t.live = false;
+  }
+  if (!t.cached) r.uncached_live -= 1;
+}
+
+outcome model::fallback(int run, int lease, const model_request& request, bool tracked, std::uint64_t& gid,
+                        std::size_t& oom_bytes) {
+  model_run& r = runs[static_cast<std::size_t>(run)];
+  const outcome o = lease >= 0 ? slot_acquire(r.cache, lease, request.backend, request.bytes, request.stream, gid, oom_bytes)
+                               : uncached_acquire(r.cache, request.backend, request.bytes, request.stream, gid, oom_bytes);
+  if (o == outcome::ok && tracked) track(runs[static_cast<std::size_t>(run)], run, gid, request, r.position);
+  return o;
+}
+
+outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                           std::size_t& oom_bytes) {
+  model_run& r = runs[static_cast<std::size_t>(run)];
+  const model_request request{backend, bytes, stream};
+  const std::uint64_t at = r.position;
+  using mode = model_run::mode;
+  if (r.how == mode::replay) {
+    const model_plan& p = plans[static_cast<std::size_t>(r.current)];
+    if (at < p.requests.size() && p.requests[at] == request) return replay_one(run, lease, request, at, gid, oom_bytes);
+    if (!switch_to(r, request, at)) {  // no plan of the key matches the run so far: it diverges
+      r.misses += 1;
+      r.replayed_to = at;
+      r.how = r.may_record ? mode::record : mode::plain;
+      plan_totals.divergences += 1;
+    }
+  } else if (r.how == mode::start) {
+    begin_with(r, request);
+  }
+  switch (r.how) {
+    case mode::replay: return replay_one(run, lease, request, at, gid, oom_bytes);
+    case mode::record: {  // recorded: exact and uncached
+      const outcome o = uncached_acquire(r.cache, backend, bytes, stream, gid, oom_bytes);
+      if (o != outcome::ok) return o;
+      track(runs[static_cast<std::size_t>(run)], run, gid, request, at);
+      advance(runs[static_cast<std::size_t>(run)], at + 1);
+      return o;
+    }
+    case mode::plain: {
+      const outcome o = fallback(run, lease, request, lease < 0, gid, oom_bytes);
+      if (o == outcome::ok) advance(runs[static_cast<std::size_t>(run)], at + 1);
+      return o;
+    }
+    default: return fallback(run, lease, request, false, gid, oom_bytes);  // a late request after the run's end
+  }
+}
+
+// The first request: the most recently used plan whose first request it is, if its arena is not
+// held by another run; none: a new sequence (a miss if the key has plans).
+void model::begin_with(model_run& r, const model_request& request) {
+  for (int c : r.candidates) {
+    const model_plan& p = plans[static_cast<std::size_t>(c)];
+    if (p.requests.empty() || !(p.requests[0] == request)) continue;
+    model_arena& a = arenas[static_cast<std::size_t>(p.arena)];
+    if (a.retired || a.claimed_by >= 0) {
+      r.busy = true;
+      r.busy_other_key = !a.retired && a.claimed_key != r.key;
+      r.how = model_run::mode::plain;
+      plan_totals.busy += 1;
+      return;
+    }
+    const int self = static_cast<int>(&r - runs.data());
+    a.claimed_by = self;
+    a.claimed_key = r.key;
+    a.generation += 1;
+    r.arena = p.arena;
+    r.generation = a.generation;
+    r.current = c;
+    r.segment_from = 0;
+    r.how = model_run::mode::replay;
+    // Regions of earlier runs still live in this arena: the run may look at them until its end.
+    for (int q : a.plans) {
+      for (const model_region& reg : plans[static_cast<std::size_t>(q)].regions)
+        if (reg.live) {
+          r.foreign_plans.push_back(q);
+          break;
+        }
+    }
+    return;
+  }
+  if (!r.candidates.empty()) {
+    r.misses += 1;
+    plan_totals.divergences += 1;
+  }
+  r.how = r.may_record ? model_run::mode::record : model_run::mode::plain;
+}
+
+// Another plan of the key that matches every request so far and this one, in the same arena.
+bool model::switch_to(model_run& r, const model_request& request, std::uint64_t at) {
+  const model_plan& now = plans[static_cast<std::size_t>(r.current)];
+  for (int c : r.candidates) {
+    const model_plan& p = plans[static_cast<std::size_t>(c)];
+    if (c == r.current || p.requests.size() <= at || p.arena != r.arena || !(p.requests[at] == request)) continue;
+    if (!std::equal(p.requests.begin(), p.requests.begin() + static_cast<std::ptrdiff_t>(at), now.requests.begin()))
+      continue;
+    r.foreign_plans.push_back(r.current);
+    r.segments.push_back({r.current, r.segment_from, at});
+    r.current = c;
+    r.segment_from = at;
+    return true;
+  }
+  return false;
+}
+
+outcome model::replay_one(int run, int lease, const model_request& request, std::uint64_t at, std::uint64_t& gid,
+                          std::size_t& oom_bytes) {
+  model_run& r = runs[static_cast<std::size_t>(run)];
+  model_plan& p = plans[static_cast<std::size_t>(r.current)];
+  model_arena& a = arenas[static_cast<std::size_t>(r.arena)];
+  advance(r, at + 1);
+  // Streams recorded on released regions of this arena: this hand-out waits for them.
+  for (void* s : a.waits) {
+    if (s == request.stream) continue;
+    const backend_event& e = next_event("order_streams");
+    if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
+        e.consumer != request.stream)
+      fail(fmt::format("model expected order_streams({} -> {}) before a region of arena {}, refpool made {}", s,
+                       request.stream, r.arena, e.what == backend_event::kind::allocate ? "an allocation" : "another call"));
+  }
+  a.waits.clear();
+  // May a live handle reach a byte of this region?
+  const std::size_t from = p.offsets[at], span = p.spans[at];
+  bool blocked = p.regions[at].live;
+  bool stale = false;
+  if (!blocked) {
+    for (int q : a.plans) {
+      const model_plan& o = plans[static_cast<std::size_t>(q)];
+      for (std::size_t j = 0; j < o.regions.size(); ++j) {
+        const model_region& reg = o.regions[j];
+        if (!reg.live || !overlap(from, span, o.offsets[j], o.spans[j])) continue;
+        const bool mine = q == r.current && reg.generation == r.generation && !reg.pinned;
+        if (mine && o.released_at[j] > at) continue;  // alive together in the recording: placed apart
+        blocked = true;
+        stale = stale || mine;  // this run's own, released later than recorded
+      }
+    }
+  }
+  if (!blocked) {
+    model_region& reg = p.regions[at];
+    model_block b;
+    b.gid = next_gid++;
+    b.kind = block_kind::region;
+    b.plan = r.current;
+    b.region = at;
+    b.ptr = static_cast<char*>(a.base) + p.offsets[at];
+    b.capacity = p.spans[at];
+    b.requested = request.bytes;
+    b.backend = request.backend;
+    b.last_stream = request.stream;
+    b.refs = 1;
+    blocks.emplace(b.gid, b);
+    reg.live = true;
+    reg.pinned = false;
+    reg.generation = r.generation;
+    reg.gid = b.gid;
+    r.hits += 1;
+    plan_totals.region_hits += 1;
+    gid = b.gid;
+    return outcome::ok;
+  }
+  if (stale && !r.stale) plan_totals.stale += 1;
+  r.stale = r.stale || stale;
+  r.misses += 1;
+  plan_totals.conflicts += 1;
+  const outcome o = fallback(run, lease, request, true, gid, oom_bytes);
+  if (o != outcome::ok) {  // nothing served: the next request takes this position again
+    advance(runs[static_cast<std::size_t>(run)], at);
+  } else {
+    model_tracked& t = runs[static_cast<std::size_t>(run)].tracked.back();
+    t.position = at;
+  }
+  return o;
+}
+
+void model::release_region(model_block& b, bool via_unsafe_free) {
+  model_plan& p = plans[static_cast<std::size_t>(b.plan)];
+  model_region& reg = p.regions[b.region];
+  model_arena& a = arenas[static_cast<std::size_t>(p.arena)];
+  if (via_unsafe_free) caches[static_cast<std::size_t>(p.cache)].extra_unsafe_frees += 1;
+  for (void* s : b.extra_streams)
+    if (s != a.stream && std::find(a.waits.begin(), a.waits.end(), s) == a.waits.end()) a.waits.push_back(s);
+  reg.live = false;
+  reg.pinned = false;
+  reg.released_at = a.position;
+  reg.gid = 0;
+  blocks.erase(b.gid);
+}
+
+// ---- the end of a run -----------------------------------------------------------------------
+
+void model::finish_run(int run) {
+  using mode = model_run::mode;
+  model_run& r = runs[static_cast<std::size_t>(run)];
+  if (r.how == mode::finished) return;
+  const mode was = r.how;
+  std::erase(active_runs, run);
+  trace("run {} ends at {} (mode {}, plan {}, arena {})", run, r.position, static_cast<int>(was), r.current, r.arena);
+  r.how = mode::finished;
+  const std::uint64_t end = r.position;
+  if (was == mode::replay) r.replayed_to = end;
+  const bool complete = was == mode::replay && end == plans[static_cast<std::size_t>(r.current)].requests.size();
+  if (was == mode::replay && !complete) r.misses += 1;  // it ended before its plan did
+  const bool record = r.may_record && end != 0 && (was == mode::record || (was == mode::replay && (!complete || r.stale)));
+  // Its regions still live are pinned (escapes); the others' lifetimes are the recording's.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> life(end, {0, 0});
+  std::vector<model_request> sequence(end);
+  std::vector<bool> known(end, false);
+  std::size_t escapes = 0;
+  if (r.arena >= 0) {
+    r.segments.push_back({r.current, r.segment_from, std::min(end, r.replayed_to)});
+    for (const model_segment& s : r.segments) {
+      model_plan& p = plans[static_cast<std::size_t>(s.plan)];
+      for (std::uint64_t q = s.from; q < s.to; ++q) {
+        model_region& reg = p.regions[q];
+        if (reg.generation != r.generation) continue;  // not handed out by this run
+        sequence[q] = p.requests[q];
+        known[q] = true;
+        if (reg.live) {
+          reg.pinned = true;
+          escapes += 1;
+          life[q] = {q, end + 1};
+        } else {
+          life[q] = {q, reg.released_at};
+        }
+      }
+    }
+    arenas[static_cast<std::size_t>(r.arena)].claimed_by = -1;
+  }
+  for (const model_tracked& t : r.tracked) {
+    if (t.position >= end) continue;
+    sequence[t.position] = t.request;
+    life[t.position] = {t.position, t.live ? end + 1 : t.released_at};
+    known[t.position] = true;
+  }
+  model_cache& c = caches[static_cast<std::size_t>(r.cache)];
+  c.extra_escapes += escapes + r.uncached_live;
+  plan_totals.escapes += escapes + r.uncached_live;
+  int made = -1;
+  if (record) {
+    bool plannable = true;
+    for (std::uint64_t q = 0; q < end && plannable; ++q) {
+      plannable = known[q] && sequence[q].stream == sequence[0].stream && sequence[q].backend == sequence[0].backend;
+      life[q].second = std::clamp<std::uint64_t>(life[q].second, q + 1, end + 1);
+    }
+    if (plannable) made = make_plan(r.cache, sequence, life);
+  }
+  // The store's part: counters, the plan used, the recording, the policy.
+  model_plan_store& store = c.plans;
+  store.hits += r.hits;
+  store.misses += r.misses;
+  store.busy += r.busy ? 1 : 0;
+  const bool unrecorded = !r.may_record && !r.busy && was == mode::plain;
+  store.unrecorded += unrecorded ? 1 : 0;
+  model_key& k = store.keys[static_cast<std::size_t>(r.key)];
+  k.runs += 1;
+  if (complete) {
+    auto it = std::find(k.plans.begin(), k.plans.end(), r.current);
+    if (it != k.plans.end()) k.last_used[static_cast<std::size_t>(it - k.plans.begin())] = ++store.clock;
+  }
+  bool rerecorded = false;
+  if (made >= 0) {
+    plan_totals.recordings += 1;
+    rerecorded = add_plan(r.cache, r.key, made);
+  }
+  if (r.busy_other_key) move_to_own_arena(r.cache, r.key);
+  model_key& key = c.plans.keys[static_cast<std::size_t>(runs[static_cast<std::size_t>(run)].key)];
+  key.rerecordings = (key.rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  if (static_cast<unsigned>(std::popcount(key.rerecordings)) >= thrash_rerecordings) {
+    key.paused_until = key.runs + key.next_pause;
+    key.next_pause = std::min(key.next_pause * 2, longest_pause);
+    key.rerecordings = 0;
+    c.plans.pauses += 1;
+    plan_totals.pauses += 1;
+  }
+}
+
+// ---- the store ------------------------------------------------------------------------------
+
+void model::install(model_plan_store& store, int key, int plan) {
+  trace("plan {} joins key {} in arena {}", plan, key, plans[static_cast<std::size_t>(plan)].arena);
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  k.plans.push_back(plan);
+  k.last_used.push_back(++store.clock);
+  plans[static_cast<std::size_t>(plan)].in_store = true;
+  store.recordings += 1;
+}
+
+void model::drop_plan(model_plan_store& store, int key, std::size_t i) {
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  plans[static_cast<std::size_t>(k.plans[i])].in_store = false;
+  k.plans.erase(k.plans.begin() + static_cast<std::ptrdiff_t>(i));
+  k.last_used.erase(k.last_used.begin() + static_cast<std::ptrdiff_t>(i));
+  store.evictions += 1;
+  plan_totals.evictions += 1;
+}
+
+// A recording joins its key: it replaces the plan of its sequence, or the least recently used one
+// beyond 16 (either is a re-recording), then goes to its (backend, stream) arena.
+bool model::add_plan(int ci, int key, int made) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  if (store.closed) return false;
+  bool rerecorded = false;
+  {
+    model_key& k = store.keys[static_cast<std::size_t>(key)];
+    const model_plan& m = plans[static_cast<std::size_t>(made)];
+    auto same = std::find_if(k.plans.begin(), k.plans.end(),
+                             [&](int p) { return plans[static_cast<std::size_t>(p)].requests == m.requests; });
+    if (same != k.plans.end()) {
+      drop_plan(store, key, static_cast<std::size_t>(same - k.plans.begin()));
+      rerecorded = true;
+    } else if (k.plans.size() >= plans_per_key) {
+      drop_plan(store, key, static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) -
+                                                      k.last_used.begin()));
+      rerecorded = true;
+    }
+  }
+  const model_plan& m = plans[static_cast<std::size_t>(made)];
+  const int owner = store.keys[static_cast<std::size_t>(key)].own_arena ? key : -1;
+  auto g = std::find_if(store.groups.begin(), store.groups.end(), [&](const model_group& x) {
+    return x.backend == m.requests[0].backend && x.stream == m.requests[0].stream && x.owner == owner;
+  });
+  if (g != store.groups.end() && arenas[static_cast<std::size_t>(g->arena)].bytes >= m.bytes_needed) {
+    plans[static_cast<std::size_t>(made)].arena = g->arena;
+    arenas[static_cast<std::size_t>(g->arena)].plans.push_back(made);
+    install(store, key, made);
+    return rerecorded;
+  }
+  std::size_t needed = m.bytes_needed;
+  int old = -1;
+  if (g != store.groups.end()) {
+    old = g->arena;
+    for (const model_key& k : store.keys)
+      for (int p : k.plans)
+        if (plans[static_cast<std::size_t>(p)].arena == old) needed = std::max(needed, plans[static_cast<std::size_t>(p)].bytes_needed);
+  }
+  grow_and_install(ci, key, made, old, needed);
+  return rerecorded;
+}
+
+// No virtual memory here: a larger arena replaces the group's. The old one is freed first when
+// no run holds it and no region of it is pinned; its plans move (as copies) to the new one.
+void model::grow_and_install(int ci, int key, int made, int old, std::size_t needed) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  const model_request first = plans[static_cast<std::size_t>(made)].requests[0];
+  bool old_freed = false;
+  if (old >= 0) {
+    model_arena& o = arenas[static_cast<std::size_t>(old)];
+    bool pinned = false;
+    for (int p : o.plans)
+      for (const model_region& reg : plans[static_cast<std::size_t>(p)].regions) pinned = pinned || (reg.live && reg.pinned);
+    if (o.claimed_by < 0 && !o.retired && !pinned) {
+      const backend_event& e = next_event("deallocate (an arena freed before its replacement)");
+      if (e.what != backend_event::kind::deallocate || e.ptr != o.base || e.bytes != o.bytes)
+        fail(fmt::format("model expected arena {} ({}, {} B) to be freed before its replacement is allocated", old,
+                         o.base, o.bytes));
+      o.memory = false;
+      o.retired = true;
+      be[o.backend].outstanding -= o.bytes;
+      old_freed = true;
+      plan_totals.arena_frees += 1;
+    }
+  }
+  int fresh = -1;
+  const bool allocated = new_arena(ci, first.backend, first.stream, needed, fresh);
+  const int owner = store.keys[static_cast<std::size_t>(key)].own_arena ? key : -1;
+  auto g = std::find_if(store.groups.begin(), store.groups.end(), [&](const model_group& x) {
+    return x.backend == first.backend && x.stream == first.stream && x.owner == owner;
+  });
+  if (!allocated) {
+    if (old_freed) {  // its plans have no memory now
+      for (std::size_t k = 0; k < store.keys.size(); ++k)
+        for (std::size_t i = store.keys[k].plans.size(); i-- > 0;)
+          if (plans[static_cast<std::size_t>(store.keys[k].plans[i])].arena == old) drop_plan(store, static_cast<int>(k), i);
+      arenas[static_cast<std::size_t>(old)].in_group = false;
+      *g = store.groups.back();
+      store.groups.pop_back();
+    }
+    return;
+  }
+  if (old >= 0) {
+    for (model_key& k : store.keys) {
+      for (std::size_t i = k.plans.size(); i-- > 0;) {
+        if (plans[static_cast<std::size_t>(k.plans[i])].arena != old) continue;
+        const int moved = copy_plan(k.plans[i], fresh);
+        plans[static_cast<std::size_t>(k.plans[i])].in_store = false;
+        plans[static_cast<std::size_t>(moved)].in_store = true;
+        k.plans[i] = moved;
+      }
+    }
+    arenas[static_cast<std::size_t>(old)].retired = true;
+    arenas[static_cast<std::size_t>(old)].in_group = false;
+    store.replacements += 1;
+  }
+  plans[static_cast<std::size_t>(made)].arena = fresh;
+  arenas[static_cast<std::size_t>(fresh)].plans.push_back(made);
+  install(store, key, made);
+  arenas[static_cast<std::size_t>(fresh)].in_group = true;
+  if (g != store.groups.end()) {
+    g->arena = fresh;
+  } else {
+    store.groups.push_back({first.backend, first.stream, owner, fresh});
+  }
+}
+
+// A run found its arena held by another key's run: the key's plans move to arenas of their own.
+void model::move_to_own_arena(int ci, int key) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  if (store.closed || store.keys[static_cast<std::size_t>(key)].own_arena) return;
+  store.keys[static_cast<std::size_t>(key)].own_arena = true;
+  std::vector<std::pair<int, void*>> places;
+  for (int p : store.keys[static_cast<std::size_t>(key)].plans) {
+    const std::pair<int, void*> at{plans[static_cast<std::size_t>(p)].requests[0].backend,
+                                   plans[static_cast<std::size_t>(p)].requests[0].stream};
+    if (std::find(places.begin(), places.end(), at) == places.end()) places.push_back(at);
+  }
+  for (const auto& [backend, stream] : places) {
+    std::size_t needed = 0;
+    for (int p : store.keys[static_cast<std::size_t>(key)].plans) {
+      const model_plan& plan = plans[static_cast<std::size_t>(p)];
+      if (plan.requests[0].backend == backend && plan.requests[0].stream == stream)
+        needed = std::max(needed, plan.bytes_needed);
+    }
+    int fresh = -1;
+    if (!new_arena(ci, backend, stream, needed, fresh)) continue;  // they stay where they are
+    store.groups.push_back({backend, stream, key, fresh});
+    arenas[static_cast<std::size_t>(fresh)].in_group = true;
+    model_key& k = store.keys[static_cast<std::size_t>(key)];
+    for (std::size_t i = k.plans.size(); i-- > 0;) {
+      const model_plan& plan = plans[static_cast<std::size_t>(k.plans[i])];
+      if (plan.requests[0].backend != backend || plan.requests[0].stream != stream) continue;
+      const int moved = copy_plan(k.plans[i], fresh);
+      plans[static_cast<std::size_t>(k.plans[i])].in_store = false;
+      plans[static_cast<std::size_t>(moved)].in_store = true;
+      k.plans[i] = moved;
+    }
+  }
+}
+
+// The cache is destroyed: its store lets every plan and arena go; what runs and pinned regions
+// still hold goes with them.
+void model::close_plans(int ci) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  store.closed = true;
+  for (model_key& k : store.keys) {
+    for (int p : k.plans) plans[static_cast<std::size_t>(p)].in_store = false;
+    k.plans.clear();
+    k.last_used.clear();
+  }
+  for (const model_group& g : store.groups) arenas[static_cast<std::size_t>(g.arena)].in_group = false;
+  store.groups.clear();
+}
+
+}  // namespace refpool_fuzz

@@ -1,0 +1,127 @@
+// The reference model's view of planned scopes and steps, written from docs/design.md ("Planned
+// scopes"): keys and their plans, arenas, runs and the policy. The rules themselves are in
+// model_plans.cpp; model.hpp holds the rest of the model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace refpool_fuzz {
+
+/// A request as plans compare them: backend, exact bytes, stream.
+struct model_request {
+  int backend = 0;
+  std::size_t bytes = 0;
+  void* stream = nullptr;
+  friend bool operator==(const model_request&, const model_request&) = default;
+};
+
+struct model_region {
+  bool live = false;
+  bool pinned = false;           ///< live past its run's end: keeps its plan alive
+  std::uint64_t generation = 0;  ///< the arena run that handed it out last (0: never)
+  std::uint64_t released_at = 0; ///< the arena's position at its last release
+  std::uint64_t gid = 0;         ///< the live block
+};
+
+struct model_plan {
+  int cache = -1;
+  int arena = -1;
+  std::vector<model_request> requests;
+  std::vector<std::size_t> offsets;
+  std::vector<std::size_t> spans;         ///< bytes rounded up to 256
+  std::vector<std::uint64_t> released_at; ///< the recording's release position of each request
+  std::size_t bytes_needed = 0;
+  std::size_t peak = 0;
+  std::vector<model_region> regions;
+  bool in_store = false;
+};
+
+struct model_arena {
+  int cache = -1;
+  int backend = 0;
+  void* stream = nullptr;
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  bool memory = false;   ///< allocated and not freed yet
+  bool retired = false;  ///< replaced: no run claims it any more
+  bool in_group = false; ///< a store's arena for its (backend, stream, key) now
+  int claimed_by = -1;   ///< the run that holds it
+  int claimed_key = -1;  ///< that run's key (the last claimer's)
+  std::uint64_t generation = 0;
+  std::uint64_t position = 0;
+  std::vector<void*> waits;  ///< streams recorded on released regions: the next hand-out waits
+  std::vector<int> plans;    ///< the plans placed in it
+};
+
+struct model_key {
+  std::string name;
+  std::vector<int> plans;
+  std::vector<std::uint64_t> last_used;
+  bool own_arena = false;
+  std::uint64_t runs = 0;
+  std::uint32_t rerecordings = 0;
+  std::uint64_t paused_until = 0;
+  std::uint64_t next_pause = 64;
+};
+
+struct model_group {
+  int backend = 0;
+  void* stream = nullptr;
+  int owner = -1;  ///< a key with an arena of its own, or -1: shared
+  int arena = -1;
+};
+
+/// The plan store of one cache.
+struct model_plan_store {
+  bool closed = false;
+  std::uint64_t clock = 0;
+  std::vector<model_key> keys;
+  std::vector<model_group> groups;
+  std::uint64_t hits = 0, misses = 0, recordings = 0, evictions = 0, pauses = 0, unrecorded = 0, busy = 0,
+                growths = 0, replacements = 0;
+};
+
+/// A block of a run that is not a region (a recording's, or a fallback).
+struct model_tracked {
+  model_request request;
+  std::uint64_t position = 0;
+  std::uint64_t released_at = 0;
+  bool live = true;
+  bool cached = false;
+};
+
+struct model_segment {
+  int plan;
+  std::uint64_t from, to;
+};
+
+struct model_run {
+  enum class mode { start, replay, record, plain, finished };
+  int cache = -1;
+  int key = -1;
+  bool shared = false;
+  mode how = mode::start;
+  bool may_record = true, stale = false, busy = false, busy_other_key = false;
+  std::vector<int> candidates;  ///< the key's plans at its start, most recently used first
+  std::vector<int> foreign_plans;  ///< plans whose regions it may still reference (until its end)
+  int current = -1;
+  int arena = -1;
+  std::uint64_t generation = 0;
+  std::vector<model_segment> segments;
+  std::uint64_t segment_from = 0, replayed_to = 0, position = 0;
+  std::vector<model_tracked> tracked;
+  std::size_t uncached_live = 0;
+  std::uint64_t hits = 0, misses = 0;
+};
+
+/// Totals over all inputs, for the fuzzer's summary line.
+struct model_plan_totals {
+  std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0,
+                busy = 0, pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0;
+};
+
+}  // namespace refpool_fuzz

@@ -1,0 +1,252 @@
+// The planned-scope policy for real loops (docs/design.md, "Planned scopes"): many sequences under
+// one key, a key that keeps re-recording is paused, keys share an arena until their runs overlap,
+// arenas grow in place with virtual memory and otherwise never hold old and new at once.
+#include <catch2/catch.hpp>
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <semaphore>
+#include <thread>
+#include <vector>
+
+#include <refpool/refpool.hpp>
+
+using namespace refpool;
+
+namespace {
+
+// One training step of `n` units under `key`: a few requests whose sizes depend on n, some
+// released before others are made (so the plan reuses bytes).
+// Returns the first request's address; `escape`, if given, keeps the last request's buffer (an
+// escape that changes no recorded lifetime: the last request lives to the run's end anyway).
+void* run_step(alloc_cache& cache, const backend& be, std::size_t n, std::string_view key = "loop",
+               data_ref* escape = nullptr) {
+  scope s(cache, {.plan = key});
+  auto embed = allocate(be, 1024 * n);
+  void* const first = embed.data();
+  auto hidden = allocate(be, 4096 * n);
+  std::memset(hidden.data(), 1, hidden.bytes());
+  embed = {};
+  auto logits = allocate(be, 512 * n + 256);
+  auto grad = allocate(be, 4096 * n);
+  hidden = {};
+  auto small = allocate(be, 64);
+  if (escape != nullptr) *escape = small;
+  return first;
+}
+
+// Host virtual memory for a test resource: mmap(PROT_NONE) reserves, mprotect commits. Real
+// memory and real faults: a byte outside what is committed cannot be touched.
+class mmap_virtual_memory final : public virtual_memory {
+ public:
+  std::size_t granularity() const noexcept override { return 4096; }
+  void* reserve(std::size_t bytes) override {
+    void* at = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return at == MAP_FAILED ? nullptr : at;
+  }
+  bool commit(void* addr, std::size_t bytes) override {
+    if (committed + bytes > limit) return false;
+    if (mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0) return false;
+    committed += bytes;
+    commits += 1;
+    return true;
+  }
+  void decommit(void* addr, std::size_t bytes) noexcept override {
+    madvise(addr, bytes, MADV_DONTNEED);
+    mprotect(addr, bytes, PROT_NONE);
+    committed -= bytes;
+  }
+  void release(void* addr, std::size_t bytes) noexcept override { munmap(addr, bytes); }
+
+  std::size_t limit = std::size_t{1} << 30;
+  std::size_t committed = 0;
+  int commits = 0;
+};
+
+// Host memory without virtual memory (the host backend has some): arenas grow by replacement.
+class plain_host_resource final : public resource {
+ public:
+  std::string_view name() const noexcept override { return "host without virtual memory"; }
+  device_id device() const noexcept override { return -1; }
+  memory_kind kind() const noexcept override { return memory_kind::host; }
+  std::size_t alignment() const noexcept override { return host_alignment; }
+  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    upstream_->deallocate(ptr, bytes, stream);
+  }
+
+ private:
+  std::shared_ptr<resource> upstream_ = make_host_resource();
+};
+
+class vm_host_resource final : public resource {
+ public:
+  std::string_view name() const noexcept override { return "host with virtual memory"; }
+  device_id device() const noexcept override { return -1; }
+  memory_kind kind() const noexcept override { return memory_kind::host; }
+  std::size_t alignment() const noexcept override { return host_alignment; }
+  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    upstream_->deallocate(ptr, bytes, stream);
+  }
+  virtual_memory* address_space() noexcept override { return &vm; }
+
+  mmap_virtual_memory vm;
+
+ private:
+  std::shared_ptr<resource> upstream_ = make_host_resource();
+};
+
+}  // namespace
+
+TEST_CASE("12 distinct step sequences under one key: no backend call once each was seen", "[plan][policy]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  for (std::size_t n = 1; n <= 12; ++n) run_step(cache, be, n);  // each recorded once
+  const auto allocations = be.allocation_count();
+  for (int round = 0; round < 5; ++round)
+    for (std::size_t n = 12; n >= 1; --n) run_step(cache, be, n);
+  const auto stats = cache.stats();
+  CHECK(be.allocation_count() == allocations);
+  CHECK(stats.plans == 12);
+  CHECK(stats.plan_hits == 5 * 12 * 5);
+  CHECK(stats.plan_pauses == 0);
+  // One arena for the key, sized for its largest plan, not one per sequence.
+  CHECK(stats.arena_bytes <= stats.planned_peak_live_bytes * 105 / 100 + 5 * 256);
+}
+
+TEST_CASE("a key that keeps re-recording is paused and served by the plain cache", "[plan][policy]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  // 40 sequences in turn under one key: more than it keeps plans for, so every run would record
+  // (and evict a plan another run needs next): 5 uncached backend allocations a run.
+  for (int round = 0; round < 6; ++round)
+    for (std::size_t n = 1; n <= 40; ++n) run_step(cache, be, n);
+  auto stats = cache.stats();
+  CHECK(stats.plan_pauses >= 2);  // pauses of 64, 128, 256... runs
+  CHECK(stats.plan_unrecorded_runs > 100);
+  CHECK(stats.plans <= 16);
+  // Mostly paused from now on: runs that match a plan replay, the others are plain cache hits.
+  const auto allocations = be.allocation_count();
+  const auto served = stats.hits + stats.plan_hits;
+  for (int round = 0; round < 6; ++round)
+    for (std::size_t n = 1; n <= 40; ++n) run_step(cache, be, n);
+  stats = cache.stats();
+  const auto requests = 6 * 40 * 5;
+  CHECK(be.allocation_count() - allocations <= requests / 20);  // recording every run: all of them
+  CHECK(stats.hits + stats.plan_hits - served >= requests * 9 / 10);
+}
+
+TEST_CASE("keys whose runs never overlap share one arena", "[plan][policy]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const char* keys[] = {"len128", "len256", "len384", "len512"};
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t k = 0; k < 4; ++k) run_step(cache, be, k + 1, keys[k]);
+  const auto stats = cache.stats();
+  CHECK(stats.plans == 4);
+  CHECK(stats.plan_busy_runs == 0);
+  CHECK(stats.plan_hits == 2 * 4 * 5);
+  // The largest key's peak, not the sum of the four.
+  std::size_t largest = 0;
+  {
+    alloc_cache alone{cache_options{}};
+    for (int i = 0; i < 2; ++i) run_step(alone, be, 4, "len512");
+    largest = alone.stats().arena_bytes;
+  }
+  CHECK(stats.arena_bytes == largest);
+}
+
+TEST_CASE("keys whose runs overlap in time get arenas of their own", "[plan][policy][threads]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  run_step(cache, be, 2, "a");  // both recorded into the one shared arena
+  run_step(cache, be, 3, "b");
+  std::binary_semaphore a_inside{0}, b_done{0};
+  std::thread other([&] {
+    a_inside.acquire();
+    run_step(cache, be, 3, "b");  // meets a's run on the shared arena: served by the plain cache
+    b_done.release();
+  });
+  {
+    scope s(cache, {.plan = "a"});
+    auto first = allocate(be, 1024 * 2);  // a's run holds the arena from here
+    a_inside.release();
+    b_done.acquire();
+  }
+  other.join();
+  auto stats = cache.stats();
+  CHECK(stats.plan_busy_runs == 1);
+  // From now on both replay, at the same time too.
+  const auto hits = stats.plan_hits;
+  std::binary_semaphore go_a{0}, go_b{0};
+  std::thread b_thread([&] {
+    for (int i = 0; i < 4; ++i) {
+      go_b.acquire();
+      run_step(cache, be, 3, "b");
+      go_a.release();
+    }
+  });
+  for (int i = 0; i < 4; ++i) {
+    scope s(cache, {.plan = "a"});
+    auto first = allocate(be, 1024 * 2);
+    go_b.release();
+    go_a.acquire();  // b's whole run happens inside a's
+  }
+  b_thread.join();
+  stats = cache.stats();
+  CHECK(stats.plan_busy_runs == 1);
+  CHECK(stats.plan_hits == hits + 4 * 1 + 4 * 5);  // a's runs are one request long: shorter, a miss each
+}
+
+TEST_CASE("an arena grows in place when the backend has virtual memory", "[plan][policy][vm]") {
+  auto res = std::make_shared<vm_host_resource>();
+  const backend be(res);
+  alloc_cache cache{cache_options{}};
+  // Arenas of 16 granules (64 KiB here) or more use virtual memory.
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 8, "small");
+  void* const region_before = run_step(cache, be, 8, "small");
+  const auto first = cache.stats().arena_bytes;
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 32, "large");  // needs more: the shared arena grows
+  const auto stats = cache.stats();
+  CHECK(stats.arena_growths == 1);
+  CHECK(stats.arena_replacements == 0);
+  CHECK(stats.arena_bytes > first);
+  CHECK(stats.arena_bytes % 4096 == 0);
+  CHECK(res->vm.commits == 2);
+  CHECK(res->vm.committed == stats.arena_bytes);
+  CHECK(be.outstanding_bytes() == stats.arena_bytes);  // the recordings were freed; the arena is all
+  CHECK(run_step(cache, be, 8, "small") == region_before);  // nothing moved
+  CHECK(cache.stats().plan_hits == 5 + 5 + 5 + 5);
+}
+
+TEST_CASE("without virtual memory an arena grows by replacement; the old one goes when nothing reaches it",
+          "[plan][policy]") {
+  const backend be(std::make_shared<plain_host_resource>());
+  alloc_cache cache{cache_options{}};
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 4, "small");
+  // A region of the small key's arena escapes: that arena must outlive the replacement.
+  data_ref escaped;
+  run_step(cache, be, 4, "small", &escaped);
+  const auto small_arena = cache.stats().arena_bytes;
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 8, "large");
+  auto stats = cache.stats();
+  CHECK(stats.arena_replacements == 1);
+  CHECK(stats.arena_growths == 0);
+  CHECK(stats.plans == 2);
+  CHECK(be.outstanding_bytes() == small_arena + stats.arena_bytes);  // old (pinned) and new
+  escaped = {};
+  CHECK(be.outstanding_bytes() == stats.arena_bytes);  // the old arena went with its last region
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 4, "small");  // the small key moved to the new arena
+  stats = cache.stats();
+  CHECK(stats.plan_hits == 5 + 5 + 5 + 10);
+  CHECK(be.outstanding_bytes() == stats.arena_bytes);
+  // Nothing pinned and no run inside: the next growth frees the old arena before allocating.
+  for (int i = 0; i < 2; ++i) run_step(cache, be, 16, "huge");
+  stats = cache.stats();
+  CHECK(stats.arena_replacements == 2);
+  CHECK(be.outstanding_bytes() == stats.arena_bytes);
+}

@@ -1,0 +1,154 @@
+// Planned scopes and steps under threads: keys shared by every thread and keys of one thread,
+// sequences that repeat (plans) and that vary (divergence), escapes handed to other threads,
+// late releases, unsafe_free, and planned steps whose requests come from every thread at once.
+// Every live buffer carries its owner's stamp; each owner checks all of its buffers after each
+// request, and a buffer handed to another thread is checked there. Iterations per thread:
+// REFPOOL_PLAN_STRESS_ITERATIONS (what fits each build: test/meson.build).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <refpool/refpool.hpp>
+
+using namespace refpool;
+
+namespace {
+
+struct stamped {
+  data_ref ref;
+  std::uint64_t stamp = 0;
+};
+
+void write(stamped& s) {
+  auto* p = static_cast<std::uint64_t*>(s.ref.data());
+  std::fill_n(p, s.ref.bytes() / 8, s.stamp);
+}
+bool intact(const stamped& s) {
+  const auto* p = static_cast<const std::uint64_t*>(s.ref.data());
+  return std::all_of(p, p + s.ref.bytes() / 8, [&](std::uint64_t w) { return w == s.stamp; });
+}
+
+// Buffers handed from one thread to another (escapes that another thread releases).
+class mailbox {
+ public:
+  void put(stamped s) {
+    std::lock_guard guard(mutex_);
+    if (items_.size() < 64) items_.push_back(std::move(s));
+  }
+  bool take(stamped& out) {
+    std::lock_guard guard(mutex_);
+    if (items_.empty()) return false;
+    out = std::move(items_.back());
+    items_.pop_back();
+    return true;
+  }
+  void clear() {
+    std::lock_guard guard(mutex_);
+    items_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<stamped> items_;
+};
+
+int iterations() {
+  const char* text = std::getenv("REFPOOL_PLAN_STRESS_ITERATIONS");
+  return text != nullptr ? std::max(1, std::atoi(text)) : 2000;
+}
+
+}  // namespace
+
+TEST_CASE("threads on planned scopes and steps: every buffer keeps its owner's stamp", "[plan][threads][stress]") {
+  const backend be = make_host_backend();
+  constexpr int threads = 6;
+  const int rounds = iterations();
+  std::atomic<std::uint64_t> next_stamp{1};
+  std::atomic<int> broken{0};
+  mailbox escapes;
+  std::barrier step_gate(threads);
+  {
+    alloc_cache cache{cache_options{}};
+    alloc_cache step_cache{cache_options{}};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::mt19937_64 rng(static_cast<std::uint64_t>(t) * 7919 + 1);
+        const std::string own_key = "thread" + std::to_string(t);
+        const auto fresh = [&](data_ref ref) { return stamped{std::move(ref), next_stamp.fetch_add(1)}; };
+        for (int round = 0; round < rounds; ++round) {
+          // A planned scope: a shared key, or this thread's own; one of a few sequences.
+          const bool shared = rng() % 3 == 0;
+          const std::string key = shared ? "shared" + std::to_string(rng() % 2) : own_key;
+          const unsigned sequence = static_cast<unsigned>(rng() % 3);
+          std::mt19937 shape(sequence);  // the same sequence gives the same sizes
+          const bool perturb = rng() % 8 == 0;
+          {
+            scope s(cache, {.plan = key});
+            std::vector<stamped> held;
+            for (int k = 0; k < 12; ++k) {
+              stamped b = fresh(allocate(be, 64 * (1 + shape() % 24)));
+              write(b);
+              held.push_back(std::move(b));
+              for (const stamped& h : held) broken += intact(h) ? 0 : 1;
+              if (held.size() > 3) {
+                const std::size_t victim = shape() % held.size();
+                if (!intact(held[victim])) broken += 1;
+                if (shape() % 3 == 0) held[victim].ref.unsafe_free();
+                held.erase(held.begin() + static_cast<std::ptrdiff_t>(victim));
+              }
+              if (perturb && rng() % 6 == 0 && !held.empty()) {  // released later than recorded, elsewhere
+                escapes.put(std::move(held.back()));
+                held.pop_back();
+              }
+            }
+            if (rng() % 4 == 0 && !held.empty()) escapes.put(std::move(held.front()));  // escapes
+          }
+          // Someone else's escape, checked and released here.
+          stamped other;
+          if (rng() % 2 == 0 && escapes.take(other)) {
+            broken += intact(other) ? 0 : 1;
+            if (rng() % 2 == 0) other.ref.unsafe_free();
+          }
+          // Every 16 rounds, a planned step on the other cache that all threads serve at once.
+          if (round % 16 == 15) {
+            std::optional<step> st;
+            if (t == 0) st.emplace(step_cache, scope_options{.plan = "step"});
+            step_gate.arrive_and_wait();
+            std::vector<stamped> mine;
+            for (int k = 0; k < 6; ++k) {
+              stamped b = fresh(step_cache.allocate(be, 128 * static_cast<std::size_t>(1 + (k + t) % 4)));
+              write(b);
+              mine.push_back(std::move(b));
+              if (k % 2 == 1) mine.erase(mine.begin());
+            }
+            for (const stamped& h : mine) broken += intact(h) ? 0 : 1;
+            mine.clear();
+            step_gate.arrive_and_wait();
+            if (st) st->end();
+          }
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    escapes.clear();
+    const auto stats = cache.stats();
+    CHECK(broken.load() == 0);
+    CHECK(stats.plan_hits > 0);
+    CHECK(stats.escapes > 0);
+    CHECK(stats.live_bytes == 0);
+    CHECK(step_cache.stats().steps == static_cast<std::uint64_t>(rounds / 16));
+    CHECK(step_cache.stats().live_bytes == 0);
+  }
+  CHECK(be.outstanding_bytes() == 0);  // nothing leaked: arenas, regions, recordings all freed
+}
