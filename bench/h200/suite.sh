@@ -19,8 +19,10 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
   grep -E "^Ok|^Fail|^Skip" "$out/tests.txt"
 fi
 if [ "$part" = all ] || [ "$part" = replay ]; then
-  timeout 120 /tmp/b/bench/trace_replay --cuda --iterations 40 bench/traces/*.csv >"$out/trace_replay_cuda.txt" 2>&1
-  tail -30 "$out/trace_replay_cuda.txt"
+  timeout 120 /tmp/b/bench/trace_replay --cuda --iterations 60 bench/traces/*.csv >"$out/trace_replay_cuda.txt" 2>&1
+  timeout 90 /tmp/b/bench/trace_replay --cuda --iterations 96 --variants 12 bench/traces/gpt.csv >>"$out/trace_replay_cuda.txt" 2>&1
+  timeout 90 /tmp/b/bench/trace_replay --cuda --iterations 30 --concat 7 bench/traces/gpt.csv >>"$out/trace_replay_cuda.txt" 2>&1
+  tail -40 "$out/trace_replay_cuda.txt"
 fi
 if [ "$part" = all ] || [ "$part" = frameworks ]; then
   lib=$(find /tmp/b/python -name 'librefpool.so' | head -1)
