@@ -206,7 +206,7 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
   return take(pool, fit{r, *offset}, n, stream);
 }
 
-void segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
+std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
   range* r = p.node;
   assert(r != nullptr && !r->free && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
          r->bytes == p.bytes);
@@ -237,6 +237,12 @@ void segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept
     ++counts_.merges;
   }
   pool.free.insert(r);
+  return r->bytes;
+}
+
+bool segment_heap::same_pool(const piece& p, std::size_t bytes) const noexcept {
+  // A piece's pool follows from its size (pool_for), so this reads nothing the lock guards.
+  return (p.bytes <= options_.small_max) == (bytes <= options_.small_max);
 }
 
 void segment_heap::forget_streams() noexcept {

@@ -13,6 +13,7 @@
 #include <refpool/backend.hpp>
 
 #include "free_index.hpp"
+#include "piece.hpp"
 #include "segment.hpp"
 #include "stream_set.hpp"
 
@@ -23,7 +24,7 @@ namespace refpool::detail {
 struct segment_heap_options {
   /// Pieces are multiples of this (raised to the backend's alignment if that is larger). 512 as
   /// in PyTorch: a 1-byte request costs 512 B, and the unit keeps free ranges few.
-  std::size_t piece_granularity = 512;
+  std::size_t piece_granularity = default_piece_unit;
   /// Requests up to this size are small and come from the small pool, so that small pieces,
   /// which often live long (parameters, scalars), never pin a large segment.
   std::size_t small_max = std::size_t{1} << 20;
@@ -97,12 +98,7 @@ class segment_heap {
  public:
   /// A piece handed out: `bytes` (the request rounded up to the piece granularity) at
   /// `address`. The caller keeps it and passes it to give_back exactly once.
-  struct piece {
-    void* address = nullptr;
-    std::size_t bytes = 0;
-    std::uint64_t segment = 0;  ///< id of the segment it lies in (for stats and tests)
-    range* node = nullptr;      ///< internal
-  };
+  using piece = segment_piece;
   struct carved {
     piece p;
     /// Streams that may still use the piece's bytes, without the requesting stream.
@@ -134,8 +130,13 @@ class segment_heap {
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,
                                                  placement where = placement::anywhere);
   /// The piece becomes free, joined with free neighbours in its segment. `used_on`: every
-  /// stream that may still use it (its last stream plus any recorded ones).
-  void give_back(const piece& p, const stream_set& used_on) noexcept;
+  /// stream that may still use it (its last stream plus any recorded ones). Returns the size
+  /// of the free range it is now part of, so a caller waiting for room for a request knows
+  /// when carve_free can succeed.
+  std::size_t give_back(const piece& p, const stream_set& used_on) noexcept;
+  /// True when a request of `bytes` (a piece size) would be carved from the same pool as `p`,
+  /// so giving `p` back can make room for it. Needs no lock: it depends on sizes only.
+  [[nodiscard]] bool same_pool(const piece& p, std::size_t bytes) const noexcept;
 
   /// Gives memory back to the backend until at most `keep_bytes` are free or nothing more can
   /// go: whole free segments first (least recently used first), then free tails of
