@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "access.hpp"
+#include "cache/slot.hpp"  // line_allocator
 #include "cache/spinlock.hpp"
 
 namespace refpool {
@@ -86,7 +87,7 @@ class alignas(64) shard {
     }
   }
   void grow() {
-    std::vector<entry> old(table_.empty() ? 16 : table_.size() * 2);
+    std::vector<entry, line_allocator<entry>> old(table_.empty() ? 16 : table_.size() * 2);
     old.swap(table_);
     for (const entry& e : old) {
       if (e.address == 0) continue;
@@ -97,7 +98,8 @@ class alignas(64) shard {
   }
 
   spinlock lock_;
-  std::vector<entry> table_;
+  // Whole cache lines: tables of shards that different threads use never share one.
+  std::vector<entry, line_allocator<entry>> table_;
   std::size_t size_ = 0;
 };
 
@@ -107,8 +109,10 @@ constexpr std::size_t shard_count = 64;
 std::array<shard, shard_count>* const shards = new std::array<shard, shard_count>;
 
 shard& shard_of(std::uintptr_t address) noexcept {
-  // Buffers are at least 256-byte aligned: skip those bits, mix the rest.
-  return (*shards)[((address >> 8) ^ (address >> 20) ^ (address >> 32)) % shard_count];
+  // Buffers are at least 256-byte aligned: skip those bits and mix the rest, so neighbouring
+  // buffers (of different threads, often) land in different shards.
+  static_assert(shard_count == 64, "the top 6 bits of the product pick the shard");
+  return (*shards)[((address >> 8) * 0x9E3779B97F4A7C15ull) >> 58];
 }
 
 [[noreturn]] void throw_unknown(const void* ptr, const char* what) {

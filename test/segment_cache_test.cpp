@@ -44,6 +44,8 @@ void check_books(const alloc_cache& cache, const backend& be, std::size_t uncach
   const cache_stats st = cache.stats();
   CHECK(st.segment_bytes - st.segment_free_bytes <= st.held_bytes);
   CHECK(be.outstanding_bytes() == st.held_bytes + st.segment_free_bytes + uncached);
+  CHECK(st.reserved_bytes == be.outstanding_bytes());  // PyTorch's "reserved": everything held from the backend
+  CHECK(st.peak_reserved_bytes >= st.reserved_bytes);
 }
 
 }  // namespace

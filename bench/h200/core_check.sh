@@ -25,3 +25,8 @@ for round in 1 2; do
 done
 echo "== new host_hit_path with REFPOOL_OWNER_LOCK=fence" | tee -a "$out/hit_path.txt"
 REFPOOL_OWNER_LOCK=fence /tmp/new/bench/host_hit_path "$out/host_hit_path_fence.json" 2>&1 | head -8 | tee -a "$out/hit_path.txt"
+if [ -n "${REFPOOL_FRAMEWORKS_QUICK:-}" ]; then
+  lib=$(find /tmp/new/python -name 'librefpool.so' | head -1)
+  echo "== frameworks --quick with $lib"
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/frameworks/run_all.py --library "$lib" --quick 2>&1 | tail -60 | tee "$out/frameworks_quick.txt"
+fi

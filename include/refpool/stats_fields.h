@@ -38,6 +38,11 @@
   X(uint64_t, steps, "steps begun on this cache")                                                       \
   X(uint64_t, uncached_allocations, "backend allocations made for this cache's scopes uncached")        \
   X(size_t, uncached_live_bytes, "bytes of those still held by handles")                                \
+  X(size_t, plan_live_bytes, "bytes of plan regions held by handles")                                  \
+  X(size_t, allocated_bytes, "everything handed out and still held: live + plan_live + uncached_live")  \
+  X(size_t, reserved_bytes, "everything held from backends: held + segment_free + arena + uncached_live") \
+  X(size_t, peak_allocated_bytes, "peak_live + planned_peak_live + peak uncached: an upper bound")      \
+  X(size_t, peak_reserved_bytes, "peak of held + segment_free, + arena + peak uncached: an upper bound")   \
   X(size_t, segments, "segments of this cache's segment heaps (docs/design.md, Segments)")             \
   X(size_t, segment_bytes, "bytes committed to them: held from backends = this + plain blocks")         \
   X(size_t, segment_free_bytes, "of those, bytes in no piece (held from backends: held + this)")        \

@@ -117,6 +117,7 @@ std::size_t cache_state::trim_heaps(const std::vector<heap_use>& heaps, std::siz
   std::size_t allowance = keep;
   for (const heap_use& h : heaps) {
     std::lock_guard lock(h->mutex);
+    const committed_change change(*this, *h);
     try {
       given += h->heap.trim(allowance);
     } catch (const std::exception& e) {
@@ -138,6 +139,7 @@ void cache_state::close_heaps() noexcept {
   }
   for (const heap_use& h : heaps) {
     std::lock_guard lock(h->mutex);
+    const committed_change change(*this, *h);
     try {
       if (h->heap.stats().pieces_out == 0)
         h->heap.release_all();
@@ -222,6 +224,7 @@ segment_heap::carved cache_state::carve_piece(slot& s, cache_heap& h, std::size_
   if (auto c = recycle_idle_pieces(s, h, bytes, stream)) return *c;
   {  // 3. grow (a driver call)
     std::lock_guard lock(h.mutex);
+    const committed_change change(*this, h);
     if (auto c = h.heap.carve(bytes, stream)) return *c;
   }
   // 4. out of memory: everything idle of this backend back, the heap trimmed to nothing, once more
@@ -229,6 +232,7 @@ segment_heap::carved cache_state::carve_piece(slot& s, cache_heap& h, std::size_
   segment_heap_stats st;
   {
     std::lock_guard lock(h.mutex);
+    const committed_change change(*this, h);
     if (auto c = h.heap.carve(bytes, stream)) return *c;
     st = h.heap.stats();
   }

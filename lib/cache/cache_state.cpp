@@ -270,11 +270,21 @@ block* cache_state::allocate_new(slot& s, backend_state& backend, const block_ke
   backend.retain();
   backend_allocations_.fetch_add(1, std::memory_order_relaxed);
   count_held(key.bytes);
+  count_from_backends(key.bytes, 0);
   return made.release();
 }
 
 void cache_state::count_held(std::size_t bytes) noexcept {
   raise_max(peak_held_bytes_, held_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void cache_state::count_from_backends(std::size_t added, std::size_t removed) noexcept {
+  if (added > removed) {
+    const std::size_t grown = added - removed;
+    raise_max(peak_from_backends_, from_backends_.fetch_add(grown, std::memory_order_relaxed) + grown);
+  } else if (removed > added) {
+    from_backends_.fetch_sub(removed - added, std::memory_order_relaxed);
+  }
 }
 
 block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
@@ -284,7 +294,7 @@ block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes,
   b->uncached_for = this;
   retain();
   uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
-  uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return b;
 }
 
@@ -376,6 +386,7 @@ void cache_state::free_to_backend(block* b) noexcept {
     std::lock_guard lock(h->mutex);
     h->heap.give_back(b->piece, streams_of(*b));
     if (closed()) {
+      const committed_change change(*this, *h);
       try {
         if (h->heap.stats().pieces_out == 0)
           h->heap.release_all();
@@ -390,6 +401,7 @@ void cache_state::free_to_backend(block* b) noexcept {
     return;
   }
   backend_frees_.fetch_add(1, std::memory_order_relaxed);
+  count_from_backends(0, b->capacity);
   free_block(b);
 }
 
@@ -608,9 +620,19 @@ cache_stats cache_state::stats() const {
   out.uncached_live_bytes = uncached_live_bytes_.load();
   out.held_bytes = held_bytes_.load();
   out.peak_held_bytes = peak_held_bytes_.load();
-  std::unique_lock guard(mutex_);
-  add_segment_counters(out);
-  if (extension_) extension_->add_counters(out);
+  {
+    std::unique_lock guard(mutex_);
+    add_segment_counters(out);
+    if (extension_) extension_->add_counters(out);
+  }
+  const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
+  out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
+  out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
+  // Held from backends by blocks and segments (held + segment_free) peaks on its own: free bytes
+  // of segments rise when pieces go back, without held bytes falling at the same moment.
+  out.peak_reserved_bytes =
+      std::max(peak_from_backends_.load() + out.arena_bytes + uncached_peak, out.reserved_bytes);
   return out;
 }
 
@@ -620,6 +642,8 @@ void cache_state::reset_peaks() noexcept {
   for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
   leave_all();
   peak_held_bytes_.store(held_bytes_.load());
+  peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
+  peak_from_backends_.store(from_backends_.load());
 }
 
 }  // namespace refpool::detail

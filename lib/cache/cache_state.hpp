@@ -182,6 +182,23 @@ class cache_state : public ref_counted<cache_state> {
   void enforce_idle_limit() noexcept;
   void free_to_backend(block* b) noexcept;
   void count_held(std::size_t bytes) noexcept;  // a block joined the cache: held_bytes and its peak
+  /// Bytes held from backends (plain blocks + committed segment bytes) changed.
+  void count_from_backends(std::size_t added, std::size_t removed) noexcept;
+  /// Counts the change in a heap's committed bytes over its lifetime (a grow, trim or release
+  /// under the heap's lock) into from_backends_.
+  class committed_change {
+   public:
+    committed_change(cache_state& cache, cache_heap& h) noexcept
+        : cache_(cache), heap_(h.heap), before_(h.heap.committed_bytes()) {}
+    ~committed_change() { cache_.count_from_backends(heap_.committed_bytes(), before_); }
+    committed_change(const committed_change&) = delete;
+    committed_change& operator=(const committed_change&) = delete;
+
+   private:
+    cache_state& cache_;
+    const segment_heap& heap_;
+    std::size_t before_;
+  };
 
   // Segments (cache_segments.cpp).
   [[noreturn]] static void throw_piece_rounding_overflow(std::size_t bytes, std::size_t unit);
@@ -249,10 +266,13 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<std::uint64_t> steps_{0};
   std::atomic<std::uint64_t> uncached_allocations_{0};
   std::atomic<std::size_t> uncached_live_bytes_{0};
+  std::atomic<std::size_t> peak_uncached_live_bytes_{0};
   std::atomic<std::uint64_t> extra_escapes_{0};
   std::atomic<std::uint64_t> extra_unsafe_frees_{0};
   std::atomic<std::size_t> held_bytes_{0};
   std::atomic<std::size_t> peak_held_bytes_{0};
+  std::atomic<std::size_t> from_backends_{0};  // held + segment free bytes: plain blocks + committed segments
+  std::atomic<std::size_t> peak_from_backends_{0};
 };
 
 /// Room for one more block in `home`'s idle list, so putting it back never allocates.

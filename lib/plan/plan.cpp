@@ -147,6 +147,13 @@ block* plan::take_region(std::size_t i, std::size_t requested, stream_ref stream
   return b;
 }
 
+std::size_t plan::live_region_bytes() const {
+  std::lock_guard guard(arena_->lock);
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < live_.size(); ++i) bytes += live_[i] * aligned(requests_[i].key.bytes);
+  return bytes;
+}
+
 void plan::release_region(block* b, bool via_unsafe_free) noexcept {
   if (via_unsafe_free) unsafe_frees.fetch_add(1, std::memory_order_relaxed);
   {
@@ -384,6 +391,7 @@ void plan_store::add_counters(cache_stats& out) const {
   for (const auto& [key, p] : plans_) {
     out.plans += 1;
     out.unsafe_frees += p->unsafe_frees.load();
+    out.plan_live_bytes += p->live_region_bytes();
     if (std::find(arenas.begin(), arenas.end(), p->memory()) == arenas.end()) arenas.push_back(p->memory());
     auto k = std::find_if(peak_by_key.begin(), peak_by_key.end(), [&key = key](const auto& e) { return e.first == key; });
     if (k == peak_by_key.end()) {

@@ -81,6 +81,8 @@ class plan final : public region_owner {
   [[nodiscard]] std::size_t bytes_needed() const noexcept { return bytes_needed_; }
   [[nodiscard]] std::size_t peak_live_bytes() const noexcept { return peak_live_bytes_; }
   [[nodiscard]] const arena* memory() const noexcept { return arena_; }
+  /// Bytes of this plan's regions held by handles now.
+  [[nodiscard]] std::size_t live_region_bytes() const;
 
   /// The region for request `i`, or null when live regions reach its bytes (a region of this
   /// plan: the plan is then stale; of another plan of the arena: this request only falls back).

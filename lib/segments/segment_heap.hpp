@@ -153,6 +153,8 @@ class segment_heap {
   /// Number of physical allocations the piece lies in (1 unless it crosses commits).
   [[nodiscard]] std::size_t physical_allocations(const piece& p) const noexcept;
   [[nodiscard]] segment_heap_stats stats() const noexcept;
+  /// stats().committed_bytes, cheaply.
+  [[nodiscard]] std::size_t committed_bytes() const noexcept { return committed_; }
   [[nodiscard]] const backend& source() const noexcept { return backend_; }
   /// True when segments grow through virtual memory.
   [[nodiscard]] bool uses_virtual_memory() const noexcept { return vm_ != nullptr; }

@@ -103,12 +103,12 @@ def step(plan=None, uncached_warmup_entries=0):
 
 # What PyTorch's keys mean in refpool's counters (those with the same meaning only).
 _TORCH_KEYS = {
-    "allocated_bytes.all.current": "live_bytes",
-    "allocated_bytes.all.peak": "peak_live_bytes",
-    "active_bytes.all.current": "live_bytes",
-    "active_bytes.all.peak": "peak_live_bytes",
-    "reserved_bytes.all.current": "held_bytes",
-    "reserved_bytes.all.peak": "peak_held_bytes",
+    "allocated_bytes.all.current": "allocated_bytes",
+    "allocated_bytes.all.peak": "peak_allocated_bytes",
+    "active_bytes.all.current": "allocated_bytes",
+    "active_bytes.all.peak": "peak_allocated_bytes",
+    "reserved_bytes.all.current": "reserved_bytes",
+    "reserved_bytes.all.peak": "peak_reserved_bytes",
     "allocation.all.current": "live_blocks",
     "num_alloc_retries": "oom_retries",
     "num_ooms": "ooms",

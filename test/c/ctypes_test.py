@@ -24,17 +24,14 @@ class CacheOptions(Structure):
     _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t)]
 
 
-class CacheStats(Structure):
-    """refpool_cache_stats: the fields of refpool::cache_stats, in its order."""
-    _fields_ = [(name, c_uint64) for name in [
-        "hits", "misses", "steals", "backend_allocations", "backend_frees", "unsafe_frees", "escapes", "evictions",
-        "reclaimed_blocks", "oom_retries", "cross_stream_reuses", "scope_entries", "uncached_entries"]] + \
-        [(name, c_size_t) for name in [
-            "live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes"]] + \
-        [(name, c_uint64) for name in ["plan_hits", "plan_misses", "plan_recordings"]] + \
-        [(name, c_size_t) for name in ["plans", "arena_bytes", "planned_peak_live_bytes"]] + \
-        [("ooms", c_uint64), ("peak_live_bytes", c_size_t), ("steps", c_uint64), ("uncached_allocations", c_uint64),
-         ("uncached_live_bytes", c_size_t)]
+def cache_stats_type(lib):
+    """refpool_cache_stats, laid out from the library's own list of counters (refpool_stat_name):
+    every field is 64 bits on LP64 (uint64_t or size_t), in that order."""
+    lib.refpool_stat_count.restype = c_size_t
+    lib.refpool_stat_name.restype = c_char_p
+    lib.refpool_stat_name.argtypes = [c_size_t]
+    names = [lib.refpool_stat_name(i).decode() for i in range(lib.refpool_stat_count())]
+    return type("CacheStats", (Structure,), {"_fields_": [(name, c_uint64) for name in names]})
 
 
 class RefpoolError(Exception):
@@ -48,6 +45,8 @@ class Refpool:
 
     def __init__(self, path):
         lib = ctypes.CDLL(path)
+        global CacheStats
+        CacheStats = cache_stats_type(lib)
         size_p = POINTER(c_size_t)
         signatures = {
             "refpool_backend_new_host": [POINTER(Handle)],
