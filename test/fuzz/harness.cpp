@@ -26,6 +26,7 @@
 #include <refpool/refpool.hpp>
 
 #include "model.hpp"
+#include "segment_shadow.hpp"
 #include "tracking_resource.hpp"
 
 namespace rp = refpool;
@@ -325,6 +326,7 @@ class session {
   rp::backend be_[backends];
   std::unique_ptr<rp::alloc_cache> cache_[2];
   int cur_[2] = {-1, -1};
+  std::unique_ptr<segment_shadow> shadow_;  // a third cache, with segments (segment_shadow.hpp)
   std::vector<real_frame> frames_[threads];
   handle h_[handle_count];
   model_handle mh_[handle_count];
@@ -1217,6 +1219,7 @@ void session::step() {
   (this->*table[which])(t);
   all.operations += 1;
   check_all();
+  shadow_->step(which, t, n);
   if (n % 16 == 15) verify_all("periodic check");
   if (n % 64 == 63) log_.compact();
 }
@@ -1238,6 +1241,7 @@ void session::cleanup() {
     m_.close_cache(cur_[c]);
   }
   m_.expect_no_more_events("destroying the caches");
+  shadow_->finish();
   if (!m_.blocks.empty()) fail(fmt::format("model: {} blocks left at the end", m_.blocks.size()));
   for (int b = 0; b < backends; ++b)
     if (be_[b].outstanding_bytes() != 0 || limited_[b]->used() != 0)
@@ -1265,6 +1269,12 @@ void session::cleanup() {
 
 void session::run() {
   seed_ = in_.byte();
+  shadow_ = std::make_unique<segment_shadow>(seed_, [](int t, const std::function<void()>& job) {
+    if (t == 0)
+      job();
+    else
+      helper().run(job);
+  });
   make_backends();
   for (int c = 0; c < 2; ++c) {
     model_rounding rounding;
@@ -1309,6 +1319,7 @@ void print_totals() {
              "checked {}\n",
              all.operations, all.inputs, all.hits, all.misses, all.steals, all.escapes, all.unsafe_frees, all.evictions,
              all.reclaimed, all.oom_retries, all.injected_faults, all.limit_failures, all.expected_errors);
+  print_segment_totals();
   std::fflush(stderr);
 }
 
