@@ -84,7 +84,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     const int warmup = static_cast<int>(2 * steps.size());  // every sequence seen twice
     for (int it = 0; it < iterations; ++it) {
       const step& st = steps[static_cast<std::size_t>(it) % steps.size()];
-      if (it == warmup) allocations_at_steady = be.allocation_count();
+      if (it == warmup) allocations_at_steady = be.allocation_count() + cache.stats().segment_grows;
       const auto start = std::chrono::steady_clock::now();
       {
         refpool::scope s(cache, {.plan = planned ? "trace" : ""});
@@ -104,9 +104,10 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
       }
     }
     out.ns_per_request = seconds * 1e9 / static_cast<double>(std::max<std::size_t>(requests, 1));
-    out.steady_driver_allocations = be.allocation_count() - allocations_at_steady;
-    out.held_bytes = be.outstanding_bytes();
     out.stats = cache.stats();
+    // Driver calls: block allocations and calls that grew segments (commits, segment allocations).
+    out.steady_driver_allocations = be.allocation_count() + out.stats.segment_grows - allocations_at_steady;
+    out.held_bytes = be.outstanding_bytes();
   }
   return out;
 }
@@ -148,10 +149,16 @@ int main(int argc, char** argv) {
       refpool::cache_options options;
       bool planned;
     };
-    refpool::cache_options pow2;
+    // Segments explicitly off except in the segments row: the default (automatic) carves pieces
+    // for device memory, so --cuda would otherwise measure segments in every row.
+    refpool::cache_options exact;
+    exact.segments = refpool::segment_policy::off;
+    refpool::cache_options pow2 = exact;
     pow2.rounding = refpool::rounding_policy::pow2(4);
-    for (const config& c : {config{"cache exact", {}, false}, config{"cache pow2:4", pow2, false},
-                            config{"planned", {}, true}}) {
+    refpool::cache_options segments;
+    segments.segments = refpool::segment_policy::on;
+    for (const config& c : {config{"cache exact", exact, false}, config{"cache pow2:4", pow2, false},
+                            config{"cache segments", segments, false}, config{"planned", exact, true}}) {
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
@@ -162,9 +169,11 @@ int main(int argc, char** argv) {
                  r.steady_driver_allocations, r.stats.plan_hits);
       json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "steps": {}, "peak_live_bytes": {}, )"
                            R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
-                           R"("plan_hits": {}, "plan_misses": {}, "arena_bytes": {}}})",
+                           R"("plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, "peak_reserved_bytes": {}, )"
+                           R"("segment_grows": {}}})",
                            name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
-                           r.steady_driver_allocations, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes));
+                           r.steady_driver_allocations, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes,
+                           r.stats.peak_reserved_bytes, r.stats.segment_grows));
     }
   }
   json.write(json_path);
