@@ -4,7 +4,7 @@
 // memory held against peak live bytes, ns per operation and backend calls. Compared with:
 // idle blocks kept per exact size (refpool's cache without splitting), the same with pow2:4 keys,
 // and malloc/free. `--sweep` adds the size-class measurements docs/segments.md cites.
-// Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [TRACE.csv...]
+// Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [--only TEXT] [TRACE.csv...]
 #include <malloc.h>
 #include <unistd.h>
 
@@ -348,12 +348,14 @@ int main(int argc, char** argv) {
   int ops = 20000;                 // as on the H200 (docs/benchmarks.md §4)
   std::size_t cap = 8 * GiB;       // the H200 run's live cap
   bool sweep = false;
+  std::string only;  // rows whose label contains this, e.g. "cache"
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
     else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::stoi(argv[++i]);
     else if (std::strcmp(argv[i], "--cap") == 0 && i + 1 < argc) cap = std::stoull(argv[++i]);
     else if (std::strcmp(argv[i], "--sweep") == 0) sweep = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else traces.emplace_back(argv[i]);
   }
   // The idle-block caches "run out of memory" at 16x the live cap: about where the H200
@@ -381,6 +383,7 @@ int main(int argc, char** argv) {
   fmt::print("{:<28} | {:>9} {:>9} {:>8} | {:>9} {:>9} {:>8}\n", "allocator", "1M ns/op", "held/live", "calls",
              "64M ns/op", "held/live", "calls");
   const auto row = [&](const std::string& label, auto make, bool new_process = false) {
+    if (!only.empty() && label.find(only) == std::string::npos) return;
     std::string line = fmt::format("{:<28} |", label);
     for (std::size_t max : {1 * MiB, 64 * MiB}) {
       std::optional<outcome> elsewhere;
@@ -415,6 +418,7 @@ int main(int argc, char** argv) {
       const auto steps = read_trace(path);
       const std::string name = path.substr(path.find_last_of('/') + 1);
       const auto trace_row = [&](const std::string& label, auto make) {
+        if (!only.empty() && label.find(only) == std::string::npos) return;
         const outcome o = run(make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, repeats);
         fmt::print("{:<16} {:<28} | {:>9.0f} {:>8.3f}x {:>12}\n", name, label, o.ns_per_op, o.ratio(), o.backend_calls);
         json.add(fmt::format(R"({{"workload": "trace", "trace": "{}", "allocator": "{}", "ns_per_request": {:.1f}, )"

@@ -1,7 +1,7 @@
 // Replays captured training-step allocation traces (bench/traces/*.csv: step,event,index,bytes)
 // through refpool's plain cache and through a planned scope, on the host backend or a CUDA device,
 // and reports memory held against peak live bytes, ns per request and driver calls in steady
-// state. Usage: trace_replay [--cuda] [--iterations N] [--json FILE] TRACE.csv...
+// state. Usage: trace_replay [--cuda] [--iterations N] [--json FILE] [--only LABEL] TRACE.csv...
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   bool use_cuda = false;
   int iterations = 60;
   std::string json_path = "trace_replay.json";
+  std::string only;  // one configuration's label, e.g. "cache segments"
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--cuda") == 0) {
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
       iterations = std::stoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else {
       traces.emplace_back(argv[i]);
     }
@@ -159,6 +162,7 @@ int main(int argc, char** argv) {
     segments.segments = refpool::segment_policy::on;
     for (const config& c : {config{"cache exact", exact, false}, config{"cache pow2:4", pow2, false},
                             config{"cache segments", segments, false}, config{"planned", exact, true}}) {
+      if (!only.empty() && c.label != only) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
@@ -170,10 +174,10 @@ int main(int argc, char** argv) {
       json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "steps": {}, "peak_live_bytes": {}, )"
                            R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
                            R"("plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, "peak_reserved_bytes": {}, )"
-                           R"("segment_grows": {}}})",
+                           R"("segment_grows": {}, "hits": {}, "misses": {}}})",
                            name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
                            r.steady_driver_allocations, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes,
-                           r.stats.peak_reserved_bytes, r.stats.segment_grows));
+                           r.stats.peak_reserved_bytes, r.stats.segment_grows, r.stats.hits, r.stats.misses));
     }
   }
   json.write(json_path);

@@ -125,28 +125,56 @@ TEST_CASE("segment policies: automatic means device memory with virtual memory; 
   }
 }
 
-TEST_CASE("segments: a miss gives idle pieces back, least recently released first, and they coalesce",
+TEST_CASE("segments: a small miss no free range holds gives the pool's idle pieces back, and they coalesce",
           "[segments][cache]") {
-  heap_fixture f(2 * MiB);  // one granule: nothing can grow
+  heap_fixture f(4 * MiB);  // a granule for each pool: nothing can grow
   alloc_cache cache{with_segments()};
   scope s(cache);
+  { auto idle_large = allocate(f.be, 3 * MiB / 2); }  // the large pool's piece, idle: it stays out of this
   std::vector<data_ref> pieces;
   for (int i = 0; i < 32; ++i) pieces.push_back(allocate(f.be, 64 * KiB));
   const std::uintptr_t base = at(pieces[0]);
   for (std::size_t i = 0; i < pieces.size(); ++i) CHECK(at(pieces[i]) == base + i * 64 * KiB);
-  CHECK(cache.stats().segment_free_bytes == 0);
-  for (auto& p : pieces) p.reset();  // released in address order: the lowest is the least recent
+  CHECK(cache.stats().segment_free_bytes == 2 * MiB - 3 * MiB / 2);  // only the large segment's tail
+  pieces[5].reset();
+  pieces[5] = allocate(f.be, 64 * KiB);  // no free range, but an idle piece of the key: a hit
+  CHECK(at(pieces[5]) == base + 5 * 64 * KiB);
+  CHECK(cache.stats().hits == 1);
+  for (auto& p : pieces) p.reset();
   auto big = allocate(f.be, MiB);
-  CHECK(at(big) == base);  // pieces 0..15 went back and joined into one free range
+  CHECK(at(big) == base);  // the 32 pieces went back and joined into one free range
   const cache_stats st = cache.stats();
-  CHECK(st.idle_blocks == 16);  // the 16 more recently released pieces stay cached
-  CHECK(st.segment_grows == 1);
-  CHECK(st.merges == 15);
-  CHECK(st.hits == 0);
-  CHECK(st.misses == 33);
+  CHECK(st.idle_blocks == 1);  // the large pool's idle piece: only the small pool's went back
+  CHECK(st.segment_grows == 2);
+  CHECK(st.hits == 1);
+  CHECK(st.merges >= 31);
   CHECK(st.reclaimed_blocks == 0);  // making room is no reclaim
   CHECK(st.oom_retries == 0);
   CHECK(f.tracker->refusals() == 0);  // room came from idle pieces before any growth was tried
+  check_books(cache, f.be);
+}
+
+TEST_CASE("segments: a large miss gives idle large pieces back first, so best fit sees all reusable memory",
+          "[segments][cache]") {
+  heap_fixture f;
+  alloc_cache cache{with_segments()};
+  scope s(cache);
+  auto a = allocate(f.be, 8 * MiB);
+  auto separator = allocate(f.be, 2 * MiB);
+  auto g = allocate(f.be, 16 * MiB);
+  auto end = allocate(f.be, 2 * MiB);
+  const std::uintptr_t at_a = at(a);
+  CHECK(at(g) == at_a + 10 * MiB);
+  g.reset();
+  CHECK(cache.reclaim(8 * MiB) == 0);  // g's piece goes back: a free 16 MiB range, in the middle: nothing trimmed
+  CHECK(cache.stats().segment_free_bytes == 16 * MiB);
+  a.reset();  // idle: 8 MiB at the start
+  // A free range holds 7 MiB, but a's 8 MiB fit better: a goes back first, and best fit takes it.
+  auto c = allocate(f.be, 7 * MiB);
+  CHECK(at(c) == at_a);
+  const cache_stats st = cache.stats();
+  CHECK(st.idle_blocks == 0);
+  CHECK(st.segment_free_bytes == 17 * MiB);
   check_books(cache, f.be);
 }
 

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstddef>
 #include <mutex>
+#include <new>
+#include <vector>
 
 #include "access.hpp"
 #include "cache/backend_state.hpp"
@@ -18,7 +20,12 @@
 namespace refpool::detail {
 
 struct cache_heap {
-  explicit cache_heap(backend_state& b) : backend(&b), heap(handle_of(b)) {}
+  explicit cache_heap(backend_state& b) : backend(&b), heap(handle_of(b)) { spare_blocks.reserve(spare_block_count); }
+  ~cache_heap() {
+    for (block* b : spare_blocks) delete b;
+  }
+  cache_heap(const cache_heap&) = delete;
+  cache_heap& operator=(const cache_heap&) = delete;
 
   backend_state* const backend;  ///< its backend (the heap holds the counted reference)
   std::mutex mutex;
@@ -28,6 +35,34 @@ struct cache_heap {
   /// heap is destroyed before its cache only under that mutex, while this is 0 and the heap
   /// holds no segment (so no block is a piece of it).
   std::atomic<std::size_t> users{0};
+
+  /// Block records of pieces given back, kept for the next pieces (under `mutex`): a miss then
+  /// allocates no record. 64: more than the pieces one miss usually gives back.
+  static constexpr std::size_t spare_block_count = 64;
+  std::vector<block*> spare_blocks;
+
+  /// A fresh block record: a spare one, or a new one (std::bad_alloc).
+  block* new_block() {
+    {
+      std::lock_guard lock(mutex);
+      if (!spare_blocks.empty()) {
+        block* b = spare_blocks.back();
+        spare_blocks.pop_back();
+        return b;
+      }
+    }
+    return new block;
+  }
+  /// Keeps `b` (no longer used) as a spare, or deletes it. Caller holds `mutex`.
+  void retire_block(block* b) noexcept {
+    if (spare_blocks.size() < spare_block_count) {
+      b->~block();
+      new (b) block;
+      spare_blocks.push_back(b);  // within the reserved capacity
+    } else {
+      delete b;
+    }
+  }
 
  private:
   static refpool::backend handle_of(backend_state& b) noexcept {

@@ -1,8 +1,8 @@
 // The cache's segment paths (docs/design.md, "Segments"). On a miss for a backend with segments
 // the cache carves a piece from the backend's segment heap instead of allocating a block: from
-// free ranges first, then after giving idle pieces back to the heap (least recently released
-// first, so they coalesce), then by growing the heap, and last after giving back everything
-// idle and trimming. Every piece is a cached block with its own count; only where its memory
+// free ranges, after giving idle pieces of the request's pool back to the heap (first for large
+// requests, when free ranges fail for small ones), then by growing the heap, and last after
+// giving back everything idle and trimming. Every piece is a cached block with its own count; only where its memory
 // comes from and goes back to differs. Locks: cache_heap.hpp.
 #include <algorithm>
 #include <cassert>
@@ -20,23 +20,13 @@ namespace refpool::detail {
 
 namespace {
 
-/// An idle block and when it went idle: least recently released first.
-struct idle_candidate {
-  std::uint64_t idle_since;
-  std::uint64_t idle_seq;
-  block* b;
-};
-
-bool released_earlier(const idle_candidate& x, const idle_candidate& y) noexcept {
-  return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.idle_seq < y.idle_seq;
-}
-
-/// The idle pieces of `h` in `s` that could make room for a piece of `bytes` (those of its
-/// pool: pieces of the other pool never coalesce with it). Caller holds `s`.
-void collect_idle(const slot& s, const cache_heap& h, std::size_t bytes, std::vector<idle_candidate>& out) {
+/// The idle pieces of `h` in `s` that could make room for a piece of `bytes`: those of its
+/// pool (pieces of the other pool never coalesce with it). Caller holds `s`.
+void collect_idle(const slot& s, const cache_heap& h, std::size_t bytes, std::vector<block*>& out) {
+  const bool small = h.heap.small(bytes);
   s.buckets.for_each([&](const bucket& bk) {
-    if (bk.key.backend != h.backend || bk.idle.empty() || !h.heap.same_pool(bk.idle.front()->piece, bytes)) return;
-    for (block* b : bk.idle) out.push_back({b->idle_since, b->idle_seq, b});
+    if (bk.key.backend != h.backend || bk.idle.empty() || h.heap.small(bk.key.bytes) != small) return;
+    out.insert(out.end(), bk.idle.begin(), bk.idle.end());
   });
 }
 
@@ -173,8 +163,8 @@ void cache_state::add_segment_counters(cache_stats& out) const {
 
 block* cache_state::allocate_piece(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                                    stream_ref stream) {
-  auto made = std::make_unique<block>();  // before carving, so a bad_alloc leaves the heap alone
   heap_use h = use_heap(backend);
+  std::unique_ptr<block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
   const segment_heap::carved c = carve_piece(s, *h, key.bytes, requested, stream);
   assert(c.p.bytes == key.bytes);  // keys are rounded to the piece unit: every block of a key has its size
   const auto give_up = [&]() noexcept {
@@ -215,19 +205,25 @@ block* cache_state::allocate_piece(slot& s, backend_state& backend, const block_
 
 segment_heap::carved cache_state::carve_piece(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,
                                               stream_ref stream) {
-  {  // 1. a free range that holds it
+  // Large pieces hold most bytes, and an idle one pins its place: give them all back first, so
+  // the piece goes where best fit over everything reusable puts it (as if released pieces had
+  // coalesced at once). Small ones stay cached until free ranges run out.
+  const bool large = !h.heap.small(bytes);
+  if (large) give_back_idle_pieces(s, h, bytes);
+  {  // a free range that holds it
     std::lock_guard lock(h.mutex);
     if (auto c = h.heap.carve_free(bytes, stream)) return *c;
   }
-  // 2. idle pieces of its pool back to the heap, least recently released first, until they
-  //    coalesce into room
-  if (auto c = recycle_idle_pieces(s, h, bytes, stream)) return *c;
-  {  // 3. grow (a driver call)
+  if (!large && give_back_idle_pieces(s, h, bytes) != 0) {
+    std::lock_guard lock(h.mutex);
+    if (auto c = h.heap.carve_free(bytes, stream)) return *c;
+  }
+  {  // grow (a driver call)
     std::lock_guard lock(h.mutex);
     const committed_change change(*this, h);
     if (auto c = h.heap.carve(bytes, stream)) return *c;
   }
-  // 4. out of memory: everything idle of this backend back, the heap trimmed to nothing, once more
+  // Out of memory: everything idle of this backend back, the heap trimmed to nothing, once more.
   const std::size_t freed = reclaim_backend(*h.backend);
   segment_heap_stats st;
   {
@@ -250,87 +246,62 @@ segment_heap::carved cache_state::carve_piece(slot& s, cache_heap& h, std::size_
       bytes, backend.device());
 }
 
-std::optional<segment_heap::carved> cache_state::recycle_idle_pieces(slot& s, cache_heap& h, std::size_t bytes,
-                                                                     stream_ref stream) {
-  std::lock_guard guard(mutex_);  // no intruder touches our slot while we pick from it
-  // Our own slot first: its owner needs no barrier to take blocks out one at a time.
-  std::vector<idle_candidate> own;
+std::size_t cache_state::give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes) {
+  std::vector<block*> pieces;
+  std::lock_guard guard(mutex_);  // no intruder touches our slot while we take from it
   {
+    // Our own slot first: its owner needs no barrier.
     owner_section section(s.lock);
-    collect_idle(s, h, bytes, own);
+    collect_idle(s, h, bytes, pieces);  // may throw bad_alloc: nothing taken yet
+    detach_idle(s, pieces, 0);
   }
-  std::sort(own.begin(), own.end(), released_earlier);
-  std::vector<block*> one(1);
-  for (const idle_candidate& c : own) {
-    {
-      owner_section section(s.lock);
-      bucket& home = *c.b->home;
-      home.remove(c.b);
-      remove_idle(s, c.b);
-      s.erase_if_unused(home);
+  std::size_t given = return_pieces(h, pieces);
+  if (slots_.size() == 1) return given;
+  // Then the other slots', as an intruder: all of them with one barrier.
+  pieces.clear();
+  intrude_all();
+  try {
+    for (const auto& other : slots_) {
+      if (other.get() == &s) continue;
+      const std::size_t from = pieces.size();
+      collect_idle(*other, h, bytes, pieces);
+      detach_idle(*other, pieces, from);
     }
-    one[0] = c.b;
-    if (auto got = return_pieces(h, one, bytes, stream)) return got;
-  }
-  if (slots_.size() == 1) return std::nullopt;
-  // Then other slots' blocks, as an intruder, in batches of doubling size: each batch is chosen
-  // with every slot held, but given back (under the heap's lock) with none held.
-  std::vector<idle_candidate> others;
-  std::vector<block*> batch;
-  for (std::size_t target = bytes;; target = target > SIZE_MAX / 2 ? SIZE_MAX : 2 * target) {
-    others.clear();
-    batch.clear();
-    intrude_all();
-    try {
-      for (const auto& other : slots_)
-        if (other.get() != &s) collect_idle(*other, h, bytes, others);
-      batch.reserve(others.size());
-    } catch (...) {
-      leave_all();
-      throw;  // nothing taken yet
-    }
-    std::sort(others.begin(), others.end(), released_earlier);
-    std::size_t taken = 0;
-    for (const idle_candidate& c : others) {
-      if (taken >= target) break;
-      bucket& home = *c.b->home;
-      slot& owner = *home.owner;
-      home.remove(c.b);
-      remove_idle(owner, c.b);
-      owner.erase_if_unused(home);
-      taken += c.b->capacity;
-      batch.push_back(c.b);
-    }
+  } catch (...) {
     leave_all();
-    if (batch.empty()) return std::nullopt;
-    if (auto got = return_pieces(h, batch, bytes, stream)) return got;
+    given += return_pieces(h, pieces);  // those taken before the list could grow no more
+    return given;
+  }
+  leave_all();
+  return given + return_pieces(h, pieces);
+}
+
+void cache_state::detach_idle(slot& s, const std::vector<block*>& pieces, std::size_t from) noexcept {
+  for (std::size_t i = from; i < pieces.size(); ++i) {
+    block* b = pieces[i];
+    bucket& home = *b->home;
+    home.remove(b);
+    remove_idle(s, b);
+    s.erase_if_unused(home);  // a bucket per size ever seen would make every later scan slower
   }
 }
 
-std::optional<segment_heap::carved> cache_state::return_pieces(cache_heap& h, const std::vector<block*>& pieces,
-                                                               std::size_t want, stream_ref stream) noexcept {
-  std::optional<segment_heap::carved> got;
+std::size_t cache_state::return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept {
+  if (pieces.empty()) return 0;
+  std::size_t bytes = 0;
   {
+    // The order does not matter: free neighbours join whichever comes back first.
     std::lock_guard lock(h.mutex);
     for (block* b : pieces) {
       assert(b->heap == &h);
-      const bool helps = !got && want != 0 && h.heap.same_pool(b->piece, want);
-      const std::size_t room = h.heap.give_back(b->piece, streams_of(*b));
-      if (helps && room >= want) {
-        try {
-          got = h.heap.carve_free(want, stream);
-        } catch (...) {
-          // Out of host memory for the heap's records: the caller's next step reports it.
-        }
-      }
+      h.heap.give_back(b->piece, streams_of(*b));
+      bytes += b->capacity;
+      b->backend->release();  // never the last reference: the heap holds one
+      h.retire_block(b);
     }
   }
-  for (block* b : pieces) {
-    held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
-    b->backend->release();  // never the last reference: the heap holds one
-    delete b;
-  }
-  return got;
+  held_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  return pieces.size();
 }
 
 void cache_state::wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream) {

@@ -214,12 +214,12 @@ class cache_state : public ref_counted<cache_state> {
                         stream_ref stream);
   segment_heap::carved carve_piece(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,
                                    stream_ref stream);
-  std::optional<segment_heap::carved> recycle_idle_pieces(slot& s, cache_heap& h, std::size_t bytes,
-                                                           stream_ref stream);
-  /// Gives detached idle pieces back to `h`; once one leaves a free range that holds `bytes`
-  /// (when `want` is set), carves from free ranges for `stream`. No lock held.
-  std::optional<segment_heap::carved> return_pieces(cache_heap& h, const std::vector<block*>& pieces,
-                                                    std::size_t want, stream_ref stream) noexcept;
+  /// Gives every idle piece of `h` in the pool of `bytes` back to the heap (this slot's, then
+  /// other slots'), where they coalesce. Returns how many. Takes mutex_.
+  std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
+  void detach_idle(slot& s, const std::vector<block*>& pieces, std::size_t from) noexcept;  // caller holds s
+  /// Gives detached idle pieces back to `h` and deletes their blocks. Returns how many.
+  std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
   void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
   /// Trims the heaps so that at most `keep` of their bytes stay free, in total. Returns the
   /// bytes given back. `quiet`: report failures on stderr instead of throwing.

@@ -131,12 +131,11 @@ class segment_heap {
                                                  placement where = placement::anywhere);
   /// The piece becomes free, joined with free neighbours in its segment. `used_on`: every
   /// stream that may still use it (its last stream plus any recorded ones). Returns the size
-  /// of the free range it is now part of, so a caller waiting for room for a request knows
-  /// when carve_free can succeed.
+  /// of the free range it is now part of.
   std::size_t give_back(const piece& p, const stream_set& used_on) noexcept;
-  /// True when a request of `bytes` (a piece size) would be carved from the same pool as `p`,
-  /// so giving `p` back can make room for it. Needs no lock: it depends on sizes only.
-  [[nodiscard]] bool same_pool(const piece& p, std::size_t bytes) const noexcept;
+  /// True when pieces of `bytes` (a piece size) come from the small pool; pieces of one pool
+  /// never coalesce with the other's. Needs no lock: it depends on the options only.
+  [[nodiscard]] bool small(std::size_t bytes) const noexcept { return bytes <= options_.small_max; }
 
   /// Gives memory back to the backend until at most `keep_bytes` are free or nothing more can
   /// go: whole free segments first (least recently used first), then free tails of
@@ -208,7 +207,10 @@ class segment_heap {
   bool host_visible_;    ///< host memory: free bytes are poisoned under ASan
   std::array<pool_state, 2> pools_;
   std::vector<std::unique_ptr<segment>> segments_;
-  /// Range records made ahead of a carve (prepare_carve), so that take() cannot fail.
+  /// Range records made ahead of a carve (prepare_carve), so that take() cannot fail, and
+  /// records give_back freed, kept for the next carves (up to spare_records).
+  static constexpr std::size_t spare_records = 16;
+  void keep_spare(range* r) noexcept;
   std::vector<std::unique_ptr<range>> spare_ranges_;
 
   std::uint64_t tick_ = 0;
