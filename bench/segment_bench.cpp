@@ -1,10 +1,10 @@
-// The segment heap (lib/segments/) on the host backend, side by side with the allocators it
-// replaces: RMM's random_allocations pattern (sizes uniform in [1, max], 73% allocations while
+// The segment heap (lib/segments/) on the host backend, alone and behind refpool's cache, side
+// by side with the allocators it replaces: RMM's random_allocations pattern (sizes uniform in [1, max], 73% allocations while
 // under a live cap, random free order) and the captured training-step traces, reporting peak
 // memory held against peak live bytes, ns per operation and backend calls. Compared with:
 // idle blocks kept per exact size (refpool's cache without splitting), the same with pow2:4 keys,
 // and malloc/free. `--sweep` adds the size-class measurements docs/segments.md cites.
-// Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [TRACE.csv...]
+// Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [--only TEXT] [TRACE.csv...]
 #include <malloc.h>
 #include <unistd.h>
 
@@ -56,7 +56,7 @@ class heap_allocator {
     if (!c) throw refpool::out_of_memory("segment bench: out of memory", bytes, -1);
     return c->p;
   }
-  void deallocate(const handle& h) { heap_.give_back(h, refpool::stream_ref{}); }
+  void deallocate(handle& h) { heap_.give_back(h, refpool::stream_ref{}); }
   footprint measure() const {
     const auto st = heap_.stats();
     return {st.committed_bytes, st.segments_made + st.grows};
@@ -94,7 +94,7 @@ class idle_blocks {
     ++calls_;
     return {p, key};
   }
-  void deallocate(const handle& h) { idle_[h.key].push_back(h.ptr); }
+  void deallocate(handle& h) { idle_[h.key].push_back(h.ptr); }
   footprint measure() const { return {held_, calls_}; }
   const std::string& label() const { return label_; }
 
@@ -115,6 +115,34 @@ class idle_blocks {
   std::string label_;
 };
 
+// refpool's cache itself (one scope for the run) on the host backend, with or without segments:
+// what a user gets. Held is everything the backend has out (blocks, segments, free bytes in
+// them); calls are block allocations plus segment growth. Behind a limit standing in for the
+// device, as for idle_blocks, so that out of memory reclaims as it would on a GPU.
+class cache_allocator {
+ public:
+  using handle = refpool::data_ref;
+  cache_allocator(refpool::cache_options options, std::size_t capacity, std::string label)
+      : be_(std::make_shared<refpool::limiting_resource>(refpool::make_host_resource(), capacity)),
+        cache_(std::make_unique<refpool::alloc_cache>(options)),
+        scope_(std::make_unique<refpool::scope>(*cache_)),
+        label_(std::move(label)) {}
+  ~cache_allocator() {
+    scope_.reset();
+    cache_.reset();
+  }
+  handle allocate(std::size_t bytes) { return refpool::allocate(be_, bytes); }
+  void deallocate(handle& h) { h.reset(); }
+  footprint measure() const { return {be_.outstanding_bytes(), be_.allocation_count() + cache_->stats().segment_grows}; }
+  const std::string& label() const { return label_; }
+
+ private:
+  refpool::backend be_;
+  std::unique_ptr<refpool::alloc_cache> cache_;
+  std::unique_ptr<refpool::scope> scope_;
+  std::string label_;
+};
+
 // malloc/free; held is what glibc holds from the kernel (heap arena + mmapped chunks).
 class malloc_allocator {
  public:
@@ -125,7 +153,7 @@ class malloc_allocator {
     if (p == nullptr) throw refpool::out_of_memory("segment bench: malloc failed", bytes, -1);
     return p;
   }
-  void deallocate(handle p) { std::free(p); }
+  void deallocate(handle& p) { std::free(p); }
   footprint measure() const {
     const std::size_t now = glibc_held();
     return {now > base_ ? now - base_ : 0, 0};
@@ -175,7 +203,7 @@ outcome random_allocations(A& a, std::size_t max_bytes, int ops, std::size_t liv
       const std::size_t i = rng() % live.size();
       live_bytes -= live[i].second;
       a.deallocate(live[i].first);
-      live[i] = live.back();
+      live[i] = std::move(live.back());
       live.pop_back();
     }
     if (measure) out.peak_held = std::max(out.peak_held, a.measure().held);
@@ -320,12 +348,14 @@ int main(int argc, char** argv) {
   int ops = 20000;                 // as on the H200 (docs/benchmarks.md §4)
   std::size_t cap = 8 * GiB;       // the H200 run's live cap
   bool sweep = false;
+  std::string only;  // rows whose label contains this, e.g. "cache"
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
     else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::stoi(argv[++i]);
     else if (std::strcmp(argv[i], "--cap") == 0 && i + 1 < argc) cap = std::stoull(argv[++i]);
     else if (std::strcmp(argv[i], "--sweep") == 0) sweep = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else traces.emplace_back(argv[i]);
   }
   // The idle-block caches "run out of memory" at 16x the live cap: about where the H200
@@ -340,6 +370,12 @@ int main(int argc, char** argv) {
   const auto make_idle = [device](refpool::rounding_policy r, const char* label) {
     return [r, device, label] { return std::make_unique<idle_blocks>(r, device, label); };
   };
+  const auto make_cache = [device](refpool::segment_policy segments, refpool::rounding_policy r, const char* label) {
+    refpool::cache_options o;
+    o.segments = segments;
+    o.rounding = r;
+    return [o, device, label] { return std::make_unique<cache_allocator>(o, device, label); };
+  };
 
   fmt::print("random allocations (RMM pattern): sizes uniform in [1, max], 73% allocations while under a {} GiB live "
              "cap, {} operations, random free order; held/live = peak held / peak live; median of {} timed runs\n",
@@ -347,6 +383,7 @@ int main(int argc, char** argv) {
   fmt::print("{:<28} | {:>9} {:>9} {:>8} | {:>9} {:>9} {:>8}\n", "allocator", "1M ns/op", "held/live", "calls",
              "64M ns/op", "held/live", "calls");
   const auto row = [&](const std::string& label, auto make, bool new_process = false) {
+    if (!only.empty() && label.find(only) == std::string::npos) return;
     std::string line = fmt::format("{:<28} |", label);
     for (std::size_t max : {1 * MiB, 64 * MiB}) {
       std::optional<outcome> elsewhere;
@@ -366,6 +403,10 @@ int main(int argc, char** argv) {
   row("segment heap, allocations", make_heap(plain_defaults(), "heap plain"));
   row("idle blocks, exact keys", make_idle(refpool::rounding_policy::exact(), "exact"));
   row("idle blocks, pow2:4 keys", make_idle(refpool::rounding_policy::pow2(4), "pow2:4"));
+  row("cache, segments on", make_cache(refpool::segment_policy::on, refpool::rounding_policy::exact(), "cache on"));
+  row("cache, segments off", make_cache(refpool::segment_policy::off, refpool::rounding_policy::exact(), "cache off"));
+  row("cache, off, pow2:4 keys",
+      make_cache(refpool::segment_policy::off, refpool::rounding_policy::pow2(4), "cache off pow2:4"));
   row("malloc/free", [] { return std::make_unique<malloc_allocator>(); }, true);
 
   if (!traces.empty()) {
@@ -377,6 +418,7 @@ int main(int argc, char** argv) {
       const auto steps = read_trace(path);
       const std::string name = path.substr(path.find_last_of('/') + 1);
       const auto trace_row = [&](const std::string& label, auto make) {
+        if (!only.empty() && label.find(only) == std::string::npos) return;
         const outcome o = run(make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, repeats);
         fmt::print("{:<16} {:<28} | {:>9.0f} {:>8.3f}x {:>12}\n", name, label, o.ns_per_op, o.ratio(), o.backend_calls);
         json.add(fmt::format(R"({{"workload": "trace", "trace": "{}", "allocator": "{}", "ns_per_request": {:.1f}, )"
@@ -388,6 +430,8 @@ int main(int argc, char** argv) {
       trace_row("segment heap, allocations", make_heap(plain_defaults(), "heap plain"));
       trace_row("idle blocks, exact keys", make_idle(refpool::rounding_policy::exact(), "exact"));
       trace_row("idle blocks, pow2:4 keys", make_idle(refpool::rounding_policy::pow2(4), "pow2:4"));
+      trace_row("cache, segments on", make_cache(refpool::segment_policy::on, refpool::rounding_policy::exact(), "on"));
+      trace_row("cache, segments off", make_cache(refpool::segment_policy::off, refpool::rounding_policy::exact(), "off"));
     }
   }
 

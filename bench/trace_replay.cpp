@@ -12,7 +12,8 @@
 // count.
 //   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
 //                 of the GPT step are a 3,115-request step)
-//   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "planned"), e.g.
+//   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "cache segments",
+//                 "planned"), e.g.
 //                 under callgrind: valgrind --tool=callgrind --instr-atstart=no trace_replay ...
 //                 counts only the steady-state iterations (instructions per request = Ir / the
 //                 request count printed).
@@ -152,7 +153,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     for (int it = 0; it < iterations; ++it) {
       const step& st = steps[static_cast<std::size_t>(it) % steps.size()];
       if (it == warmup) {
-        allocations_at_steady = be.allocation_count();
+        allocations_at_steady = be.allocation_count() + cache.stats().segment_grows;
         REFPOOL_BENCH_COUNT_ON();
       }
       const double start = thread_seconds();
@@ -175,10 +176,11 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     }
     REFPOOL_BENCH_COUNT_OFF();
     out.ns_per_request = seconds * 1e9 / static_cast<double>(std::max<std::size_t>(requests, 1));
-    out.steady_driver_allocations = be.allocation_count() - allocations_at_steady;
     out.steady_requests = requests;
-    out.held_bytes = be.outstanding_bytes();
     out.stats = cache.stats();
+    // Driver calls: block allocations and calls that grew segments (commits, segment allocations).
+    out.steady_driver_allocations = be.allocation_count() + out.stats.segment_grows - allocations_at_steady;
+    out.held_bytes = be.outstanding_bytes();
   }
   return out;
 }
@@ -231,10 +233,16 @@ int main(int argc, char** argv) {
       refpool::cache_options options;
       bool planned;
     };
-    refpool::cache_options pow2;
+    // Segments explicitly off except in the segments row: the default (automatic) carves pieces
+    // for device memory, so --cuda would otherwise measure segments in every row.
+    refpool::cache_options exact;
+    exact.segments = refpool::segment_policy::off;
+    refpool::cache_options pow2 = exact;
     pow2.rounding = refpool::rounding_policy::pow2(4);
-    for (const config& c : {config{"cache exact", {}, false}, config{"cache pow2:4", pow2, false},
-                            config{"planned", {}, true}}) {
+    refpool::cache_options segments;
+    segments.segments = refpool::segment_policy::on;
+    for (const config& c : {config{"cache exact", exact, false}, config{"cache pow2:4", pow2, false},
+                            config{"cache segments", segments, false}, config{"planned", exact, true}}) {
       if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
@@ -246,10 +254,12 @@ int main(int argc, char** argv) {
                  r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
       json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
                            R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
-                           R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}}})",
+                           R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, )"
+                           R"("peak_reserved_bytes": {}, "segment_grows": {}, "hits": {}, "misses": {}}})",
                            name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
                            r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses,
-                           r.stats.arena_bytes));
+                           r.stats.arena_bytes, r.stats.peak_reserved_bytes, r.stats.segment_grows, r.stats.hits,
+                           r.stats.misses));
     }
   }
   json.write(json_path);

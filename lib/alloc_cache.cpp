@@ -42,6 +42,7 @@ cache_options cache_options::from_environment() {
   const detail::env_config& env = detail::environment();
   if (env.rounding) options.rounding = *env.rounding;
   if (env.max_idle_bytes) options.max_idle_bytes = *env.max_idle_bytes;
+  if (env.segments) options.segments = *env.segments;
   return options;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cache/backend_state.hpp"
+#include "segments/piece.hpp"
 
 namespace refpool {
 
@@ -15,7 +16,15 @@ backend_state::backend_state(std::shared_ptr<resource> res)
     : resource_(std::move(res)),
       device_(resource_->device()),
       kind_(resource_->kind()),
-      alignment_(resource_->alignment()) {}
+      alignment_(resource_->alignment()) {
+  // Decided once: the unit is part of every cache key of this backend (docs/design.md, "Segments").
+  const std::size_t unit = piece_unit_for(alignment_);
+  const bool segmentable = unit != 0;
+  const bool device_vm = kind_ == memory_kind::device && resource_->address_space() != nullptr;
+  piece_units_[static_cast<std::size_t>(segment_policy::off)] = 1;
+  piece_units_[static_cast<std::size_t>(segment_policy::on)] = segmentable ? unit : 1;
+  piece_units_[static_cast<std::size_t>(segment_policy::automatic)] = segmentable && device_vm ? unit : 1;
+}
 
 void* backend_state::allocate(std::size_t bytes, stream_ref stream) {
   void* ptr = resource_->allocate(bytes, stream);

@@ -43,3 +43,24 @@ TEST_CASE("bad REFPOOL_CONF values name the key and the allowed values", "[confi
   CHECK_FALSE(detail::parse_no_caching("0"));
   CHECK_FALSE(detail::parse_no_caching(""));
 }
+
+TEST_CASE("REFPOOL_CONF segments: off, on, auto; anything else names the allowed values", "[config][segments]") {
+  CHECK(parse_conf("segments:off").segments == segment_policy::off);
+  CHECK(parse_conf("segments:on").segments == segment_policy::on);
+  CHECK(parse_conf("rounding:exact,segments:auto").segments == segment_policy::automatic);
+  CHECK(parse_conf("rounding:exact").segments == std::nullopt);
+  CHECK(cache_options{}.segments == segment_policy::automatic);
+  for (const char* bad : {"segments:yes", "segments:", "segments:automatic", "segments:ON"}) {
+    try {
+      parse_conf(bad);
+      FAIL("no error for " << bad);
+    } catch (const config_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("'segments'") && Catch::Contains("off, on, auto"));
+    }
+  }
+  try {
+    parse_conf("colour:blue");
+  } catch (const config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("segments"));  // the list of keys names it
+  }
+}

@@ -60,7 +60,10 @@ class refpool_allocator {
   void end_iteration() { scope_.reset(); }
   [[nodiscard]] counters report() const {
     const auto st = cache_->stats();
-    return {be_.allocation_count() - first_allocation_count_, st.hits, st.misses, st.peak_held_bytes};
+    // Driver calls: block allocations, and the calls that grew segments (cuMemCreate/cuMemMap
+    // commits, or segment allocations); held: blocks, segments' free bytes and plan arenas.
+    return {be_.allocation_count() - first_allocation_count_ + st.segment_grows, st.hits, st.misses,
+            st.peak_reserved_bytes};
   }
   [[nodiscard]] alloc_cache& cache() { return *cache_; }
   ~refpool_allocator() {

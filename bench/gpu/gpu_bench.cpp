@@ -139,13 +139,22 @@ struct runner {
       const int ops = 20000;
       double ours = 0;
       {
-        refpool_allocator a({}, "refpool exact");
+        cache_options o;
+        o.segments = refpool::segment_policy::off;
+        refpool_allocator a(o, "refpool exact");
         random_row(a, max_bytes, ops, ours);
       }
       for (unsigned divisions : {4u, 1u}) {
         cache_options o;
         o.rounding = rounding_policy::pow2(divisions);
+        o.segments = refpool::segment_policy::off;
         refpool_allocator a(o, fmt::format("refpool pow2:{}", divisions));
+        random_row(a, max_bytes, ops, ours);
+      }
+      {  // pieces carved from segments grown through the driver's virtual memory (the default for device memory)
+        cache_options o;
+        o.segments = refpool::segment_policy::on;
+        refpool_allocator a(o, "refpool segments");
         random_row(a, max_bytes, ops, ours);
       }
       { driver_allocator a; random_row(a, max_bytes, ops / 10, ours); }

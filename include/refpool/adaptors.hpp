@@ -127,6 +127,7 @@ class REFPOOL_API limiting_resource final : public resource {
   void order_streams(stream_ref producer, stream_ref consumer) override {
     upstream_->order_streams(producer, consumer);
   }
+  void synchronize() override { upstream_->synchronize(); }
   /// A limiting_virtual_memory over the upstream's address space, or nullptr if it has none.
   virtual_memory* address_space() noexcept override { return address_space_.get(); }
 
@@ -175,6 +176,7 @@ class REFPOOL_API failing_resource final : public resource {
   void order_streams(stream_ref producer, stream_ref consumer) override {
     upstream_->order_streams(producer, consumer);
   }
+  void synchronize() override { upstream_->synchronize(); }
   /// A failing_virtual_memory over the upstream's address space, or nullptr if it has none.
   virtual_memory* address_space() noexcept override { return address_space_.get(); }
 

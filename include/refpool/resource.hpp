@@ -11,8 +11,16 @@
 
 namespace refpool {
 
-/// Raw memory source behind a `backend`. Implementations must be thread-safe: the cache calls
-/// them from any thread, never while holding its own locks.
+/// Raw memory source behind a `backend`.
+///
+/// Thread safety: implementations must be thread-safe; refpool calls them from any thread. It
+/// never calls them while holding a cache's mutex or the lock of a cache's slot (so the hit
+/// path never waits for a driver call). Some calls do run under a lock of the one structure
+/// they grow or shrink, held only by threads that need that structure: a cache's segment heap
+/// for a backend (its growth, trim and device-wide waits: allocate, deallocate, order_streams,
+/// synchronize and the address space's calls) and a plan's arena. An implementation must
+/// therefore not call back into refpool (allocate through a cache, free a data_ref) from these
+/// calls.
 class REFPOOL_API resource {
  public:
   virtual ~resource() = default;
@@ -40,6 +48,13 @@ class REFPOOL_API resource {
     (void)producer;
     (void)consumer;
   }
+
+  /// Waits until all work submitted so far on every stream of the device has finished. The
+  /// cache calls it, rarely, before handing out memory whose last users it can no longer name
+  /// (bytes of a segment that more than eight streams used between two such waits:
+  /// docs/design.md, "Segments"). Host memory needs nothing, hence the default; a resource
+  /// whose memory is used on streams must override it (cuCtxSynchronize, hipDeviceSynchronize).
+  virtual void synchronize() {}
 
   /// The backend's reserve/commit interface, or nullptr when it has none (the default). Owned by
   /// the resource; lives as long as it. The segment allocator grows segments through it.

@@ -21,9 +21,12 @@ namespace refpool {
 /// committed by separate calls is contiguous in addresses but may be separate allocations to
 /// the driver (which matters for IPC and RDMA registration: docs/design.md, "Segments").
 ///
-/// Thread safety: implementations must be thread-safe; refpool never calls them while holding
-/// its own locks. Errors: `reserve` returns nullptr when address space runs out, `commit`
-/// returns false when the device is out of memory; any other failure throws `backend_error`.
+/// Thread safety: implementations must be thread-safe. refpool calls them under the lock of the
+/// segment heap or plan arena they grow or shrink, never under a cache's mutex or a slot's
+/// lock (see `resource`); they must not call back into refpool.
+///
+/// Errors: `reserve` returns nullptr when address space runs out, `commit` returns false when
+/// the device is out of memory; any other failure throws `backend_error`.
 class REFPOOL_API virtual_memory {
  public:
   virtual ~virtual_memory() = default;
@@ -36,8 +39,10 @@ class REFPOOL_API virtual_memory {
   [[nodiscard]] virtual void* reserve(std::size_t bytes) = 0;
   /// Backs [addr, addr + bytes) of a reserved range with memory. False when out of memory.
   [[nodiscard]] virtual bool commit(void* addr, std::size_t bytes) = 0;
-  /// Gives the memory behind [addr, addr + bytes) back; the range stays reserved. The caller has
-  /// made sure no work in flight still uses it.
+  /// Gives the memory behind [addr, addr + bytes) back; the range stays reserved. refpool calls
+  /// it for memory no handle reaches any more, but work enqueued on streams may still use it:
+  /// an implementation for a device with streams must wait for that work before unmapping
+  /// (synchronise the device, as cuMemFree does implicitly and PyTorch does before cuMemUnmap).
   virtual void decommit(void* addr, std::size_t bytes) noexcept = 0;
   /// Gives a reserved range back; nothing in it is committed any more.
   virtual void release(void* addr, std::size_t bytes) noexcept = 0;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include <refpool/alloc_cache.hpp>
 #include <refpool/resource.hpp>
 
 #include "ref_counted.hpp"
@@ -22,6 +23,11 @@ class backend_state : public ref_counted<backend_state> {
   [[nodiscard]] device_id device() const noexcept { return device_; }
   [[nodiscard]] memory_kind kind() const noexcept { return kind_; }
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
+  /// What a cache with segment policy `p` rounds this backend's keys up to: the piece unit of
+  /// its segment heap when the policy gives this backend segments, else 1 (plain blocks).
+  [[nodiscard]] std::size_t piece_unit(segment_policy p) const noexcept {
+    return piece_units_[static_cast<std::size_t>(p)];
+  }
 
   /// resource::allocate with accounting; nullptr means out of memory.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref stream);
@@ -40,6 +46,7 @@ class backend_state : public ref_counted<backend_state> {
   device_id device_;
   memory_kind kind_;
   std::size_t alignment_;
+  std::size_t piece_units_[3];  // by segment_policy: off, on, automatic
 };
 
 }  // namespace refpool::detail

@@ -12,11 +12,13 @@
 
 #include "cache/backend_state.hpp"
 #include "cache/spinlock.hpp"
+#include "segments/piece.hpp"
 
 namespace refpool::detail {
 
 struct block;
 struct bucket;
+struct cache_heap;
 class cache_state;
 
 /// Who takes a block back when its last handle goes.
@@ -71,6 +73,11 @@ struct alignas(64) block : block_header {
   /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.
   spinlock streams_lock;
   std::vector<stream_ref> extra_streams;
+
+  /// Cached blocks of a cache with segments: the segment heap the block is a piece of (its
+  /// memory goes back there, not to the backend), and the piece. Null for plain blocks.
+  cache_heap* heap = nullptr;
+  segment_piece piece;
 
   block() noexcept : home(nullptr) {}
 };

@@ -19,9 +19,6 @@ void raise_max(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
   }
 }
 
-/// Room for one more block in `home`'s idle list, so putting it back never allocates.
-void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + home.idle.size() + 1); }
-
 /// A direct block over `ptr` (from `backend`, which it holds), handed out once.
 block* direct_block(std::unique_ptr<block> made, backend_state& backend, void* ptr, std::size_t bytes,
                     stream_ref stream) noexcept {
@@ -46,7 +43,10 @@ void free_block(block* b) noexcept {
 }  // namespace
 
 cache_state::cache_state(const cache_options& options, bool bypass)
-    : rounding_(options.rounding), bypass_(bypass), max_idle_bytes_(options.max_idle_bytes) {
+    : rounding_(options.rounding),
+      segments_(options.segments),
+      bypass_(bypass),
+      max_idle_bytes_(options.max_idle_bytes) {
   tracking_idle_.store(options.max_idle_bytes != cache_options::unlimited);
 }
 
@@ -246,18 +246,9 @@ void* cache_state::allocate_or_reclaim(backend_state& backend, std::size_t bytes
       bytes, backend.device());
 }
 
-std::size_t cache_state::reclaim_for_retry(const backend_state& backend) {
-  std::size_t freed = 0;
-  {
-    std::lock_guard guard(mutex_);
-    freed = free_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
-  }
-  oom_retries_.fetch_add(1, std::memory_order_relaxed);
-  return freed;
-}
-
 block* cache_state::allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                                  stream_ref stream) {
+  if (backend.piece_unit(segments_) != 1) return allocate_piece(s, backend, key, requested, stream);
   auto made = std::make_unique<block>();  // before the backend call, so a bad_alloc leaks nothing
   void* ptr = allocate_or_reclaim(backend, key.bytes, requested, stream);
   block* b = made.get();
@@ -278,8 +269,22 @@ block* cache_state::allocate_new(slot& s, backend_state& backend, const block_ke
   }
   backend.retain();
   backend_allocations_.fetch_add(1, std::memory_order_relaxed);
-  raise_max(peak_held_bytes_, held_bytes_.fetch_add(key.bytes, std::memory_order_relaxed) + key.bytes);
+  count_held(key.bytes);
+  count_from_backends(key.bytes, 0);
   return made.release();
+}
+
+void cache_state::count_held(std::size_t bytes) noexcept {
+  raise_max(peak_held_bytes_, held_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void cache_state::count_from_backends(std::size_t added, std::size_t removed) noexcept {
+  if (added > removed) {
+    const std::size_t grown = added - removed;
+    raise_max(peak_from_backends_, from_backends_.fetch_add(grown, std::memory_order_relaxed) + grown);
+  } else if (removed > added) {
+    from_backends_.fetch_sub(removed - added, std::memory_order_relaxed);
+  }
 }
 
 block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
@@ -375,12 +380,43 @@ void cache_state::drop_orphan_ref(slot& s) noexcept {
 
 void cache_state::free_to_backend(block* b) noexcept {
   held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  if (cache_heap* h = b->heap) {
+    // A piece: back to its heap. After the cache is gone nothing carves from the heap any more,
+    // so its free memory goes back to the backend at once (all of it with the last piece).
+    std::lock_guard lock(h->mutex);
+    h->heap.give_back(b->piece, streams_of(*b));
+    if (closed()) {
+      const committed_change change(*this, *h);
+      try {
+        if (h->heap.stats().pieces_out == 0)
+          h->heap.release_all();
+        else
+          h->heap.trim(0);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+      }
+    }
+    b->backend->release();  // never the last reference: the heap holds one
+    delete b;
+    return;
+  }
   backend_frees_.fetch_add(1, std::memory_order_relaxed);
+  count_from_backends(0, b->capacity);
   free_block(b);
 }
 
-std::size_t cache_state::free_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
-                                          std::atomic<std::uint64_t>& counter) {
+std::size_t cache_state::free_blocks(const std::vector<block*>& blocks) noexcept {
+  std::size_t to_backends = 0;
+  for (block* b : blocks) {
+    if (b->heap == nullptr) to_backends += b->capacity;
+    free_to_backend(b);
+  }
+  return to_backends;
+}
+
+cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
+                                                        const std::function<bool(const block_key&)>& filter,
+                                                        std::atomic<std::uint64_t>& counter) {
   struct candidate {
     std::uint64_t idle_since;
     std::uint64_t idle_seq;
@@ -388,7 +424,7 @@ std::size_t cache_state::free_idle_locked(std::size_t keep, const std::function<
     slot* s;
   };
   std::vector<candidate> candidates;
-  std::vector<block*> chosen;
+  taken_blocks taken;
   std::size_t matching = 0;
   intrude_all();
   try {
@@ -401,41 +437,85 @@ std::size_t cache_state::free_idle_locked(std::size_t keep, const std::function<
         }
       });
     }
-    chosen.reserve(candidates.size());
+    taken.blocks.reserve(candidates.size());
   } catch (...) {
     leave_all();  // out of host memory for the list: free nothing this time
-    return 0;
+    taken.idle_left = matching;
+    return taken;
   }
   std::sort(candidates.begin(), candidates.end(), [](const candidate& x, const candidate& y) {
     return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.idle_seq < y.idle_seq;
   });
-  std::size_t freed = 0;
   for (const candidate& c : candidates) {
-    if (matching - freed <= keep) break;
+    if (matching - taken.bytes <= keep) break;
     bucket& home = *c.b->home;
     home.remove(c.b);
     remove_idle(*c.s, c.b);
     c.s->erase_if_unused(home);
-    freed += c.b->capacity;
-    chosen.push_back(c.b);
+    taken.bytes += c.b->capacity;
+    taken.blocks.push_back(c.b);
   }
   leave_all();
-  counter.fetch_add(chosen.size(), std::memory_order_relaxed);
-  for (block* b : chosen) free_to_backend(b);
+  taken.idle_left = matching - taken.bytes;
+  counter.fetch_add(taken.blocks.size(), std::memory_order_relaxed);
+  return taken;
+}
+
+std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter) {
+  taken_blocks taken;
+  std::vector<heap_use> heaps;
+  {
+    std::lock_guard guard(mutex_);
+    heaps = use_heaps_locked();  // first: once blocks are taken, nothing may throw before they are freed
+    taken = take_idle_locked(keep, [](const block_key&) { return true; }, counter);
+  }
+  std::size_t freed = free_blocks(taken.blocks);
+  // Free bytes of segments are idle memory too: they get what `keep` leaves after idle blocks.
+  const std::size_t heap_keep = keep > taken.idle_left ? keep - taken.idle_left : 0;
+  std::vector<std::unique_ptr<cache_heap>> dropped;  // destroyed last, with no lock held
+  const auto drop_empty = [&] {
+    heaps.clear();
+    std::lock_guard guard(mutex_);
+    dropped = drop_empty_heaps_locked();
+  };
+  try {
+    freed += trim_heaps(heaps, heap_keep, false);
+  } catch (...) {
+    drop_empty();
+    throw;
+  }
+  drop_empty();
+  return freed;
+}
+
+std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
+  taken_blocks taken;
+  std::vector<heap_use> heaps;
+  {
+    std::lock_guard guard(mutex_);
+    heaps = use_heaps_locked(&backend);
+    taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
+  }
+  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  std::size_t freed = free_blocks(taken.blocks);
+  freed += trim_heaps(heaps, 0, true);  // an out-of-memory path: a failed trim only means less memory
   return freed;
 }
 
 void cache_state::enforce_idle_limit() noexcept {
-  std::lock_guard guard(mutex_);
   const std::size_t limit = max_idle_bytes();
-  if (closed_.load(std::memory_order_relaxed) || idle_total_.load(std::memory_order_relaxed) <= limit) return;
-  free_idle_locked(limit, [](const block_key&) { return true; }, evictions_);
+  {
+    std::lock_guard guard(mutex_);
+    if (closed_.load(std::memory_order_relaxed) || idle_total_.load(std::memory_order_relaxed) <= limit) return;
+  }
+  try {
+    free_idle(limit, evictions_);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "refpool: trimming segments to the idle limit failed: {}\n", e.what());
+  }
 }
 
-std::size_t cache_state::reclaim(std::size_t keep_bytes) {
-  std::lock_guard guard(mutex_);
-  return free_idle_locked(keep_bytes, [](const block_key&) { return true; }, reclaimed_);
-}
+std::size_t cache_state::reclaim(std::size_t keep_bytes) { return free_idle(keep_bytes, reclaimed_); }
 
 void cache_state::set_max_idle_bytes(std::size_t bytes) {
   {
@@ -470,30 +550,33 @@ void cache_state::close() noexcept {
     if (plans != nullptr) plans->close();  // plans release their regions' memory as regions go
   }
   std::vector<block*> idle;
-  std::lock_guard guard(mutex_);
-  free_slots_.clear();
-  free_ambient_slots_.clear();
-  intrude_all();
-  std::size_t idle_count = 0;
-  for (const auto& s : slots_) s->buckets.for_each([&](const bucket& bk) { idle_count += bk.idle.size(); });
-  idle.reserve(idle_count);  // a bad_alloc here ends the process: host memory is gone anyway
-  for (const auto& s : slots_) {
-    // Releases racing with us see the marker from now on and free their blocks themselves.
-    if (block* late = s->handed_off.exchange(orphaned_marker, std::memory_order_acq_rel)) drain_list(*s, late);
-    std::size_t live = 0;
-    s->buckets.for_each([&](bucket& bk) {
-      for (block* b : bk.idle) idle.push_back(b);  // may grow past the reservation: late releases
-      bk.idle.clear();
-      live += bk.live;
-    });
-    const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
-    s->orphan_refs = live + (leased ? 1 : 0);
-    if (live != 0 || leased) retain();  // an orphaned slot needs our counters until its last block goes
+  {
+    std::lock_guard guard(mutex_);
+    free_slots_.clear();
+    free_ambient_slots_.clear();
+    intrude_all();
+    std::size_t idle_count = 0;
+    for (const auto& s : slots_) s->buckets.for_each([&](const bucket& bk) { idle_count += bk.idle.size(); });
+    idle.reserve(idle_count);  // a bad_alloc here ends the process: host memory is gone anyway
+    for (const auto& s : slots_) {
+      // Releases racing with us see the marker from now on and free their blocks themselves.
+      if (block* late = s->handed_off.exchange(orphaned_marker, std::memory_order_acq_rel)) drain_list(*s, late);
+      std::size_t live = 0;
+      s->buckets.for_each([&](bucket& bk) {
+        for (block* b : bk.idle) idle.push_back(b);  // may grow past the reservation: late releases
+        bk.idle.clear();
+        live += bk.live;
+      });
+      const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
+      s->orphan_refs = live + (leased ? 1 : 0);
+      if (live != 0 || leased) retain();  // an orphaned slot needs our counters until its last block goes
+    }
+    idle_total_.store(0, std::memory_order_relaxed);
+    leave_all();
+    std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs == 0; });
   }
-  idle_total_.store(0, std::memory_order_relaxed);
-  leave_all();
-  std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs == 0; });
-  for (block* b : idle) free_to_backend(b);
+  free_blocks(idle);  // pieces among them leave their heaps as closed heaps: trimmed at once
+  close_heaps();
 }
 
 // ---- stats --------------------------------------------------------------------------------
@@ -539,13 +622,17 @@ cache_stats cache_state::stats() const {
   out.peak_held_bytes = peak_held_bytes_.load();
   {
     std::unique_lock guard(mutex_);
+    add_segment_counters(out);
     if (extension_) extension_->add_counters(out);
   }
   const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
-  out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
-  out.peak_reserved_bytes = std::max(out.peak_held_bytes + out.arena_bytes + uncached_peak, out.reserved_bytes);
+  // Held from backends by blocks and segments (held + segment_free) peaks on its own: free bytes
+  // of segments rise when pieces go back, without held bytes falling at the same moment.
+  out.peak_reserved_bytes =
+      std::max(peak_from_backends_.load() + out.arena_bytes + uncached_peak, out.reserved_bytes);
   return out;
 }
 
@@ -556,6 +643,7 @@ void cache_state::reset_peaks() noexcept {
   leave_all();
   peak_held_bytes_.store(held_bytes_.load());
   peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
+  peak_from_backends_.store(from_backends_.load());
 }
 
 }  // namespace refpool::detail

@@ -2,23 +2,28 @@
 // live, idle and the backend. The hit path (acquire, release) is in hit_path.cpp; the slow paths
 // (steal, miss, reclaim, limits, close, stats, leases, steps) in cache_state.cpp.
 //
-// Locks. `mutex_` guards the slot list, leases, steps and block homes during steals. Every
-// thread that touches a slot it does not own (an intruder) holds mutex_ first, then the slot's
-// owner_lock; the owner never waits for mutex_ while inside its slot.
+// Locks. `mutex_` guards the slot list, leases, steps, block homes during steals and the list
+// of segment heaps. Every thread that touches a slot it does not own (an intruder) holds mutex_
+// first, then the slot's owner_lock; the owner never waits for mutex_ while inside its slot. A
+// segment heap's lock (cache_heap.hpp) is never taken under a slot's lock, and comes after
+// mutex_ where both are held. No backend call is made under mutex_ or a slot's lock.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <refpool/alloc_cache.hpp>
 #include <refpool/stats.hpp>
 
 #include "cache/block.hpp"
+#include "cache/cache_heap.hpp"
 #include "cache/slot.hpp"
 #include "ref_counted.hpp"
 
@@ -78,9 +83,16 @@ class cache_state : public ref_counted<cache_state> {
   void end_step() noexcept;
 
   // ---- the hit path (hit_path.cpp) ------------------------------------------------------------
-  /// The cache key of a request.
+  /// The cache key of a request: rounded by the cache's policy, then (where this cache carves
+  /// the backend's blocks from segments) up to the segment heap's piece unit, so that every
+  /// block of a key has the key's size, pieces included.
   [[nodiscard]] block_key key_of(const backend_state& backend, std::size_t bytes) const {
-    return {&backend, backend.device(), backend.kind(), backend.alignment(), rounding_.round(bytes)};
+    std::size_t rounded = rounding_.round(bytes);
+    const std::size_t unit = backend.piece_unit(segments_);  // 1: plain blocks
+    if (rounded > std::numeric_limits<std::size_t>::max() - (unit - 1)) [[unlikely]]
+      throw_piece_rounding_overflow(rounded, unit);
+    rounded = (rounded + unit - 1) & ~(unit - 1);
+    return {&backend, backend.device(), backend.kind(), backend.alignment(), rounded};
   }
   /// The common hit, inline-sized: the oldest idle block of the slot's most recent key, last
   /// used on `stream`, with nothing pending; null otherwise (then acquire() does the request).
@@ -105,6 +117,7 @@ class cache_state : public ref_counted<cache_state> {
     return max_idle_bytes_.load(std::memory_order_relaxed);
   }
   [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
+  [[nodiscard]] segment_policy segments() const noexcept { return segments_; }
   /// REFPOOL_NO_CACHING=1 was set when the cache was made: every request goes to the backend.
   [[nodiscard]] bool bypassed() const noexcept { return bypass_; }
 
@@ -114,9 +127,9 @@ class cache_state : public ref_counted<cache_state> {
   /// retried once, as for cached requests. Counted as an uncached allocation of this cache.
   block* allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream);
   /// The out-of-memory step of the ladder, for memory the cache does not hand out itself (plan
-  /// arenas): frees every idle block of `backend` (counted as reclaimed) and counts a retry.
-  /// Returns the bytes freed.
-  std::size_t reclaim_for_retry(const backend_state& backend);
+  /// arenas, and the miss path itself): frees every idle block of `backend` (counted as
+  /// reclaimed), trims its segment heaps, and counts a retry. Returns the bytes freed.
+  std::size_t reclaim_for_retry(backend_state& backend);
   /// An uncached block of this cache lost its last handle.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
@@ -124,6 +137,11 @@ class cache_state : public ref_counted<cache_state> {
   void add_unsafe_free() noexcept { extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed); }
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
+
+  /// For tests: checks every segment heap (segment_heap::check) and that the bytes of pieces
+  /// the heaps have out equal the bytes of this cache's blocks that are pieces, live and idle.
+  /// Throws std::logic_error naming the first violation.
+  void check_segments() const;
 
  private:
   friend class ref_counted<cache_state>;
@@ -147,15 +165,76 @@ class cache_state : public ref_counted<cache_state> {
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                       stream_ref stream);
   void* allocate_or_reclaim(backend_state& backend, std::size_t bytes, std::size_t requested, stream_ref stream);
-  std::size_t free_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
-                               std::atomic<std::uint64_t>& counter);
+
+  // Idle blocks leaving the cache: taken out of their slots under mutex_ (least recently
+  // released first), then freed with no lock held: plain blocks to their backend, pieces to
+  // their segment heap, which is then trimmed.
+  struct taken_blocks {
+    std::vector<block*> blocks;
+    std::size_t bytes = 0;       ///< their capacities
+    std::size_t idle_left = 0;   ///< idle bytes of matching blocks left in the cache
+  };
+  taken_blocks take_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
+                                std::atomic<std::uint64_t>& counter);
+  std::size_t free_blocks(const std::vector<block*>& blocks) noexcept;  // bytes freed to backends
+  /// Frees idle blocks until at most `keep` idle bytes remain (idle blocks, then segment free
+  /// bytes); returns the bytes given back to backends. Trims throw only what order_streams throws.
+  std::size_t free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter);
+  /// The out-of-memory step for `backend`: its idle blocks (all slots) leave, its heap is trimmed
+  /// to nothing. Counts a retry. Returns the bytes given back to the backend.
   void enforce_idle_limit() noexcept;
   void free_to_backend(block* b) noexcept;
+  void count_held(std::size_t bytes) noexcept;  // a block joined the cache: held_bytes and its peak
+  /// Bytes held from backends (plain blocks + committed segment bytes) changed.
+  void count_from_backends(std::size_t added, std::size_t removed) noexcept;
+  /// Counts the change in a heap's committed bytes over its lifetime (a grow, trim or release
+  /// under the heap's lock) into from_backends_.
+  class committed_change {
+   public:
+    committed_change(cache_state& cache, cache_heap& h) noexcept
+        : cache_(cache), heap_(h.heap), before_(h.heap.committed_bytes()) {}
+    ~committed_change() { cache_.count_from_backends(heap_.committed_bytes(), before_); }
+    committed_change(const committed_change&) = delete;
+    committed_change& operator=(const committed_change&) = delete;
+
+   private:
+    cache_state& cache_;
+    const segment_heap& heap_;
+    std::size_t before_;
+  };
+
+  // Segments (cache_segments.cpp).
+  [[noreturn]] static void throw_piece_rounding_overflow(std::size_t bytes, std::size_t unit);
+  /// This cache's heap for `backend`, made if absent, with one use held for the caller.
+  heap_use use_heap(backend_state& backend);
+  /// Every heap (or `backend`'s only), with one use held for the caller. Caller holds mutex_.
+  std::vector<heap_use> use_heaps_locked(const backend_state* only = nullptr);
+  /// Takes out the heaps that hold no segment and have no user, for the caller to destroy once
+  /// it left mutex_ (a heap holds its backend: the last reference may destroy a resource).
+  /// Caller holds mutex_.
+  std::vector<std::unique_ptr<cache_heap>> drop_empty_heaps_locked() noexcept;
+  block* allocate_piece(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+                        stream_ref stream);
+  segment_heap::carved carve_piece(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,
+                                   stream_ref stream);
+  /// Gives every idle piece of `h` in the pool of `bytes` back to the heap (this slot's, then
+  /// other slots'), where they coalesce. Returns how many. Takes mutex_.
+  std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
+  void detach_idle(slot& s, const std::vector<block*>& pieces, std::size_t from) noexcept;  // caller holds s
+  /// Gives detached idle pieces back to `h` and deletes their blocks. Returns how many.
+  std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
+  void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
+  /// Trims the heaps so that at most `keep` of their bytes stay free, in total. Returns the
+  /// bytes given back. `quiet`: report failures on stderr instead of throwing.
+  std::size_t trim_heaps(const std::vector<heap_use>& heaps, std::size_t keep, bool quiet);
+  void close_heaps() noexcept;
+  void add_segment_counters(cache_stats& out) const;  // caller holds mutex_
   void release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
   void release_orphaned(slot& s, block* b) noexcept;
   void drop_orphan_ref(slot& s) noexcept;
 
   const rounding_policy rounding_;
+  const segment_policy segments_;
   const bool bypass_;
   std::atomic<std::size_t> max_idle_bytes_;
   std::atomic<bool> closed_{false};
@@ -165,6 +244,8 @@ class cache_state : public ref_counted<cache_state> {
   std::vector<slot*> free_slots_;          // scope slots not leased now
   std::vector<slot*> free_ambient_slots_;  // cache-level slots whose thread ended
   std::unique_ptr<cache_extension> extension_;
+  std::vector<std::unique_ptr<cache_heap>> heaps_;  // one per backend with segments, made on its first miss
+  segment_heap_stats dropped_heap_counts_;          // event counters of heaps dropped since
 
   // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
   std::atomic<std::uint64_t> step_epoch_{0};
@@ -193,7 +274,12 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<std::uint64_t> extra_unsafe_frees_{0};
   std::atomic<std::size_t> held_bytes_{0};
   std::atomic<std::size_t> peak_held_bytes_{0};
+  std::atomic<std::size_t> from_backends_{0};  // held + segment free bytes: plain blocks + committed segments
+  std::atomic<std::size_t> peak_from_backends_{0};
 };
+
+/// Room for one more block in `home`'s idle list, so putting it back never allocates.
+inline void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + home.idle.size() + 1); }
 
 /// A block straight from `backend`, owned by no cache: freed to it on its last release.
 /// Throws out_of_memory at once (there is no cache to reclaim).

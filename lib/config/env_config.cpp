@@ -15,7 +15,7 @@ namespace refpool::detail {
 
 namespace {
 
-constexpr std::string_view known_keys = "rounding, max_idle_bytes, log, stats_at_exit";
+constexpr std::string_view known_keys = "rounding, max_idle_bytes, segments, log, stats_at_exit";
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view allowed) {
   throw config_error(fmt::format("refpool: REFPOOL_CONF key '{}' has value '{}'; allowed: {}", key, value,
@@ -65,6 +65,13 @@ rounding_policy parse_rounding(std::string_view value) {
   bad_value("rounding", value, allowed);
 }
 
+segment_policy parse_segments(std::string_view value) {
+  if (value == "off") return segment_policy::off;
+  if (value == "on") return segment_policy::on;
+  if (value == "auto") return segment_policy::automatic;
+  bad_value("segments", value, "off, on, auto");
+}
+
 bool parse_flag(std::string_view key, std::string_view value) {
   if (value == "1" || value == "true") return true;
   if (value == "0" || value == "false") return false;
@@ -99,6 +106,8 @@ env_config parse_conf(std::string_view conf) {
     } else if (key == "max_idle_bytes") {
       config.max_idle_bytes = parse_bytes(value);
       if (!config.max_idle_bytes) bad_value(key, value, "a byte count, optionally with K, M, G or T (e.g. 512M)");
+    } else if (key == "segments") {
+      config.segments = parse_segments(value);
     } else if (key == "log") {
       if (value.empty()) bad_value(key, value, "a file path");
       config.log_path = value;
@@ -126,6 +135,5 @@ const env_config& environment() {
   }();
   return config;
 }
-
 
 }  // namespace refpool::detail

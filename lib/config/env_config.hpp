@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include <refpool/alloc_cache.hpp>
 #include <refpool/rounding.hpp>
 
 namespace refpool::detail {
@@ -16,6 +17,7 @@ struct env_config {
   bool no_caching = false;                  ///< REFPOOL_NO_CACHING=1: every scope runs uncached
   std::optional<rounding_policy> rounding;  ///< REFPOOL_CONF rounding:...
   std::optional<std::size_t> max_idle_bytes;
+  std::optional<segment_policy> segments;   ///< REFPOOL_CONF segments:off|on|auto
   std::string log_path;                     ///< REFPOOL_CONF log:<file>
   bool stats_at_exit = false;               ///< REFPOOL_CONF stats_at_exit:1
 };

@@ -137,6 +137,8 @@ void segment_heap::prepare_carve(pool_state& pool) {
   // as it has pieces out, and a give_back uses at most one.
   pool.free.reserve(pieces_out_ + 3);
   while (spare_ranges_.size() < 2) spare_ranges_.push_back(std::make_unique<range>());
+  // Room to keep the records give_back frees, so that a carve after it needs no allocation.
+  if (spare_ranges_.capacity() < spare_records) spare_ranges_.reserve(spare_records);
 }
 
 segment_heap::carved segment_heap::take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept {
@@ -206,7 +208,7 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
   return take(pool, fit{r, *offset}, n, stream);
 }
 
-void segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
+std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
   range* r = p.node;
   assert(r != nullptr && !r->free && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
          r->bytes == p.bytes);
@@ -224,7 +226,7 @@ void segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept
     before->bytes += r->bytes;
     before->streams.merge(r->streams);
     unlink(seg, r);
-    delete r;
+    keep_spare(r);
     r = before;
     ++counts_.merges;
   }
@@ -233,10 +235,20 @@ void segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept
     r->bytes += after->bytes;
     r->streams.merge(after->streams);
     unlink(seg, after);
-    delete after;
+    keep_spare(after);
     ++counts_.merges;
   }
   pool.free.insert(r);
+  return r->bytes;
+}
+
+void segment_heap::keep_spare(range* r) noexcept {
+  if (spare_ranges_.size() < spare_ranges_.capacity()) {
+    *r = range{};
+    spare_ranges_.emplace_back(r);  // within capacity: never allocates
+  } else {
+    delete r;
+  }
 }
 
 void segment_heap::forget_streams() noexcept {

@@ -13,6 +13,7 @@
 #include <refpool/backend.hpp>
 
 #include "free_index.hpp"
+#include "piece.hpp"
 #include "segment.hpp"
 #include "stream_set.hpp"
 
@@ -23,7 +24,7 @@ namespace refpool::detail {
 struct segment_heap_options {
   /// Pieces are multiples of this (raised to the backend's alignment if that is larger). 512 as
   /// in PyTorch: a 1-byte request costs 512 B, and the unit keeps free ranges few.
-  std::size_t piece_granularity = 512;
+  std::size_t piece_granularity = default_piece_unit;
   /// Requests up to this size are small and come from the small pool, so that small pieces,
   /// which often live long (parameters, scalars), never pin a large segment.
   std::size_t small_max = std::size_t{1} << 20;
@@ -97,12 +98,7 @@ class segment_heap {
  public:
   /// A piece handed out: `bytes` (the request rounded up to the piece granularity) at
   /// `address`. The caller keeps it and passes it to give_back exactly once.
-  struct piece {
-    void* address = nullptr;
-    std::size_t bytes = 0;
-    std::uint64_t segment = 0;  ///< id of the segment it lies in (for stats and tests)
-    range* node = nullptr;      ///< internal
-  };
+  using piece = segment_piece;
   struct carved {
     piece p;
     /// Streams that may still use the piece's bytes, without the requesting stream.
@@ -134,8 +130,12 @@ class segment_heap {
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,
                                                  placement where = placement::anywhere);
   /// The piece becomes free, joined with free neighbours in its segment. `used_on`: every
-  /// stream that may still use it (its last stream plus any recorded ones).
-  void give_back(const piece& p, const stream_set& used_on) noexcept;
+  /// stream that may still use it (its last stream plus any recorded ones). Returns the size
+  /// of the free range it is now part of.
+  std::size_t give_back(const piece& p, const stream_set& used_on) noexcept;
+  /// True when pieces of `bytes` (a piece size) come from the small pool; pieces of one pool
+  /// never coalesce with the other's. Needs no lock: it depends on the options only.
+  [[nodiscard]] bool small(std::size_t bytes) const noexcept { return bytes <= options_.small_max; }
 
   /// Gives memory back to the backend until at most `keep_bytes` are free or nothing more can
   /// go: whole free segments first (least recently used first), then free tails of
@@ -152,6 +152,8 @@ class segment_heap {
   /// Number of physical allocations the piece lies in (1 unless it crosses commits).
   [[nodiscard]] std::size_t physical_allocations(const piece& p) const noexcept;
   [[nodiscard]] segment_heap_stats stats() const noexcept;
+  /// stats().committed_bytes, cheaply.
+  [[nodiscard]] std::size_t committed_bytes() const noexcept { return committed_; }
   [[nodiscard]] const backend& source() const noexcept { return backend_; }
   /// True when segments grow through virtual memory.
   [[nodiscard]] bool uses_virtual_memory() const noexcept { return vm_ != nullptr; }
@@ -205,7 +207,10 @@ class segment_heap {
   bool host_visible_;    ///< host memory: free bytes are poisoned under ASan
   std::array<pool_state, 2> pools_;
   std::vector<std::unique_ptr<segment>> segments_;
-  /// Range records made ahead of a carve (prepare_carve), so that take() cannot fail.
+  /// Range records made ahead of a carve (prepare_carve), so that take() cannot fail, and
+  /// records give_back freed, kept for the next carves (up to spare_records).
+  static constexpr std::size_t spare_records = 16;
+  void keep_spare(range* r) noexcept;
   std::vector<std::unique_ptr<range>> spare_ranges_;
 
   std::uint64_t tick_ = 0;

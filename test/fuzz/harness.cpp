@@ -28,6 +28,7 @@
 #include <refpool/refpool.hpp>
 
 #include "model.hpp"
+#include "segment_shadow.hpp"
 #include "tracking_resource.hpp"
 
 namespace rp = refpool;
@@ -359,6 +360,7 @@ class session {
   void* loop_stream_ = nullptr;
   int loop_cache_ = -1;
   int cur_[2] = {-1, -1};
+  std::unique_ptr<segment_shadow> shadow_;  // a third cache, with segments (segment_shadow.hpp)
   std::vector<real_frame> frames_[threads];
   handle h_[handle_count];
   model_handle mh_[handle_count];
@@ -1354,6 +1356,7 @@ void session::run_op(op f, int t, std::size_t code) {
   (this->*f)(t);
   all.operations += 1;
   check_all();
+  shadow_->step(code, t, n);
   if (n % 16 == 15) verify_all("periodic check");
   if (n % 64 == 63) log_.compact();
 }
@@ -1569,6 +1572,7 @@ void session::cleanup() {
     m_.close_cache(cur_[c]);
   }
   m_.expect_no_more_events("destroying the caches");
+  shadow_->finish();
   if (!m_.blocks.empty()) fail(fmt::format("model: {} blocks left at the end", m_.blocks.size()));
   for (int b = 0; b < backends; ++b)
     if (be_[b].outstanding_bytes() != 0 || limited_[b]->used() != 0)
@@ -1610,6 +1614,12 @@ void session::cleanup() {
 
 void session::run() {
   seed_ = in_.byte();
+  shadow_ = std::make_unique<segment_shadow>(seed_, [](int t, const std::function<void()>& job) {
+    if (t == 0)
+      job();
+    else
+      helper().run(job);
+  });
   make_backends();
   for (int c = 0; c < 2; ++c) {
     model_rounding rounding;
@@ -1668,6 +1678,7 @@ void print_totals() {
              "cache-level requests\n",
              all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.stale,
              all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.steps, all.cache_level);
+  print_segment_totals();
   std::fflush(stderr);
 }
 

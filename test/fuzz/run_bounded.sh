@@ -1,13 +1,13 @@
 #!/bin/sh
 # Usage: run_bounded.sh FUZZER CORPUS. Runs the libFuzzer target for REFPOOL_FUZZ_SECONDS (60),
 # seeded with CORPUS (read only: new inputs go to a temporary folder), and passes when nothing
-# crashed and at least REFPOOL_FUZZ_MIN_OPS (1000000) operations were checked. A crashing input
+# crashed and at least REFPOOL_FUZZ_MIN_OPS (200000) operations were checked. A crashing input
 # is kept as fuzz-crash-* in the current folder (meson's build folder).
 set -u
 fuzzer=$1
 corpus=$2
 seconds=${REFPOOL_FUZZ_SECONDS:-60}
-min_ops=${REFPOOL_FUZZ_MIN_OPS:-1000000}
+min_ops=${REFPOOL_FUZZ_MIN_OPS:-200000}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$fuzzer" -max_total_time="$seconds" -max_len=4096 -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 \

@@ -1,14 +1,19 @@
 // tracking_resource: an adaptor for segment tests that passes every call to its upstream and
 // keeps the books from the outside: bytes allocated, address space reserved, bytes committed,
-// and how many requests the upstream refused. A heap that leaks or double-frees shows up here,
-// whatever the heap's own counters say.
+// how many requests the upstream refused, and every stream ordering and device-wide wait asked
+// for. A heap that leaks or double-frees, or a wait that goes missing, shows up here, whatever
+// the heap's own counters say. It may report another memory kind than its upstream's (the
+// cache's segment policy depends on it; the memory stays host memory).
 #pragma once
 
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include <refpool/resource.hpp>
 #include <refpool/virtual_memory.hpp>
@@ -63,13 +68,16 @@ class tracking_resource final : public resource {
   };
 
  public:
-  explicit tracking_resource(std::shared_ptr<resource> upstream) : upstream_(std::move(upstream)) {
-    if (virtual_memory* vm = upstream_->address_space()) vm_ = std::make_unique<tracking_vm>(*this, *vm);
+  explicit tracking_resource(std::shared_ptr<resource> upstream, std::optional<memory_kind> reported_kind = {},
+                             bool with_address_space = true)
+      : upstream_(std::move(upstream)), reported_kind_(reported_kind) {
+    if (virtual_memory* vm = upstream_->address_space(); vm != nullptr && with_address_space)
+      vm_ = std::make_unique<tracking_vm>(*this, *vm);
   }
 
   std::string_view name() const noexcept override { return upstream_->name(); }
   device_id device() const noexcept override { return upstream_->device(); }
-  memory_kind kind() const noexcept override { return upstream_->kind(); }
+  memory_kind kind() const noexcept override { return reported_kind_.value_or(upstream_->kind()); }
   std::size_t alignment() const noexcept override { return upstream_->alignment(); }
   void* allocate(std::size_t bytes, stream_ref stream) override {
     void* p = upstream_->allocate(bytes, stream);
@@ -89,6 +97,16 @@ class tracking_resource final : public resource {
     ++deallocations_;
   }
   virtual_memory* address_space() noexcept override { return vm_.get(); }
+  void order_streams(stream_ref producer, stream_ref consumer) override {
+    upstream_->order_streams(producer, consumer);
+    std::lock_guard guard(mutex_);
+    orders_.emplace_back(producer, consumer);
+  }
+  void synchronize() override {
+    upstream_->synchronize();
+    std::lock_guard guard(mutex_);
+    ++synchronizations_;
+  }
 
   /// Backend allocations plus commits outstanding: the memory the heap holds.
   std::size_t held() const {
@@ -106,14 +124,21 @@ class tracking_resource final : public resource {
   /// Requests the upstream answered with "out of memory" / "no address space".
   std::size_t refusals() const { std::lock_guard guard(mutex_); return refusals_; }
   std::size_t bad_releases() const { std::lock_guard guard(mutex_); return bad_releases_; }
+  /// Every order_streams(producer, consumer) so far, in order.
+  std::vector<std::pair<stream_ref, stream_ref>> orders() const { std::lock_guard guard(mutex_); return orders_; }
+  void clear_orders() { std::lock_guard guard(mutex_); orders_.clear(); }
+  std::size_t synchronizations() const { std::lock_guard guard(mutex_); return synchronizations_; }
 
  private:
   std::shared_ptr<resource> upstream_;
+  std::optional<memory_kind> reported_kind_;
   std::unique_ptr<tracking_vm> vm_;
   mutable std::mutex mutex_;
   std::size_t allocated_ = 0, committed_ = 0, reserved_ = 0;
   std::size_t allocations_ = 0, deallocations_ = 0, commits_ = 0, decommits_ = 0, refusals_ = 0, bad_releases_ = 0;
   std::map<void*, std::size_t> reservations_;
+  std::vector<std::pair<stream_ref, stream_ref>> orders_;
+  std::size_t synchronizations_ = 0;
 };
 
 }  // namespace refpool::test

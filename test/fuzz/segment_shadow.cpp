@@ -1,0 +1,289 @@
+// The fuzz harness's property-checked cache with segments (segment_shadow.hpp).
+#include "segment_shadow.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "model.hpp"  // fail()
+
+namespace rp = refpool;
+
+namespace refpool_fuzz {
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+/// The shadow backend's memory: small enough that the out-of-memory ladder runs often.
+constexpr std::size_t capacity = 24 * MiB;
+/// Sizes: mostly small (the small pool, exact-key hits), some large, a few that fill the limit.
+constexpr std::size_t sizes[] = {1,        100,      512,      513,       1000,      4096,     4096,
+                                 10000,    64 * KiB, 64 * KiB, 100 * KiB, 600 * KiB, MiB,      MiB + 1,
+                                 2 * MiB,  3 * MiB,  5 * MiB,  7 * MiB,   11 * MiB,  20 * MiB, 30 * MiB};
+constexpr std::size_t keeps[] = {0, 4 * KiB, MiB, 4 * MiB, rp::cache_options::unlimited};
+constexpr std::size_t limits[] = {rp::cache_options::unlimited, 0, 64 * KiB, 2 * MiB, 8 * MiB};
+
+struct shadow_totals {
+  std::uint64_t operations = 0, pieces = 0, out_of_memory = 0, injected = 0, orphaned_caches = 0, cross_stream = 0;
+  std::uint64_t grows = 0, splits = 0, merges = 0;
+} totals;
+
+std::uint64_t mix(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+rp::stream_ref stream_of(std::uint64_t h) {
+  const std::uint64_t s = h % 12;  // mostly the default stream; ten others, so sets can overflow
+  return {s < 2 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s) << 12)};
+}
+
+/// Where the stamps of a piece of `bytes` go: one word every `stride` bytes.
+std::size_t stride_for(std::size_t bytes) { return bytes <= 64 * KiB ? 512 : 64 * KiB; }
+
+}  // namespace
+
+segment_shadow::segment_shadow(std::uint64_t seed, runner run_on)
+    : seed_(seed),
+      run_on_(std::move(run_on)),
+      limited_(std::make_shared<rp::limiting_resource>(rp::make_host_resource(), capacity)),
+      failing_(std::make_shared<rp::failing_resource>(limited_)),
+      be_(failing_) {
+  recreate();
+}
+
+segment_shadow::~segment_shadow() = default;
+
+void segment_shadow::recreate() {
+  if (step_) step_->end();
+  step_.reset();
+  rp::cache_options o;
+  o.segments = rp::segment_policy::on;
+  cache_ = std::make_unique<rp::alloc_cache>(o);  // the old one goes: its live pieces are orphans now
+  ++generation_;
+}
+
+void segment_shadow::stamp(const piece& p) {
+  auto* bytes = static_cast<unsigned char*>(p.ref.data());
+  const std::size_t n = p.ref.bytes();
+  for (std::size_t off = 0; off + 8 <= n; off += stride_for(n)) {
+    const std::uint64_t v = p.stamp + off;
+    std::memcpy(bytes + off, &v, sizeof v);
+  }
+}
+
+void segment_shadow::verify(const piece& p, const char* when) const {
+  const auto* bytes = static_cast<const unsigned char*>(p.ref.data());
+  const std::size_t n = p.ref.bytes();
+  for (std::size_t off = 0; off + 8 <= n; off += stride_for(n)) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, bytes + off, sizeof v);
+    if (v != p.stamp + off)
+      fail(fmt::format("segments: the piece at {} ({} B) lost its owner's stamp at offset {} ({}): another owner "
+                       "wrote it",
+                       p.ref.data(), n, off, when));
+  }
+}
+
+void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
+  drop(slot, "before it was replaced");
+  const std::size_t bytes = sizes[h % std::size(sizes)];
+  const rp::stream_ref s = stream_of(h >> 8);
+  piece made;
+  std::string error;
+  bool bad = false;
+  run_on_(t, [&] {
+    try {
+      made.ref = cache_->allocate(be_, bytes, s);
+    } catch (const rp::out_of_memory&) {
+      ++totals.out_of_memory;
+    } catch (const rp::backend_error& e) {
+      ++totals.injected;
+      bad = e.native_code() != -1;
+      error = e.what();
+    } catch (const std::exception& e) {
+      bad = true;
+      error = e.what();
+    }
+  });
+  if (bad) fail(fmt::format("segments: a request of {} B threw something else than out of memory or the injected "
+                            "backend_error: {}", bytes, error));
+  if (!made.ref) return;
+  if (made.ref.bytes() != bytes || made.ref.capacity() < bytes || made.ref.capacity() % 512 != 0)
+    fail(fmt::format("segments: a request of {} B got {} B in a block of {} B", bytes, made.ref.bytes(),
+                     made.ref.capacity()));
+  made.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
+  made.generation = generation_;
+  ++totals.pieces;
+  stamp(made);
+  pieces_[slot] = std::move(made);
+}
+
+void segment_shadow::drop(std::size_t slot, const char* when) {
+  piece& p = pieces_[slot];
+  if (!p.ref) return;
+  verify(p, when);
+  p = piece{};
+}
+
+void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
+  const std::uint64_t h = mix(seed_ * 0x100000001B3ull ^ n);
+  const std::size_t slot = h % slots;
+  piece& p = pieces_[slot];
+  switch (op) {
+    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 7:  // allocations
+      allocate(t, slot, h >> 4);
+      break;
+    case 8: case 9: case 10:  // drops, on either thread
+      if (p.ref) {
+        verify(p, "before its last handle went");
+        run_on_(t, [&] { p = piece{}; });
+      }
+      break;
+    case 11: case 12: case 13: {  // hand a piece to another slot
+      const std::size_t to = (slot + 1 + (h >> 20) % (slots - 1)) % slots;
+      drop(to, "before it was replaced");
+      pieces_[to] = std::move(p);
+      p = piece{};
+      break;
+    }
+    case 18: case 19:  // unsafe_free
+      if (p.ref) {
+        verify(p, "before unsafe_free");
+        run_on_(t, [&] { p.ref.unsafe_free(); });
+        bool threw = false;
+        try {
+          (void)p.ref.data();
+        } catch (const rp::use_after_free&) {
+          threw = true;
+        }
+        if (!threw) fail("segments: data() after unsafe_free did not throw use_after_free");
+        p = piece{};
+      }
+      break;
+    case 20: case 21:  // a new owner's pattern
+      if (p.ref) {
+        p.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
+        stamp(p);
+      }
+      break;
+    case 22:
+      if (p.ref) p.ref.record_stream(stream_of(h >> 12));
+      break;
+    case 23: case 24:
+      if (!step_) step_ = std::make_unique<rp::step>(*cache_);
+      break;
+    case 26: case 27: case 28:
+      if (step_) run_on_(t, [&] { step_.reset(); });
+      break;
+    case 25: case 29:
+      run_on_(t, [&] { cache_->reclaim(keeps[(h >> 16) % std::size(keeps)]); });
+      break;
+    case 30:
+      run_on_(t, [&] { cache_->set_max_idle_bytes(limits[(h >> 16) % std::size(limits)]); });
+      break;
+    case 31: {
+      const auto how = (h >> 16) % 3 == 0 ? rp::failing_resource::failure::backend_error
+                                          : rp::failing_resource::failure::out_of_memory;
+      failing_->arm(1 + (h >> 20) % 3, 1 + (h >> 24) % 2, how);
+      break;
+    }
+    case 32:
+      if ((h >> 16) % 4 == 0) {
+        add_totals();
+        recreate();
+        ++totals.orphaned_caches;
+      }
+      break;
+    case 34: case 35:  // a short loop of one size: exact-key hits on the same piece
+      for (int i = 0; i < 4; ++i) {
+        allocate(t, slot, h >> 4);
+        drop(slot, "in a loop");
+      }
+      break;
+    default:  // verify
+      for (const piece& q : pieces_)
+        if (q.ref) verify(q, "on a verify operation");
+      break;
+  }
+  ++totals.operations;
+  check(n % 8 == 7);  // the stats (a barrier on every thread) only every 8 operations
+}
+
+void segment_shadow::add_totals() const {
+  const rp::cache_stats st = cache_->stats();
+  totals.grows += st.segment_grows;
+  totals.splits += st.splits;
+  totals.merges += st.merges;
+  totals.cross_stream += st.cross_stream_reuses;
+}
+
+void segment_shadow::check(bool with_stats) {
+  // No two live pieces overlap (each slot holds a block of its own: pieces are never copied here).
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> spans;
+  std::size_t live_blocks = 0;
+  std::size_t live_bytes = 0;
+  bool orphans = false;
+  for (const piece& p : pieces_) {
+    if (!p.ref) continue;
+    const auto at = reinterpret_cast<std::uintptr_t>(p.ref.data());
+    spans.emplace_back(at, at + p.ref.capacity());
+    if (p.generation == generation_) {
+      ++live_blocks;
+      live_bytes += p.ref.capacity();
+    } else {
+      orphans = true;
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second)
+      fail(fmt::format("segments: live pieces overlap: [{:#x}, {:#x}) and [{:#x}, {:#x})", spans[i - 1].first,
+                       spans[i - 1].second, spans[i].first, spans[i].second));
+  if (!with_stats) return;
+  // Byte accounting.
+  const rp::cache_stats st = cache_->stats();
+  const std::size_t out = be_.outstanding_bytes();
+  if (st.segment_bytes < st.segment_free_bytes || st.held_bytes != st.segment_bytes - st.segment_free_bytes)
+    fail(fmt::format("segments: {} B held in blocks, but the segments hold {} B of which {} B are free", st.held_bytes,
+                     st.segment_bytes, st.segment_free_bytes));
+  if (st.reserved_bytes != st.held_bytes + st.segment_free_bytes || st.peak_reserved_bytes < st.reserved_bytes)
+    fail(fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B", st.reserved_bytes,
+                     st.peak_reserved_bytes, st.held_bytes, st.segment_free_bytes));
+  if (out != limited_->used())
+    fail(fmt::format("segments: the backend has {} B out, its limit adaptor counts {} B", out, limited_->used()));
+  if (orphans ? out < st.reserved_bytes : out != st.reserved_bytes)
+    fail(fmt::format("segments: the backend has {} B out, the cache holds {} B{}", out, st.reserved_bytes,
+                     orphans ? " (and pieces of a destroyed cache)" : ""));
+  if (st.live_blocks != live_blocks || st.live_bytes != live_bytes)
+    fail(fmt::format("segments: the cache counts {} live blocks of {} B, the handles {} of {} B", st.live_blocks,
+                     st.live_bytes, live_blocks, live_bytes));
+}
+
+void segment_shadow::finish() {
+  failing_->disarm();
+  for (std::size_t i = 0; i < slots; ++i) drop(i, "at the end");
+  step_.reset();
+  check(true);
+  add_totals();
+  cache_.reset();
+  if (be_.outstanding_bytes() != 0 || limited_->used() != 0)
+    fail(fmt::format("segments: leak: the backend has {} B out after the cache went", be_.outstanding_bytes()));
+}
+
+void print_segment_totals() {
+  fmt::print(stderr,
+             "refpool fuzz, cache with segments: {} operations; {} pieces handed out, {} out of memory, {} injected "
+             "backend errors, {} caches destroyed with pieces live; segments grown {} times, {} splits, {} merges, "
+             "{} cross-stream reuses\n",
+             totals.operations, totals.pieces, totals.out_of_memory, totals.injected, totals.orphaned_caches,
+             totals.grows, totals.splits, totals.merges, totals.cross_stream);
+}
+
+}  // namespace refpool_fuzz
