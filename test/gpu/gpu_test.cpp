@@ -140,17 +140,44 @@ TEST_CASE("runtime errors are backend_error with the runtime's error name and th
   CHECK_THROWS_AS(rt::stream(rt::device_count()), backend_unavailable);
 }
 
+namespace {
+
+cache_options with_segments(segment_policy policy) {
+  cache_options options;
+  options.segments = policy;
+  return options;
+}
+
+}  // namespace
+
 TEST_CASE("a device budget makes the cache reclaim and retry, then report", "[gpu][oom]") {
   auto budget = std::make_shared<limiting_resource>(
       std::shared_ptr<resource>(&rt::device(0).underlying(), [](resource*) {}), 64u << 20);
   const backend be(budget);
-  alloc_cache cache{cache_options{}};
-  scope sc(cache);
-  { auto idle = empty<std::uint8_t>(be, {48u << 20}); }
-  auto fits_after_reclaim = empty<std::uint8_t>(be, {32u << 20});
-  CHECK(cache.stats().oom_retries == 1);
-  CHECK_THROWS_AS(empty<std::uint8_t>(be, {40u << 20}), out_of_memory);
-  CHECK(budget->used() == 32u << 20);
+  SECTION("one allocation per block: the idle 48 MiB block goes back, the 32 MiB request is retried") {
+    alloc_cache cache{with_segments(segment_policy::off)};
+    scope sc(cache);
+    { auto idle = empty<std::uint8_t>(be, {48u << 20}); }
+    auto fits_after_reclaim = empty<std::uint8_t>(be, {32u << 20});
+    CHECK(cache.stats().oom_retries == 1);
+    CHECK_THROWS_AS(empty<std::uint8_t>(be, {40u << 20}), out_of_memory);
+    CHECK(budget->used() == 32u << 20);
+  }
+  SECTION("segments: the idle 48 MiB piece goes back to its segment and holds the 32 MiB request") {
+    alloc_cache cache{with_segments(segment_policy::on)};
+    {
+      scope sc(cache);
+      { auto idle = empty<std::uint8_t>(be, {48u << 20}); }
+      auto carved = empty<std::uint8_t>(be, {32u << 20});
+      CHECK(budget->used() == 48u << 20);  // no new memory: carved from the free range
+      // 32 MiB out of 48 committed: 40 more would need 24 MiB beyond the 64 MiB budget.
+      CHECK_THROWS_AS(empty<std::uint8_t>(be, {40u << 20}), out_of_memory);
+      CHECK(cache.stats().ooms == 1);
+      CHECK(budget->used() <= 64u << 20);
+    }
+    cache.reclaim();
+    CHECK(budget->used() == 0);
+  }
 }
 
 TEST_CASE("exhausting the real device: out_of_memory, then reclaim-and-retry succeeds", "[gpu][oom]") {
@@ -158,30 +185,42 @@ TEST_CASE("exhausting the real device: out_of_memory, then reclaim-and-retry suc
   const auto [free_before, total] = rt::memory_info(0);
   const std::size_t chunk = std::max(total / 16, std::size_t{1} << 20);  // 8.8 GiB on an H200
   const std::size_t slack = std::min(std::size_t{1} << 30, chunk);       // what others may hold meanwhile
-  alloc_cache cache{cache_options{}};
-  {
-    scope sc(cache);
-    std::vector<array<std::uint8_t>> hold;
-    try {
-      for (;;) hold.push_back(empty<std::uint8_t>(be, {chunk}));
-    } catch (const out_of_memory& e) {
-      CHECK(e.requested_bytes() == chunk);
-      CHECK_THAT(e.what(), Catch::Contains(backend_name("device")) && Catch::Contains("live"));
+  for (const segment_policy policy : {segment_policy::off, segment_policy::on}) {
+    CAPTURE(policy == segment_policy::on ? "segments" : "one allocation per block");
+    alloc_cache cache{with_segments(policy)};
+    {
+      scope sc(cache);
+      std::vector<array<std::uint8_t>> hold;
+      try {
+        for (;;) hold.push_back(empty<std::uint8_t>(be, {chunk}));
+      } catch (const out_of_memory& e) {
+        CHECK(e.requested_bytes() == chunk);
+        CHECK_THAT(e.what(), Catch::Contains(backend_name("device")) && Catch::Contains("live"));
+      }
+      INFO("held " << hold.size() << " blocks of " << (chunk >> 20) << " MiB of " << (total >> 20) << " MiB");
+      REQUIRE(hold.size() >= 2);
+      CHECK(cache.stats().oom_retries == 1);
+    }  // all blocks go idle: the cache now holds nearly the whole device
+    CHECK(rt::memory_info(0).first < chunk);
+    {
+      scope sc(cache);
+      // No idle block of this size. Per block: the idle blocks are freed and the request retried.
+      // With segments the idle pieces go back to their segments first; chunks of a growable
+      // segment (below 256 MiB: small devices) coalesce and hold the request with no retry,
+      // huge chunks (an H200's 8.8 GiB) have segments of their own, trimmed before the retry.
+      auto bigger = empty<std::uint8_t>(be, {chunk + chunk / 2});
+      if (policy == segment_policy::off) {
+        CHECK(cache.stats().oom_retries == 2);
+        CHECK(cache.stats().reclaimed_blocks >= 2);
+      } else {
+        CHECK(cache.stats().oom_retries == (chunk >= (std::size_t{256} << 20) ? 2 : 1));
+      }
     }
-    INFO("held " << hold.size() << " blocks of " << (chunk >> 20) << " MiB of " << (total >> 20) << " MiB");
-    REQUIRE(hold.size() >= 2);
-    CHECK(cache.stats().oom_retries == 1);
-  }  // all blocks go idle: the cache now holds nearly the whole device
-  CHECK(rt::memory_info(0).first < chunk);
-  {
-    scope sc(cache);
-    auto bigger = empty<std::uint8_t>(be, {chunk + chunk / 2});  // no idle block of this size
-    CHECK(cache.stats().oom_retries == 2);
-    CHECK(cache.stats().reclaimed_blocks >= 2);
+    cache.reclaim();
+    CHECK(cache.stats().held_bytes == 0);
+    CHECK(cache.stats().reserved_bytes == 0);
+    CHECK(rt::memory_info(0).first + slack > free_before);  // all given back
   }
-  cache.reclaim();
-  CHECK(cache.stats().held_bytes == 0);
-  CHECK(rt::memory_info(0).first + slack > free_before);  // all given back
 }
 
 namespace {
