@@ -26,7 +26,11 @@ def _make_class():
     except ImportError as e:
         raise FrameworkError(f"refpool.numba needs Numba with CUDA support, which cannot be imported here: {e}") \
             from None
-    nvidia_binding = getattr(driver, "USE_NV_BINDING", False)
+    # Numba's driver layer takes cuda-python's CUdeviceptr when it runs on the NVIDIA binding (the
+    # only binding of newer numba-cuda releases, which no longer define USE_NV_BINDING), else ctypes.
+    nvidia_binding = getattr(driver, "USE_NV_BINDING", None)
+    if nvidia_binding is None:
+        nvidia_binding = hasattr(driver, "binding")
 
     def device_pointer(address):
         # The pointer type Numba's driver layer expects: cuda-python's CUdeviceptr, else ctypes.

@@ -71,9 +71,10 @@ def test_training_is_bitwise_identical_and_makes_no_driver_calls_after_warmup():
 def test_planned_steps_cover_backward():
     run = train("planned")
     hits, misses, recordings = zip(*run["plans"])
+    why = {k: v for k, v in run["stats"].items() if "plan" in k or "escape" in k or "conflict" in k}
     # After warm-up every step replays a plan whole, backward's requests (autograd thread) included.
-    assert recordings[3:] == (recordings[3],) * 5
-    assert misses[3:] == (misses[3],) * 5
+    assert recordings[3:] == (recordings[3],) * 5, (run["plans"], why)
+    assert misses[3:] == (misses[3],) * 5, (run["plans"], why)
     per_step = [b - a for a, b in zip(hits[3:], hits[4:])]
     assert per_step[0] > 0 and per_step == [per_step[0]] * 4
 
