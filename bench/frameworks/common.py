@@ -134,14 +134,15 @@ def refpool_figures():
     figures = {"peak_live_bytes": stats["peak_allocated_bytes"], "peak_held_bytes": stats["peak_reserved_bytes"],
                "held_bytes": stats["reserved_bytes"]}
     for name in ("arena_bytes", "planned_peak_live_bytes", "plan_hits", "plan_misses", "plan_recordings",
-                 "escapes", "backend_allocations", "uncached_allocations", "hits", "misses"):
+                 "escapes", "backend_allocations", "segment_grows", "uncached_allocations", "hits", "misses"):
         figures[name] = stats[name]
     return figures
 
 
 def refpool_driver_calls():
     stats = import_refpool().allocator.stats()
-    return stats["backend_allocations"] + stats["uncached_allocations"]
+    # Driver calls that obtained memory: block allocations, segment growth (commits), uncached ones.
+    return stats["backend_allocations"] + stats["segment_grows"] + stats["uncached_allocations"]
 
 
 def write(args, result):

@@ -112,19 +112,21 @@ _TORCH_KEYS = {
     "allocation.all.current": "live_blocks",
     "num_alloc_retries": "oom_retries",
     "num_ooms": "ooms",
-    "num_device_alloc": "backend_allocations",
     "num_device_free": "backend_frees",
 }
 
 
 def memory_stats(device=None):
     """Shaped like torch.cuda.memory_stats(): PyTorch's keys where refpool has a counter of the same
-    meaning (allocated = live bytes, reserved = held bytes, num_device_alloc = backend allocations...)
+    meaning (allocated = allocated_bytes, reserved = reserved_bytes, num_device_alloc = backend allocations
+    plus segment growth...)
     plus every refpool counter as "refpool.<name>". refpool's allocator has one cache for all devices:
     the figures cover every device, whatever `device` is."""
     del device  # accepted for torch.cuda.memory_stats compatibility
     stats = allocator.stats()
     result = {key: stats[name] for key, name in _TORCH_KEYS.items() if name in stats}
+    # cudaMalloc calls in PyTorch: here block allocations plus the commits that grew segments.
+    result["num_device_alloc"] = stats["backend_allocations"] + stats.get("segment_grows", 0)
     result.update({f"refpool.{name}": value for name, value in stats.items()})
     return collections.OrderedDict(sorted(result.items()))
 

@@ -33,7 +33,7 @@ LOOP = """
             results.append(float(cp.abs(spectrum).sum()).hex())
         if mode != "cupy":
             stats = refpool.cupy.stats()
-            driver.append(stats["backend_allocations"] + stats["uncached_allocations"])
+            driver.append(stats["backend_allocations"] + stats["segment_grows"] + stats["uncached_allocations"])
     print(json.dumps({"results": results, "driver": driver}))
 """
 

@@ -3,11 +3,29 @@ import textwrap
 
 import pytest
 
-from conftest import child_json
+from conftest import child_json, run_python
 
 numba_cuda = pytest.importorskip("numba.cuda")
 if not numba_cuda.is_available():
     pytest.skip("Numba sees no CUDA device", allow_module_level=True)
+
+# Numba alone, without refpool: a kernel compiled and launched with Numba's own memory manager. Where
+# that fails (on the H200 machine, numba-cuda 0.68's kernel compiler needs np.row_stack, which the
+# installed NumPy no longer has) the plugin cannot be tested, and the reason is Numba's.
+_alone = run_python("""
+    import numpy as np
+    from numba import cuda
+    @cuda.jit
+    def fill(x):
+        x[cuda.grid(1)] = 1
+    x = cuda.device_array(32, dtype=np.float32)
+    fill[1, 32](x)
+    assert (x.copy_to_host() == 1).all()
+""", check=False)
+if _alone.returncode != 0:
+    _reason = (_alone.stderr.strip().splitlines() or ["no output"])[-1]
+    pytest.skip(f"Numba cannot run a kernel here even with its own memory manager: {_reason}",
+                allow_module_level=True)
 
 KERNEL_LOOP = """
     import json
@@ -32,7 +50,7 @@ KERNEL_LOOP = """
             correct &= bool((out.copy_to_host() == 2 * np.arange(n, dtype=np.float32) + 1).all())
             del x, y, out
         stats = refpool.allocator.stats()
-        driver.append(stats["backend_allocations"] + stats["uncached_allocations"])
+        driver.append(stats["backend_allocations"] + stats["segment_grows"] + stats["uncached_allocations"])
     context = cuda.current_context()
     info = context.get_memory_info()
     try:

@@ -36,7 +36,8 @@ TRAIN = """
         losses.append(loss.item().hex())
         if mode != "torch":
             stats = refpool.torch.memory_stats()
-            driver.append(stats["refpool.backend_allocations"] + stats["refpool.uncached_allocations"])
+            driver.append(stats["refpool.backend_allocations"] + stats["refpool.segment_grows"]
+                          + stats["refpool.uncached_allocations"])
             plans.append([stats["refpool.plan_hits"], stats["refpool.plan_misses"], stats["refpool.plan_recordings"]])
     empty = torch.empty(0, device="cuda")
     result = {"losses": losses, "driver": driver, "plans": plans, "empty": empty.numel()}
@@ -72,11 +73,15 @@ def test_planned_steps_cover_backward():
     run = train("planned")
     hits, misses, recordings = zip(*run["plans"])
     why = {k: v for k, v in run["stats"].items() if "plan" in k or "escape" in k or "conflict" in k}
-    # After warm-up every step replays a plan whole, backward's requests (autograd thread) included.
+    # After warm-up no step records again: every step replays a plan, backward's requests (autograd
+    # thread) included. At most one request a step misses: the loop keeps `loss` past its step, so
+    # the next step's loss finds its region still held and takes a plain-cache block instead (a
+    # conflict); the step after gets the region back. Measured on the H200: misses alternate 0, 1.
     assert recordings[3:] == (recordings[3],) * 5, (run["plans"], why)
-    assert misses[3:] == (misses[3],) * 5, (run["plans"], why)
-    per_step = [b - a for a, b in zip(hits[3:], hits[4:])]
-    assert per_step[0] > 0 and per_step == [per_step[0]] * 4
+    missed = [b - a for a, b in zip(misses[3:], misses[4:])]
+    served = [(h2 - h1) + (m2 - m1) for h1, h2, m1, m2 in zip(hits[3:], hits[4:], misses[3:], misses[4:])]
+    assert all(m <= 1 for m in missed), (run["plans"], why)
+    assert served[0] > 1 and served == [served[0]] * 4, (run["plans"], why)  # every request of every step
 
 
 def test_memory_stats_mean_what_torchs_do():
@@ -84,8 +89,9 @@ def test_memory_stats_mean_what_torchs_do():
     stats = run["stats"]
     assert stats["allocated_bytes.all.current"] == stats["refpool.live_bytes"]
     assert stats["allocated_bytes.all.peak"] == stats["refpool.peak_live_bytes"] > 0
-    assert stats["reserved_bytes.all.current"] == stats["refpool.held_bytes"] >= stats["allocated_bytes.all.current"]
-    assert stats["num_device_alloc"] == stats["refpool.backend_allocations"]
+    assert stats["reserved_bytes.all.current"] == stats["refpool.reserved_bytes"] >= stats["allocated_bytes.all.current"]
+    assert stats["reserved_bytes.all.current"] >= stats["refpool.held_bytes"]  # plus segments' free bytes
+    assert stats["num_device_alloc"] == stats["refpool.backend_allocations"] + stats["refpool.segment_grows"] > 0
     assert run["torch_api"] == [stats["allocated_bytes.all.current"], stats["allocated_bytes.all.peak"],
                                 stats["reserved_bytes.all.current"], stats["reserved_bytes.all.peak"]]
     assert run["peak_after_reset"] == run["allocated_now"] < stats["allocated_bytes.all.peak"]
