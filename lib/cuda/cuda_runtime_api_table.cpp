@@ -110,6 +110,8 @@ constexpr std::string_view stream_destroy_call = "cuStreamDestroy";
 status stream_destroy(handle stream) { return driver().cuStreamDestroy(as_stream(stream)); }
 constexpr std::string_view stream_synchronize_call = "cuStreamSynchronize";
 status stream_synchronize(handle stream) { return driver().cuStreamSynchronize(as_stream(stream)); }
+constexpr std::string_view device_synchronize_call = "cuCtxSynchronize";
+status device_synchronize() { return driver().cuCtxSynchronize(); }
 
 constexpr std::string_view module_load_call = "cuModuleLoadDataEx";
 status module_load(handle* module, int, std::string_view image, std::string* details) {

@@ -78,6 +78,13 @@ class gpu_resource final : public resource {
     return address_space_.get();
   }
 
+  // Waits for every stream of the device (the cache's wait for bytes whose last streams it no
+  // longer knows: docs/design.md, "Segments").
+  void synchronize() override {
+    device_guard guard(api_, device_);
+    check(api_, api_.device_synchronize(), api_.device_synchronize.name, fmt::format("device {}", device_));
+  }
+
   void order_streams(stream_ref producer, stream_ref consumer) override {
     if (producer == consumer) return;
     const retirement_lock streams;  // the producer, if not retired, stays valid until the wait is enqueued

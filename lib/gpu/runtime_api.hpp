@@ -66,6 +66,7 @@ struct entry<status (*)(Args...)> {
   X(stream_create, status (*)(handle* stream))                                                         \
   X(stream_destroy, status (*)(handle stream))                                                         \
   X(stream_synchronize, status (*)(handle stream))                                                     \
+  X(device_synchronize, status (*)())                                                                  \
   X(module_load, status (*)(handle* module, int device, std::string_view image, std::string* details)) \
   X(module_unload, status (*)(handle module))                                                          \
   X(module_function, status (*)(handle* function, handle module, const char* name))                    \

@@ -134,12 +134,17 @@ class gpu_virtual_memory final : public virtual_memory {
                                  : "part of the range is already committed"));
   }
 
-  // Unmaps and releases every piece inside [start, end). Called with mutex_ held.
+  // Unmaps and releases every piece inside [start, end), after waiting for the device: unmapping
+  // does not wait for kernels or copies in flight on the range (PyTorch's expandable segments
+  // synchronise before cuMemUnmap for the same reason), and the heap cannot name every stream that
+  // used a free range. Decommits are rare (trim, reclaim). Called with mutex_ held.
   void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
     auto it = pieces_.lower_bound(start);
     if (it == pieces_.end() || it->first >= end) return;
     try {
       device_guard guard(api_, device_);
+      if (const status code = api_.device_synchronize(); code != api_.success)
+        std::fprintf(stderr, "%s\n", error_text(code, api_.device_synchronize.name, "before unmapping").c_str());
       while (it != pieces_.end() && it->first + it->second.bytes <= end) {
         void* ptr = reinterpret_cast<void*>(it->first);
         const std::string where = fmt::format("{} B at {} on device {}", it->second.bytes, ptr, device_);

@@ -107,6 +107,8 @@ constexpr std::string_view stream_destroy_call = "hipStreamDestroy";
 status stream_destroy(handle stream) { return call(runtime().hipStreamDestroy, as_stream(stream)); }
 constexpr std::string_view stream_synchronize_call = "hipStreamSynchronize";
 status stream_synchronize(handle stream) { return call(runtime().hipStreamSynchronize, as_stream(stream)); }
+constexpr std::string_view device_synchronize_call = "hipDeviceSynchronize";
+status device_synchronize() { return call(runtime().hipDeviceSynchronize); }
 
 // Before HIP 5.4 a code object without code for the device aborts the process: checked first.
 constexpr std::string_view module_load_call = "hipModuleLoadData";

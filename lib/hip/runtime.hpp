@@ -28,7 +28,7 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
   X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t)                               \
   X(hipFreeAsync) X(hipHostMalloc) X(hipHostFree)                                                  \
   X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute)                                          \
-  X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize)                          \
+  X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipDeviceSynchronize)    \
   X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)            \
   X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync)                                        \
   X(hipModuleLoadData) X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel)         \

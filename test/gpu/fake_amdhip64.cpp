@@ -489,6 +489,11 @@ FAKE_API hipError_t hipStreamSynchronize(hipStream_t stream) {
   return e.done(e.stream_ok(stream) ? hipSuccess : hipErrorInvalidHandle, stream);
 }
 
+FAKE_API hipError_t hipDeviceSynchronize() {
+  entry e("hipDeviceSynchronize");
+  return e.done(e.device_ok(current_device) ? hipSuccess : hipErrorInvalidDevice);
+}
+
 FAKE_API hipError_t hipEventCreateWithFlags(hipEvent_t* event, unsigned int) {
   entry e("hipEventCreateWithFlags");
   auto* object = new event_object{current_device};

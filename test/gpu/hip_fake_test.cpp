@@ -272,11 +272,58 @@ TEST_CASE("virtual memory on HIP 5.3 and newer: one hipMemCreate per commit, rel
   vm->decommit(static_cast<char*>(base) + 2 * g, g);
   CHECK(fake().device_bytes_in_use(0) == before + 2 * g);
   CHECK(count_calls(fake().calls(), "hipMemUnmap") == 1);
+  {  // unmapping does not wait for work in flight: the device is synchronised first
+    const auto calls = fake().calls();
+    const auto unmap = std::find_if(calls.begin(), calls.end(), [](const auto& c) { return c.name == "hipMemUnmap"; });
+    CHECK(std::any_of(calls.begin(), unmap, [](const auto& c) { return c.name == "hipDeviceSynchronize"; }));
+  }
   CHECK(count_calls(fake().calls(), "hipMemRelease") == 1);
   vm->release(base, 4 * g);  // with [0, 2g) still committed: decommitted first
   CHECK(fake().device_bytes_in_use(0) == before);
   CHECK(count_calls(fake().calls(), "hipMemAddressFree") == 1);
   for (const auto& c : fake().calls()) CHECK(c.result == hipSuccess);
+  CHECK(fake().violations().empty());
+}
+
+// Large pieces, each last used on a stream of its own, given back and coalesced into one free range
+// that a request on another stream carves whole. Returns the runtime calls the carving made.
+static std::vector<fake_hip::call> carve_after_streams(int stream_count) {
+  const backend be = hip::device(0);
+  cache_options options;
+  options.segments = segment_policy::on;
+  alloc_cache cache{options};
+  std::vector<std::unique_ptr<hip::stream>> streams;
+  constexpr std::size_t piece = std::size_t{2} << 20;  // the large pool
+  {
+    scope sc(cache);
+    std::vector<array<std::uint8_t>> pieces;
+    for (int i = 0; i < stream_count; ++i) {
+      streams.push_back(std::make_unique<hip::stream>());
+      pieces.push_back(empty<std::uint8_t>(be, {piece}, *streams.back()));
+    }
+  }
+  hip::stream consumer;
+  fake().clear_calls();
+  {
+    scope sc(cache);
+    auto whole = empty<std::uint8_t>(be, {piece * stream_count}, consumer);  // every piece's bytes
+  }
+  auto calls = fake().calls();
+  cache.reclaim();
+  return calls;
+}
+
+TEST_CASE("segments: bytes last used on more than eight streams wait for the whole device", "[hip-7]") {
+  fake().clear_violations();
+  SECTION("eight streams: eight waits on events") {
+    const auto calls = carve_after_streams(8);
+    CHECK(count_calls(calls, "hipStreamWaitEvent") == 8);
+    CHECK(count_calls(calls, "hipDeviceSynchronize") == 0);
+  }
+  SECTION("nine streams: their names are no longer kept, the device is synchronised") {
+    const auto calls = carve_after_streams(9);
+    CHECK(count_calls(calls, "hipDeviceSynchronize") == 1);
+  }
   CHECK(fake().violations().empty());
 }
 
