@@ -131,6 +131,18 @@ typedef enum refpool_runtime REFPOOL_ENUM_BASE {
   REFPOOL_RUNTIME_HOST = 2   ///< the host backend (any device number; for CPU frameworks and tests)
 } refpool_runtime;
 
+/// Whether a cache carves misses out of segments (refpool::segment_policy; docs/design.md,
+/// "Segments"). 0 is the default, so zero-initialised options get it.
+typedef enum refpool_segments REFPOOL_ENUM_BASE {
+  /// On for device memory whose backend has virtual memory (GPUs), off for the rest.
+  REFPOOL_SEGMENTS_AUTO = 0,
+  /// One backend allocation per block (needed for buffers exported for IPC or registered with
+  /// NCCL or RDMA as allocations of their own).
+  REFPOOL_SEGMENTS_OFF = 1,
+  /// Segments for every backend.
+  REFPOOL_SEGMENTS_ON = 2
+} refpool_segments;
+
 /// max_idle_bytes value for "no limit".
 #define REFPOOL_UNLIMITED SIZE_MAX
 
@@ -140,6 +152,7 @@ typedef struct refpool_cache_options {
   refpool_rounding rounding;  ///< default REFPOOL_ROUNDING_EXACT
   size_t rounding_parameter;  ///< step bytes, or pow2 divisions; ignored for exact (default 1)
   size_t max_idle_bytes;      ///< idle bytes above this are freed, oldest first (default unlimited)
+  refpool_segments segments;  ///< default REFPOOL_SEGMENTS_AUTO (REFPOOL_CONF segments: in _from_environment)
 } refpool_cache_options;
 
 /// A snapshot of a cache's counters: the fields of refpool::cache_stats, in its order, with its

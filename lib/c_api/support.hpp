@@ -350,6 +350,11 @@ inline refpool_cache_options to_c(const refpool::cache_options& options) {
   }
   out.rounding_parameter = options.rounding.parameter();
   out.max_idle_bytes = options.max_idle_bytes;
+  switch (options.segments) {
+    case refpool::segment_policy::automatic: out.segments = REFPOOL_SEGMENTS_AUTO; break;
+    case refpool::segment_policy::off: out.segments = REFPOOL_SEGMENTS_OFF; break;
+    case refpool::segment_policy::on: out.segments = REFPOOL_SEGMENTS_ON; break;
+  }
   return out;
 }
 
@@ -371,8 +376,17 @@ inline refpool::cache_options from_c(const refpool_cache_options& options) {
           static_cast<int>(options.rounding)));
   }
   out.max_idle_bytes = options.max_idle_bytes;
+  switch (options.segments) {
+    case REFPOOL_SEGMENTS_AUTO: out.segments = refpool::segment_policy::automatic; break;
+    case REFPOOL_SEGMENTS_OFF: out.segments = refpool::segment_policy::off; break;
+    case REFPOOL_SEGMENTS_ON: out.segments = refpool::segment_policy::on; break;
+    default:
+      throw refpool::config_error(fmt::format(
+          "refpool: refpool_cache_options.segments is {}; allowed: REFPOOL_SEGMENTS_AUTO (0), "
+          "REFPOOL_SEGMENTS_OFF (1), REFPOOL_SEGMENTS_ON (2)",
+          static_cast<int>(options.segments)));
+  }
   return out;
 }
-
 
 }  // namespace refpool::c_api

@@ -11,6 +11,7 @@ MEMORY_KINDS = {"host": 0, "device": 1, "device_async": 2, "pinned_host": 3}
 RUNTIMES = {"cuda": 0, "hip": 1, "host": 2}
 # refpool_rounding
 ROUNDINGS = {"exact": 0, "step": 1, "pow2": 2}
+SEGMENTS = {"auto": 0, "off": 1, "on": 2}  # refpool_segments
 
 UNLIMITED = ctypes.c_size_t(-1).value  # REFPOOL_UNLIMITED (SIZE_MAX)
 
@@ -21,7 +22,8 @@ class Handle(Structure):
 
 
 class CacheOptions(Structure):
-    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t)]
+    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t),
+                ("segments", c_int)]
 
 
 class ScopeOptions(Structure):

@@ -16,15 +16,16 @@ _lock = threading.Lock()
 _cache = None
 
 
-def configure(runtime="cuda", kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None):
+def configure(runtime="cuda", kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None,
+              segments=None):
     """Sets the allocator's runtime ("cuda", "hip"), memory kind ("device", "device_async") and cache
-    options (those not given come from REFPOOL_CONF). Only before the allocator's first allocation:
-    ConfigError after."""
+    options (those not given come from REFPOOL_CONF; segments: "auto", "on", "off"). Only before the
+    allocator's first allocation: ConfigError after."""
     options = t.AllocatorOptions()
     lib().call("refpool_allocator_options_init", ctypes.byref(options))
     options.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
     options.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-    options.cache = cache_options(rounding, rounding_parameter, max_idle_bytes)
+    options.cache = cache_options(rounding, rounding_parameter, max_idle_bytes, segments=segments)
     lib().call("refpool_allocator_configure", ctypes.byref(options))
 
 

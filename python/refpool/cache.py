@@ -25,9 +25,9 @@ class Cache(Owned):
     _release_function = "refpool_cache_destroy"
 
     def __init__(self, rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True,
-                 _handle=None, _owns=True):
+                 segments=None, _handle=None, _owns=True):
         if _handle is None:
-            options = cache_options(rounding, rounding_parameter, max_idle_bytes, from_environment)
+            options = cache_options(rounding, rounding_parameter, max_idle_bytes, from_environment, segments)
             _handle = lib().new_handle("refpool_cache_create", ctypes.byref(options))
         super().__init__(_handle, _owns)
 
@@ -74,8 +74,10 @@ class Cache(Owned):
         lib().call("refpool_cache_set_max_idle_bytes", self.handle, limit)
 
 
-def cache_options(rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True):
-    """A filled refpool_cache_options: REFPOOL_CONF's values (or the defaults), then the given ones."""
+def cache_options(rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True, segments=None):
+    """A filled refpool_cache_options: REFPOOL_CONF's values (or the defaults), then the given ones.
+    `segments`: "auto" (segments for GPU device memory), "on" or "off" (one driver allocation per
+    block: what buffers exported for IPC or registered with NCCL need)."""
     options = t.CacheOptions()
     init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
     lib().call(init, ctypes.byref(options))
@@ -85,6 +87,8 @@ def cache_options(rounding=None, rounding_parameter=None, max_idle_bytes=None, f
         options.rounding_parameter = rounding_parameter
     if max_idle_bytes is not None:
         options.max_idle_bytes = max_idle_bytes
+    if segments is not None:
+        options.segments = t.enum_value(t.SEGMENTS, segments, "segments")
     return options
 
 

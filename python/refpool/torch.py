@@ -35,12 +35,13 @@ def installed():
     return _pluggable is not None
 
 
-def install(kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None, patch_memory_api=True):
+def install(kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None, patch_memory_api=True,
+            segments=None):
     """Makes refpool PyTorch's CUDA allocator for the rest of the process (PyTorch cannot switch back).
 
     Must run before PyTorch initialises CUDA (the first CUDA tensor, torch.cuda.init(), mem_get_info...):
     raises FrameworkError otherwise. `kind` "device_async" serves blocks from cuMemAllocAsync pools;
-    rounding and max_idle_bytes as in refpool.Cache (default: REFPOOL_CONF). With patch_memory_api,
+    rounding, max_idle_bytes and segments as in refpool.Cache (default: REFPOOL_CONF). With patch_memory_api,
     torch.cuda.memory_stats & co. report refpool's figures (see refpool.torch.LOST_FEATURES).
     Calling it again does nothing."""
     global _pluggable
@@ -61,9 +62,9 @@ def install(kind="device", rounding=None, rounding_parameter=None, max_idle_byte
         library.fn("refpool_torch_free")
         runtime = "hip" if getattr(torch.version, "hip", None) else "cuda"
         if runtime != "cuda" or kind != "device" or rounding is not None or rounding_parameter is not None \
-                or max_idle_bytes is not None:
-            allocator.configure(runtime=runtime, kind=kind, rounding=rounding,
-                                rounding_parameter=rounding_parameter, max_idle_bytes=max_idle_bytes)
+                or max_idle_bytes is not None or segments is not None:
+            allocator.configure(runtime=runtime, kind=kind, rounding=rounding, rounding_parameter=rounding_parameter,
+                                max_idle_bytes=max_idle_bytes, segments=segments)
         pluggable = torch.cuda.memory.CUDAPluggableAllocator(library.path, "refpool_torch_malloc",
                                                              "refpool_torch_free")
         try:

@@ -186,6 +186,24 @@ def test_rounding_options(backend):
         refpool.Cache(rounding="pow2", rounding_parameter=3, from_environment=False)
 
 
+def test_segment_options(backend):
+    # Host memory: "auto" means no segments; "on" carves pieces (one 2 MiB segment for both requests,
+    # no block allocation from the backend); "off" allocates each block.
+    for segments, expected in (("auto", (0, 0, 2)), ("on", (1, 1, 0)), ("off", (0, 0, 2))):
+        before = backend.stats()["allocation_count"]
+        with refpool.Cache(segments=segments, from_environment=False) as cache:
+            with cache.scope():
+                a = refpool.alloc(backend, (1000,), 1)
+                b = refpool.alloc(backend, (3000,), 1)
+                a.release()
+                b.release()
+            stats = cache.stats()
+            blocks = backend.stats()["allocation_count"] - before
+            assert (stats["segments"], stats["segment_grows"], blocks) == expected, segments
+    with pytest.raises(ValueError, match="segments"):
+        refpool.Cache(segments="sometimes")
+
+
 def test_reclaim_and_idle_limit(backend, cache):
     with cache.scope():
         for n in (1000, 2000, 3000):

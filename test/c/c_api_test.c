@@ -338,6 +338,24 @@ static void test_errors(void) {
   refpool_cache_options options;
   OK(refpool_cache_options_init(&options));
   CHECK(options.rounding == REFPOOL_ROUNDING_EXACT && options.max_idle_bytes == REFPOOL_UNLIMITED);
+  CHECK(options.segments == REFPOOL_SEGMENTS_AUTO);
+  options.segments = (refpool_segments)9;
+  EXPECT(refpool_cache_create(&options, &cache), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("REFPOOL_SEGMENTS_OFF"));
+  /* Segments on for the host backend: the miss carves a piece out of a segment. */
+  options.segments = REFPOOL_SEGMENTS_ON;
+  OK(refpool_cache_create(&options, &cache));
+  {
+    refpool_scope scope = {0};
+    const size_t dims[] = {1024};
+    OK(refpool_scope_enter(cache, &scope));
+    OK(refpool_release(alloc_floats(be, dims, 1)));
+    OK(refpool_scope_exit(scope));
+    OK(refpool_cache_get_stats(cache, &stats));
+    CHECK(stats.segments == 1 && stats.segment_grows == 1 && stats.backend_allocations == 0);
+  }
+  OK(refpool_cache_destroy(cache));
+  options.segments = REFPOOL_SEGMENTS_OFF;
   options.rounding = REFPOOL_ROUNDING_POW2;
   options.rounding_parameter = 3;
   EXPECT(refpool_cache_create(&options, &cache), REFPOOL_ERROR_CONFIG);

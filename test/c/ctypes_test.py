@@ -21,7 +21,8 @@ class Handle(Structure):
 
 
 class CacheOptions(Structure):
-    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t)]
+    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t),
+                ("segments", c_int)]
 
 
 def cache_stats_type(lib):
