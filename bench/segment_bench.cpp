@@ -26,6 +26,7 @@
 
 #include "segments/segment_heap.hpp"
 #include "timing.hpp"
+#include "trace_file.hpp"
 
 namespace {
 
@@ -255,32 +256,9 @@ outcome run(Make make, Workload workload, int repeats, std::optional<outcome> me
 
 // --- traces (bench/traces/*.csv: step,event,index,bytes) ---
 
-struct event {
-  bool alloc;
-  std::size_t index;
-  std::size_t bytes;
-};
-using step = std::vector<event>;
-
-std::vector<step> read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::string line;
-  std::getline(in, line);
-  std::vector<step> steps;
-  while (std::getline(in, line)) {
-    std::stringstream fields(line);
-    std::string k, action, index, bytes;
-    std::getline(fields, k, ',');
-    std::getline(fields, action, ',');
-    std::getline(fields, index, ',');
-    std::getline(fields, bytes, ',');
-    const std::size_t s = std::stoul(k);
-    if (steps.size() <= s) steps.resize(s + 1);
-    steps[s].push_back({action == "alloc", std::stoul(index), std::stoul(bytes)});
-  }
-  return steps;
-}
+using event = refpool::bench::trace_event;
+using step = refpool::bench::trace_step;
+using refpool::bench::read_trace;
 
 // Replays the steps in turn, `iterations` times; what a step leaves live is freed at its end.
 // backend_calls counts only the calls after every step was seen twice (steady state).

@@ -32,6 +32,7 @@
 #include <refpool/refpool.hpp>
 
 #include "timing.hpp"
+#include "trace_file.hpp"
 
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -50,51 +51,10 @@ double thread_seconds() {
   return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
-struct event {
-  bool alloc;
-  std::size_t index;
-  std::size_t bytes;
-};
-using step = std::vector<event>;
-
-std::vector<step> read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::string line;
-  std::getline(in, line);  // header
-  std::vector<step> steps;
-  while (std::getline(in, line)) {
-    std::stringstream fields(line);
-    std::string k, action, index, bytes;
-    std::getline(fields, k, ',');
-    std::getline(fields, action, ',');
-    std::getline(fields, index, ',');
-    std::getline(fields, bytes, ',');
-    const std::size_t s = std::stoul(k);
-    if (steps.size() <= s) steps.resize(s + 1);
-    steps[s].push_back({action == "alloc", std::stoul(index), std::stoul(bytes)});
-  }
-  return steps;
-}
-
-std::size_t peak_live(const std::vector<step>& steps) {
-  std::size_t peak = 0;
-  for (const step& st : steps) {
-    std::vector<std::size_t> size_of;
-    std::size_t live = 0;
-    for (const event& e : st) {
-      if (e.alloc) {
-        if (size_of.size() <= e.index) size_of.resize(e.index + 1);
-        size_of[e.index] = e.bytes;
-        live += e.bytes;
-        peak = std::max(peak, live);
-      } else {
-        live -= size_of[e.index];
-      }
-    }
-  }
-  return peak;
-}
+using event = refpool::bench::trace_event;
+using step = refpool::bench::trace_step;
+using refpool::bench::read_trace;
+using refpool::bench::peak_live;
 
 // The trace's steps as `count` sequences: sizes scaled by (count + v) / count, rounded up to 256 B.
 std::vector<step> variants(const std::vector<step>& steps, int count) {

@@ -15,12 +15,12 @@ using namespace refpool;
 using gpu_test::download;
 using gpu_test::grid_for;
 using gpu_test::kernels;
+using gpu_test::long_wait_ns;
+using gpu_test::words;
 using gpu_test::upload;
 
 namespace {
 
-constexpr std::uint64_t long_wait_ns = 50'000'000;  // 50 ms: far longer than any launch gap
-constexpr std::uint32_t words = 1 << 20;
 
 // Writes `first` on stream a after a long wait, then `second` on stream b into the buffer that
 // `second_buffer` returns. Returns what the buffer holds at the end.

@@ -2,6 +2,8 @@
 // and copies between host vectors and device arrays.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -23,6 +25,23 @@ inline const refpool::cuda::module& kernels() {
   return m;
 }
 
+/// How long the slow writer kernel (wait_then_fill_u32) waits before it writes: far longer than
+/// any launch gap, so its write lands last unless another stream was ordered after it.
+inline constexpr std::uint64_t long_wait_ns = 50'000'000;
+/// The buffers of the stream tests: 4 MiB of u32 (the segments' large pool).
+inline constexpr std::uint32_t words = 1 << 20;
+
+inline bool all_equal(const std::vector<std::uint32_t>& v, std::uint32_t value) {
+  return std::all_of(v.begin(), v.end(), [&](std::uint32_t x) { return x == value; });
+}
+
+/// Whether [a, a + an) and [b, b + bn) share a byte.
+inline bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
 inline refpool::cuda::dims3 grid_for(std::size_t n, unsigned block = 256) {
   return {static_cast<unsigned>((n + block - 1) / block), 1, 1};
 }
@@ -38,6 +57,21 @@ std::vector<T> download(const refpool::array<T>& src, refpool::stream_ref s) {
   refpool::cuda::copy(out.data(), src.data(), out.size() * sizeof(T), s);
   refpool::cuda::synchronize(s);
   return out;
+}
+
+/// The control of the stream tests: one buffer written with 1 on `a` after long_wait_ns and with 2
+/// on `b` at once, nothing ordering the two. Returns what the buffer holds at the end: all 1 shows
+/// the race that the tests' waits prevent (the late write lands last).
+inline std::vector<std::uint32_t> unordered_writes(const refpool::backend& be, refpool::cuda::stream& a,
+                                                   refpool::cuda::stream& b) {
+  const auto slow = kernels().function("wait_then_fill_u32");
+  const auto fast = kernels().function("fill_u32");
+  auto shared = refpool::empty<std::uint32_t>(be, {words}, a);
+  refpool::cuda::launch_with(slow, {64}, {256}, a, shared.data(), words, 1u, long_wait_ns);
+  refpool::cuda::launch_with(fast, {64}, {256}, b, shared.data(), words, 2u);
+  b.synchronize();
+  a.synchronize();
+  return download(shared, b);
 }
 
 }  // namespace gpu_test

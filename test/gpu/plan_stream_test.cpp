@@ -14,22 +14,16 @@
 #include "device_helpers.hpp"
 
 using namespace refpool;
+using gpu_test::all_equal;
 using gpu_test::download;
 using gpu_test::kernels;
+using gpu_test::long_wait_ns;
+using gpu_test::words;
 
 namespace {
 
-constexpr std::uint64_t long_wait_ns = 50'000'000;  // 50 ms: far longer than any launch gap
-constexpr std::uint32_t words = 1 << 20;
-
-bool all_equal(const std::vector<std::uint32_t>& v, std::uint32_t value) {
-  return std::all_of(v.begin(), v.end(), [&](std::uint32_t x) { return x == value; });
-}
-
 bool disjoint(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  const auto x = reinterpret_cast<std::uintptr_t>(a);
-  const auto y = reinterpret_cast<std::uintptr_t>(b);
-  return x + an <= y || y + bn <= x;
+  return !gpu_test::overlap(a, an, b, bn);
 }
 
 }  // namespace
@@ -78,12 +72,7 @@ TEST_CASE("a planned key on two streams: a late write on one never lands in the 
   CHECK(all_equal(result, 2));
   // Control: one buffer written on A (slowly) and on B with nothing ordering them shows the race
   // (the late write of 1 lands last), so a plan handing A's bytes to B would fail the check above.
-  auto shared = empty<std::uint32_t>(be, {words}, a);
-  cuda::launch_with(slow, {64}, {256}, a, shared.data(), words, 1u, long_wait_ns);
-  cuda::launch_with(fast, {64}, {256}, b, shared.data(), words, 2u);
-  b.synchronize();
-  a.synchronize();
-  CHECK(all_equal(download(shared, b), 1));
+  CHECK(all_equal(gpu_test::unordered_writes(be, a, b), 1));
 }
 
 TEST_CASE("a region used on another stream makes the next run of its arena wait for that stream",
