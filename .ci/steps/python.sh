@@ -18,6 +18,12 @@ py_result() {  # py_result NAME STATUS LOGFILE
 /usr/bin/python3 -m venv --system-site-packages "$py_dir/venv" >"$py_dir/install.log" 2>&1 &&
   "$py_dir/venv/bin/pip" install --no-build-isolation --no-index . >>"$py_dir/install.log" 2>&1
 py_result python-pip-install $? "$py_dir/install.log"
+# The package carries its own librefpool; the C library's headers, pkg-config file and soname
+# stay out of the environment it is installed into.
+strays=$(find "$py_dir/venv" \( -path '*/include/refpool*' -o -name 'refpool.pc' -o -name 'librefpool.so.*' \) 2>/dev/null)
+echo "$strays" >"$py_dir/contents.log"
+[ -z "$strays" ] && [ -n "$(find "$py_dir/venv" -path '*/refpool/librefpool.so')" ]
+py_result python-package-contents $? "$py_dir/contents.log"
 (cd "$py_dir" && env -u REFPOOL_LIBRARY -u PYTHONPATH "$py_dir/venv/bin/python" -m pytest -v -p no:cacheprovider \
   "$OLDPWD"/python/tests/test_{core,steps,entry_points,plot}.py) >"$py_dir/pytest.log" 2>&1
 py_result python-installed-package $? "$py_dir/pytest.log"
