@@ -79,9 +79,13 @@ bool failing_virtual_memory::commit(void* addr, std::size_t bytes) {
   return upstream_.commit(addr, bytes);
 }
 
+resource_adaptor::resource_adaptor(std::shared_ptr<resource> upstream, std::string_view adaptor)
+    : upstream_(std::move(upstream)) {
+  if (!upstream_) throw invalid_argument(fmt::format("refpool: {} needs an upstream resource", adaptor));
+}
+
 limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity)
-    : upstream_(std::move(upstream)), budget_(std::make_shared<byte_budget>(capacity)) {
-  if (!upstream_) throw invalid_argument("refpool: limiting_resource needs an upstream resource");
+    : resource_adaptor(std::move(upstream), "limiting_resource"), budget_(std::make_shared<byte_budget>(capacity)) {
   if (virtual_memory* vm = upstream_->address_space())
     address_space_ = std::make_unique<limiting_virtual_memory>(*vm, budget_);
   name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity);
@@ -106,8 +110,7 @@ void limiting_resource::deallocate(void* ptr, std::size_t bytes, stream_ref stre
 }
 
 failing_resource::failing_resource(std::shared_ptr<resource> upstream)
-    : upstream_(std::move(upstream)), schedule_(std::make_shared<fault_schedule>()) {
-  if (!upstream_) throw invalid_argument("refpool: failing_resource needs an upstream resource");
+    : resource_adaptor(std::move(upstream), "failing_resource"), schedule_(std::make_shared<fault_schedule>()) {
   if (virtual_memory* vm = upstream_->address_space())
     address_space_ = std::make_unique<failing_virtual_memory>(*vm, schedule_);
   name_ = fmt::format("{} (fault injection)", upstream_->name());

@@ -17,6 +17,7 @@
 
 #include "support/error_matchers.hpp"
 #include "support/host_fixture.hpp"
+#include "support/forwarding_resource.hpp"
 
 using namespace refpool;
 using Catch::Contains;
@@ -26,19 +27,13 @@ using test_support::what;
 namespace {
 
 /// A resource that counts its own destruction (to see a backend die).
-class watched_resource final : public resource {
+class watched_resource final : public refpool::test::forwarding_resource {
  public:
-  explicit watched_resource(std::atomic<bool>& destroyed) : upstream_(make_host_resource()), destroyed_(destroyed) {}
+  explicit watched_resource(std::atomic<bool>& destroyed) : destroyed_(destroyed) {}
   ~watched_resource() override { destroyed_ = true; }
   std::string_view name() const noexcept override { return "watched"; }
-  device_id device() const noexcept override { return -1; }
-  memory_kind kind() const noexcept override { return memory_kind::host; }
-  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
-  void* allocate(std::size_t bytes, stream_ref s) override { return upstream_->allocate(bytes, s); }
-  void deallocate(void* p, std::size_t bytes, stream_ref s) noexcept override { upstream_->deallocate(p, bytes, s); }
 
  private:
-  std::shared_ptr<resource> upstream_;
   std::atomic<bool>& destroyed_;
 };
 

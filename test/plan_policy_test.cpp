@@ -14,6 +14,8 @@
 
 #include <refpool/refpool.hpp>
 
+#include "support/forwarding_resource.hpp"
+
 using namespace refpool;
 
 namespace {
@@ -67,37 +69,17 @@ class mmap_virtual_memory final : public virtual_memory {
 };
 
 // Host memory without virtual memory (the host backend has some): arenas grow by replacement.
-class plain_host_resource final : public resource {
+class plain_host_resource final : public refpool::test::forwarding_resource {
  public:
   std::string_view name() const noexcept override { return "host without virtual memory"; }
-  device_id device() const noexcept override { return -1; }
-  memory_kind kind() const noexcept override { return memory_kind::host; }
-  std::size_t alignment() const noexcept override { return host_alignment; }
-  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
-  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
-    upstream_->deallocate(ptr, bytes, stream);
-  }
-
- private:
-  std::shared_ptr<resource> upstream_ = make_host_resource();
 };
 
-class vm_host_resource final : public resource {
+class vm_host_resource final : public refpool::test::forwarding_resource {
  public:
   std::string_view name() const noexcept override { return "host with virtual memory"; }
-  device_id device() const noexcept override { return -1; }
-  memory_kind kind() const noexcept override { return memory_kind::host; }
-  std::size_t alignment() const noexcept override { return host_alignment; }
-  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
-  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
-    upstream_->deallocate(ptr, bytes, stream);
-  }
   virtual_memory* address_space() noexcept override { return &vm; }
 
   mmap_virtual_memory vm;
-
- private:
-  std::shared_ptr<resource> upstream_ = make_host_resource();
 };
 
 }  // namespace

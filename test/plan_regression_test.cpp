@@ -14,21 +14,16 @@
 
 #include <refpool/refpool.hpp>
 
+#include "support/forwarding_resource.hpp"
+
 using namespace refpool;
 
 namespace {
 
 // A host resource that logs which streams it was asked to order, so a test can see the waits.
-class stream_log_resource final : public resource {
+class stream_log_resource final : public refpool::test::forwarding_resource {
  public:
   std::string_view name() const noexcept override { return "host (stream log)"; }
-  device_id device() const noexcept override { return upstream_->device(); }
-  memory_kind kind() const noexcept override { return upstream_->kind(); }
-  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
-  void* allocate(std::size_t bytes, stream_ref stream) override { return upstream_->allocate(bytes, stream); }
-  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
-    upstream_->deallocate(ptr, bytes, stream);
-  }
   void order_streams(stream_ref producer, stream_ref consumer) override {
     std::lock_guard guard(mutex_);
     waits_.emplace_back(producer.handle, consumer.handle);
@@ -39,7 +34,6 @@ class stream_log_resource final : public resource {
   }
 
  private:
-  std::shared_ptr<resource> upstream_ = make_host_resource();
   mutable std::mutex mutex_;
   std::vector<std::pair<void*, void*>> waits_;
 };

@@ -108,26 +108,43 @@ class REFPOOL_API failing_virtual_memory final : public virtual_memory {
   std::shared_ptr<fault_schedule> schedule_;
 };
 
+/// Base of a resource that wraps another one (its upstream) and changes only some of its calls:
+/// forwards device(), kind(), alignment(), order_streams() and synchronize() to the upstream, which
+/// it keeps alive. A derived adaptor implements name(), allocate() and deallocate(), and
+/// address_space() if it offers one. Thread safety is the upstream's for the forwarded calls.
+class REFPOOL_API resource_adaptor : public resource {
+ public:
+  device_id device() const noexcept override { return upstream_->device(); }
+  memory_kind kind() const noexcept override { return upstream_->kind(); }
+  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
+  void order_streams(stream_ref producer, stream_ref consumer) override {
+    upstream_->order_streams(producer, consumer);
+  }
+  void synchronize() override { upstream_->synchronize(); }
+
+  /// The wrapped resource.
+  [[nodiscard]] resource& upstream() const noexcept { return *upstream_; }
+
+ protected:
+  /// Throws invalid_argument, naming `adaptor`, when `upstream` is null.
+  resource_adaptor(std::shared_ptr<resource> upstream, std::string_view adaptor);
+
+  std::shared_ptr<resource> upstream_;
+};
+
 /// Fails (returns nullptr, i.e. out of memory) any allocation that would take the bytes it
 /// has outstanding past `capacity`. Thread-safe.
 ///
 /// Its address space (when the upstream has one) is a limiting_virtual_memory charging the same
 /// budget: committed memory is memory, and a limit that commits could bypass would not limit a
 /// segment heap that grows through virtual memory. `used()` counts both.
-class REFPOOL_API limiting_resource final : public resource {
+class REFPOOL_API limiting_resource final : public resource_adaptor {
  public:
   limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity);
 
   std::string_view name() const noexcept override { return name_; }
-  device_id device() const noexcept override { return upstream_->device(); }
-  memory_kind kind() const noexcept override { return upstream_->kind(); }
-  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
   void* allocate(std::size_t bytes, stream_ref stream) override;
   void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override;
-  void order_streams(stream_ref producer, stream_ref consumer) override {
-    upstream_->order_streams(producer, consumer);
-  }
-  void synchronize() override { upstream_->synchronize(); }
   /// A limiting_virtual_memory over the upstream's address space, or nullptr if it has none.
   virtual_memory* address_space() noexcept override { return address_space_.get(); }
 
@@ -136,7 +153,6 @@ class REFPOOL_API limiting_resource final : public resource {
   [[nodiscard]] std::size_t used() const noexcept { return budget_->used(); }
 
  private:
-  std::shared_ptr<resource> upstream_;
   std::shared_ptr<byte_budget> budget_;
   std::unique_ptr<limiting_virtual_memory> address_space_;
   std::string name_;
@@ -150,7 +166,7 @@ class REFPOOL_API limiting_resource final : public resource {
 /// address space (a failing_virtual_memory over the upstream's, sharing the schedule, when the
 /// upstream has one). Counting them in one sequence lets a sweep that fails "the Nth call"
 /// reach every path, whether a segment grows through virtual memory or by allocation.
-class REFPOOL_API failing_resource final : public resource {
+class REFPOOL_API failing_resource final : public resource_adaptor {
  public:
   using failure = fault_schedule::failure;
 
@@ -168,20 +184,12 @@ class REFPOOL_API failing_resource final : public resource {
   [[nodiscard]] std::uint64_t injected() const noexcept { return schedule_->injected(); }
 
   std::string_view name() const noexcept override { return name_; }
-  device_id device() const noexcept override { return upstream_->device(); }
-  memory_kind kind() const noexcept override { return upstream_->kind(); }
-  std::size_t alignment() const noexcept override { return upstream_->alignment(); }
   void* allocate(std::size_t bytes, stream_ref stream) override;
   void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override;
-  void order_streams(stream_ref producer, stream_ref consumer) override {
-    upstream_->order_streams(producer, consumer);
-  }
-  void synchronize() override { upstream_->synchronize(); }
   /// A failing_virtual_memory over the upstream's address space, or nullptr if it has none.
   virtual_memory* address_space() noexcept override { return address_space_.get(); }
 
  private:
-  std::shared_ptr<resource> upstream_;
   std::shared_ptr<fault_schedule> schedule_;
   std::unique_ptr<failing_virtual_memory> address_space_;
   std::string name_;
