@@ -1,7 +1,7 @@
 // A GPU backend on a real device, built once per runtime (test 'cuda' and test 'hip'): loading,
 // memory kinds, reshape reuse with no runtime allocation after the first iteration, reuse across
 // streams, errors, a device budget, and out-of-memory by really exhausting the device. Skipped (77,
-// by gpu_main.cpp) where no device of the runtime is usable.
+// by gpu_skip.cpp) where no device of the runtime is usable.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
