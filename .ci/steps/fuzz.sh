@@ -1,8 +1,8 @@
 # Fuzzing (test/fuzz/): a clang build whose libFuzzer target checks refpool against the reference
 # model, planned scopes, steps and segments included. Its bounded run is one test in the tally:
-# rounds of REFPOOL_FUZZ_SECONDS (60 s) until REFPOOL_FUZZ_MIN_OPS (10^6) operations were checked,
-# at most REFPOOL_FUZZ_MAX_SECONDS (240 s); it prints the planned runs, region hits and conflicts
-# it checked. Only the fuzzer is built here: the corpus replay
+# rounds of REFPOOL_FUZZ_SECONDS (30 s), one fuzzer process per CPU, until REFPOOL_FUZZ_MIN_OPS
+# (10^6) operations were checked, at most REFPOOL_FUZZ_MAX_SECONDS (240 s); it prints the planned
+# runs, region hits and conflicts it checked. Only the fuzzer is built here: the corpus replay
 # already runs in the plain and ASan builds (test 'fuzz-corpus').
 # Sourced by .ci/run: uses its `as_root` and appends to its `logs` array.
 
