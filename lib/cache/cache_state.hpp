@@ -180,8 +180,7 @@ class cache_state : public ref_counted<cache_state> {
   /// Frees idle blocks until at most `keep` idle bytes remain (idle blocks, then segment free
   /// bytes); returns the bytes given back to backends. Trims throw only what order_streams throws.
   std::size_t free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter);
-  /// The out-of-memory step for `backend`: its idle blocks (all slots) leave, its heap is trimmed
-  /// to nothing. Counts a retry. Returns the bytes given back to the backend.
+  /// Frees idle blocks (then segment free bytes) down to max_idle_bytes when idle bytes passed it.
   void enforce_idle_limit() noexcept;
   void free_to_backend(block* b) noexcept;
   void count_held(std::size_t bytes) noexcept;  // a block joined the cache: held_bytes and its peak
