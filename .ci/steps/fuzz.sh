@@ -12,6 +12,6 @@ rm -rf "$fuzz_dir"
 echo "=== $fuzz_dir: CC=clang CXX=clang++ meson setup (libFuzzer target only)"
 CC=clang CXX=clang++ meson setup "$fuzz_dir" -Dbenchmarks=disabled -Ddemo=disabled || { echo "setup of $fuzz_dir failed"; exit 1; }
 meson compile -C "$fuzz_dir" test/fuzz/refpool_fuzz || { echo "build of the fuzzer failed"; exit 1; }
-REFPOOL_FUZZ_SECONDS=${REFPOOL_FUZZ_SECONDS:-60} meson test -C "$fuzz_dir" --no-rebuild --print-errorlogs --suite fuzzing
+REFPOOL_FUZZ_SECONDS=${REFPOOL_FUZZ_SECONDS:-30} meson test -C "$fuzz_dir" --no-rebuild --print-errorlogs --suite fuzzing
 grep -h -E '^(fuzzed|refpool fuzz:)' "$fuzz_dir/meson-logs/testlog.txt"  # the operation counts
 logs+=("$fuzz_dir/meson-logs/testlog.json")
