@@ -3,7 +3,7 @@
 # rounds of REFPOOL_FUZZ_SECONDS (30 s), one fuzzer process per CPU, until REFPOOL_FUZZ_MIN_OPS
 # (10^6) operations were checked, at most REFPOOL_FUZZ_MAX_SECONDS (240 s); it prints the planned
 # runs, region hits and conflicts it checked. Only the fuzzer is built here: the corpus replay
-# already runs in the plain and ASan builds (test 'fuzz-corpus').
+# runs in the plain build (test 'fuzz-corpus'), and every round here replays the corpus under ASan.
 # Sourced by .ci/run: uses its `as_root` and appends to its `logs` array.
 
 as_root apt-get install -y -q clang libclang-rt-14-dev || exit 1
