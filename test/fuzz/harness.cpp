@@ -55,6 +55,23 @@ constexpr std::size_t elem_size[type_count] = {1, 2, 4, 8, 8, 3, 12};
 constexpr std::size_t elem_align[type_count] = {1, 2, 4, 8, 8, 1, 4};
 constexpr const char* type_name[type_count] = {"u8", "u16", "float", "double", "u64", "rgb", "vec3"};
 
+// The data_ref behind any handle (an empty one for an empty handle).
+const rp::data_ref& ref_of(const handle& h) {
+  return std::visit(
+      [](const auto& x) -> const rp::data_ref& {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<X, std::monostate>) {
+          static const rp::data_ref none;
+          return none;
+        } else if constexpr (std::is_same_v<X, rp::data_ref>) {
+          return x;
+        } else {
+          return x.ref();
+        }
+      },
+      h);
+}
+
 template <class F>
 void with_type(int type, F&& f) {
   switch (type) {
@@ -796,18 +813,7 @@ void session::op_ref_out(int t) {
   trace("handle {} = data_ref of handle {}", b, a);
   pre_drop_verify(b);
   const result r = on(t, [&] {
-    rp::data_ref ref = std::visit(
-        [](const auto& x) -> rp::data_ref {
-          using X = std::decay_t<decltype(x)>;
-          if constexpr (std::is_same_v<X, std::monostate>) {
-            return {};
-          } else if constexpr (std::is_same_v<X, rp::data_ref>) {
-            return x;
-          } else {
-            return x.ref();
-          }
-        },
-        h_[a]);
+    rp::data_ref ref = ref_of(h_[a]);
     h_[b] = std::move(ref);
   });
   const model_handle source = mh_[a];
@@ -939,20 +945,7 @@ void session::op_view(int t) {
         rp::array<U> view(std::move(std::get<rp::data_ref>(h_[a])), to_shape(dims), offset);
         h_[b] = std::move(view);
       } else {
-        const rp::data_ref& ref = std::visit(
-            [](const auto& x) -> const rp::data_ref& {
-              using X = std::decay_t<decltype(x)>;
-              if constexpr (std::is_same_v<X, std::monostate>) {
-                static const rp::data_ref none;
-                return none;
-              } else if constexpr (std::is_same_v<X, rp::data_ref>) {
-                return x;
-              } else {
-                return x.ref();
-              }
-            },
-            h_[a]);
-        rp::array<U> view(ref, to_shape(dims), offset);
+        rp::array<U> view(ref_of(h_[a]), to_shape(dims), offset);
         h_[b] = std::move(view);
       }
     });
@@ -1394,18 +1387,7 @@ void session::keep_one(int t) {
   rp::data_ref ref;
   expect(on(t,
             [&] {
-              ref = std::visit(
-                  [](const auto& x) -> rp::data_ref {
-                    using X = std::decay_t<decltype(x)>;
-                    if constexpr (std::is_same_v<X, std::monostate>) {
-                      return {};
-                    } else if constexpr (std::is_same_v<X, rp::data_ref>) {
-                      return x;
-                    } else {
-                      return x.ref();
-                    }
-                  },
-                  h_[hi]);
+              ref = ref_of(h_[hi]);
             }),
          outcome::ok, "keep a reference");
   m_.add_ref(m.gid);
