@@ -314,6 +314,20 @@ void model::wait_for_streams(model_block& b, void* stream) {
   b.extra_streams.clear();
 }
 
+model_block& model::add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested,
+                                   int backend, void* stream) {
+  model_block b;
+  b.gid = next_gid++;
+  b.kind = kind;
+  b.ptr = ptr;
+  b.capacity = capacity;
+  b.requested = requested;
+  b.backend = backend;
+  b.last_stream = stream;
+  b.refs = 1;
+  return blocks.emplace(b.gid, std::move(b)).first->second;
+}
+
 outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
                         std::size_t& oom_bytes) {
   const model_frame* f = frames[thread].empty() ? nullptr : &frames[thread].back();
@@ -325,16 +339,7 @@ outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream
       oom_bytes = bytes;
       return outcome::out_of_memory;
     }
-    model_block b;
-    b.gid = next_gid++;
-    b.kind = block_kind::direct;
-    b.ptr = ptr;
-    b.capacity = b.requested = bytes;
-    b.backend = backend;
-    b.last_stream = stream;
-    b.refs = 1;
-    gid = b.gid;
-    blocks.emplace(b.gid, b);
+    gid = add_held_block(block_kind::direct, ptr, bytes, bytes, backend, stream).gid;
     return outcome::ok;
   }
   if (f->run >= 0) return run_acquire(f->run, f->lease, backend, bytes, stream, gid, oom_bytes);
@@ -430,17 +435,9 @@ outcome model::uncached_acquire(int ci, int backend, std::size_t bytes, void* st
     return outcome::out_of_memory;
   }
   model_cache& c = caches[static_cast<std::size_t>(ci)];
-  model_block b;
-  b.gid = next_gid++;
-  b.kind = block_kind::uncached;
+  model_block& b = add_held_block(block_kind::uncached, ptr, bytes, bytes, backend, stream);
   b.uncached_for = ci;
-  b.ptr = ptr;
-  b.capacity = b.requested = bytes;
-  b.backend = backend;
-  b.last_stream = stream;
-  b.refs = 1;
   gid = b.gid;
-  blocks.emplace(b.gid, b);
   c.uncached_allocations += 1;
   c.uncached_live += bytes;
   return outcome::ok;

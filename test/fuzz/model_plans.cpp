@@ -376,18 +376,10 @@ outcome model::replay_one(int run, int lease, const model_request& request, std:
   }
   if (!blocked) {
     model_region& reg = p.regions[at];
-    model_block b;
-    b.gid = next_gid++;
-    b.kind = block_kind::region;
+    model_block& b = add_held_block(block_kind::region, static_cast<char*>(a.base) + p.offsets[at], p.spans[at],
+                                    request.bytes, request.backend, request.stream);
     b.plan = r.current;
     b.region = at;
-    b.ptr = static_cast<char*>(a.base) + p.offsets[at];
-    b.capacity = p.spans[at];
-    b.requested = request.bytes;
-    b.backend = request.backend;
-    b.last_stream = request.stream;
-    b.refs = 1;
-    blocks.emplace(b.gid, b);
     reg.live = true;
     reg.pinned = false;
     reg.generation = r.generation;
