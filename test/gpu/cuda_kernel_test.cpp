@@ -15,23 +15,19 @@ using namespace refpool;
 using gpu_test::download;
 using gpu_test::grid_for;
 using gpu_test::kernels;
-using gpu_test::long_wait_ns;
 using gpu_test::words;
 using gpu_test::upload;
 
 namespace {
 
-
 // Writes `first` on stream a after a long wait, then `second` on stream b into the buffer that
 // `second_buffer` returns. Returns what the buffer holds at the end.
 template <class Reuse>
 std::vector<std::uint32_t> write_twice(cuda::stream& a, cuda::stream& b, Reuse second_buffer) {
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   array<std::uint32_t> buffer = second_buffer(nullptr, a);
-  cuda::launch_with(slow, {64}, {256}, a, buffer.data(), words, 1u, long_wait_ns);
+  gpu_test::fill_late(a, buffer.data(), words, 1);
   array<std::uint32_t> reused = second_buffer(&buffer, b);  // released while a still writes
-  cuda::launch_with(fast, {64}, {256}, b, reused.data(), words, 2u);
+  gpu_test::fill_now(b, reused.data(), words, 2);
   b.synchronize();
   a.synchronize();
   return download(reused, b);
@@ -67,17 +63,15 @@ TEST_CASE("record_stream makes reuse wait for every stream that used the buffer"
   cuda::stream b;
   cuda::stream c;
   alloc_cache cache{cache_options{}};
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   std::vector<std::uint32_t> result;
   {
     scope sc(cache);
     auto buffer = empty<std::uint32_t>(be, {words}, a);
     buffer.record_stream(b);  // also used on b: a long write there
-    cuda::launch_with(slow, {64}, {256}, b, buffer.data(), words, 1u, long_wait_ns);
+    gpu_test::fill_late(b, buffer.data(), words, 1);
     buffer = {};
     auto reused = empty<std::uint32_t>(be, {words}, c);  // last used on a, recorded on b
-    cuda::launch_with(fast, {64}, {256}, c, reused.data(), words, 2u);
+    gpu_test::fill_now(c, reused.data(), words, 2);
     c.synchronize();
     b.synchronize();
     result = download(reused, c);

@@ -42,6 +42,16 @@ inline bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn
   return x < y + bn && y < x + an;
 }
 
+/// Writes `value` into `n` words at `p` on `s` at once (kernel fill_u32).
+inline void fill_now(refpool::stream_ref s, std::uint32_t* p, std::uint32_t n, std::uint32_t value) {
+  refpool::cuda::launch_with(kernels().function("fill_u32"), {64}, {256}, s, p, n, value);
+}
+
+/// The same after waiting long_wait_ns on the device (kernel wait_then_fill_u32): a late write.
+inline void fill_late(refpool::stream_ref s, std::uint32_t* p, std::uint32_t n, std::uint32_t value) {
+  refpool::cuda::launch_with(kernels().function("wait_then_fill_u32"), {64}, {256}, s, p, n, value, long_wait_ns);
+}
+
 inline refpool::cuda::dims3 grid_for(std::size_t n, unsigned block = 256) {
   return {static_cast<unsigned>((n + block - 1) / block), 1, 1};
 }
@@ -64,11 +74,9 @@ std::vector<T> download(const refpool::array<T>& src, refpool::stream_ref s) {
 /// the race that the tests' waits prevent (the late write lands last).
 inline std::vector<std::uint32_t> unordered_writes(const refpool::backend& be, refpool::cuda::stream& a,
                                                    refpool::cuda::stream& b) {
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   auto shared = refpool::empty<std::uint32_t>(be, {words}, a);
-  refpool::cuda::launch_with(slow, {64}, {256}, a, shared.data(), words, 1u, long_wait_ns);
-  refpool::cuda::launch_with(fast, {64}, {256}, b, shared.data(), words, 2u);
+  fill_late(a, shared.data(), words, 1);
+  fill_now(b, shared.data(), words, 2);
   b.synchronize();
   a.synchronize();
   return download(shared, b);

@@ -16,8 +16,6 @@
 using namespace refpool;
 using gpu_test::all_equal;
 using gpu_test::download;
-using gpu_test::kernels;
-using gpu_test::long_wait_ns;
 using gpu_test::words;
 
 namespace {
@@ -34,16 +32,14 @@ TEST_CASE("a planned key on two streams: a late write on one never lands in the 
   cuda::stream a;
   cuda::stream b;
   alloc_cache cache{cache_options{}};
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   // One step of the loop, on stream s: one buffer, written, released when the scope ends.
   const auto run = [&](cuda::stream& s, bool slowly, std::uint32_t value) {
     scope sc(cache, {.plan = "step"});
     auto x = empty<std::uint32_t>(be, {words}, s);
     if (slowly) {
-      cuda::launch_with(slow, {64}, {256}, s, x.data(), words, value, long_wait_ns);
+      gpu_test::fill_late(s, x.data(), words, value);
     } else {
-      cuda::launch_with(fast, {64}, {256}, s, x.data(), words, value);
+      gpu_test::fill_now(s, x.data(), words, value);
     }
     return x.data();
   };
@@ -61,7 +57,7 @@ TEST_CASE("a planned key on two streams: a late write on one never lands in the 
     scope sc(cache, {.plan = "step"});
     auto x = empty<std::uint32_t>(be, {words}, b);
     on_b = x.data();
-    cuda::launch_with(fast, {64}, {256}, b, x.data(), words, 2u);
+    gpu_test::fill_now(b, x.data(), words, 2);
     b.synchronize();
     a.synchronize();  // A's late write has landed by now, wherever it went
     result = download(x, b);
@@ -80,8 +76,6 @@ TEST_CASE("a region used on another stream makes the next run of its arena wait 
   const backend be = cuda::device(0);
   cuda::stream a;
   cuda::stream b;
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   // Two runs of a key on A: in the first its region is also written on B (slowly), then released;
   // the second gets the same region and writes it on A at once. `record` says whether the first
   // run told refpool about B.
@@ -90,7 +84,7 @@ TEST_CASE("a region used on another stream makes the next run of its arena wait 
     for (int i = 0; i < 2; ++i) {  // record the key and replay it once, all on A
       scope sc(cache, {.plan = "k"});
       auto x = empty<std::uint32_t>(be, {words}, a);
-      cuda::launch_with(fast, {64}, {256}, a, x.data(), words, 0u);
+      gpu_test::fill_now(a, x.data(), words, 0);
     }
     a.synchronize();
     void* first = nullptr;
@@ -99,12 +93,12 @@ TEST_CASE("a region used on another stream makes the next run of its arena wait 
       auto x = empty<std::uint32_t>(be, {words}, a);
       first = x.data();
       if (record) x.record_stream(b);
-      cuda::launch_with(slow, {64}, {256}, b, x.data(), words, 1u, long_wait_ns);
+      gpu_test::fill_late(b, x.data(), words, 1);
     }  // released while B still writes
     scope sc(cache, {.plan = "k"});
     auto x = empty<std::uint32_t>(be, {words}, a);
     CHECK(x.data() == first);  // the plan's region again
-    cuda::launch_with(fast, {64}, {256}, a, x.data(), words, 2u);
+    gpu_test::fill_now(a, x.data(), words, 2);
     a.synchronize();
     b.synchronize();
     CHECK(cache.stats().plan_hits == 3);

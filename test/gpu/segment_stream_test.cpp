@@ -14,8 +14,6 @@
 using namespace refpool;
 using gpu_test::all_equal;
 using gpu_test::download;
-using gpu_test::kernels;
-using gpu_test::long_wait_ns;
 using gpu_test::overlap;
 using gpu_test::words;
 
@@ -34,19 +32,17 @@ TEST_CASE("segments: a piece released during a late write on A and carved for B 
   const backend be = cuda::device(0);
   cuda::stream a;
   cuda::stream b;
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   alloc_cache cache{segments_on()};
   scope sc(cache);
   auto x = empty<std::uint32_t>(be, {words}, a);
   const void* first = x.data();
-  cuda::launch_with(slow, {64}, {256}, a, x.data(), words, 1u, long_wait_ns);
+  gpu_test::fill_late(a, x.data(), words, 1);
   x = {};  // idle while A still writes
   // Another size, so no exact-key hit: the idle piece goes back to its segment and best fit
   // carves the new piece from the same bytes.
   auto y = empty<std::uint32_t>(be, {words / 2 * 3}, b);
   REQUIRE(overlap(first, std::size_t{words} * 4, y.data(), y.bytes()));
-  cuda::launch_with(fast, {64}, {256}, b, y.data(), words / 2 * 3, 2u);
+  gpu_test::fill_now(b, y.data(), words / 2 * 3, 2);
   b.synchronize();
   a.synchronize();
   CHECK(all_equal(download(y, b), 2));  // B's write came after A's
@@ -59,22 +55,20 @@ TEST_CASE("segments: pieces last used on A and on C, coalesced and carved for B,
   cuda::stream a;
   cuda::stream b;
   cuda::stream c;
-  const auto slow = kernels().function("wait_then_fill_u32");
-  const auto fast = kernels().function("fill_u32");
   alloc_cache cache{segments_on()};
   scope sc(cache);
   auto x1 = empty<std::uint32_t>(be, {words}, a);
   auto x2 = empty<std::uint32_t>(be, {words}, c);
   const void* p1 = x1.data();
   const void* p2 = x2.data();
-  cuda::launch_with(slow, {64}, {256}, a, x1.data(), words, 1u, long_wait_ns);
-  cuda::launch_with(slow, {64}, {256}, c, x2.data(), words, 3u, long_wait_ns);
+  gpu_test::fill_late(a, x1.data(), words, 1);
+  gpu_test::fill_late(c, x2.data(), words, 3);
   x1 = {};
   x2 = {};
   auto y = empty<std::uint32_t>(be, {2 * words}, b);  // the two pieces joined, or more
   REQUIRE(overlap(p1, std::size_t{words} * 4, y.data(), y.bytes()));
   REQUIRE(overlap(p2, std::size_t{words} * 4, y.data(), y.bytes()));
-  cuda::launch_with(fast, {64}, {256}, b, y.data(), 2 * words, 2u);
+  gpu_test::fill_now(b, y.data(), 2 * words, 2);
   b.synchronize();
   a.synchronize();
   c.synchronize();
