@@ -17,6 +17,39 @@ using namespace refpool;
 
 namespace {
 
+TEST_CASE("peak reserved bytes are exact: a recording's uncached buffers and the arena never coexist",
+          "[plan][stats]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const scope_options planned{.plan = "step"};
+  constexpr std::size_t n = std::size_t{1} << 20;
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    scope s(cache, planned);
+    auto a = empty<std::byte>(be, {n});
+    auto b = empty<std::byte>(be, {n});
+    if (iteration == 0) CHECK(cache.stats().reserved_bytes == 2 * n);  // the recording: uncached
+  }
+  const auto st = cache.stats();
+  REQUIRE(st.plan_recordings == 1);
+  REQUIRE(st.arena_bytes >= 2 * n);
+  CHECK(st.uncached_live_bytes == 0);
+  CHECK(st.reserved_bytes == st.arena_bytes);
+  // The recording's 2 MiB were given back before the arena was made: the peak is the larger of
+  // the two, not their sum (which is what an upper bound built from separate peaks would say).
+  CHECK(st.peak_reserved_bytes == std::max(2 * n, st.arena_bytes));
+  // Everything goes back to the backend: reserved falls to what is still held.
+  cache.reset_peaks();
+  CHECK(cache.stats().peak_reserved_bytes == cache.stats().reserved_bytes);
+  {
+    scope s(cache);  // a plain scope: one cached block joins
+    auto c = empty<std::byte>(be, {n});
+  }
+  const auto after = cache.stats();
+  CHECK(after.reserved_bytes == st.arena_bytes + n);
+  CHECK(after.peak_reserved_bytes == st.arena_bytes + n);
+  CHECK(be.outstanding_bytes() == after.reserved_bytes);
+}
+
 // Every live buffer holds its own stamp in every word; check() verifies them all.
 struct stamped {
   array<std::uint64_t> a;

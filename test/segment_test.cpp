@@ -356,6 +356,54 @@ TEST_CASE("small requests grow their own pool in place, 2 MiB at a time", "[segm
   heap.check();
 }
 
+TEST_CASE("a large segment grows in steps of 1/growth_divisor of itself: few commits, little held ahead",
+          "[segments][vm]") {
+  heap_fixture f;
+  auto options = vm_options(std::size_t{1} << 30, std::size_t{512} << 20);
+  options.growth_divisor = 16;
+  options.max_growth_step = 16 * MiB;
+  segment_heap heap(f.be, options);
+  std::vector<segment_heap::piece> p;
+  std::size_t most_ahead = 0;
+  for (int i = 0; i < 300; ++i) {  // 300 MiB of 1 MiB pieces, one after the other
+    p.push_back(must_carve(heap, 1 * MiB));
+    const auto st = heap.stats();
+    most_ahead = std::max(most_ahead, st.committed_bytes - st.used_bytes);
+    // Never more ahead than one step: 1/16 of what was committed before it, rounded up to the
+    // 2 MiB granularity, at most 16 MiB.
+    CHECK(st.committed_bytes - st.used_bytes <= std::min(16 * MiB, st.committed_bytes / 16 + 2 * MiB));
+  }
+  const auto st = heap.stats();
+  CHECK(st.segments == 1);
+  CHECK(st.used_bytes == 300 * MiB);
+  // 2 MiB at a time would be 149 grows; in steps: 2 MiB up to 32 MiB committed, then growing
+  // steps up to 16 MiB (about 16 + 12 + 14 grows).
+  CHECK(st.grows < 60);
+  CHECK(most_ahead >= 8 * MiB);  // the steps really grew past the granularity
+  for (std::size_t i = 1; i < p.size(); ++i) CHECK(addr(p[i]) == addr(p[i - 1]) + 1 * MiB);
+  for (const auto& piece : p) heap.give_back(piece, {});
+  heap.check();
+  CHECK(heap.trim() == st.committed_bytes);  // every commit goes back
+  CHECK(f.tracker->committed() == 0);
+  CHECK(f.limited->used() == 0);
+}
+
+TEST_CASE("near the memory limit a growth step that does not fit gives way to what the request needs",
+          "[segments][vm][oom]") {
+  heap_fixture f(100 * MiB);
+  auto options = vm_options(std::size_t{1} << 30, std::size_t{512} << 20);
+  options.growth_divisor = 4;  // steps of a quarter of the segment: soon larger than what is left
+  segment_heap heap(f.be, options);
+  std::vector<segment_heap::piece> p;
+  while (auto c = heap.carve(2 * MiB, {})) p.push_back(c->p);
+  // Every byte under the limit is used: the last commits were of the request's size, not the step's.
+  CHECK(heap.stats().used_bytes == 100 * MiB);
+  CHECK(heap.stats().committed_bytes == 100 * MiB);
+  CHECK(f.tracker->refusals() > 0);  // the steps were refused by the limit
+  for (const auto& piece : p) heap.give_back(piece, {});
+  heap.check();
+}
+
 TEST_CASE("a full reservation starts a new growable segment", "[segments][vm]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options(8 * MiB));

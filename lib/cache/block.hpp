@@ -78,6 +78,9 @@ struct alignas(64) block : block_header {
   /// memory goes back there, not to the backend), and the piece. Null for plain blocks.
   cache_heap* heap = nullptr;
   segment_piece piece;
+  /// Idle pieces: links in their slot's piece_list (slot.hpp).
+  block* idle_piece_prev = nullptr;
+  block* idle_piece_next = nullptr;
 
   block() noexcept : home(nullptr) {}
 };

@@ -63,9 +63,13 @@ class key_map {
   }
 
   /// Destroys the value of `key`, if any.
-  void erase(const block_key& key) noexcept {
+  void erase(const block_key& key) noexcept { extract(key); }
+
+  /// Takes the value of `key` out of the map (null if absent).
+  std::unique_ptr<Value> extract(const block_key& key) noexcept {
     std::size_t hole = index_of(key);
-    if (hole == npos) return;
+    if (hole == npos) return nullptr;
+    std::unique_ptr<Value> out = std::move(table_[hole].value);
     table_[hole] = entry{};
     --size_;
     // Backward shift: move later entries of the probe run into the hole when their home allows.
@@ -77,6 +81,7 @@ class key_map {
         hole = i;
       }
     }
+    return out;
   }
 
   template <class F>

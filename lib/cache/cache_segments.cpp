@@ -23,11 +23,10 @@ namespace {
 /// The idle pieces of `h` in `s` that could make room for a piece of `bytes`: those of its
 /// pool (pieces of the other pool never coalesce with it). Caller holds `s`.
 void collect_idle(const slot& s, const cache_heap& h, std::size_t bytes, std::vector<block*>& out) {
-  const bool small = h.heap.small(bytes);
-  s.buckets.for_each([&](const bucket& bk) {
-    if (bk.key.backend != h.backend || bk.idle.empty() || h.heap.small(bk.key.bytes) != small) return;
-    out.insert(out.end(), bk.idle.begin(), bk.idle.end());
-  });
+  const piece_list* list = s.find_pieces(h.backend, h.heap.small(bytes));
+  if (list == nullptr || list->count == 0) return;
+  out.reserve(out.size() + list->count);
+  for (block* b = list->first; b != nullptr; b = b->idle_piece_next) out.push_back(b);
 }
 
 }  // namespace
@@ -247,8 +246,9 @@ segment_heap::carved cache_state::carve_piece(slot& s, cache_heap& h, std::size_
 }
 
 std::size_t cache_state::give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes) {
-  std::vector<block*> pieces;
   std::lock_guard guard(mutex_);  // no intruder touches our slot while we take from it
+  std::vector<block*>& pieces = giving_back_;  // keeps its capacity from miss to miss
+  pieces.clear();
   {
     // Our own slot first: its owner needs no barrier.
     owner_section section(s.lock);
@@ -327,19 +327,39 @@ void cache_state::check_segments() const {
   std::size_t in_blocks = 0;
   std::size_t idle_pieces = 0;
   self.intrude_all();
+  const auto fail = [&](std::string what) {
+    self.leave_all();
+    throw std::logic_error(std::move(what));
+  };
   for (const auto& s : slots_) {
+    // Every idle piece is listed exactly once, in its bucket's piece list.
+    std::size_t listed = 0;
+    for (const auto& list : s->piece_lists) {
+      std::size_t n = 0;
+      for (const block* b = list->first; b != nullptr; b = b->idle_piece_next, ++n)
+        if (!b->idle || b->home->pieces != list.get() || b->home->owner != s.get() ||
+            (b->idle_piece_next != nullptr && b->idle_piece_next->idle_piece_prev != b))
+          fail(fmt::format("refpool: block at {} is in the wrong idle piece list", b->ptr));
+      if (n != list->count) fail(fmt::format("refpool: an idle piece list counts {} of its {} blocks", list->count, n));
+      listed += n;
+    }
+    const std::size_t idle_before = idle_pieces;
     s->buckets.for_each([&](const bucket& bk) {
-      if (bk.key.backend->piece_unit(segments_) == 1) return;
+      const bool segmented = bk.key.backend->piece_unit(segments_) != 1;
+      if ((bk.pieces != nullptr) != segmented)
+        fail(fmt::format("refpool: the bucket of {} B has the wrong piece list", bk.key.bytes));
+      if (!segmented) return;
       in_blocks += (bk.live + bk.idle.size()) * bk.key.bytes;
       for (const block* b : bk.idle) {
-        if (b->heap == nullptr || b->piece.bytes != b->capacity || b->piece.address != b->ptr) {
-          self.leave_all();
-          throw std::logic_error(fmt::format("refpool: idle block at {} of {} B is no piece of its heap", b->ptr,
-                                             b->capacity));
-        }
+        if (b->heap == nullptr || b->piece.bytes != b->capacity || b->piece.address != b->ptr)
+          fail(fmt::format("refpool: idle block at {} of {} B is no piece of its heap", b->ptr, b->capacity));
+        if (b->heap->heap.small(b->capacity) != bk.pieces->small)
+          fail(fmt::format("refpool: idle piece at {} of {} B is listed in the wrong pool", b->ptr, b->capacity));
         ++idle_pieces;
       }
     });
+    if (listed != idle_pieces - idle_before)
+      fail(fmt::format("refpool: idle piece lists hold {} blocks, their buckets {}", listed, idle_pieces - idle_before));
   }
   self.leave_all();
   std::size_t in_heaps = 0;

@@ -13,12 +13,6 @@ namespace refpool::detail {
 
 namespace {
 
-void raise_max(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
-  std::size_t seen = peak.load(std::memory_order_relaxed);
-  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
-}
-
 /// A direct block over `ptr` (from `backend`, which it holds), handed out once.
 block* direct_block(std::unique_ptr<block> made, backend_state& backend, void* ptr, std::size_t bytes,
                     stream_ref stream) noexcept {
@@ -46,11 +40,12 @@ cache_state::cache_state(const cache_options& options, bool bypass)
     : rounding_(options.rounding),
       segments_(options.segments),
       bypass_(bypass),
-      max_idle_bytes_(options.max_idle_bytes) {
+      max_idle_bytes_(options.max_idle_bytes),
+      reserved_(new reserved_counter) {
   tracking_idle_.store(options.max_idle_bytes != cache_options::unlimited);
 }
 
-cache_state::~cache_state() = default;
+cache_state::~cache_state() { reserved_->release(); }
 
 // ---- holding other threads' slots -----------------------------------------------------------
 
@@ -280,10 +275,9 @@ void cache_state::count_held(std::size_t bytes) noexcept {
 
 void cache_state::count_from_backends(std::size_t added, std::size_t removed) noexcept {
   if (added > removed) {
-    const std::size_t grown = added - removed;
-    raise_max(peak_from_backends_, from_backends_.fetch_add(grown, std::memory_order_relaxed) + grown);
+    reserved_->add(added - removed);
   } else if (removed > added) {
-    from_backends_.fetch_sub(removed - added, std::memory_order_relaxed);
+    reserved_->remove(removed - added);
   }
 }
 
@@ -295,11 +289,13 @@ block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes,
   retain();
   uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
   raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  reserved_->add(bytes);
   return b;
 }
 
 void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
   uncached_live_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  reserved_->remove(b->capacity);
   if (via_unsafe_free) extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed);
   free_block(b);
   release();
@@ -564,7 +560,7 @@ void cache_state::close() noexcept {
       std::size_t live = 0;
       s->buckets.for_each([&](bucket& bk) {
         for (block* b : bk.idle) idle.push_back(b);  // may grow past the reservation: late releases
-        bk.idle.clear();
+        bk.clear_idle();
         live += bk.live;
       });
       const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
@@ -629,10 +625,8 @@ cache_stats cache_state::stats() const {
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
-  // Held from backends by blocks and segments (held + segment_free) peaks on its own: free bytes
-  // of segments rise when pieces go back, without held bytes falling at the same moment.
-  out.peak_reserved_bytes =
-      std::max(peak_from_backends_.load() + out.arena_bytes + uncached_peak, out.reserved_bytes);
+  // Exact: every kind of held memory is counted in one place as it changes (reserved_counter).
+  out.peak_reserved_bytes = std::max(reserved_->peak(), out.reserved_bytes);
   return out;
 }
 
@@ -643,7 +637,7 @@ void cache_state::reset_peaks() noexcept {
   leave_all();
   peak_held_bytes_.store(held_bytes_.load());
   peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
-  peak_from_backends_.store(from_backends_.load());
+  reserved_->reset_peak();
 }
 
 }  // namespace refpool::detail

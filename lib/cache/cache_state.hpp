@@ -24,6 +24,7 @@
 
 #include "cache/block.hpp"
 #include "cache/cache_heap.hpp"
+#include "cache/reserved_counter.hpp"
 #include "cache/slot.hpp"
 #include "ref_counted.hpp"
 
@@ -138,6 +139,10 @@ class cache_state : public ref_counted<cache_state> {
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
 
+  /// Bytes held from backends, every kind, with their exact peak. Arenas count theirs here too
+  /// (they retain it: they may outlive the cache).
+  [[nodiscard]] reserved_counter& reserved() const noexcept { return *reserved_; }
+
   /// For tests: checks every segment heap (segment_heap::check) and that the bytes of pieces
   /// the heaps have out equal the bytes of this cache's blocks that are pieces, live and idle.
   /// Throws std::logic_error naming the first violation.
@@ -187,7 +192,7 @@ class cache_state : public ref_counted<cache_state> {
   /// Bytes held from backends (plain blocks + committed segment bytes) changed.
   void count_from_backends(std::size_t added, std::size_t removed) noexcept;
   /// Counts the change in a heap's committed bytes over its lifetime (a grow, trim or release
-  /// under the heap's lock) into from_backends_.
+  /// under the heap's lock) into reserved_.
   class committed_change {
    public:
     committed_change(cache_state& cache, cache_heap& h) noexcept
@@ -245,6 +250,7 @@ class cache_state : public ref_counted<cache_state> {
   std::unique_ptr<cache_extension> extension_;
   std::vector<std::unique_ptr<cache_heap>> heaps_;  // one per backend with segments, made on its first miss
   segment_heap_stats dropped_heap_counts_;          // event counters of heaps dropped since
+  std::vector<block*> giving_back_;                 // give_back_idle_pieces' list, under mutex_
 
   // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
   std::atomic<std::uint64_t> step_epoch_{0};
@@ -273,8 +279,8 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<std::uint64_t> extra_unsafe_frees_{0};
   std::atomic<std::size_t> held_bytes_{0};
   std::atomic<std::size_t> peak_held_bytes_{0};
-  std::atomic<std::size_t> from_backends_{0};  // held + segment free bytes: plain blocks + committed segments
-  std::atomic<std::size_t> peak_from_backends_{0};
+  // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers).
+  reserved_counter* const reserved_;
 };
 
 /// Room for one more block in `home`'s idle list, so putting it back never allocates.

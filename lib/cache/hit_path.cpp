@@ -110,7 +110,7 @@ REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stre
       !tracking_idle_.load(std::memory_order_relaxed)) [[likely]] {
     block* oldest = home->idle.back();
     if (oldest->last_stream == stream && oldest->extra_streams.empty()) [[likely]] {
-      home->idle.pop_back();
+      home->pop_oldest();
       mark_live(s, *home, oldest, true);
       b = oldest;
     }

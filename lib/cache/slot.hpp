@@ -36,6 +36,30 @@ struct line_allocator {
   friend bool operator==(const line_allocator&, const line_allocator&) { return true; }
 };
 
+/// The idle pieces of one backend's segment pool (small or large) within one slot, linked
+/// through their blocks, so that a miss giving idle pieces back to the heap finds them without
+/// scanning every bucket (a bucket per size: thousands under random sizes). Its buckets keep it.
+struct piece_list {
+  const backend_state* backend = nullptr;
+  bool small = false;
+  block* first = nullptr;
+  std::size_t count = 0;
+
+  void link(block* b) noexcept {
+    b->idle_piece_prev = nullptr;
+    b->idle_piece_next = first;
+    if (first != nullptr) first->idle_piece_prev = b;
+    first = b;
+    ++count;
+  }
+  void unlink(block* b) noexcept {
+    (b->idle_piece_prev != nullptr ? b->idle_piece_prev->idle_piece_next : first) = b->idle_piece_next;
+    if (b->idle_piece_next != nullptr) b->idle_piece_next->idle_piece_prev = b->idle_piece_prev;
+    b->idle_piece_prev = b->idle_piece_next = nullptr;
+    --count;
+  }
+};
+
 /// The blocks of one key within one slot: idle ones in a list, live ones counted. A bucket with
 /// neither is erased (on the slow paths that empty it), so bookkeeping does not grow with every
 /// size ever seen, and no bucket keeps a backend alive (blocks do).
@@ -43,6 +67,8 @@ struct alignas(64) bucket {
   block_key key;
   slot* owner = nullptr;
   std::size_t live = 0;  ///< blocks of this bucket held by handles (their home is this bucket)
+  /// Where its idle blocks are also listed when they are pieces of a segment heap; else null.
+  piece_list* pieces = nullptr;
   /// Sorted by id, highest first, so back() is the oldest block: handing out the oldest makes
   /// a repeated request sequence get the same blocks each iteration.
   std::vector<block*, line_allocator<block*>> idle;
@@ -56,6 +82,20 @@ struct alignas(64) bucket {
     } else {
       insert_in_order(b);
     }
+    if (pieces != nullptr) pieces->link(b);
+  }
+  /// Takes the oldest idle block (the bucket has one).
+  block* pop_oldest() noexcept {
+    block* b = idle.back();
+    idle.pop_back();
+    if (pieces != nullptr) pieces->unlink(b);
+    return b;
+  }
+  /// Empties the idle list (the cache is closing: the blocks are freed).
+  void clear_idle() noexcept {
+    if (pieces != nullptr)
+      for (block* b : idle) pieces->unlink(b);
+    idle.clear();
   }
   void insert_in_order(block* b) noexcept;
   /// Removes `b` (known to be idle here).
@@ -91,6 +131,12 @@ struct alignas(64) slot {
   std::atomic<block*> handed_off{nullptr};
 
   key_map<bucket> buckets;
+  /// Buckets erased when they emptied, kept for the next new keys (a miss under irregular sizes
+  /// empties one bucket and makes another), up to spare_bucket_count.
+  static constexpr std::size_t spare_bucket_count = 32;
+  std::vector<std::unique_ptr<bucket>> spare_buckets;
+  /// Idle pieces by backend and pool; few entries (one or two per backend with segments).
+  std::vector<std::unique_ptr<piece_list>> piece_lists;
   bucket* last_bucket = nullptr;  ///< the most recent lookup: loops often repeat one size
   slot_counters counters;
 
@@ -109,14 +155,35 @@ struct alignas(64) slot {
 
   /// The bucket for `key`, made if absent. Caller holds the slot.
   bucket& bucket_for(const block_key& key) {
-    if (last_bucket != nullptr && last_bucket->key == key) return *last_bucket;
-    last_bucket = &buckets.find_or_insert(key, [&] {
-      auto made = std::make_unique<bucket>();
+    if (last_bucket == nullptr || !(last_bucket->key == key)) last_bucket = &find_or_make(key);
+    // A bucket left empty holds no backend, so its key's backend may since have been destroyed and
+    // another made at the same address: an empty bucket takes its piece list anew.
+    if (last_bucket->unused()) last_bucket->pieces = pieces_for(key);
+    return *last_bucket;
+  }
+  /// The bucket for `key` in the map, made (from a spare if any) if absent.
+  bucket& find_or_make(const block_key& key) {
+    return buckets.find_or_insert(key, [&] {
+      std::unique_ptr<bucket> made;
+      if (spare_buckets.empty()) {
+        made = std::make_unique<bucket>();
+      } else {  // its idle list keeps its capacity: no allocation
+        made = std::move(spare_buckets.back());
+        spare_buckets.pop_back();
+      }
       made->key = key;
       made->owner = this;
       return made;
     });
-    return *last_bucket;
+  }
+  /// The piece list blocks of `key` join when idle; null when the cache gives that key plain
+  /// blocks. Made if absent. Caller holds the slot.
+  piece_list* pieces_for(const block_key& key);
+  /// The list of `backend`'s idle pieces of one pool, or null if none was made.
+  [[nodiscard]] piece_list* find_pieces(const backend_state* backend, bool small) const noexcept {
+    for (const auto& l : piece_lists)
+      if (l->backend == backend && l->small == small) return l.get();
+    return nullptr;
   }
   /// Erases `b` if no block is in it or homed in it. Caller holds the slot.
   void erase_if_unused(bucket& b) noexcept;

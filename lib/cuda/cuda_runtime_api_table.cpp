@@ -18,6 +18,9 @@ CUdeviceptr as_device_ptr(const void* p) { return reinterpret_cast<CUdeviceptr>(
 
 std::string kind_unavailable(memory_kind) { return {}; }  // CUDA 12 serves every kind
 bool torn_down() noexcept { return false; }  // the driver reports calls after its teardown as errors
+bool context_gone(status code) noexcept {
+  return code == CUDA_ERROR_DEINITIALIZED || code == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
 
 constexpr std::string_view activate_call = "cuCtxSetCurrent";
 status activate(int device, handle* saved) {

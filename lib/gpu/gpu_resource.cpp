@@ -82,7 +82,9 @@ class gpu_resource final : public resource {
   // longer knows: docs/design.md, "Segments").
   void synchronize() override {
     device_guard guard(api_, device_);
-    check(api_, api_.device_synchronize(), api_.device_synchronize.name, fmt::format("device {}", device_));
+    const status code = api_.device_synchronize();
+    if (api_.context_gone(code)) return;  // at exit: nothing of the device is in flight any more
+    check(api_, code, api_.device_synchronize.name, fmt::format("device {}", device_));
   }
 
   void order_streams(stream_ref producer, stream_ref consumer) override {

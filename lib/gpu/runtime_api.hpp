@@ -93,7 +93,7 @@ struct entry<status (*)(Args...)> {
   {                                                                                                             \
     .name = NAME, .prefix = PREFIX, .success = SUCCESS, .out_of_memory = OUT_OF_MEMORY, .failure = failure,     \
     .device_count = device_count, .version = version, .kind_unavailable = kind_unavailable,                     \
-    .torn_down = torn_down, REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,               \
+    .torn_down = torn_down, .context_gone = context_gone, REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,               \
     .error_string = error_string                                                                                \
   }
 #define REFPOOL_GPU_TABLE_ENTRY(name, ...) .name = {name, name##_call},
@@ -115,6 +115,9 @@ struct runtime_api {
   /// memory goes with the process. Always false for a runtime that reports calls after its
   /// teardown as errors (CUDA: CUDA_ERROR_DEINITIALIZED).
   bool (*torn_down)() noexcept = nullptr;
+  /// True for the codes a call returns once the device's context (or the whole runtime) is gone,
+  /// as at exit after the runtime's teardown: no work of it is in flight any more.
+  bool (*context_gone)(status code) noexcept = nullptr;
 
 #define REFPOOL_GPU_DECLARE_ENTRY(name, ...) entry<__VA_ARGS__> name;
   REFPOOL_GPU_ENTRIES(REFPOOL_GPU_DECLARE_ENTRY)

@@ -143,7 +143,8 @@ class gpu_virtual_memory final : public virtual_memory {
     if (it == pieces_.end() || it->first >= end) return;
     try {
       device_guard guard(api_, device_);
-      if (const status code = api_.device_synchronize(); code != api_.success)
+      // A context that is gone (at exit, after the runtime's teardown) has no work in flight.
+      if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code))
         std::fprintf(stderr, "%s\n", error_text(code, api_.device_synchronize.name, "before unmapping").c_str());
       while (it != pieces_.end() && it->first + it->second.bytes <= end) {
         void* ptr = reinterpret_cast<void*>(it->first);

@@ -59,6 +59,9 @@ status keep_pool_memory(int device) {
 
 // Once the process is exiting, the runtime may be gone (runtime.hpp, process_exiting).
 bool torn_down() noexcept { return process_exiting(); }
+bool context_gone(status code) noexcept {
+  return code == hipErrorDeinitialized || code == hipErrorContextIsDestroyed;
+}
 
 // HIP 5.2's hipMallocAsync and hipFreeAsync crash on the default stream (docs/hip.md, finding 1).
 std::string kind_unavailable(memory_kind kind) {

@@ -25,7 +25,16 @@ arena::arena(backend_state& backend, stream_ref stream) : backend_(&backend), st
 
 arena::~arena() {
   free_memory();
+  if (counted_in_ != nullptr) counted_in_->release();
   backend_->release();
+}
+
+void arena::count(std::size_t bytes, cache_state& cache) noexcept {
+  if (counted_in_ == nullptr) {
+    counted_in_ = &cache.reserved();
+    counted_in_->retain();
+  }
+  counted_in_->add(bytes);
 }
 
 bool arena::allocate(std::size_t bytes, cache_state& cache) {
@@ -57,6 +66,7 @@ bool arena::allocate(std::size_t bytes, cache_state& cache) {
   if (at == nullptr) return false;
   base_ = static_cast<std::byte*>(at);
   committed_.store(bytes, std::memory_order_relaxed);
+  count(bytes, cache);
   return true;
 }
 
@@ -70,6 +80,7 @@ bool arena::commit_more(std::size_t bytes, cache_state& cache) {
   }
   if (!done) return false;
   committed_.store(bytes, std::memory_order_relaxed);
+  count(delta, cache);
   // Counted like an allocation: the backend has these bytes out, and it cost a driver call.
   backend_->outstanding_bytes.fetch_add(delta, std::memory_order_relaxed);
   backend_->allocations.fetch_add(1, std::memory_order_relaxed);
@@ -96,6 +107,7 @@ void arena::free_memory() noexcept {
   } else {
     backend_->deallocate(base_, committed, stream_);
   }
+  if (counted_in_ != nullptr) counted_in_->remove(committed);
   base_ = nullptr;
   committed_.store(0, std::memory_order_relaxed);
 }

@@ -24,6 +24,7 @@ namespace refpool::detail {
 
 class cache_state;
 class plan;
+class reserved_counter;
 
 /// A region of a finished run still live: it pins its bytes until released. Recorded at the
 /// run's end; the next run that claims the arena avoids it while it is live.
@@ -94,6 +95,10 @@ class arena : public ref_counted<arena> {
   virtual_memory* vm_ = nullptr;  ///< the backend's, when this arena reserved address space
   std::byte* base_ = nullptr;
   std::atomic<std::size_t> committed_{0};  ///< bytes usable from base_ (stats read it while it grows)
+  /// The cache's count of reserved bytes, which this arena's memory is part of (retained, as the
+  /// arena may outlive its cache); set with the first memory.
+  reserved_counter* counted_in_ = nullptr;
+  void count(std::size_t bytes, cache_state& cache) noexcept;
   std::size_t reserved_ = 0;      ///< vm_: bytes of address space reserved at base_
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};

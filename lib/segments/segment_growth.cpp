@@ -38,13 +38,22 @@ segment_heap::growth segment_heap::grow_in_place(pool_state& pool, segment& seg,
   // Anywhere: extend the free tail by what it lacks, so the piece crosses into the new commit.
   // One physical allocation: the piece needs a commit of its own size.
   const std::size_t lacking = where == placement::anywhere && tail != nullptr ? bytes - tail->bytes : bytes;
-  const std::size_t size = checked_round_up(lacking, vm_->granularity(), "virtual memory granularity");
-  if (size > seg.reserved - seg.committed) return growth{nullptr, true};
+  const std::size_t room = seg.reserved - seg.committed;
+  const std::size_t needed = checked_round_up(lacking, vm_->granularity(), "virtual memory granularity");
+  if (needed > room) return growth{nullptr, true};
+  // A step in proportion to the segment (growth_divisor), where the reservation has room for it.
+  const std::size_t step = round_up(std::min(seg.committed / options_.growth_divisor, options_.max_growth_step),
+                                    vm_->granularity());
+  std::size_t size = step <= room ? std::max(needed, step) : needed;
 
   seg.commit_ends.reserve(seg.commit_ends.size() + 1);
   std::unique_ptr<range> fresh = tail == nullptr ? std::make_unique<range>() : nullptr;
   const std::uintptr_t at = seg.base + seg.committed;
-  if (!vm_->commit(reinterpret_cast<void*>(at), size)) return growth{nullptr, false};
+  if (!vm_->commit(reinterpret_cast<void*>(at), size)) {
+    // Near the device's limit the step may not fit where the request does: commit what it needs.
+    if (size == needed || !vm_->commit(reinterpret_cast<void*>(at), needed)) return growth{nullptr, false};
+    size = needed;
+  }
 
   // Committed: nothing below allocates or throws.
   seg.committed += size;

@@ -63,6 +63,8 @@ segment_heap::segment_heap(backend be, segment_heap_options options)
   multiple(options_.small_segment, "small_segment");
   multiple(options_.large_segment, "large_segment");
   multiple(options_.segment_rounding, "segment_rounding");
+  if (options_.growth_divisor == 0)
+    throw config_error("refpool: segment heap option growth_divisor must be at least 1");
   if (options_.small_max == 0 || options_.small_max > options_.small_segment)
     throw config_error(fmt::format("refpool: segment heap option small_max = {} B must be in [1, small_segment = {} B]",
                                    options_.small_max, options_.small_segment));

@@ -399,17 +399,11 @@ outcome model::slot_acquire(int ci, int si, int backend, std::size_t bytes, void
       oom_bytes = rounded;
       return outcome::out_of_memory;
     }
-    model_block b;
-    b.gid = next_gid++;
-    b.ptr = ptr;
-    b.capacity = rounded;
-    b.backend = backend;
-    b.cache = ci;
-    b.slot = si;
-    b.id = c.next_id++;
-    b.last_stream = stream;
-    g = b.gid;
-    model_block& placed = blocks.emplace(b.gid, b).first->second;
+    model_block& placed = add_held_block(block_kind::cached, ptr, rounded, bytes, backend, stream);
+    placed.cache = ci;
+    placed.slot = si;
+    placed.id = c.next_id++;
+    g = placed.gid;
     c.backend_allocations += 1;
     c.held += rounded;
     c.peak = std::max(c.peak, c.held);

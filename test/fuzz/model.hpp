@@ -186,7 +186,7 @@ class model {
  private:
   // (backend_result is public: plan_model uses it)
   backend_result backend_allocate(int backend, std::size_t bytes, void*& ptr);
-  // A new block of `kind` with one handle (direct, uncached, region), numbered and kept.
+  // A new block of `kind` with one handle (cached, direct, uncached, region), numbered and kept.
   model_block& add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested,
                               int backend, void* stream);
   void backend_free(const model_block& b);

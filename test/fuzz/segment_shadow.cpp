@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "access.hpp"
+#include "cache/cache_state.hpp"
 #include "model.hpp"  // fail()
 
 namespace rp = refpool;
@@ -264,6 +267,12 @@ void segment_shadow::check(bool with_stats) {
   if (st.live_blocks != live_blocks || st.live_bytes != live_bytes)
     fail(fmt::format("segments: the cache counts {} live blocks of {} B, the handles {} of {} B", st.live_blocks,
                      st.live_bytes, live_blocks, live_bytes));
+  // The heaps' own invariants, and the slots' lists of idle pieces against their buckets.
+  try {
+    rp::detail::access::state(*cache_).check_segments();
+  } catch (const std::logic_error& e) {
+    fail(fmt::format("segments: {}", e.what()));
+  }
 }
 
 void segment_shadow::finish() {
