@@ -55,8 +55,12 @@ class NumbaFramework:
 def main():
     args = parse_args(__doc__.split("\n")[0], default_warmup=8, default_steps=48)
     try:
-        from numba import cuda
         import numpy as np
+        if not hasattr(np, "row_stack"):
+            # numba-cuda 0.68 overloads np.row_stack when it compiles a kernel; recent NumPy 2
+            # releases removed that alias of np.vstack (both are on the H200 machine).
+            np.row_stack = np.vstack
+        from numba import cuda
         if not cuda.is_available():
             raise RuntimeError("numba.cuda.is_available() is False")
     except Exception as e:  # noqa: BLE001 (ImportError, or no CUDA)

@@ -174,12 +174,12 @@ def main():
                 break
         runs += these
         rows += summarise(name, these)
-    if args.picture:
-        picture(args, env, out_dir)
     table = markdown(rows)
     Path(args.out).write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
     print()
-    print(table)
+    print(table, flush=True)
+    if args.picture:  # last, so that a failure here loses no measurement
+        picture(args, env, out_dir)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ struct runner {
     const std::vector<std::size_t> sizes{256, 64u << 10, 1u << 20, 64u << 20};
     std::map<std::string, std::vector<double>> rows;
     std::vector<std::string> order;
-    for_each_allocator([&](auto& a) {
+    const auto measure = [&](auto& a) {
       using A = std::decay_t<decltype(a)>;
       order.push_back(a.name());
       for (std::size_t bytes : sizes) {
@@ -55,7 +55,24 @@ struct runner {
                              R"("driver_allocations": {}, "hits": {}}})",
                              a.name(), bytes, ns, json_optional(c.driver_allocations), json_optional(c.hits)));
       }
-    });
+    };
+    // "refpool": the default, pieces of segments on device memory. "refpool blocks": plain blocks;
+    // segments change only the miss path, so a hit should cost the same. Both are measured again
+    // after the anchors, so that the order of the rows cannot explain a difference between them.
+    const auto blocks = [&](const char* label) {
+      cache_options o;
+      o.segments = refpool::segment_policy::off;
+      refpool_allocator a(o, label);
+      measure(a);
+    };
+    const auto pieces = [&](const char* label) {
+      refpool_allocator a({}, label);
+      measure(a);
+    };
+    for_each_allocator(measure);
+    blocks("refpool blocks");
+    pieces("refpool again");
+    blocks("blocks again");
     fmt::print("{:<16}", "allocator");
     for (std::size_t b : sizes) fmt::print(" {:>14}", fmt::format("{} B", b));
     fmt::print("\n");

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # On the H200 machine (device tool): build this tree in release mode with tests and benchmarks,
 # run the whole test suite (CUDA, planned streams, virtual memory, Python adapters with torch,
-# CuPy and Numba), the trace replays on CUDA, and the framework benchmarks. Each part writes its
-# own file under $OUT, so a part that runs out of time loses only its own output.
+# CuPy and Numba), the GPU allocator benchmarks (PyTorch's allocator as an anchor), the trace
+# replays on CUDA, and the framework benchmarks. Parts: tests gpu replay frameworks (or all), and
+# pictures (memory over time of GPT-2 training, plain and planned) and pointer (free by pointer).
+# Each part writes its own files under $OUT, so a part that runs out of time loses only its own
+# output. PACK=1 (on the last call of a command) archives them into $OUT/results.tgz.
 set -uo pipefail
 out=${OUT:-h200-out}; mkdir -p "$out"
 source .device-deps/setup.sh
@@ -11,13 +14,28 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, cupy; print('torch', torch.__version__, 'cupy', cupy.__version__)" >>"$out/machine.txt" 2>&1
 python3 -c "import numba, numba.cuda; print('numba', numba.__version__)" >>"$out/machine.txt" 2>&1
 python3 -c "from numba.cuda.cudadrv import driver as d; print('numba USE_NV_BINDING', getattr(d, 'USE_NV_BINDING', 'absent'), 'binding', hasattr(d, 'binding'))" >>"$out/machine.txt" 2>&1
-meson setup /tmp/b --buildtype=release -Db_ndebug=true -Dbenchmarks=enabled >"$out/build.txt" 2>&1 &&
+# PyTorch's own allocator as an anchor of the GPU benchmarks (gpu_bench_torch), when torch is there.
+torch_dir=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
+[ -d /tmp/b/meson-private ] && reconfigure=--reconfigure || reconfigure=
+meson setup $reconfigure /tmp/b --buildtype=release -Db_ndebug=true -Dbenchmarks=enabled ${torch_dir:+-Dtorch_dir=$torch_dir} ${MESON_ARGS:-} \
+  >"$out/build.txt" 2>&1 &&
   ninja -C /tmp/b >>"$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; exit 1; }
 part=${1:-all}
 if [ "$part" = all ] || [ "$part" = tests ]; then
   timeout ${TEST_SECONDS:-300} meson test -C /tmp/b --print-errorlogs --num-processes 4 >"$out/tests.txt" 2>&1
   grep -E "^ *[0-9]+/|^Ok|^Fail|^Skip" "$out/tests.txt" | grep -vE " OK " | tail -30
   grep -E "^Ok|^Fail|^Skip" "$out/tests.txt"
+fi
+if [ "$part" = all ] || [ "$part" = gpu ]; then
+  bench=/tmp/b/bench/gpu/gpu_bench; [ -x /tmp/b/bench/gpu/gpu_bench_torch ] && bench=/tmp/b/bench/gpu/gpu_bench_torch
+  for w in ${GPU_WORKLOADS:-random hit_path}; do
+    timeout ${GPU_SECONDS:-150} $bench --json "$out/$w.json" $w >"$out/$w.txt" 2>&1
+    tail -30 "$out/$w.txt"
+  done
+  if [ -n "${HOST_HIT_PATH:-}" ]; then  # the host hit path, by handle and by pointer (free_pointer)
+    timeout ${GPU_SECONDS:-150} /tmp/b/bench/host_hit_path "$out/host_hit_path.json" >"$out/host_hit_path.txt" 2>&1
+    head -20 "$out/host_hit_path.txt"
+  fi
 fi
 if [ "$part" = all ] || [ "$part" = replay ]; then
   timeout ${REPLAY_SECONDS:-120} /tmp/b/bench/trace_replay --cuda --iterations 60 bench/traces/*.csv >"$out/trace_replay_cuda.txt" 2>&1
@@ -30,4 +48,30 @@ if [ "$part" = all ] || [ "$part" = frameworks ]; then
   timeout ${FRAMEWORK_SECONDS:-240} python3 bench/frameworks/run_all.py --library "$lib" ${FRAMEWORK_ARGS:---quick} \
     --out "$out/frameworks.json" >"$out/frameworks.txt" 2>&1
   tail -40 "$out/frameworks.txt"
+fi
+if [ "$part" = pictures ]; then
+  lib=$(find /tmp/b/python -name 'librefpool.so' | head -1)
+  for mode in refpool refpool-planned; do
+    REFPOOL_LIBRARY=$lib PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} REFPOOL_CONF=log:$out/log-$mode.csv \
+      timeout 150 python3 bench/frameworks/gpt2_train.py --mode $mode --warmup 2 --steps 4 \
+      --out "$out/picture-$mode.json" --stats-out "$out/stats-$mode.json" >>"$out/pictures.txt" 2>&1
+    PYTHONPATH=python python3 -m refpool.plot "$out/log-$mode.csv" "$out/gpt2_train_$mode.png" \
+      --stats "$out/stats-$mode.json" --title "GPT-2 small training (batch 8 x 256), $mode, H200" >>"$out/pictures.txt" 2>&1
+  done
+  tail -6 "$out/pictures.txt"
+fi
+if [ "$part" = pointer ]; then  # one alloc + free pair on one thread: by handle, cache-level, by pointer
+  TIMEFORMAT="%R"
+  for round in 1 2 3; do
+    for kind in handle cache-level pointer; do
+      seconds=$( { time /tmp/b/bench/host_hit_path --pairs 50000000 $kind >/dev/null; } 2>&1 )
+      echo "round $round $kind: $seconds s for 5e7 pairs" | tee -a "$out/pointer.txt"
+    done
+  done
+fi
+# The device tool brings back a limited number of files: PACK=1 leaves one archive (and
+# console.txt, where the caller writes the console) instead of the many files the parts write.
+if [ -n "${PACK:-}" ]; then
+  tar czf /tmp/suite-results.tgz -C "$out" --exclude=console.txt . &&
+    find "$out" -mindepth 1 ! -name console.txt -delete && mv /tmp/suite-results.tgz "$out/results.tgz"
 fi

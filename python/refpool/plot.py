@@ -1,8 +1,8 @@
 """python3 -m refpool.plot LOG.csv OUT.png [--stats STATS.json] [--title TEXT]
 
 Draws memory over time from refpool's allocation log (REFPOOL_CONF=log:LOG.csv): live bytes (the
-bytes requested and not yet released), per stream where there are several, and the bytes the cache
-held at each sample of a stats file (refpool.StatsRecorder, or one `cache.stats()` dict as JSON),
+bytes requested and not yet released), per stream where there are several, and the bytes held from
+the driver (blocks, segments, plan arenas) at each sample of a stats file (refpool.StatsRecorder, or one `cache.stats()` dict as JSON),
 above a table of the log's figures and the cache's counters. Needs matplotlib (Agg, no display)."""
 import argparse
 import importlib.util
@@ -14,7 +14,8 @@ from .alloc_log import LogFormatError, live_bytes, read_log, summary
 _MIB = 1024 * 1024
 # Counters shown in the table when a stats file is given (those the library has).
 _TABLE_COUNTERS = ["hits", "misses", "backend_allocations", "backend_frees", "uncached_allocations", "escapes",
-                   "live_bytes", "peak_live_bytes", "held_bytes", "peak_held_bytes", "plan_hits", "plan_misses",
+                   "live_bytes", "peak_live_bytes", "held_bytes", "peak_held_bytes", "reserved_bytes",
+                   "segment_bytes", "segment_free_bytes", "segment_grows", "plan_hits", "plan_misses",
                    "plan_recordings", "arena_bytes", "planned_peak_live_bytes", "oom_retries", "ooms"]
 
 
@@ -76,8 +77,13 @@ def draw(log_path, out_path, stats_path=None, title=None):
                         label=f"live on stream {stream:#x}")
     timed = [s for s in samples if s.get("time") is not None and "held_bytes" in s["stats"]]
     if timed:
-        memory.step([s["time"] - start for s in timed], [s["stats"]["held_bytes"] / _MIB for s in timed],
-                    where="post", marker=".", label="held by the cache (at stats samples)")
+        # Everything held from the driver (blocks, free bytes of segments, plan arenas, uncached
+        # buffers) where the library reports it; older stats files have the cache's blocks only.
+        held = "reserved_bytes" if all("reserved_bytes" in s["stats"] for s in timed) else "held_bytes"
+        label = ("held from the driver: blocks, segments, plan arenas" if held == "reserved_bytes"
+                 else "held by the cache")
+        memory.step([s["time"] - start for s in timed], [s["stats"][held] / _MIB for s in timed],
+                    where="post", marker=".", label=f"{label} (at stats samples)")
     peak = log_summary["peak_live_bytes"]
     memory.axhline(peak / _MIB, color="grey", linestyle=":", linewidth=0.8, label=f"peak live {_bytes(peak)}")
     memory.set_xlabel("seconds since the first request")

@@ -9,10 +9,19 @@ numba_cuda = pytest.importorskip("numba.cuda")
 if not numba_cuda.is_available():
     pytest.skip("Numba sees no CUDA device", allow_module_level=True)
 
+# numba-cuda 0.68 registers an overload of np.row_stack when it compiles its first kernel; recent
+# NumPy 2 releases removed that alias of np.vstack (the H200 machine has both). The children restore the alias first,
+# which changes nothing where it exists.
+NUMPY_ALIAS = "import numpy\nif not hasattr(numpy, 'row_stack'): numpy.row_stack = numpy.vstack\n"
+
+
+def with_alias(code):
+    return NUMPY_ALIAS + textwrap.dedent(code)
+
+
 # Numba alone, without refpool: a kernel compiled and launched with Numba's own memory manager. Where
-# that fails (on the H200 machine, numba-cuda 0.68's kernel compiler needs np.row_stack, which the
-# installed NumPy no longer has) the plugin cannot be tested, and the reason is Numba's.
-_alone = run_python("""
+# that fails the plugin cannot be tested, and the reason is Numba's.
+_alone = run_python(with_alias("""
     import numpy as np
     from numba import cuda
     @cuda.jit
@@ -21,13 +30,13 @@ _alone = run_python("""
     x = cuda.device_array(32, dtype=np.float32)
     fill[1, 32](x)
     assert (x.copy_to_host() == 1).all()
-""", check=False)
+"""), check=False)
 if _alone.returncode != 0:
     _reason = (_alone.stderr.strip().splitlines() or ["no output"])[-1]
     pytest.skip(f"Numba cannot run a kernel here even with its own memory manager: {_reason}",
                 allow_module_level=True)
 
-KERNEL_LOOP = """
+KERNEL_LOOP = with_alias("""
     import json
     import numpy as np
     from numba import cuda
@@ -61,7 +70,7 @@ KERNEL_LOOP = """
     print(json.dumps({"manager": type(context.memory_manager).__name__, "driver": driver, "correct": correct,
                       "memory_info": [info.free, info.total], "ipc": ipc,
                       "live": refpool.allocator.stats()["live_bytes"]}))
-"""
+""")
 
 
 def check(result):
@@ -79,4 +88,4 @@ def test_plugin_from_the_environment():
 
 def test_plugin_from_set_memory_manager():
     setup = "from numba import cuda\nimport refpool.numba\ncuda.set_memory_manager(refpool.numba.RefpoolNumbaManager)\n"
-    check(child_json(setup + textwrap.dedent(KERNEL_LOOP)))
+    check(child_json(NUMPY_ALIAS + setup + KERNEL_LOOP))
