@@ -1,112 +1,189 @@
-// The pointer table behind to_pointer / free_pointer: buffers kept by address. 64 shards picked
-// by a hash of the address, each a small open-addressing map under its own spinlock, so frees of
-// one thread rarely meet another thread's. The common path is one lock and a probe or two.
+// The pointer table behind to_pointer / free_pointer: buffers kept by address.
+//
+// A block handed to to_pointer gets a node under its address and keeps it until the block is
+// destroyed, so the node outlives every alloc/free pair of a cached buffer. The node counts the
+// hand-overs (`held`); while that is above 0 the table holds one counted reference to the block.
+// The common path takes no lock:
+//  - to_pointer of a handle that is the block's only owner stores held = 1 (nobody else can reach
+//    the block, and the table holds nothing of it: it would hold a reference);
+//  - free_pointer finds the node through a seqlock (readers only load) and takes one hand-over
+//    back with one compare-and-swap: of two frees of one hand-over that race, exactly one wins and
+//    the other is reported as a double free.
+// Nodes are added (a block's first to_pointer) and removed (~block) under their shard's spinlock;
+// they are never freed, only reused, so a reader that found a node which was removed meanwhile
+// reads a live object, and sees the change in its address.
+#include "pointer_table.hpp"
+
 #include <refpool/error.hpp>
 #include <refpool/pointer.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "access.hpp"
-#include "cache/slot.hpp"  // line_allocator
+#include "cache/block.hpp"
 #include "cache/spinlock.hpp"
 
-namespace refpool {
+namespace refpool::detail {
 
-namespace detail {
-namespace {
-
-struct entry {
-  std::uintptr_t address = 0;  ///< 0: empty (no buffer lives at address 0)
-  block_header* block = nullptr;
-  std::size_t count = 0;       ///< references kept for this address
+struct pointer_node {
+  std::atomic<std::uintptr_t> address{0};  ///< 0 while spare
+  std::atomic<block*> owner{nullptr};
+  /// Hand-overs kept, plus pointer_ref calls in flight. Above 0: the table holds one reference.
+  std::atomic<std::uint32_t> held{0};
+  pointer_node* next_spare = nullptr;  ///< under spare_nodes' mutex
 };
 
-/// One shard: linear probing, backward-shift deletion (no tombstones), load factor <= 1/2.
-class alignas(64) shard {
+namespace {
+
+/// Nodes are made 64 at a time and never freed (see the top of the file).
+class node_pool {
  public:
-  /// Adds one reference for `address`.
-  void insert(std::uintptr_t address, block_header* block) {
-    std::lock_guard guard(lock_);
-    if (table_.empty() || (size_ + 1) * 2 > table_.size()) grow();  // may throw: nothing changed
-    std::size_t i = home(address);
-    while (table_[i].address != 0 && table_[i].address != address) i = (i + 1) & mask();
-    if (table_[i].address == 0) {
-      table_[i] = entry{address, block, 0};
-      ++size_;
+  pointer_node* take() {
+    std::lock_guard guard(mutex_);
+    if (spare_ == nullptr) {
+      auto* made = new pointer_node[64];  // std::bad_alloc: nothing changed
+      for (int i = 0; i < 64; ++i) give_locked(&made[i]);
     }
-    table_[i].count += 1;
+    pointer_node* n = spare_;
+    spare_ = n->next_spare;
+    return n;
   }
-
-  /// Takes one reference for `address` out; null when none is kept.
-  block_header* remove(std::uintptr_t address) noexcept {
-    std::lock_guard guard(lock_);
-    const std::size_t found = find(address);
-    if (found == npos) return nullptr;
-    block_header* block = table_[found].block;
-    if (--table_[found].count == 0) erase_at(found);
-    return block;
-  }
-
-  /// A new counted handle on the buffer kept under `address`; null when none.
-  block_header* share(std::uintptr_t address) noexcept {
-    std::lock_guard guard(lock_);
-    const std::size_t found = find(address);
-    if (found == npos) return nullptr;
-    table_[found].block->refs.increment();
-    return table_[found].block;
+  void give(pointer_node* n) noexcept {
+    std::lock_guard guard(mutex_);
+    give_locked(n);
   }
 
  private:
-  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
-  [[nodiscard]] std::size_t mask() const noexcept { return table_.size() - 1; }
-  [[nodiscard]] std::size_t home(std::uintptr_t address) const noexcept {
-    return static_cast<std::size_t>((address >> 8) * 0x9E3779B97F4A7C15ull >> 20) & mask();
+  void give_locked(pointer_node* n) noexcept {
+    n->next_spare = spare_;
+    spare_ = n;
   }
-  [[nodiscard]] std::size_t find(std::uintptr_t address) const noexcept {
-    if (table_.empty()) return npos;
-    for (std::size_t i = home(address);; i = (i + 1) & mask()) {
-      if (table_[i].address == address) return i;
-      if (table_[i].address == 0) return npos;
-    }
-  }
-  void erase_at(std::size_t hole) noexcept {
-    table_[hole] = entry{};
-    --size_;
-    for (std::size_t i = (hole + 1) & mask(); table_[i].address != 0; i = (i + 1) & mask()) {
-      const std::size_t h = home(table_[i].address);
-      if (((i - h) & mask()) >= ((i - hole) & mask())) {
-        table_[hole] = table_[i];
-        table_[i] = entry{};
-        hole = i;
+  std::mutex mutex_;
+  pointer_node* spare_ = nullptr;
+};
+
+/// One shard: open addressing over node pointers (linear probing, backward-shift deletion, load
+/// factor <= 1/2). Writers hold `lock`; readers (find) take no lock and retry when the sequence
+/// number says a writer was inside (Boehm, "Can seqlocks get along with programming language
+/// memory models?", 2012).
+class alignas(64) shard {
+ public:
+  spinlock lock;
+
+  /// The node kept under `address`, or null. Any thread, no lock.
+  [[nodiscard]] pointer_node* find(std::uintptr_t address) const noexcept {
+    for (;;) {
+      const std::uint64_t before = seq_.load(std::memory_order_acquire);
+      if ((before & 1) == 0) {
+        pointer_node* found = probe(table_.load(std::memory_order_acquire), address);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (seq_.load(std::memory_order_relaxed) == before) return found;
       }
     }
   }
-  void grow() {
-    std::vector<entry, line_allocator<entry>> old(table_.empty() ? 16 : table_.size() * 2);
-    old.swap(table_);
-    for (const entry& e : old) {
-      if (e.address == 0) continue;
-      std::size_t i = home(e.address);
-      while (table_[i].address != 0) i = (i + 1) & mask();
-      table_[i] = e;
-    }
+  /// find() for a writer (holds `lock`).
+  [[nodiscard]] pointer_node* find_locked(std::uintptr_t address) const noexcept {
+    return probe(table_.load(std::memory_order_relaxed), address);
   }
 
-  spinlock lock_;
-  // Whole cache lines: tables of shards that different threads use never share one.
-  std::vector<entry, line_allocator<entry>> table_;
+  /// Adds `n` (its address set, not in the table). Holds `lock`. May throw std::bad_alloc, then
+  /// nothing changed.
+  void insert(pointer_node* n) {
+    table* t = table_.load(std::memory_order_relaxed);
+    if (t == nullptr || (size_ + 1) * 2 > t->size()) t = grow(t);
+    begin_write();
+    place(*t, n);
+    end_write();
+    ++size_;
+  }
+
+  /// Takes `n` out. Holds `lock`; `n` is in the table.
+  void erase(pointer_node* n) noexcept {
+    table& t = *table_.load(std::memory_order_relaxed);
+    const std::size_t mask = t.size() - 1;
+    const std::uintptr_t address = n->address.load(std::memory_order_relaxed);
+    std::size_t hole = home(address) & mask;
+    while (t[hole].load(std::memory_order_relaxed) != n) hole = (hole + 1) & mask;
+    begin_write();
+    t[hole].store(nullptr, std::memory_order_relaxed);
+    for (std::size_t i = (hole + 1) & mask;; i = (i + 1) & mask) {
+      pointer_node* moved = t[i].load(std::memory_order_relaxed);
+      if (moved == nullptr) break;
+      const std::size_t h = home(moved->address.load(std::memory_order_relaxed)) & mask;
+      if (((i - h) & mask) >= ((i - hole) & mask)) {
+        t[hole].store(moved, std::memory_order_relaxed);
+        t[i].store(nullptr, std::memory_order_relaxed);
+        hole = i;
+      }
+    }
+    end_write();
+    --size_;
+  }
+
+ private:
+  using table = std::vector<std::atomic<pointer_node*>>;
+
+  static std::size_t home(std::uintptr_t address) noexcept {
+    return static_cast<std::size_t>((address >> 8) * 0x9E3779B97F4A7C15ull >> 20);
+  }
+  static pointer_node* probe(const table* t, std::uintptr_t address) noexcept {
+    if (t == nullptr) return nullptr;
+    const std::size_t mask = t->size() - 1;
+    // At most one lap: a reader between a writer's stores may see a table that is no state.
+    for (std::size_t i = home(address) & mask, steps = 0; steps <= mask; i = (i + 1) & mask, ++steps) {
+      pointer_node* n = (*t)[i].load(std::memory_order_relaxed);
+      if (n == nullptr) return nullptr;
+      if (n->address.load(std::memory_order_relaxed) == address) return n;
+    }
+    return nullptr;
+  }
+  static void place(table& t, pointer_node* n) noexcept {
+    const std::size_t mask = t.size() - 1;
+    std::size_t i = home(n->address.load(std::memory_order_relaxed)) & mask;
+    while (t[i].load(std::memory_order_relaxed) != nullptr) i = (i + 1) & mask;
+    t[i].store(n, std::memory_order_relaxed);
+  }
+  void begin_write() noexcept {
+    seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  void end_write() noexcept { seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+
+  /// A table twice as large with every node of `old`, made current. Readers may still be in an
+  /// older table, so every table made stays (they add up to less than the current one).
+  table* grow(const table* old) {
+    tables_.reserve(tables_.size() + 1);
+    auto made = std::make_unique<table>(old == nullptr ? 16 : old->size() * 2);
+    if (old != nullptr)
+      for (const auto& slot : *old)
+        if (pointer_node* n = slot.load(std::memory_order_relaxed)) place(*made, n);
+    table* t = made.get();
+    tables_.push_back(std::move(made));
+    begin_write();
+    table_.store(t, std::memory_order_release);
+    end_write();
+    return t;
+  }
+
+  std::atomic<std::uint64_t> seq_{0};  ///< odd while a writer changes the table
+  std::atomic<table*> table_{nullptr};
+  std::vector<std::unique_ptr<table>> tables_;
   std::size_t size_ = 0;
 };
 
 constexpr std::size_t shard_count = 64;
 
-// Made while the library loads and never destroyed: frees may come from static destructors.
+// Made while the library loads and never destroyed: blocks may die in static destructors.
 std::array<shard, shard_count>* const shards = new std::array<shard, shard_count>;
+node_pool* const nodes = new node_pool;
 
 shard& shard_of(std::uintptr_t address) noexcept {
   // Buffers are at least 256-byte aligned: skip those bits and mix the rest, so neighbouring
@@ -122,30 +199,122 @@ shard& shard_of(std::uintptr_t address) noexcept {
       what, ptr));
 }
 
+/// `b`'s node, made on its first hand-over. May throw std::bad_alloc.
+pointer_node& node_of(block& b, std::uintptr_t address) {
+  pointer_node* seen = b.pointer.load(std::memory_order_acquire);
+  if (seen != nullptr && seen->owner.load(std::memory_order_relaxed) == &b) [[likely]] return *seen;
+  shard& s = shard_of(address);
+  std::lock_guard guard(s.lock);
+  if (pointer_node* n = b.pointer.load(std::memory_order_relaxed)) return *n;  // another handle made it
+  if (pointer_node* n = s.find_locked(address)) {
+    // Another block over the same bytes keeps its node: a region of another plan on a shared
+    // arena, idle now (two live buffers never share an address). The node moves to `b`.
+    block* before = n->owner.load(std::memory_order_relaxed);
+    if (n->held.load(std::memory_order_acquire) != 0)
+      throw std::logic_error(fmt::format("refpool: two live buffers at {}: the pointer table is corrupt",
+                                         reinterpret_cast<void*>(address)));
+    before->pointer.store(nullptr, std::memory_order_release);
+    n->owner.store(&b, std::memory_order_release);
+    b.pointer.store(n, std::memory_order_release);
+    return *n;
+  }
+  pointer_node* n = nodes->take();
+  n->owner.store(&b, std::memory_order_relaxed);
+  n->held.store(0, std::memory_order_relaxed);
+  n->address.store(address, std::memory_order_relaxed);
+  try {
+    s.insert(n);
+  } catch (...) {
+    n->address.store(0, std::memory_order_relaxed);
+    nodes->give(n);
+    throw;
+  }
+  b.pointer.store(n, std::memory_order_release);
+  return *n;
+}
+
+/// Takes one unit of `n`'s count for `address` (a free). Returns the count before: 0 when the node
+/// keeps no hand-over for `address` (never handed out, or freed already), and nothing was taken.
+std::uint32_t take_unit(pointer_node& n, std::uintptr_t address) noexcept {
+  std::uint32_t held = n.held.load(std::memory_order_relaxed);
+  do {
+    if (held == 0) return 0;
+  } while (!n.held.compare_exchange_weak(held, held - 1, std::memory_order_acq_rel, std::memory_order_relaxed));
+  if (n.address.load(std::memory_order_acquire) == address) [[likely]] return held;
+  // The node was removed and reused for another buffer between find and the exchange (only a
+  // double free racing a reclaim of its buffer gets here): give the unit back.
+  n.held.fetch_add(1, std::memory_order_acq_rel);
+  return 0;
+}
+
 }  // namespace
-}  // namespace detail
+
+void forget_pointer(block& b) noexcept {
+  shard& s = shard_of(reinterpret_cast<std::uintptr_t>(b.ptr));  // where node_of put it
+  std::lock_guard guard(s.lock);
+  pointer_node* n = b.pointer.load(std::memory_order_relaxed);  // a block over the same bytes may have taken it
+  if (n == nullptr) return;
+  b.pointer.store(nullptr, std::memory_order_relaxed);
+  s.erase(n);
+  n->owner.store(nullptr, std::memory_order_relaxed);
+  n->address.store(0, std::memory_order_release);
+  nodes->give(n);
+}
+
+}  // namespace refpool::detail
+
+namespace refpool {
 
 void* to_pointer(data_ref&& ref) {
-  detail::block_header* b = detail::access::block(ref);
+  detail::block_header* h = detail::access::block(ref);
   void* address = ref.data();  // throws use_after_free for a freed handle, before anything changes
-  if (b == nullptr) return nullptr;
-  detail::shard_of(reinterpret_cast<std::uintptr_t>(address)).insert(reinterpret_cast<std::uintptr_t>(address), b);
-  detail::access::release_into_table(ref);  // the table holds the reference now
+  if (h == nullptr) return nullptr;
+  detail::pointer_node& n = detail::node_of(*detail::as_block(h), reinterpret_cast<std::uintptr_t>(address));
+  if (h->refs.only_owner()) {
+    // Nobody else reaches the block, and the table holds nothing of it (that would be a second
+    // reference): the handle's reference becomes the table's.
+    n.held.store(1, std::memory_order_relaxed);
+    detail::access::release_into_table(ref);
+    return address;
+  }
+  // Shared: other hand-overs and frees of this buffer may run now.
+  std::uint32_t held = n.held.load(std::memory_order_relaxed);
+  while (!n.held.compare_exchange_weak(held, held + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+  }
+  if (held == 0) {
+    detail::access::release_into_table(ref);  // the first hand-over: the table keeps this reference
+  } else {
+    ref = data_ref();  // the table holds one already; never the last reference
+  }
   return address;
 }
 
 void free_pointer(void* ptr) {
   if (ptr == nullptr) return;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  detail::block_header* b = detail::shard_of(address).remove(address);
-  if (b == nullptr) detail::throw_unknown(ptr, "free");
-  detail::drop_reference(b, false);
+  detail::pointer_node* n = detail::shard_of(address).find(address);
+  const std::uint32_t before = n == nullptr ? 0 : detail::take_unit(*n, address);
+  if (before == 0) detail::throw_unknown(ptr, "free");
+  // The last hand-over: the table's reference goes. (The block stays alive until then, so the
+  // node is still its own.)
+  if (before == 1) detail::drop_reference(n->owner.load(std::memory_order_relaxed), false);
 }
 
 data_ref pointer_ref(void* ptr) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  detail::block_header* b = ptr == nullptr ? nullptr : detail::shard_of(address).share(address);
-  if (b == nullptr) detail::throw_unknown(ptr, "pointer_ref");
+  detail::pointer_node* n = ptr == nullptr ? nullptr : detail::shard_of(address).find(address);
+  // A pin: one unit more while the new handle is made, so the table's reference cannot go meanwhile.
+  std::uint32_t held = n == nullptr ? 0 : n->held.load(std::memory_order_relaxed);
+  do {
+    if (held == 0) detail::throw_unknown(ptr, "pointer_ref");
+  } while (!n->held.compare_exchange_weak(held, held + 1, std::memory_order_acq_rel, std::memory_order_relaxed));
+  detail::block* b = n->owner.load(std::memory_order_relaxed);
+  if (n->address.load(std::memory_order_acquire) != address) {  // reused meanwhile (see take_unit)
+    n->held.fetch_sub(1, std::memory_order_acq_rel);
+    detail::throw_unknown(ptr, "pointer_ref");
+  }
+  b->refs.increment();
+  if (n->held.fetch_sub(1, std::memory_order_acq_rel) == 1) detail::drop_reference(b, false);  // freed meanwhile
   return detail::access::adopt(b);
 }
 

@@ -2,8 +2,10 @@
 // span threads, and free by pointer.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <barrier>
 #include <cstring>
 #include <latch>
 #include <mutex>
@@ -176,6 +178,102 @@ TEST_CASE_METHOD(host_fixture, "free by pointer: round trips, zero bytes, severa
   freed.unsafe_free();
   CHECK_THROWS_AS(to_pointer(std::move(freed)), use_after_free);
   CHECK(be.outstanding_bytes() == cache.stats().held_bytes);
+}
+
+TEST_CASE("a buffer keeps its place in the pointer table across pairs, and leaves it when it goes",
+          "[framework][pointer]") {
+  for (const segment_policy segments : {segment_policy::off, segment_policy::on}) {
+    const backend be = make_host_backend();
+    alloc_cache cache{cache_options{.segments = segments}};
+    void* p = to_pointer(cache.allocate(be, 1024));
+    free_pointer(p);
+    CHECK_THROWS_AS(free_pointer(p), invalid_argument);  // idle in the cache: nothing kept under p
+    void* again = to_pointer(cache.allocate(be, 1024));  // the same idle block, found by its node
+    CHECK(again == p);
+    free_pointer(again);
+    // Pieces of other sizes around it, so that (with segments) giving pieces back coalesces them.
+    std::vector<void*> around;
+    for (std::size_t bytes : {512, 4096, 768, 2048}) around.push_back(to_pointer(cache.allocate(be, bytes)));
+    for (void* q : around) free_pointer(q);
+    CHECK(cache.reclaim() > 0);  // every idle block goes, and its node with it
+    CHECK_THROWS_AS(free_pointer(p), invalid_argument);
+    for (void* q : around) CHECK_THROWS_AS(free_pointer(q), invalid_argument);
+    // Buffers made again, perhaps at the same addresses, get nodes of their own.
+    for (int i = 0; i < 3; ++i) {
+      std::vector<void*> made;
+      for (std::size_t bytes : {1024, 512, 4096, 768, 2048}) made.push_back(to_pointer(cache.allocate(be, bytes)));
+      for (void* q : made) free_pointer(q);
+      cache.reclaim();
+    }
+    CHECK(cache.stats().live_blocks == 0);
+    CHECK(be.outstanding_bytes() == cache.stats().held_bytes);
+  }
+}
+
+TEST_CASE("free by pointer in planned steps whose keys share one arena", "[framework][pointer][plan]") {
+  // Regions of the two keys' plans lie over the same arena bytes, so one address belongs to one
+  // plan's region in one step and to the other's in the next.
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  std::array<std::vector<void*>, 2> seen;
+  for (int round = 0; round < 6; ++round) {
+    for (std::size_t k = 0; k < 2; ++k) {
+      scope s(cache, {.plan = k == 0 ? "short" : "long"});
+      void* first = to_pointer(allocate(be, 1024 * (k + 1)));
+      void* second = to_pointer(allocate(be, 4096 * (k + 1)));
+      std::memset(first, 1, 1024 * (k + 1));
+      free_pointer(first);
+      void* third = to_pointer(allocate(be, 512));
+      free_pointer(second);
+      free_pointer(third);
+      CHECK_THROWS_AS(free_pointer(first), invalid_argument);
+      if (round >= 2) seen[k].insert(seen[k].end(), {first, second, third});
+    }
+  }
+  const cache_stats st = cache.stats();
+  CHECK(st.plans == 2);
+  CHECK(st.plan_busy_runs == 0);
+  CHECK(st.plan_hits == 5 * 2 * 3);  // rounds 1..5 replayed both keys, 3 requests each
+  CHECK(std::any_of(seen[0].begin(), seen[0].end(), [&](void* p) {
+    return std::find(seen[1].begin(), seen[1].end(), p) != seen[1].end();
+  }));
+  CHECK(st.live_blocks == 0);
+}
+
+TEST_CASE_METHOD(host_fixture, "two threads freeing one pointer at once: one frees it, the other is told of a double free",
+                 "[framework][pointer][threads]") {
+  constexpr int rounds = 5000;
+  std::atomic<void*> shared{nullptr};
+  std::atomic<int> freed{0};
+  std::atomic<int> refused{0};
+  std::barrier<> meet(2);
+  const auto free_once = [&] {
+    try {
+      free_pointer(shared.load());
+      freed += 1;
+    } catch (const invalid_argument&) {
+      refused += 1;
+    }
+  };
+  std::thread other([&] {
+    for (int i = 0; i < rounds; ++i) {
+      meet.arrive_and_wait();  // the pointer is there
+      free_once();
+      meet.arrive_and_wait();  // both tried
+    }
+  });
+  for (int i = 0; i < rounds; ++i) {
+    shared = to_pointer(cache.allocate(be, 256 * (1 + i % 4)));
+    meet.arrive_and_wait();
+    free_once();
+    meet.arrive_and_wait();
+  }
+  other.join();
+  CHECK(freed == rounds);
+  CHECK(refused == rounds);
+  const cache_stats st = cache.stats();
+  CHECK(st.live_blocks == 0);
+  CHECK(st.held_bytes == be.outstanding_bytes());
 }
 
 TEST_CASE_METHOD(host_fixture, "pointers freed on other threads while the owners keep allocating",

@@ -13,11 +13,13 @@ namespace refpool {
 /// Keeps `ref`'s reference in refpool's pointer table and returns the buffer's address. A null
 /// handle (a 0-byte request) gives nullptr and keeps nothing. The same buffer may be handed over
 /// several times; each handing-over is one reference, dropped by one free_pointer.
-/// Thread safety: any thread; the table is sharded by address, so threads rarely meet.
+/// Thread safety: any thread. A buffer is entered in the table once, at its first hand-over, and
+/// stays there while it lives (idle in a cache included); later hand-overs take no lock.
 /// Throws `use_after_free` if `ref` was unsafe_freed (the handle is left as it was).
 [[nodiscard]] REFPOOL_API void* to_pointer(data_ref&& ref);
 
-/// Drops one reference kept by to_pointer for `ptr` (any thread). nullptr does nothing.
+/// Drops one reference kept by to_pointer for `ptr` (any thread, no lock: one compare-and-swap).
+/// nullptr does nothing. Two frees of one hand-over racing each other: one frees, one throws.
 /// Throws `invalid_argument` naming the pointer when refpool keeps nothing under it: a pointer
 /// it never handed out, or one already freed (a double free); nothing is freed then.
 REFPOOL_API void free_pointer(void* ptr);

@@ -3,6 +3,7 @@
 // one switch on that origin (hit_path.cpp). Glossary: docs/design.md.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -12,6 +13,7 @@
 
 #include "cache/backend_state.hpp"
 #include "cache/spinlock.hpp"
+#include "pointer_table.hpp"
 #include "segments/piece.hpp"
 
 namespace refpool::detail {
@@ -82,7 +84,15 @@ struct alignas(64) block : block_header {
   block* idle_piece_prev = nullptr;
   block* idle_piece_next = nullptr;
 
+  /// Its node in the pointer table, made by its first to_pointer; null before (pointer_table.cpp).
+  std::atomic<pointer_node*> pointer{nullptr};
+
   block() noexcept : home(nullptr) {}
+  ~block() {
+    if (pointer.load(std::memory_order_relaxed) != nullptr) forget_pointer(*this);
+  }
+  block(const block&) = delete;
+  block& operator=(const block&) = delete;
 };
 
 inline block* as_block(block_header* h) noexcept { return static_cast<block*>(h); }

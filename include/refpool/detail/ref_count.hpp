@@ -27,10 +27,13 @@ class ref_count {
   /// Drops one owner held by a handle the caller alone can see: when the count is 1 no other
   /// thread can make a new owner, so a plain acquire load replaces the read-modify-write.
   [[nodiscard]] bool decrement_from_handle() noexcept {
-    return count_.load(std::memory_order_acquire) == 1 || decrement();
+    return only_owner() || decrement();
   }
 
   [[nodiscard]] std::uint32_t load() const noexcept { return count_.load(std::memory_order_relaxed); }
+  /// True when the caller's owner is the only one. Acquire, as decrement_from_handle: whatever
+  /// the owners that left did before leaving is visible to the caller.
+  [[nodiscard]] bool only_owner() const noexcept { return count_.load(std::memory_order_acquire) == 1; }
   /// Sets the count of an object no other thread can reach (one being handed out or recycled).
   void reset(std::uint32_t value) noexcept { count_.store(value, std::memory_order_relaxed); }
 
