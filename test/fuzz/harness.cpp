@@ -5,7 +5,8 @@
 // backend bytes outstanding, and the state of every handle. Every live buffer carries its owner's
 // byte pattern, checked before it is dropped and every 16 operations, so a buffer handed to two
 // owners would show the other owner's bytes. Planned scopes and steps run under a few keys, so
-// recordings, replays, divergences, several plans per key and busy arenas all happen.
+// recordings, replays, divergences, several plans per key and busy arenas all happen. Buffers are
+// also handed to the pointer table and freed by address (twice, at times: a double free).
 #include "harness.hpp"
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
 
 #include "model.hpp"
@@ -302,6 +304,8 @@ class session {
   void op_access(int t);
   void op_write(int t);
   void op_record_stream(int t);
+  void op_to_pointer(int t);
+  void op_free_pointer(int t);
   void op_scope(int t);
   void op_step(int t);
   void op_cache_alloc(int t);
@@ -381,6 +385,17 @@ class session {
   std::vector<real_frame> frames_[threads];
   handle h_[handle_count];
   model_handle mh_[handle_count];
+  /// Buffers handed to to_pointer and not freed yet, one entry per hand-over. The table holds one
+  /// reference per buffer however many hand-overs it keeps: the model counts one for the first.
+  struct kept_pointer {
+    void* ptr;
+    std::uint64_t gid;
+  };
+  std::vector<kept_pointer> pointers_;
+  [[nodiscard]] bool kept(std::uint64_t gid) const {
+    return std::any_of(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.gid == gid; });
+  }
+  void free_kept(int t, std::size_t i);
   std::uint64_t stamps_ = 0;
   std::size_t steps_ = 0;
   bool repeating_ = false;
@@ -1071,6 +1086,62 @@ void session::op_write(int t) {
   verify_block(m.gid, "after a write through one of its views");
 }
 
+// Free by pointer (refpool/pointer.hpp): a copy of a handle's reference handed to the pointer
+// table, freed later by address, sometimes twice.
+void session::op_to_pointer(int t) {
+  const int a = pick_handle();
+  const model_handle source = mh_[a];
+  trace("to_pointer(copy of handle {})", a);
+  void* got = nullptr;
+  const result r = on(t, [&] {
+    rp::data_ref copy = ref_of(h_[a]);  // throws use_after_free for an unsafe_freed handle
+    got = rp::to_pointer(std::move(copy));
+  });
+  expect(r, source.freed ? outcome::use_after_free : outcome::ok, "to_pointer");
+  if (source.freed) return;
+  if (source.gid == 0) {
+    if (got != nullptr) fail(fmt::format("to_pointer of an empty handle gave {}", got));
+    return;
+  }
+  if (got != m_.blocks.at(source.gid).ptr)
+    fail(fmt::format("to_pointer gave {}, the model's block {} is at {}", got, source.gid, m_.blocks.at(source.gid).ptr));
+  if (!kept(source.gid)) m_.add_ref(source.gid);
+  pointers_.push_back({got, source.gid});
+}
+
+void session::free_kept(int t, std::size_t i) {
+  const kept_pointer k = pointers_[i];
+  pointers_.erase(pointers_.begin() + static_cast<std::ptrdiff_t>(i));
+  const bool last = !kept(k.gid);
+  trace("free_pointer({}) of block {}{}", k.ptr, k.gid, last ? ", its last hand-over" : "");
+  if (last && m_.blocks.at(k.gid).refs == 1) verify_block(k.gid, "before its last hand-over was freed");
+  expect(on(t, [&] { rp::free_pointer(k.ptr); }), outcome::ok, "free_pointer");
+  if (last) m_.drop_ref(k.gid, false);
+}
+
+void session::op_free_pointer(int t) {
+  if (pointers_.empty() || in_.below(8) == 0) {
+    // Never handed out: inside a kept buffer (buffers start 256-byte aligned), or on the stack.
+    int local = 0;
+    void* bogus = pointers_.empty() ? static_cast<void*>(&local) : static_cast<char*>(pointers_.front().ptr) + 1;
+    trace("free_pointer({}), never handed out", bogus);
+    expect(on(t, [&] { rp::free_pointer(bogus); }), outcome::invalid_argument, "free_pointer of an unknown pointer");
+    return;
+  }
+  const std::size_t i = in_.below(pointers_.size());
+  void* const ptr = pointers_[i].ptr;
+  free_kept(t, i);
+  if (in_.below(4) != 0) return;
+  // Again: a double free, unless another hand-over of the buffer is kept.
+  const auto other = std::find_if(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.ptr == ptr; });
+  if (other != pointers_.end()) {
+    free_kept(t, static_cast<std::size_t>(other - pointers_.begin()));
+  } else {
+    trace("free_pointer({}) again: a double free", ptr);
+    expect(on(t, [&] { rp::free_pointer(ptr); }), outcome::invalid_argument, "a double free by pointer");
+  }
+}
+
 void session::op_record_stream(int t) {
   const int hi = pick_handle();
   void* stream = pick_stream();
@@ -1334,7 +1405,8 @@ void session::step() {
       &session::op_close_misuse, &session::op_reclaim,       &session::op_set_limit,    &session::op_arm,
       &session::op_recreate,     &session::op_verify,        &session::op_repeat,       &session::op_repeat,
       &session::op_scope,        &session::op_step,          &session::op_cache_alloc,  &session::op_cache_alloc,
-      &session::op_planned_loop, &session::op_planned_loop, &session::op_plan_sweep,
+      &session::op_planned_loop, &session::op_planned_loop, &session::op_plan_sweep,    &session::op_to_pointer,
+      &session::op_free_pointer,
   };
   const std::uint8_t code = in_.byte();
   const int t = code >> 6 == 3 ? 1 : 0;  // a quarter of the operations run on the helper
@@ -1543,6 +1615,7 @@ void session::cleanup() {
     m_.end_step(model_cache);
   }
   old_steps_.clear();
+  while (!pointers_.empty()) free_kept(0, pointers_.size() - 1);
   for (int i = 0; i < handle_count; ++i) {
     pre_drop_verify(i);
     h_[i] = std::monostate{};
