@@ -38,7 +38,7 @@ struct pointer_node {
   std::atomic<block*> owner{nullptr};
   /// Hand-overs kept, plus pointer_ref calls in flight. Above 0: the table holds one reference.
   std::atomic<std::uint32_t> held{0};
-  pointer_node* next_spare = nullptr;  ///< under spare_nodes' mutex
+  pointer_node* next_spare = nullptr;  ///< under node_pool's mutex
 };
 
 namespace {

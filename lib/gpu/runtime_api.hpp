@@ -93,7 +93,8 @@ struct entry<status (*)(Args...)> {
   {                                                                                                             \
     .name = NAME, .prefix = PREFIX, .success = SUCCESS, .out_of_memory = OUT_OF_MEMORY, .failure = failure,     \
     .device_count = device_count, .version = version, .kind_unavailable = kind_unavailable,                     \
-    .torn_down = torn_down, .context_gone = context_gone, REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,               \
+    .torn_down = torn_down, .context_gone = context_gone,                                                       \
+    REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,                                       \
     .error_string = error_string                                                                                \
   }
 #define REFPOOL_GPU_TABLE_ENTRY(name, ...) .name = {name, name##_call},

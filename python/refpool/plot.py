@@ -2,8 +2,8 @@
 
 Draws memory over time from refpool's allocation log (REFPOOL_CONF=log:LOG.csv): live bytes (the
 bytes requested and not yet released), per stream where there are several, and the bytes held from
-the driver (blocks, segments, plan arenas) at each sample of a stats file (refpool.StatsRecorder, or one `cache.stats()` dict as JSON),
-above a table of the log's figures and the cache's counters. Needs matplotlib (Agg, no display)."""
+the driver (blocks, segments, plan arenas) at each sample of a stats file (refpool.StatsRecorder, or
+one `cache.stats()` dict as JSON), above a table of the log's figures and the cache's counters. Needs matplotlib (Agg, no display)."""
 import argparse
 import importlib.util
 import json

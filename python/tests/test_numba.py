@@ -10,8 +10,8 @@ if not numba_cuda.is_available():
     pytest.skip("Numba sees no CUDA device", allow_module_level=True)
 
 # numba-cuda 0.68 registers an overload of np.row_stack when it compiles its first kernel; recent
-# NumPy 2 releases removed that alias of np.vstack (the H200 machine has both). The children restore the alias first,
-# which changes nothing where it exists.
+# NumPy 2 releases removed that alias of np.vstack (the H200 machine has both). The children
+# restore the alias first, which changes nothing where it exists.
 NUMPY_ALIAS = "import numpy\nif not hasattr(numpy, 'row_stack'): numpy.row_stack = numpy.vstack\n"
 
 
