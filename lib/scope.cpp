@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -27,24 +28,35 @@ struct scope_state {
 };
 
 /// Serves every request of an uncached (warm-up) step straight from the backend, for its cache.
-class uncached_router final : public request_router {
+/// Counted like every step router: a late request may still come through it after the step.
+class uncached_router final : public request_router, public ref_counted<uncached_router> {
  public:
-  explicit uncached_router(cache_state& cache) : cache_(cache) {}
+  explicit uncached_router(cache_state& cache) : cache_(cache) { cache.retain(); }
   block* acquire(slot*, backend_state& backend, std::size_t bytes, stream_ref stream) override {
     return cache_.allocate_uncached(backend, bytes, stream);
   }
+  void retain_router() noexcept override { retain(); }
+  void release_router() noexcept override { release(); }
 
  private:
+  friend class ref_counted<uncached_router>;
+  ~uncached_router() { cache_.release(); }
   cache_state& cache_;
 };
 
 /// What a step owns.
 struct step_state {
-  explicit step_state(cache_state& c) : cache(c), uncached(c) {}
-  cache_state& cache;        ///< retained while open
-  plan_run* run = nullptr;   ///< owned: the router of a planned step
-  uncached_router uncached;  ///< the router of a warm-up step
+  explicit step_state(cache_state& c) : cache(c) {}
+  cache_state& cache;                    ///< retained while open
+  plan_run* run = nullptr;               ///< a reference to the router of a planned step
+  uncached_router* uncached = nullptr;   ///< a reference to the router of a warm-up step
   std::atomic<bool> open{true};
+
+  /// Drops the step's references to its routers.
+  void release_routers() noexcept {
+    if (uncached != nullptr) std::exchange(uncached, nullptr)->release();
+    if (run != nullptr) std::exchange(run, nullptr)->release();
+  }
 };
 
 namespace {
@@ -173,14 +185,15 @@ step::step(alloc_cache& cache, scope_options options)
     detail::environment();  // a bad REFPOOL_CONF fails here
     detail::request_router* router = nullptr;
     if (state.steps_begun() < options.uncached_warmup_entries) {
-      router = &state_->uncached;
+      state_->uncached = new detail::uncached_router(state);
+      router = state_->uncached;
     } else if (!options.plan.empty()) {
       state_->run = new detail::plan_run(state, options.plan, /*shared=*/true);  // any thread may serve a step
       router = state_->run;
     }
     state.begin_step(router);
   } catch (...) {
-    if (state_->run != nullptr) state_->run->release();
+    state_->release_routers();
     delete state_;
     throw;
   }
@@ -195,7 +208,8 @@ step::~step() {
 void step::end() noexcept {
   if (!state_->open.exchange(false)) return;
   state_->cache.end_step();
-  detail::finish(state_->run);
+  if (state_->run != nullptr) state_->run->finish();  // late requests go to the plain cache
+  state_->release_routers();  // requests in flight hold their own references
   state_->cache.release();
 }
 

@@ -192,6 +192,7 @@ block* cache_state::allocate_piece(slot& s, backend_state& backend, const block_
     bucket& home = s.bucket_for(key);  // made again if a reclaim erased it meanwhile
     reserve_for_one_more(home);
     mark_live(s, home, b, false);
+    s.refs.fetch_add(1, std::memory_order_relaxed);  // also if the cache closed meanwhile: counted
     if (!c.waits.empty()) s.counters.cross_stream_reuses += 1;
   } catch (...) {
     give_up();
@@ -283,6 +284,7 @@ void cache_state::detach_idle(slot& s, const std::vector<block*>& pieces, std::s
     home.remove(b);
     remove_idle(s, b);
     s.erase_if_unused(home);  // a bucket per size ever seen would make every later scan slower
+    s.refs.fetch_sub(1, std::memory_order_relaxed);  // it leaves; never the last: the cache is open
   }
 }
 

@@ -86,6 +86,7 @@ slot* cache_state::lease_locked(std::vector<slot*>& free, const void* thread) {
   }
   s->owner_thread.store(thread, std::memory_order_relaxed);
   s->last_thread = thread;
+  s->refs.fetch_add(1, std::memory_order_relaxed);  // the lease's
   return s;
 }
 
@@ -107,19 +108,15 @@ void cache_state::give_back(slot* s) noexcept {
       ++s->epoch;
     }
   }
-  bool orphaned = false;
   {
     std::lock_guard guard(mutex_);
     s->owner_thread.store(nullptr, std::memory_order_relaxed);
-    orphaned = s->handed_off.load(std::memory_order_relaxed) == orphaned_marker;  // set under mutex_
-    if (!orphaned) free_slots_.push_back(s);
+    // The marker is set under mutex_; a closed cache keeps no free list.
+    if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) free_slots_.push_back(s);
   }
   clock_.fetch_add(1, std::memory_order_relaxed);
-  if (orphaned) {
-    drop_orphan_ref(*s);
-  } else if (over_limit) {
-    enforce_idle_limit();
-  }
+  drop_slot_ref(*s);  // the lease's; the last one if the cache closed and no block is homed here
+  if (over_limit) enforce_idle_limit();
 }
 
 bool cache_state::count_entry(std::size_t warmup) noexcept {
@@ -147,14 +144,12 @@ void cache_state::give_back_ambient(slot* s) noexcept {
     const block* pending = s->handed_off.load(std::memory_order_relaxed);
     if (pending != orphaned_marker && pending != nullptr) drain_handed_off(*s);
   }
-  bool orphaned = false;
   {
     std::lock_guard guard(mutex_);
     s->owner_thread.store(nullptr, std::memory_order_relaxed);
-    orphaned = s->handed_off.load(std::memory_order_relaxed) == orphaned_marker;
-    if (!orphaned) free_ambient_slots_.push_back(s);
+    if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) free_ambient_slots_.push_back(s);
   }
-  if (orphaned) drop_orphan_ref(*s);
+  drop_slot_ref(*s);  // the lease's
 }
 
 void cache_state::roll_epoch(slot& s, std::uint64_t epoch) noexcept {
@@ -169,21 +164,41 @@ void cache_state::begin_step(request_router* router) {
   if (epoch % 2 == 1)
     throw scope_error("refpool: a step is already open on this cache (steps of one cache do not nest; end it first)");
   steps_.fetch_add(1, std::memory_order_relaxed);
-  step_router_.store(router, std::memory_order_release);
+  if (router != nullptr) {
+    router->retain_router();  // the cache's, until end_step
+    std::lock_guard publish(router_lock_);
+    step_router_.store(router, std::memory_order_relaxed);
+  }
   step_epoch_.store(epoch + 1, std::memory_order_relaxed);
 }
 
+router_ref cache_state::retain_step_router() const noexcept {
+  // Under the lock, so the router cannot lose its last reference between the load and the retain.
+  std::lock_guard guard(router_lock_);
+  request_router* r = step_router_.load(std::memory_order_relaxed);
+  if (r != nullptr) r->retain_router();
+  return router_ref(r);
+}
+
 void cache_state::end_step() noexcept {
-  std::lock_guard guard(mutex_);
-  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed) + 1;
-  step_epoch_.store(epoch, std::memory_order_relaxed);
-  step_router_.store(nullptr, std::memory_order_release);
-  for (const auto& s : slots_) {
-    if (!s->ambient) continue;
-    intrude(*s);
-    if (s->epoch != epoch) roll_epoch(*s, epoch);
-    s->lock.unlock();
+  request_router* ended = nullptr;
+  {
+    std::lock_guard guard(mutex_);
+    const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed) + 1;
+    step_epoch_.store(epoch, std::memory_order_relaxed);
+    {
+      std::lock_guard unpublish(router_lock_);
+      ended = step_router_.exchange(nullptr, std::memory_order_relaxed);
+    }
+    for (const auto& s : slots_) {
+      if (!s->ambient) continue;
+      intrude(*s);
+      if (s->epoch != epoch) roll_epoch(*s, epoch);
+      s->lock.unlock();
+    }
   }
+  // The cache's reference, dropped with no lock held; calls in flight hold their own.
+  if (ended != nullptr) ended->release_router();
 }
 
 // ---- misses -------------------------------------------------------------------------------
@@ -208,6 +223,8 @@ block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, 
       if (b != nullptr) {
         remove_idle(*victim, b);
         victim->erase_if_unused(*from);
+        // Its home moves to the thief. Never the victim's last reference: the cache is open.
+        victim->refs.fetch_sub(1, std::memory_order_relaxed);
       }
     }
     victim->lock.unlock();
@@ -215,6 +232,7 @@ block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, 
     other_stream = b->last_stream != stream || !b->extra_streams.empty();
     owner_section section(thief.lock);
     mark_live(thief, thief.bucket_for(key), b, true);  // homes change only under mutex_
+    thief.refs.fetch_add(1, std::memory_order_relaxed);
     thief.counters.steals += 1;
     if (other_stream) thief.counters.cross_stream_reuses += 1;
     return b;
@@ -258,6 +276,7 @@ block* cache_state::allocate_new(slot& s, backend_state& backend, const block_ke
     bucket& home = s.bucket_for(key);  // made again if a reclaim erased it meanwhile
     reserve_for_one_more(home);
     mark_live(s, home, b, false);
+    s.refs.fetch_add(1, std::memory_order_relaxed);  // also if the cache closed meanwhile: counted
   } catch (...) {
     backend.deallocate(ptr, key.bytes, stream);
     throw;
@@ -358,18 +377,17 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
 
 void cache_state::release_orphaned(slot& s, block* b) noexcept {
   free_to_backend(b);
-  drop_orphan_ref(s);
+  drop_slot_ref(s);  // the block's
 }
 
-void cache_state::drop_orphan_ref(slot& s) noexcept {
+void cache_state::drop_slot_ref(slot& s) noexcept {
+  if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The last reference: the cache closed (it held one until then), and no lease or block is left.
   {
-    // Under mutex_, so a release that sees the orphan marker while close() is still counting
-    // this slot's references waits for the count.
-    std::lock_guard guard(mutex_);
-    if (--s.orphan_refs != 0) return;
+    std::lock_guard guard(mutex_);  // intruders find slots in slots_ under mutex_
     std::erase_if(slots_, [&](const std::unique_ptr<slot>& p) { return p.get() == &s; });
   }
-  release();  // each orphaned slot held the cache's state
+  release();  // each slot that outlived close() held the cache's state
 }
 
 // ---- reclaim and limits -------------------------------------------------------------------
@@ -448,6 +466,7 @@ cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
     home.remove(c.b);
     remove_idle(*c.s, c.b);
     c.s->erase_if_unused(home);
+    c.s->refs.fetch_sub(1, std::memory_order_relaxed);  // it leaves; never the last: the cache is open
     taken.bytes += c.b->capacity;
     taken.blocks.push_back(c.b);
   }
@@ -557,19 +576,23 @@ void cache_state::close() noexcept {
     for (const auto& s : slots_) {
       // Releases racing with us see the marker from now on and free their blocks themselves.
       if (block* late = s->handed_off.exchange(orphaned_marker, std::memory_order_acq_rel)) drain_list(*s, late);
-      std::size_t live = 0;
+      std::size_t leaving = 0;
       s->buckets.for_each([&](bucket& bk) {
         for (block* b : bk.idle) idle.push_back(b);  // may grow past the reservation: late releases
+        leaving += bk.idle.size();
         bk.clear_idle();
-        live += bk.live;
       });
-      const bool leased = s->owner_thread.load(std::memory_order_relaxed) != nullptr;
-      s->orphan_refs = live + (leased ? 1 : 0);
-      if (live != 0 || leased) retain();  // an orphaned slot needs our counters until its last block goes
+      s->refs.fetch_sub(leaving, std::memory_order_relaxed);  // never the last: ours is still held
     }
     idle_total_.store(0, std::memory_order_relaxed);
     leave_all();
-    std::erase_if(slots_, [](const std::unique_ptr<slot>& s) { return s->orphan_refs == 0; });
+    // The cache's own reference goes. A slot still leased or homing live blocks (also one a miss
+    // in flight adds later: its lease holds it until then) stays, and needs our counters.
+    std::erase_if(slots_, [&](const std::unique_ptr<slot>& s) {
+      if (s->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) return true;
+      retain();  // released by the drop_slot_ref that deletes it (which waits for mutex_)
+      return false;
+    });
   }
   free_blocks(idle);  // pieces among them leave their heaps as closed heaps: trimmed at once
   close_heaps();

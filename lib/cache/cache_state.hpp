@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <refpool/alloc_cache.hpp>
@@ -30,16 +31,39 @@
 
 namespace refpool::detail {
 
-/// Serves the requests of a planned scope or step (lib/plan implements it), so the core
-/// routes to plans without knowing them.
+/// Serves the requests of a planned scope or step (lib/plan implements it), or of a warm-up
+/// step, so the core routes to them without knowing them. Counted: a step's router is reached
+/// by any thread through the cache (step_router), so it goes with its last reference, never
+/// with the step that made it (docs/design.md, "Lifetimes").
 class request_router {
  public:
   /// A live block of `bytes` for `stream`. `lease` is the slot plain-cache fallbacks come from
   /// (owned by the calling thread), or null when the caller runs uncached.
   virtual block* acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) = 0;
+  virtual void retain_router() noexcept = 0;
+  virtual void release_router() noexcept = 0;
 
  protected:
   ~request_router() = default;
+};
+
+/// One counted reference to a router, for the length of a call through it.
+class router_ref {
+ public:
+  router_ref() noexcept = default;
+  explicit router_ref(request_router* adopted) noexcept : router_(adopted) {}
+  router_ref(router_ref&& other) noexcept : router_(std::exchange(other.router_, nullptr)) {}
+  router_ref(const router_ref&) = delete;
+  router_ref& operator=(const router_ref&) = delete;
+  router_ref& operator=(router_ref&&) = delete;
+  ~router_ref() {
+    if (router_ != nullptr) router_->release_router();
+  }
+  request_router* operator->() const noexcept { return router_; }
+  explicit operator bool() const noexcept { return router_ != nullptr; }
+
+ private:
+  request_router* router_ = nullptr;
 };
 
 /// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
@@ -74,11 +98,16 @@ class cache_state : public ref_counted<cache_state> {
   slot* lease_ambient();
   /// The thread of an ambient slot ends.
   void give_back_ambient(slot* s) noexcept;
-  /// The planned run of the open step, if any (cache-level allocations go through it).
-  [[nodiscard]] request_router* step_router() const noexcept { return step_router_.load(std::memory_order_acquire); }
+  /// The router of the open step (planned or warm-up), if any, with a reference held for the
+  /// caller: cache-level allocations go through it, and may still do so after the step ended.
+  [[nodiscard]] router_ref step_router() const noexcept {
+    if (step_router_.load(std::memory_order_relaxed) == nullptr) [[likely]] return {};
+    return retain_step_router();
+  }
   /// Steps begun so far.
   [[nodiscard]] std::uint64_t steps_begun() const noexcept { return steps_.load(std::memory_order_relaxed); }
-  /// Opens a step (throws scope_error if one is open); `router` serves its requests if planned.
+  /// Opens a step (throws scope_error if one is open); `router`, if any, serves its requests
+  /// (the cache holds a reference to it until the step ends).
   void begin_step(request_router* router);
   /// Closes the open step: escapes of cache-level allocations made in it are counted.
   void end_step() noexcept;
@@ -162,6 +191,7 @@ class cache_state : public ref_counted<cache_state> {
   void roll_epoch(slot& s, std::uint64_t epoch) noexcept;
 
   // Slow paths.
+  router_ref retain_step_router() const noexcept;
   slot* lease_locked(std::vector<slot*>& free, const void* thread);
   bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
@@ -235,7 +265,8 @@ class cache_state : public ref_counted<cache_state> {
   void add_segment_counters(cache_stats& out) const;  // caller holds mutex_
   void release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
   void release_orphaned(slot& s, block* b) noexcept;
-  void drop_orphan_ref(slot& s) noexcept;
+  /// Drops one of `s`'s references (slot::refs); the last deletes the slot. Not under mutex_.
+  void drop_slot_ref(slot& s) noexcept;
 
   const rounding_policy rounding_;
   const segment_policy segments_;
@@ -254,7 +285,8 @@ class cache_state : public ref_counted<cache_state> {
 
   // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
   std::atomic<std::uint64_t> step_epoch_{0};
-  std::atomic<request_router*> step_router_{nullptr};
+  std::atomic<request_router*> step_router_{nullptr};  // a counted reference; changes under router_lock_
+  mutable spinlock router_lock_;                       // taken only while a step has a router
 
   // Idle bytes over all slots, maintained only while a limit is set (so the hit path of an
   // unlimited cache touches no shared counter). Changes under a slot.

@@ -285,8 +285,8 @@ data_ref alloc_cache::allocate(const backend& be, std::size_t bytes, stream_ref 
   detail::block* b = nullptr;
   if (s == nullptr) {
     b = detail::allocate_direct(*backend, bytes, stream);  // REFPOOL_NO_CACHING=1
-  } else if (detail::request_router* planned = cache.step_router()) {
-    b = planned->acquire(s, *backend, bytes, stream);
+  } else if (const detail::router_ref routed = cache.step_router()) {
+    b = routed->acquire(s, *backend, bytes, stream);  // the reference keeps it if the step ends now
   } else {
     const detail::block_key key = cache.key_of(*backend, bytes);
     b = cache.try_hit(*s, key, stream);

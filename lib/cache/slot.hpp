@@ -149,9 +149,12 @@ struct alignas(64) slot {
   bool ambient = false;     ///< serves a thread's cache-level allocations (not a scope)
   const void* last_thread = nullptr;  ///< prefer giving the slot back to the thread that used it last
 
-  // After the cache is destroyed: live blocks + (leased ? 1 : 0), under the cache's mutex.
-  // Whoever drops it to zero deletes the slot.
-  std::size_t orphan_refs = 0;
+  /// What keeps the slot (docs/design.md, "Lifetimes"): one reference for its cache while the
+  /// cache is open, one for its lease while leased, and one per block homed here (live, idle or
+  /// on the hand-off list). Counted as homes change (misses, steals, frees: never on the hit
+  /// path), so the count is right at any moment; whoever drops the last one, which is possible
+  /// only after the cache closed, deletes the slot (cache_state::drop_slot_ref).
+  std::atomic<std::size_t> refs{1};
 
   /// The bucket for `key`, made if absent. Caller holds the slot.
   bucket& bucket_for(const block_key& key) {

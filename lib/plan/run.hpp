@@ -35,6 +35,8 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   block* acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) override;
   /// A block of this run that is not a region (a fallback or a recorded one) lost its last handle.
   void observe_release(block* b, bool via_unsafe_free) noexcept override;
+  void retain_router() noexcept override { retain(); }
+  void release_router() noexcept override { release(); }
   /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
   /// Later requests (a step's thread that was late) go to the plain cache.
   void finish() noexcept;
