@@ -2,10 +2,12 @@
 //
 // A block handed to to_pointer gets a node under its address and keeps it until the block is
 // destroyed, so the node outlives every alloc/free pair of a cached buffer. The node counts the
-// hand-overs (`held`); while that is above 0 the table holds one counted reference to the block.
+// hand-overs and, apart from them, the pointer_ref calls in flight (pins); while either is above 0
+// the table holds one counted reference to the block, and whoever brings both to 0 drops it. A
+// free takes only hand-overs, so a pin never lets a second free of one hand-over through.
 // The common path takes no lock:
-//  - to_pointer of a handle that is the block's only owner stores held = 1 (nobody else can reach
-//    the block, and the table holds nothing of it: it would hold a reference);
+//  - to_pointer of a handle that is the block's only owner stores one hand-over (nobody else can
+//    reach the block, and the table holds nothing of it: it would hold a reference);
 //  - free_pointer finds the node through a seqlock (readers only load) and takes one hand-over
 //    back with one compare-and-swap: of two frees of one hand-over that race, exactly one wins and
 //    the other is reported as a double free.
@@ -36,12 +38,17 @@ namespace refpool::detail {
 struct pointer_node {
   std::atomic<std::uintptr_t> address{0};  ///< 0 while spare
   std::atomic<block*> owner{nullptr};
-  /// Hand-overs kept, plus pointer_ref calls in flight. Above 0: the table holds one reference.
-  std::atomic<std::uint32_t> held{0};
+  /// Hand-overs kept (low half) and pointer_ref calls in flight (high half), changed together.
+  /// Not 0: the table holds one reference to `owner`, which cannot change meanwhile.
+  std::atomic<std::uint64_t> counts{0};
   pointer_node* next_spare = nullptr;  ///< under node_pool's mutex
 };
 
 namespace {
+
+constexpr std::uint64_t one_hand_over = 1;
+constexpr std::uint64_t one_pin = std::uint64_t{1} << 32;
+constexpr std::uint32_t hand_overs(std::uint64_t counts) noexcept { return static_cast<std::uint32_t>(counts); }
 
 /// Nodes are made 64 at a time and never freed (see the top of the file).
 class node_pool {
@@ -210,7 +217,7 @@ pointer_node& node_of(block& b, std::uintptr_t address) {
     // Another block over the same bytes keeps its node: a region of another plan on a shared
     // arena, idle now (two live buffers never share an address). The node moves to `b`.
     block* before = n->owner.load(std::memory_order_relaxed);
-    if (n->held.load(std::memory_order_acquire) != 0)
+    if (n->counts.load(std::memory_order_acquire) != 0)
       throw std::logic_error(fmt::format("refpool: two live buffers at {}: the pointer table is corrupt",
                                          reinterpret_cast<void*>(address)));
     before->pointer.store(nullptr, std::memory_order_release);
@@ -220,7 +227,7 @@ pointer_node& node_of(block& b, std::uintptr_t address) {
   }
   pointer_node* n = nodes->take();
   n->owner.store(&b, std::memory_order_relaxed);
-  n->held.store(0, std::memory_order_relaxed);
+  n->counts.store(0, std::memory_order_relaxed);
   n->address.store(address, std::memory_order_relaxed);
   try {
     s.insert(n);
@@ -233,18 +240,38 @@ pointer_node& node_of(block& b, std::uintptr_t address) {
   return *n;
 }
 
-/// Takes one unit of `n`'s count for `address` (a free). Returns the count before: 0 when the node
-/// keeps no hand-over for `address` (never handed out, or freed already), and nothing was taken.
-std::uint32_t take_unit(pointer_node& n, std::uintptr_t address) noexcept {
-  std::uint32_t held = n.held.load(std::memory_order_relaxed);
+/// What a change of a node's counts found.
+struct counted {
+  bool taken = false;      ///< false: the node keeps no hand-over for the address; nothing changed
+  block* owner = nullptr;  ///< the block the table's reference is to, read while it held one
+  bool last = false;       ///< the counts went to 0: the caller drops the table's reference to owner
+};
+
+/// Adds `delta` (a hand-over or pin, negative to take one back) to `n`'s counts for `address`,
+/// when the node keeps at least one hand-over for it (a pin or free needs one; a pin going back
+/// needs none).
+counted change_counts(pointer_node& n, std::uintptr_t address, std::int64_t delta, bool need_hand_over) noexcept {
+  std::uint64_t before = n.counts.load(std::memory_order_relaxed);
+  block* owner = nullptr;
   do {
-    if (held == 0) return 0;
-  } while (!n.held.compare_exchange_weak(held, held - 1, std::memory_order_acq_rel, std::memory_order_relaxed));
-  if (n.address.load(std::memory_order_acquire) == address) [[likely]] return held;
+    if (need_hand_over && hand_overs(before) == 0) return {false, nullptr, false};
+    owner = n.owner.load(std::memory_order_acquire);  // stable while the counts are not 0
+  } while (!n.counts.compare_exchange_weak(before, before + static_cast<std::uint64_t>(delta),
+                                           std::memory_order_acq_rel, std::memory_order_relaxed));
+  const bool last = before + static_cast<std::uint64_t>(delta) == 0;
+  if (n.address.load(std::memory_order_acquire) == address || !need_hand_over) [[likely]]
+    return {true, owner, last};
   // The node was removed and reused for another buffer between find and the exchange (only a
-  // double free racing a reclaim of its buffer gets here): give the unit back.
-  n.held.fetch_add(1, std::memory_order_acq_rel);
-  return 0;
+  // stale address racing a reclaim of its buffer gets here): give the unit back. If that other
+  // buffer's last hand-over was freed meanwhile, our unit was the last: its reference is ours to drop.
+  const auto undo = static_cast<std::uint64_t>(delta);
+  return {false, owner, n.counts.fetch_sub(undo, std::memory_order_acq_rel) == undo};
+}
+
+/// Drops the table's reference where a change of counts said so, then reports `ptr` unknown.
+[[noreturn]] void refuse(const counted& c, const void* ptr, const char* what) {
+  if (c.last) drop_reference(c.owner, false);
+  throw_unknown(ptr, what);
 }
 
 }  // namespace
@@ -273,15 +300,19 @@ void* to_pointer(data_ref&& ref) {
   if (h->refs.only_owner()) {
     // Nobody else reaches the block, and the table holds nothing of it (that would be a second
     // reference): the handle's reference becomes the table's.
-    n.held.store(1, std::memory_order_relaxed);
+    n.counts.store(detail::one_hand_over, std::memory_order_relaxed);
     detail::access::release_into_table(ref);
     return address;
   }
-  // Shared: other hand-overs and frees of this buffer may run now.
-  std::uint32_t held = n.held.load(std::memory_order_relaxed);
-  while (!n.held.compare_exchange_weak(held, held + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
-  }
-  if (held == 0) {
+  // Shared: other hand-overs, frees and pins of this buffer may run now.
+  std::uint64_t before = n.counts.load(std::memory_order_relaxed);
+  do {
+    if (detail::hand_overs(before) == UINT32_MAX)
+      throw invalid_argument(fmt::format("refpool: to_pointer: buffer {} is handed over {} times already", address,
+                                         UINT32_MAX));
+  } while (!n.counts.compare_exchange_weak(before, before + detail::one_hand_over, std::memory_order_acq_rel,
+                                           std::memory_order_relaxed));
+  if (before == 0) {
     detail::access::release_into_table(ref);  // the first hand-over: the table keeps this reference
   } else {
     ref = data_ref();  // the table holds one already; never the last reference
@@ -293,29 +324,24 @@ void free_pointer(void* ptr) {
   if (ptr == nullptr) return;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   detail::pointer_node* n = detail::shard_of(address).find(address);
-  const std::uint32_t before = n == nullptr ? 0 : detail::take_unit(*n, address);
-  if (before == 0) detail::throw_unknown(ptr, "free");
-  // The last hand-over: the table's reference goes. (The block stays alive until then, so the
-  // node is still its own.)
-  if (before == 1) detail::drop_reference(n->owner.load(std::memory_order_relaxed), false);
+  const detail::counted c = n == nullptr ? detail::counted{} : detail::change_counts(*n, address, -1, true);
+  if (!c.taken) detail::refuse(c, ptr, "free");
+  // The last hand-over, no pin in flight: the table's reference goes (else the last pin drops it).
+  if (c.last) detail::drop_reference(c.owner, false);
 }
 
 data_ref pointer_ref(void* ptr) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   detail::pointer_node* n = ptr == nullptr ? nullptr : detail::shard_of(address).find(address);
-  // A pin: one unit more while the new handle is made, so the table's reference cannot go meanwhile.
-  std::uint32_t held = n == nullptr ? 0 : n->held.load(std::memory_order_relaxed);
-  do {
-    if (held == 0) detail::throw_unknown(ptr, "pointer_ref");
-  } while (!n->held.compare_exchange_weak(held, held + 1, std::memory_order_acq_rel, std::memory_order_relaxed));
-  detail::block* b = n->owner.load(std::memory_order_relaxed);
-  if (n->address.load(std::memory_order_acquire) != address) {  // reused meanwhile (see take_unit)
-    n->held.fetch_sub(1, std::memory_order_acq_rel);
-    detail::throw_unknown(ptr, "pointer_ref");
-  }
-  b->refs.increment();
-  if (n->held.fetch_sub(1, std::memory_order_acq_rel) == 1) detail::drop_reference(b, false);  // freed meanwhile
-  return detail::access::adopt(b);
+  // A pin while the new handle is made, so the table's reference cannot go meanwhile. It counts
+  // apart from hand-overs: frees racing it still free each hand-over once.
+  const auto pin = static_cast<std::int64_t>(detail::one_pin);
+  const detail::counted pinned = n == nullptr ? detail::counted{} : detail::change_counts(*n, address, pin, true);
+  if (!pinned.taken) detail::refuse(pinned, ptr, "pointer_ref");
+  pinned.owner->refs.increment();
+  const detail::counted unpinned = detail::change_counts(*n, address, -pin, false);
+  if (unpinned.last) detail::drop_reference(pinned.owner, false);  // its last hand-over was freed meanwhile
+  return detail::access::adopt(pinned.owner);
 }
 
 }  // namespace refpool
