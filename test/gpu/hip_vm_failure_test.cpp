@@ -8,7 +8,6 @@
 
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <string>
 
 #include <refpool/refpool.hpp>
@@ -42,12 +41,6 @@ virtual_memory& device_vm() {
   virtual_memory* vm = hip::device(0).underlying().address_space();
   REQUIRE(vm != nullptr);
   return *vm;
-}
-
-std::size_t count_calls(std::string_view name) {
-  const auto calls = fake().calls();
-  return static_cast<std::size_t>(
-      std::count_if(calls.begin(), calls.end(), [&](const fake_hip::call& c) { return c.name == name; }));
 }
 
 cache_options with_segments() {
@@ -160,8 +153,8 @@ TEST_CASE("a cache with segments when every reservation is refused: segments are
       const data_ref large = cache.allocate(be, 40 * MiB);
       CHECK(cache.stats().segments == 2);
     }
-    CHECK(count_calls("hipMemCreate") == 0);
-    CHECK(count_calls("hipMalloc") == 2);
+    CHECK(fake_hip::count_calls(fake().calls(), "hipMemCreate") == 0);
+    CHECK(fake_hip::count_calls(fake().calls(), "hipMalloc") == 2);
     cache.reclaim();
   }
   CHECK(fake().device_bytes_in_use(0) == before);
