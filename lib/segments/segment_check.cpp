@@ -57,7 +57,8 @@ std::vector<std::pair<std::size_t, std::size_t>> committed_runs(const segment& s
       runs.emplace_back(c.offset, c.end());
     sum += c.bytes;
   }
-  if (sum != vm.committed()) fail(fmt::format("segment {}: commits sum to {} B, counted {} B", seg.id, sum, vm.committed()));
+  if (sum != vm.committed())
+    fail(fmt::format("segment {}: commits sum to {} B, counted {} B", seg.id, sum, vm.committed()));
   return runs;
 }
 

@@ -22,8 +22,9 @@ piece_unit_choice choose_piece_unit(std::size_t alignment, const segment_heap_op
   if (unit > o.small_max)
     return refused(fmt::format("a piece unit of {} B (the backend's alignment) is larger than small_max = {} B: "
                                "every small request would cost a whole unit", unit, o.small_max));
-  for (const auto& [value, name] : {std::pair{o.small_segment, "small_segment"}, std::pair{o.large_segment, "large_segment"},
-                                    std::pair{o.segment_rounding, "segment_rounding"}})
+  const std::pair<std::size_t, const char*> sizes[] = {
+      {o.small_segment, "small_segment"}, {o.large_segment, "large_segment"}, {o.segment_rounding, "segment_rounding"}};
+  for (const auto& [value, name] : sizes)
     if (value == 0 || value % unit != 0)
       return refused(fmt::format("option {} = {} B is not a positive multiple of the {} B piece unit", name, value,
                                  unit));
