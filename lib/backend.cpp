@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "cache/backend_state.hpp"
-#include "segments/piece.hpp"
+#include "segments/segment_options.hpp"
 
 namespace refpool {
 
@@ -18,7 +18,8 @@ backend_state::backend_state(std::shared_ptr<resource> res)
       kind_(resource_->kind()),
       alignment_(resource_->alignment()) {
   // Decided once: the unit is part of every cache key of this backend (docs/design.md, "Segments").
-  const std::size_t unit = piece_unit_for(alignment_);
+  // The cache's heaps use the default options; the heap's constructor asks the same rule.
+  const std::size_t unit = choose_piece_unit(alignment_, segment_heap_options{}).unit;
   const bool segmentable = unit != 0;
   const bool device_vm = kind_ == memory_kind::device && resource_->address_space() != nullptr;
   piece_units_[static_cast<std::size_t>(segment_policy::off)] = 1;

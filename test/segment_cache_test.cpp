@@ -161,13 +161,13 @@ TEST_CASE("segments: a large miss gives idle large pieces back first, so best fi
   scope s(cache);
   auto a = allocate(f.be, 8 * MiB);
   auto separator = allocate(f.be, 2 * MiB);
-  auto g = allocate(f.be, 16 * MiB);
-  auto end = allocate(f.be, 2 * MiB);
+  auto g = allocate(f.be, 15 * MiB);    // in a commit of 16 MiB
+  auto end = allocate(f.be, 2 * MiB);  // its first MiB in g's commit, so that commit is never free whole
   const std::uintptr_t at_a = at(a);
   CHECK(at(g) == at_a + 10 * MiB);
   g.reset();
-  CHECK(cache.reclaim(8 * MiB) == 0);  // g's piece goes back: a free 16 MiB range, in the middle: nothing trimmed
-  CHECK(cache.stats().segment_free_bytes == 16 * MiB);
+  CHECK(cache.reclaim(8 * MiB) == 0);  // g's piece goes back: a free 15 MiB range, in the middle: nothing trimmed
+  CHECK(cache.stats().segment_free_bytes == 16 * MiB);  // and 1 MiB after end
   a.reset();  // idle: 8 MiB at the start
   // A free range holds 7 MiB, but a's 8 MiB fit better: a goes back first, and best fit takes it.
   auto c = allocate(f.be, 7 * MiB);

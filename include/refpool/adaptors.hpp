@@ -35,13 +35,19 @@ class REFPOOL_API byte_budget {
 /// Which calls an injecting adaptor fails: calls number `first` to `first + count - 1`
 /// (1-based, counted from construction or the last `arm`) fail as out of memory or with
 /// `backend_error`. Shared by a failing_resource and its address space, so "the Nth call"
-/// counts allocations, reservations and commits in the order they happen. Thread-safe.
+/// counts allocations, reservations and commits in the order they happen; `arm_only` counts
+/// one kind or a few (every reservation refused, say). Thread-safe.
 class REFPOOL_API fault_schedule {
  public:
   enum class failure { out_of_memory, backend_error };
+  /// Kinds of call, as bits to combine with `|` for arm_only().
+  enum call_kind : unsigned { allocations = 1, reservations = 2, commits = 4, all_calls = 7 };
 
-  /// Fails calls `first` .. `first + count - 1` from now on, in the given way.
+  /// Fails calls `first` .. `first + count - 1` from now on, in the given way; counts every kind.
   void arm(std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory);
+  /// As arm(), counting only calls of the `kinds` given (call_kind bits); other calls neither
+  /// count nor fail.
+  void arm_only(unsigned kinds, std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory);
   /// No more failures.
   void disarm() { count_.store(0); }
   /// Calls counted since the last arm(), failed ones included.
@@ -49,8 +55,10 @@ class REFPOOL_API fault_schedule {
   /// Calls made to fail since construction.
   [[nodiscard]] std::uint64_t injected() const noexcept { return injected_.load(); }
 
-  /// Counts one call. Returns true if it must fail, and then sets `how`.
+  /// Counts one call of any kind. Returns true if it must fail, and then sets `how`.
   [[nodiscard]] bool next(failure& how) noexcept;
+  /// Counts one call of `kind` (ignored unless armed for it). True if it must fail; sets `how`.
+  [[nodiscard]] bool next(call_kind kind, failure& how) noexcept;
 
  private:
   std::atomic<std::uint64_t> calls_{0};
@@ -58,6 +66,7 @@ class REFPOOL_API fault_schedule {
   std::atomic<std::uint64_t> count_{0};
   std::atomic<failure> how_{failure::out_of_memory};
   std::atomic<std::uint64_t> injected_{0};
+  std::atomic<unsigned> kinds_{all_calls};
 };
 
 /// Virtual memory whose commits fail (return false, i.e. out of memory) when they would take
@@ -175,6 +184,10 @@ class REFPOOL_API failing_resource final : public resource_adaptor {
   /// Fails calls `first` .. `first + count - 1` from now on, in the given way.
   void arm(std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory) {
     schedule_->arm(first, count, how);
+  }
+  /// As arm(), counting only the kinds of call given (fault_schedule::call_kind bits).
+  void arm_only(unsigned kinds, std::uint64_t first, std::uint64_t count = 1, failure how = failure::out_of_memory) {
+    schedule_->arm_only(kinds, first, count, how);
   }
   /// No more failures.
   void disarm() { schedule_->disarm(); }

@@ -36,10 +36,13 @@ class gpu_virtual_memory final : public virtual_memory {
     return ptr;
   }
 
+  // Each step that fails undoes the ones before it, so a failed commit holds nothing; out of
+  // memory from any of them is `false`, any other error `backend_error`.
   bool commit(void* addr, std::size_t bytes) override {
     check_size(bytes, "commit");
     {
       std::lock_guard lock(mutex_);
+      retry_stale(address(addr), address(addr) + bytes);
       check_uncommitted_range(addr, bytes);
     }
     device_guard guard(api_, device_);
@@ -50,15 +53,17 @@ class gpu_virtual_memory final : public virtual_memory {
     check(api_, created, api_.vm_create.name, where);
     if (const status mapped = api_.vm_map(addr, bytes, physical); mapped != api_.success) {
       (void)api_.vm_release(physical);
+      if (mapped == api_.out_of_memory) return false;
       throw_error(api_, mapped, api_.vm_map.name, where);
     }
     if (const status opened = api_.vm_set_access(addr, bytes, device_); opened != api_.success) {
       (void)api_.vm_unmap(addr, bytes);
       (void)api_.vm_release(physical);
+      if (opened == api_.out_of_memory) return false;
       throw_error(api_, opened, api_.vm_set_access.name, where);
     }
     std::lock_guard lock(mutex_);
-    pieces_[address(addr)] = {bytes, physical};
+    pieces_[address(addr)] = {bytes, physical, true, false};
     return true;
   }
 
@@ -103,6 +108,10 @@ class gpu_virtual_memory final : public virtual_memory {
   struct piece {
     std::size_t bytes;
     handle physical;
+    bool mapped;
+    /// Decommitted as far as refpool knows, but the driver refused to unmap or release it: the
+    /// next commit over its range and the release of its reservation try again.
+    bool stale;
   };
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
@@ -137,7 +146,8 @@ class gpu_virtual_memory final : public virtual_memory {
   // Unmaps and releases every piece inside [start, end), after waiting for the device: unmapping
   // does not wait for kernels or copies in flight on the range (PyTorch's expandable segments
   // synchronise before cuMemUnmap for the same reason), and the heap cannot name every stream that
-  // used a free range. Decommits are rare (trim, reclaim). Called with mutex_ held.
+  // used a free range. Decommits are rare (trim, reclaim). A piece the driver refuses to unmap or
+  // release is reported and kept as stale, for retry_stale. Called with mutex_ held.
   void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
     auto it = pieces_.lower_bound(start);
     if (it == pieces_.end() || it->first >= end) return;
@@ -146,17 +156,56 @@ class gpu_virtual_memory final : public virtual_memory {
       // A context that is gone (at exit, after the runtime's teardown) has no work in flight.
       if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code))
         std::fprintf(stderr, "%s\n", error_text(code, api_.device_synchronize.name, "before unmapping").c_str());
-      while (it != pieces_.end() && it->first + it->second.bytes <= end) {
-        void* ptr = reinterpret_cast<void*>(it->first);
-        const std::string where = fmt::format("{} B at {} on device {}", it->second.bytes, ptr, device_);
-        if (const status code = api_.vm_unmap(ptr, it->second.bytes); code != api_.success)
-          std::fprintf(stderr, "%s\n", error_text(code, api_.vm_unmap.name, where).c_str());
-        else if (const status released = api_.vm_release(it->second.physical); released != api_.success)
-          std::fprintf(stderr, "%s\n", error_text(released, api_.vm_release.name, where).c_str());
-        it = pieces_.erase(it);
-      }
+      while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  // Unmaps and releases one piece; the next one. Called with mutex_ held and the device current.
+  std::map<std::uintptr_t, piece>::iterator give_back_piece(std::map<std::uintptr_t, piece>::iterator it) noexcept {
+    piece& p = it->second;
+    void* ptr = reinterpret_cast<void*>(it->first);
+    if (p.mapped) {
+      if (const status code = api_.vm_unmap(ptr, p.bytes); code != api_.success) {
+        report(code, api_.vm_unmap.name, ptr, p);
+        p.stale = true;
+        return std::next(it);
+      }
+      p.mapped = false;
+    }
+    if (const status released = api_.vm_release(p.physical); released != api_.success) {
+      report(released, api_.vm_release.name, ptr, p);
+      p.stale = true;
+      return std::next(it);
+    }
+    return pieces_.erase(it);
+  }
+
+  // Gives back the stale pieces that overlap [start, end), where a commit is about to be made.
+  // Throws `backend_error` if the driver still refuses. Called with mutex_ held.
+  void retry_stale(std::uintptr_t start, std::uintptr_t end) {
+    auto it = pieces_.lower_bound(start);
+    if (it != pieces_.begin() && std::prev(it)->first + std::prev(it)->second.bytes > start) --it;
+    while (it != pieces_.end() && it->first < end) {
+      if (!it->second.stale) {
+        ++it;
+        continue;
+      }
+      device_guard guard(api_, device_);
+      const auto stale = it->first;
+      it = give_back_piece(it);
+      if (pieces_.count(stale) != 0)
+        throw backend_error(fmt::format("refpool: device {} still refuses to give back the physical allocation "
+                                        "at {:#x} that a commit needs the range of", device_, stale), -1);
+    }
+  }
+
+  void report(status code, std::string_view call, void* ptr, const piece& p) const noexcept {
+    try {
+      const std::string where = fmt::format("{} B at {} on device {} (kept, to retry)", p.bytes, ptr, device_);
+      std::fprintf(stderr, "%s\n", error_text(code, call, where).c_str());
+    } catch (...) {
     }
   }
 

@@ -1,4 +1,4 @@
-// Host virtual memory through mmap, mprotect, madvise and munmap (see host_virtual_memory.hpp).
+// Host virtual memory through mmap, mprotect and munmap (see host_virtual_memory.hpp).
 #include "host_virtual_memory.hpp"
 
 #include <sys/mman.h>
@@ -35,9 +35,11 @@ void* host_virtual_memory::reserve(std::size_t bytes) {
     throw backend_error(fmt::format("refpool: host virtual memory: cannot reserve {} B (not a positive multiple "
                                     "of the {} B granularity)", bytes, g), EINVAL);
   if (bytes > SIZE_MAX - g) return nullptr;  // no address space is that large
-  // Over-reserve by one granule and cut both ends, so the range starts at a multiple of g.
+  // Over-reserve by one granule and cut both ends, so the range starts at a multiple of g. No
+  // MAP_NORESERVE: an inaccessible mapping is not charged anyway, and without the flag making
+  // it writable (commit) is charged, as a plain allocation is.
   const std::size_t span = bytes + g;
-  void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
     if (errno == ENOMEM) return nullptr;
     throw backend_error(fmt::format("refpool: host virtual memory: mmap of {} B failed: {}", span,
@@ -63,8 +65,13 @@ bool host_virtual_memory::commit(void* addr, std::size_t bytes) {
 
 void host_virtual_memory::decommit(void* addr, std::size_t bytes) noexcept {
   if (!granule_aligned(addr, bytes)) die("decommit", addr, bytes, EINVAL);
-  if (::madvise(addr, bytes, MADV_DONTNEED) != 0) die("madvise", addr, bytes, errno);
-  if (::mprotect(addr, bytes, PROT_NONE) != 0) die("mprotect", addr, bytes, errno);
+  // A fresh inaccessible mapping in place drops the pages and the commit charge at once
+  // (mprotect(PROT_NONE) would keep the charge). The range stays ours throughout.
+  if (::mmap(addr, bytes, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) != MAP_FAILED) return;
+  // The kernel may refuse to split a mapping (the map count limit): the pages still go, and
+  // the charge stays until the range is committed again or released.
+  const int err = errno;
+  if (::madvise(addr, bytes, MADV_DONTNEED) != 0) die("mmap", addr, bytes, err);
 }
 
 void host_virtual_memory::release(void* addr, std::size_t bytes) noexcept {

@@ -45,16 +45,18 @@ bool arena::allocate(std::size_t bytes, cache_state& cache) {
     std::size_t reservation = 0;
     if (__builtin_mul_overflow(target, reservation_factor, &reservation)) reservation = target;
     reservation = std::max(reservation, checked_round_up(minimum_reservation, granule, "an arena reservation"));
-    if (void* at = vm->reserve(reservation)) {
-      vm_ = vm;
-      base_ = static_cast<std::byte*>(at);
-      reserved_ = reservation;
-      if (commit_more(target, cache)) return true;
-      vm->release(at, reservation);
-      vm_ = nullptr;
-      base_ = nullptr;
-      reserved_ = 0;
-      return false;
+    region_ = vm_region::reserve(*backend_, *vm, reservation);
+    if (region_) {
+      base_ = reinterpret_cast<std::byte*>(region_.base());
+      bool committed = false;
+      try {
+        committed = commit_more(target, cache);
+      } catch (...) {
+        drop_region();  // nothing committed: the reservation goes, and the arena holds nothing
+        throw;
+      }
+      if (!committed) drop_region();
+      return committed;
     }
     // No address space left: one allocation, as backends without virtual memory get.
   }
@@ -70,28 +72,32 @@ bool arena::allocate(std::size_t bytes, cache_state& cache) {
   return true;
 }
 
+void arena::drop_region() noexcept {
+  region_.release();
+  base_ = nullptr;
+}
+
 bool arena::commit_more(std::size_t bytes, cache_state& cache) {
   const std::size_t from = committed_.load(std::memory_order_relaxed);
   const std::size_t delta = bytes - from;
-  bool done = vm_->commit(base_ + from, delta);
+  bool done = region_.commit(from, delta);
   if (!done) {
     cache.reclaim_for_retry(*backend_);
-    done = vm_->commit(base_ + from, delta);
+    done = region_.commit(from, delta);
   }
   if (!done) return false;
   committed_.store(bytes, std::memory_order_relaxed);
   count(delta, cache);
-  // Counted like an allocation: the backend has these bytes out, and it cost a driver call.
-  backend_->outstanding_bytes.fetch_add(delta, std::memory_order_relaxed);
+  // Counted like an allocation: it cost a driver call (the region counts the outstanding bytes).
   backend_->allocations.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 bool arena::grow_in_place(std::size_t bytes, cache_state& cache) {
-  if (vm_ == nullptr) return false;
-  const std::size_t target = checked_round_up(bytes, vm_->granularity(), "an arena");
+  if (!region_) return false;
+  const std::size_t target = checked_round_up(bytes, region_.granularity(), "an arena");
   if (target <= committed_.load(std::memory_order_relaxed)) return true;
-  if (target > reserved_) return false;
+  if (target > region_.reserved()) return false;
   return commit_more(target, cache);
 }
 
@@ -99,10 +105,8 @@ void arena::free_memory() noexcept {
   retire();
   if (base_ == nullptr) return;
   const std::size_t committed = committed_.load(std::memory_order_relaxed);
-  if (vm_ != nullptr) {
-    vm_->decommit(base_, committed);
-    vm_->release(base_, reserved_);
-    backend_->outstanding_bytes.fetch_sub(committed, std::memory_order_relaxed);
+  if (region_) {
+    drop_region();  // decommits what was committed (never 0 bytes) and releases the reservation
     backend_->deallocations.fetch_add(1, std::memory_order_relaxed);
   } else {
     backend_->deallocate(base_, committed, stream_);

@@ -15,10 +15,7 @@
 #include "cache/backend_state.hpp"
 #include "cache/spinlock.hpp"
 #include "ref_counted.hpp"
-
-namespace refpool {
-class virtual_memory;
-}
+#include "vm/vm_region.hpp"
 
 namespace refpool::detail {
 
@@ -55,7 +52,7 @@ class arena : public ref_counted<arena> {
   [[nodiscard]] std::size_t bytes() const noexcept { return committed_.load(std::memory_order_relaxed); }
   [[nodiscard]] backend_state* backend() const noexcept { return backend_; }
   [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
-  [[nodiscard]] bool in_place_growth() const noexcept { return vm_ != nullptr; }
+  [[nodiscard]] bool in_place_growth() const noexcept { return static_cast<bool>(region_); }
 
   // ---- one run at a time ----------------------------------------------------------------------
   /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
@@ -88,18 +85,18 @@ class arena : public ref_counted<arena> {
  private:
   friend class ref_counted<arena>;
   ~arena();
-  bool commit_more(std::size_t bytes, cache_state& cache);  // vm_: commit [committed_, bytes)
+  bool commit_more(std::size_t bytes, cache_state& cache);  // region_: commit [committed_, bytes)
+  void drop_region() noexcept;
 
   backend_state* backend_;
   stream_ref stream_;
-  virtual_memory* vm_ = nullptr;  ///< the backend's, when this arena reserved address space
+  vm_region region_;  ///< when this arena reserved address space: the reservation and its commits
   std::byte* base_ = nullptr;
   std::atomic<std::size_t> committed_{0};  ///< bytes usable from base_ (stats read it while it grows)
   /// The cache's count of reserved bytes, which this arena's memory is part of (retained, as the
   /// arena may outlive its cache); set with the first memory.
   reserved_counter* counted_in_ = nullptr;
   void count(std::size_t bytes, cache_state& cache) noexcept;
-  std::size_t reserved_ = 0;      ///< vm_: bytes of address space reserved at base_
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};

@@ -1,5 +1,6 @@
-// segment_heap: carving pieces by best fit, giving them back with coalescing, stats and the
-// consistency check. Growth is in segment_growth.cpp, trimming in segment_trim.cpp.
+// segment_heap: carving pieces by best fit, giving them back with coalescing, and stats. Growth
+// is in segment_growth.cpp and segment_holes.cpp, trimming in segment_trim.cpp, the consistency
+// check in segment_check.cpp.
 #include "segment_heap.hpp"
 
 #include <algorithm>
@@ -15,66 +16,26 @@
 #include "access.hpp"
 #include "cache/backend_state.hpp"
 #include "poison.hpp"
+#include "range_list.hpp"
 #include "size_math.hpp"
 
 namespace refpool::detail {
-
-namespace {
-
-void link_after(segment& seg, range* a, range* b) noexcept {
-  b->prev = a;
-  b->next = a->next;
-  if (a->next != nullptr)
-    a->next->prev = b;
-  else
-    seg.last = b;
-  a->next = b;
-}
-
-void unlink(segment& seg, range* r) noexcept {
-  if (r->prev != nullptr)
-    r->prev->next = r->next;
-  else
-    seg.first = r->next;
-  if (r->next != nullptr)
-    r->next->prev = r->prev;
-  else
-    seg.last = r->prev;
-}
-
-}  // namespace
 
 segment_heap::segment_heap(backend be, segment_heap_options options)
     : backend_(std::move(be)), options_(options), granule_(0), host_visible_(false) {
   if (!backend_) throw invalid_argument("refpool: a segment heap needs a backend");
   host_visible_ = backend_.kind() == memory_kind::host || backend_.kind() == memory_kind::pinned_host;
-  const auto power_of_two = [](std::size_t v) { return v != 0 && std::has_single_bit(v); };
-  if (!power_of_two(options_.piece_granularity))
-    throw config_error(fmt::format("refpool: segment heap piece granularity {} B is not a power of two",
-                                   options_.piece_granularity));
-  granule_ = std::max(options_.piece_granularity, backend_.alignment());
-  if (!power_of_two(granule_))
-    throw config_error(fmt::format("refpool: backend alignment {} B is not a power of two", backend_.alignment()));
-  const auto multiple = [&](std::size_t v, const char* what) {
-    if (v == 0 || v % granule_ != 0)
-      throw config_error(fmt::format("refpool: segment heap option {} = {} B is not a positive multiple of the "
-                                     "{} B piece granularity", what, v, granule_));
-  };
-  multiple(options_.small_segment, "small_segment");
-  multiple(options_.large_segment, "large_segment");
-  multiple(options_.segment_rounding, "segment_rounding");
-  if (options_.growth_divisor == 0)
-    throw config_error("refpool: segment heap option growth_divisor must be at least 1");
-  if (options_.small_max == 0 || options_.small_max > options_.small_segment)
-    throw config_error(fmt::format("refpool: segment heap option small_max = {} B must be in [1, small_segment = {} B]",
-                                   options_.small_max, options_.small_segment));
+  // The rule the cache chose this backend's keys by (backend_state): they cannot disagree.
+  piece_unit_choice choice = choose_piece_unit(backend_.alignment(), options_);
+  if (choice.unit == 0) throw config_error(std::move(choice.problem));
+  granule_ = choice.unit;
   if (options_.use_virtual_memory) {
     virtual_memory* vm = backend_.underlying().address_space();
     // A commit unit that is not a multiple of the piece unit would leave pieces misaligned at
     // commit boundaries; such a backend grows by allocation instead.
-    if (vm != nullptr && power_of_two(vm->granularity()) && vm->granularity() % granule_ == 0) {
+    if (vm != nullptr && std::has_single_bit(vm->granularity()) && vm->granularity() % granule_ == 0) {
       vm_ = vm;
-      options_.reserve_bytes = round_up(std::max(options_.reserve_bytes, vm->granularity()), vm->granularity());
+      reservation_ = round_up(std::max(options_.reserve_bytes, vm->granularity()), vm->granularity());
     }
   }
 }
@@ -94,6 +55,7 @@ segment_heap::~segment_heap() {
         fmt::print(stderr, "refpool: segment heap of {}: {}\n", backend_.name(), e.what());
       }
     }
+    segments_[i]->vm.abandon();  // its memory stays, for the pieces still out
     drop_segment(*segments_[i]);
   }
 }
@@ -111,17 +73,16 @@ std::optional<std::size_t> segment_heap::offset_in(const range& r, std::size_t b
                                                    placement where) const noexcept {
   if (r.bytes < bytes) return std::nullopt;
   const segment& seg = *r.owner;
-  if (where == placement::anywhere || !seg.virtual_memory) return 0;
-  // The first window of `bytes` inside [r.address, r.end()) that one commit holds.
+  if (where == placement::anywhere || !seg.virtual_memory()) return 0;
+  // The first window of `bytes` inside [r.address, r.end()) that one commit holds (the commits
+  // overlapping a range cover it: ranges lie in committed bytes).
   const std::size_t start = r.address - seg.base;
   const std::size_t end = start + r.bytes;
-  auto it = std::upper_bound(seg.commit_ends.begin(), seg.commit_ends.end(), start);
-  for (; it != seg.commit_ends.end(); ++it) {
-    const std::size_t commit_start = it == seg.commit_ends.begin() ? 0 : *(it - 1);
-    const std::size_t lo = std::max(start, commit_start);
-    const std::size_t hi = std::min(end, *it);
+  const auto& commits = seg.vm.commits();
+  for (std::size_t i = seg.vm.first_ending_after(start); i < commits.size() && commits[i].offset < end; ++i) {
+    const std::size_t lo = std::max(start, commits[i].offset);
+    const std::size_t hi = std::min(end, commits[i].end());
     if (hi - lo >= bytes) return lo - start;
-    if (*it >= end) break;
   }
   return std::nullopt;
 }
@@ -223,7 +184,8 @@ std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) n
   --pieces_out_;
   --seg.pieces;
   seg.last_use = ++tick_;
-  if (range* before = r->prev; before != nullptr && before->free) {
+  fully_trimmed_ = false;
+  if (range* before = r->prev; joinable(before, r)) {
     pool.free.erase(before);
     before->bytes += r->bytes;
     before->streams.merge(r->streams);
@@ -232,7 +194,7 @@ std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) n
     r = before;
     ++counts_.merges;
   }
-  if (range* after = r->next; after != nullptr && after->free) {
+  if (range* after = r->next; joinable(r, after)) {
     pool.free.erase(after);
     r->bytes += after->bytes;
     r->streams.merge(after->streams);
@@ -262,16 +224,14 @@ void segment_heap::forget_streams() noexcept {
 std::size_t segment_heap::physical_allocations(const piece& p) const noexcept {
   const range& r = *p.node;
   const segment& seg = *r.owner;
-  if (!seg.virtual_memory) return 1;
+  if (!seg.virtual_memory()) return 1;
   const std::size_t start = r.address - seg.base;
   const std::size_t end = start + r.bytes;
-  std::size_t count = 0;
-  std::size_t commit_start = 0;
-  for (const std::size_t commit_end : seg.commit_ends) {
-    if (commit_start < end && start < commit_end) ++count;
-    commit_start = commit_end;
-  }
-  return count;
+  const auto& commits = seg.vm.commits();
+  std::size_t i = seg.vm.first_ending_after(start);
+  const std::size_t first = i;
+  while (i < commits.size() && commits[i].offset < end) ++i;
+  return i - first;
 }
 
 segment_heap_stats segment_heap::stats() const noexcept {
@@ -286,72 +246,6 @@ segment_heap_stats segment_heap::stats() const noexcept {
   s.pieces_out = pieces_out_;
   s.physical_allocations = physical_;
   return s;
-}
-
-std::vector<segment_heap::range_view> segment_heap::ranges() const {
-  std::vector<range_view> out;
-  for (const auto& seg : segments_)
-    for (const range* r = seg->first; r != nullptr; r = r->next)
-      out.push_back(range_view{r->address, r->bytes, r->free, seg->id, r->streams});
-  return out;
-}
-
-void segment_heap::check() const {
-  const auto fail = [](std::string what) { throw std::logic_error("refpool: segment heap inconsistent: " + what); };
-  std::size_t reserved = 0, committed = 0, used = 0, pieces = 0, physical = 0;
-  std::array<std::size_t, 2> free_ranges{};
-  for (const auto& seg_ptr : segments_) {
-    const segment& seg = *seg_ptr;
-    reserved += seg.reserved;
-    committed += seg.committed;
-    if (seg.committed == 0 || seg.committed > seg.reserved)
-      fail(fmt::format("segment {} commits {} of {} B", seg.id, seg.committed, seg.reserved));
-    if (seg.virtual_memory) {
-      if (seg.commit_ends.empty() || seg.commit_ends.back() != seg.committed ||
-          !std::is_sorted(seg.commit_ends.begin(), seg.commit_ends.end()))
-        fail(fmt::format("segment {}: commits do not end at its committed size", seg.id));
-      physical += seg.commit_ends.size();
-    } else {
-      if (seg.committed != seg.reserved || !seg.commit_ends.empty())
-        fail(fmt::format("segment {}: a backend allocation is all committed", seg.id));
-      ++physical;
-    }
-    if (seg.growable && pools_[static_cast<std::size_t>(seg.pool)].growable != &seg)
-      fail(fmt::format("segment {} is growable but not its pool's", seg.id));
-    std::uintptr_t expected = seg.base;
-    std::size_t seg_pieces = 0;
-    const range* prev = nullptr;
-    if (seg.first == nullptr || seg.first->prev != nullptr) fail(fmt::format("segment {}: bad first range", seg.id));
-    for (const range* r = seg.first; r != nullptr; prev = r, r = r->next) {
-      if (r->owner != &seg || r->prev != prev) fail(fmt::format("segment {}: broken range links", seg.id));
-      if (r->address != expected) fail(fmt::format("segment {}: gap or overlap at {:#x}", seg.id, r->address));
-      if (r->bytes == 0 || r->bytes % granule_ != 0 || (r->address - seg.base) % granule_ != 0)
-        fail(fmt::format("segment {}: range at {:#x} of {} B is off the {} B grid", seg.id, r->address, r->bytes,
-                         granule_));
-      const bool indexed = pools_[static_cast<std::size_t>(seg.pool)].free.contains(const_cast<range*>(r));
-      if (r->free) {
-        if (prev != nullptr && prev->free) fail(fmt::format("segment {}: two free neighbours at {:#x}", seg.id, r->address));
-        if (!indexed) fail(fmt::format("segment {}: free range at {:#x} not indexed", seg.id, r->address));
-        ++free_ranges[static_cast<std::size_t>(seg.pool)];
-      } else {
-        if (indexed) fail(fmt::format("segment {}: piece at {:#x} is indexed as free", seg.id, r->address));
-        used += r->bytes;
-        ++seg_pieces;
-      }
-      expected = r->end();
-    }
-    if (prev != seg.last) fail(fmt::format("segment {}: bad last range", seg.id));
-    if (expected != seg.base + seg.committed)
-      fail(fmt::format("segment {}: ranges end at {:#x}, commits at {:#x}", seg.id, expected, seg.base + seg.committed));
-    if (seg_pieces != seg.pieces) fail(fmt::format("segment {}: {} pieces counted as {}", seg.id, seg_pieces, seg.pieces));
-    pieces += seg_pieces;
-  }
-  for (std::size_t i = 0; i < 2; ++i)
-    if (pools_[i].free.size() != free_ranges[i])
-      fail(fmt::format("pool {} indexes {} free ranges, segments have {}", i, pools_[i].free.size(), free_ranges[i]));
-  if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ || physical != physical_)
-    fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces {}/{}, physical {}/{}", reserved,
-                     reserved_, committed, committed_, used, used_, pieces, pieces_out_, physical, physical_));
 }
 
 }  // namespace refpool::detail

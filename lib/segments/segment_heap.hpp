@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <refpool/backend.hpp>
@@ -15,45 +16,10 @@
 #include "free_index.hpp"
 #include "piece.hpp"
 #include "segment.hpp"
+#include "segment_options.hpp"
 #include "stream_set.hpp"
 
 namespace refpool::detail {
-
-/// Tunables of a segment_heap, with their defaults and reasons (docs/segments.md has the
-/// measurements). Every size is in bytes.
-struct segment_heap_options {
-  /// Pieces are multiples of this (raised to the backend's alignment if that is larger). 512 as
-  /// in PyTorch: a 1-byte request costs 512 B, and the unit keeps free ranges few.
-  std::size_t piece_granularity = default_piece_unit;
-  /// Requests up to this size are small and come from the small pool, so that small pieces,
-  /// which often live long (parameters, scalars), never pin a large segment.
-  std::size_t small_max = std::size_t{1} << 20;
-
-  /// Without virtual memory: size of a small-pool segment (one backend allocation).
-  std::size_t small_segment = std::size_t{2} << 20;
-  /// Without virtual memory: large requests below half of this share segments of this size;
-  /// larger ones get a segment of their size rounded up to `segment_rounding`. (PyTorch's
-  /// kLargeBuffer and kMinLargeAlloc.)
-  std::size_t large_segment = std::size_t{20} << 20;
-  std::size_t segment_rounding = std::size_t{2} << 20;
-
-  /// Grow segments through resource::address_space() when the backend has one.
-  bool use_virtual_memory = true;
-  /// With virtual memory: address space reserved for a pool's growable segment. 256 GiB is more
-  /// than any single GPU has today (H200 141 GB, MI300X 192 GB), so a pool has one segment, and
-  /// far below the 47-bit address space of a process. Reserving commits no memory.
-  std::size_t reserve_bytes = std::size_t{256} << 30;
-  /// With virtual memory: requests of at least this size get a segment of their own (one
-  /// reservation, one commit), which trim can give back whole; inside the growable segment
-  /// only its free tail can be decommitted.
-  std::size_t own_segment_min = std::size_t{256} << 20;
-  /// With virtual memory: a growable segment grows by at least 1/growth_divisor of what it has
-  /// committed (at most max_growth_step), so a heap of N bytes made by small requests costs
-  /// O(log N) commits, not N / granularity driver calls (2,400 for 4.8 GB of 1 MiB pieces on
-  /// CUDA). Memory held ahead of need stays below 1/growth_divisor of the heap (1.6%).
-  std::size_t growth_divisor = 64;
-  std::size_t max_growth_step = std::size_t{64} << 20;
-};
 
 /// Where a piece may lie with respect to physical allocations (virtual-memory commits).
 enum class placement : std::uint8_t {
@@ -78,7 +44,7 @@ struct segment_heap_stats {
   std::uint64_t carves = 0;
   std::uint64_t splits = 0;          ///< carves that left a free remainder
   std::uint64_t merges = 0;          ///< free neighbours joined by give_back
-  std::uint64_t grows = 0;           ///< commits at the end of an existing segment
+  std::uint64_t grows = 0;           ///< commits into an existing segment (its tail or a hole)
   std::uint64_t segments_made = 0;
   std::uint64_t segments_released = 0;
   std::uint64_t decommits = 0;       ///< commits given back by trim (whole segments included)
@@ -144,9 +110,11 @@ class segment_heap {
   [[nodiscard]] bool small(std::size_t bytes) const noexcept { return bytes <= options_.small_max; }
 
   /// Gives memory back to the backend until at most `keep_bytes` are free or nothing more can
-  /// go: whole free segments first (least recently used first), then free tails of
-  /// virtual-memory segments, one commit at a time. Returns the bytes given back. Throws only
-  /// what resource::order_streams throws (before changing anything for that segment).
+  /// go: whole free segments first (least recently used first), then every commit of a
+  /// virtual-memory segment that lies entirely in a free range, wherever it is (least recently
+  /// used segment first, highest address first), leaving an uncommitted hole. Returns the
+  /// bytes given back. Throws only what resource::order_streams throws, or std::bad_alloc for a
+  /// range record, each before changing anything for that segment or range.
   std::size_t trim(std::size_t keep_bytes = 0);
   /// Gives every segment back. Throws `invalid_argument` (and changes nothing) if a piece is out.
   void release_all();
@@ -167,9 +135,13 @@ class segment_heap {
 
   /// Every range of every segment, in segment order then address order (for tests).
   [[nodiscard]] std::vector<range_view> ranges() const;
-  /// Checks every invariant (ranges tile each segment's committed bytes, no two free
-  /// neighbours, the free indexes hold exactly the free ranges, counters match); throws
-  /// std::logic_error naming the first violation. For tests.
+  /// Every commit of every segment as (address, bytes), in segment order then address order;
+  /// a backend allocation counts as one (for tests).
+  [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> commits() const;
+  /// Checks every invariant (commits inside their reservation and apart, ranges tile exactly
+  /// the committed bytes, no two free ranges touch, the free indexes hold exactly the free
+  /// ranges, counters match, and after a trim that could give back no more, no free segment and
+  /// no free whole commit); throws std::logic_error naming the first violation. For tests.
   void check() const;
 
  private:
@@ -191,19 +163,35 @@ class segment_heap {
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.
-  struct growth {
-    range* grown = nullptr;  ///< null: out of memory, or no room (below)
-    bool no_room = false;    ///< the reservation is full
-  };
   range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream);
-  growth grow_in_place(pool_state& pool, segment& seg, std::size_t bytes, placement where);
-  range* new_vm_segment(pool_state& pool, pool_id id, std::size_t reserve, std::size_t commit, bool growable);
+  struct vm_growth {
+    range* grown = nullptr;         ///< null: out of memory, or no address space (below)
+    bool no_address_space = false;  ///< the reservation was refused
+  };
+  vm_growth new_vm_segment(pool_state& pool, pool_id id, std::size_t reserve, std::size_t commit, bool growable);
+  range* new_growable_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream);
   range* new_plain_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream);
   range* adopt(pool_state& pool, pool_id id, std::unique_ptr<segment> seg, std::unique_ptr<range> whole) noexcept;
 
+  // Holes (segment_holes.cpp): uncommitted address space of a virtual-memory segment between
+  // commits or after the last one, with the ranges around it.
+  struct hole {
+    segment* seg;
+    std::size_t start, end;   ///< offsets from the segment's base
+    range* prev;              ///< the range ending at `start` (any state), or null
+    range* next;              ///< the range starting at `end` (any state), or null
+    std::size_t commit_at;    ///< where the request's commit would go (an offset)
+    std::size_t commit_bytes; ///< what the request needs committed there
+    bool growable_tail;       ///< the tail of the pool's growable segment: it grows by steps
+  };
+  [[nodiscard]] std::optional<hole> best_hole(pool_id id, std::size_t bytes, placement where) const;
+  void consider_holes(const segment& seg, std::size_t bytes, placement where, std::optional<hole>& best) const;
+  range* fill_hole(pool_state& pool, const hole& h);
+
   // Trim (segment_trim.cpp).
   std::size_t release_segment(segment& seg);
-  std::size_t decommit_last_commit(segment& seg) noexcept;
+  std::size_t decommit_free_commits(std::size_t keep_bytes);
+  std::size_t decommit_inside(range& r, std::size_t keep_bytes);
   void drop_segment(segment& seg) noexcept;
 
   backend backend_;
@@ -226,6 +214,12 @@ class segment_heap {
   std::size_t used_ = 0;
   std::size_t pieces_out_ = 0;
   std::size_t physical_ = 0;
+  /// Address space a new growable segment reserves: options_.reserve_bytes, halved (for the
+  /// heap's life) each time the backend refuses it (docs/design.md, "Virtual memory failure rules").
+  std::size_t reservation_ = 0;
+  /// The last trim could give back no more, and no piece came back since: no segment is free and
+  /// no commit lies entirely in a free range (check() verifies it).
+  bool fully_trimmed_ = false;
   segment_heap_stats counts_;  ///< the event counters (carves .. trimmed_bytes)
 };
 

@@ -1,5 +1,8 @@
 // segment_heap trim: whole free segments go back to the backend (deallocated, or decommitted
-// and released), then free tails of virtual-memory segments are decommitted commit by commit.
+// and released), then every commit that lies entirely in a free range is decommitted, wherever
+// it is in its segment, leaving an uncommitted hole that growth may commit again.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <refpool/error.hpp>
@@ -7,6 +10,7 @@
 #include "access.hpp"
 #include "cache/backend_state.hpp"
 #include "poison.hpp"
+#include "range_list.hpp"
 #include "segment_heap.hpp"
 
 namespace refpool::detail {
@@ -15,23 +19,96 @@ std::size_t segment_heap::trim(std::size_t keep_bytes) {
   std::size_t given = 0;
   while (committed_ - used_ > keep_bytes) {
     segment* whole = nullptr;
-    segment* tail = nullptr;
-    for (const auto& seg : segments_) {
-      if (seg->pieces == 0) {
-        if (whole == nullptr || seg->last_use < whole->last_use) whole = seg.get();
-      } else if (seg->virtual_memory && seg->last->free && seg->commit_ends.size() > 1) {
-        // Only a commit the free tail covers entirely can go.
-        const std::size_t last_commit_start = seg->commit_ends[seg->commit_ends.size() - 2];
-        if (seg->last->address <= seg->base + last_commit_start && (tail == nullptr || seg->last_use < tail->last_use))
-          tail = seg.get();
-      }
+    for (const auto& seg : segments_)
+      if (seg->pieces == 0 && (whole == nullptr || seg->last_use < whole->last_use)) whole = seg.get();
+    if (whole == nullptr) break;
+    given += release_segment(*whole);
+  }
+  if (committed_ - used_ > keep_bytes) given += decommit_free_commits(keep_bytes);
+  // Either it met `keep_bytes`, or nothing it could give back is left (check() verifies that).
+  fully_trimmed_ = keep_bytes == 0 || committed_ - used_ > keep_bytes;
+  return given;
+}
+
+std::size_t segment_heap::decommit_free_commits(std::size_t keep_bytes) {
+  if (vm_ == nullptr) return 0;
+  // Only a free range of a granule or more can hold a whole commit.
+  std::vector<range*> candidates;
+  for (const pool_state& pool : pools_)
+    for (auto it = pool.free.lower_bound(vm_->granularity()); it != pool.free.end(); ++it)
+      if ((*it)->owner->virtual_memory()) candidates.push_back(*it);
+  // The least recently used segment first, and in it the highest address first (the lower
+  // addresses, which best fit prefers, stay committed longest).
+  std::sort(candidates.begin(), candidates.end(), [](const range* a, const range* b) {
+    return a->owner->last_use != b->owner->last_use ? a->owner->last_use < b->owner->last_use : a->address > b->address;
+  });
+  std::size_t given = 0;
+  for (range* r : candidates) {
+    if (committed_ - used_ <= keep_bytes) break;
+    given += decommit_inside(*r, keep_bytes);
+  }
+  return given;
+}
+
+std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
+  segment& seg = *r.owner;
+  const std::size_t start = r.address - seg.base;
+  const std::size_t end = start + r.bytes;
+  const auto& commits = seg.vm.commits();
+  // The commits inside [start, end): consecutive, since a range lies in one run of commits.
+  std::size_t first = seg.vm.first_ending_after(start);
+  if (first < commits.size() && commits[first].offset < start) ++first;
+  std::size_t last = first;
+  while (last < commits.size() && commits[last].end() <= end) ++last;
+  if (first == last) return 0;
+  // Records first, so that nothing below can fail: the part after the hole may need a range.
+  free_index& index = pools_[static_cast<std::size_t>(seg.pool)].free;
+  index.reserve(2);
+  auto rest = std::make_unique<range>();
+
+  index.erase(&r);
+  const std::size_t hole_end = commits[last - 1].end();
+  std::size_t hole_start = hole_end;
+  std::size_t given = 0;
+  for (std::size_t i = last; i-- > first && committed_ - used_ > keep_bytes;) {
+    const vm_region::commit_record c = commits[i];
+    if (host_visible_) unpoison_bytes(seg.base + c.offset, c.bytes);  // the next mapping reuses them
+    seg.vm.decommit(i);  // one physical allocation, whole
+    hole_start = c.offset;
+    committed_ -= c.bytes;
+    given += c.bytes;
+    --physical_;
+    ++counts_.decommits;
+    counts_.trimmed_bytes += c.bytes;
+  }
+  if (given == 0) {  // the caller saw bytes to give back: not reached
+    index.insert(&r);
+    return 0;
+  }
+  // Decommitted bytes have no work in flight (decommit waits for it); what is left keeps the
+  // range's streams.
+  const bool keeps_before = hole_start > start;
+  const bool keeps_after = hole_end < end;
+  if (keeps_after) {
+    range* after = &r;
+    if (keeps_before) {
+      after = rest.release();
+      after->owner = &seg;
+      after->free = true;
+      after->streams = r.streams;
+      link_after(seg, &r, after);
     }
-    if (whole != nullptr)
-      given += release_segment(*whole);
-    else if (tail != nullptr)
-      given += decommit_last_commit(*tail);
-    else
-      break;
+    after->address = seg.base + hole_end;
+    after->bytes = end - hole_end;
+    index.insert(after);
+  }
+  if (keeps_before) {
+    r.bytes = hole_start - start;
+    index.insert(&r);
+  }
+  if (!keeps_before && !keeps_after) {
+    unlink(seg, &r);
+    keep_spare(&r);
   }
   return given;
 }
@@ -46,27 +123,24 @@ void segment_heap::release_all() {
 std::size_t segment_heap::release_segment(segment& seg) {
   range* r = seg.first;  // the only range: the segment has no piece, and free neighbours merge
   stream_ref last_stream{};
-  if (!seg.virtual_memory && !r->streams.any() && !r->streams.empty()) {
+  if (!seg.virtual_memory() && !r->streams.any() && !r->streams.empty()) {
     // A stream-ordered free runs on one stream; make it wait for the others first.
     last_stream = *r->streams.begin();
     for (const stream_ref s : r->streams)
       if (!(s == last_stream)) backend_.underlying().order_streams(s, last_stream);
   }
-  const std::size_t bytes = seg.committed;
-  pools_[static_cast<std::size_t>(seg.pool)].free.erase(r);
-  if (host_visible_) unpoison_bytes(seg.base, bytes);  // the backend (or a later mapping) reuses them
-  if (seg.virtual_memory) {
-    // Decommit commit by commit: each was one physical allocation, and a GPU unmaps whole ones.
-    std::size_t end = seg.committed;
-    for (std::size_t i = seg.commit_ends.size(); i-- > 0;) {
-      const std::size_t start = i == 0 ? 0 : seg.commit_ends[i - 1];
-      vm_->decommit(reinterpret_cast<void*>(seg.base + start), end - start);
-      end = start;
-      ++counts_.decommits;
-    }
-    vm_->release(reinterpret_cast<void*>(seg.base), seg.reserved);
-    physical_ -= seg.commit_ends.size();
-    access::state(backend_)->outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  const std::size_t bytes = seg.committed();
+  // A free segment may still have holes: every range it has is free, and none touch.
+  for (range* q = seg.first; q != nullptr; q = q->next) {
+    pools_[static_cast<std::size_t>(seg.pool)].free.erase(q);
+    if (host_visible_) unpoison_bytes(q->address, q->bytes);  // the backend (or a later mapping) reuses them
+  }
+  if (seg.virtual_memory()) {
+    // Each commit goes whole (a GPU unmaps whole mappings), then the reservation.
+    const std::size_t commits = seg.vm.commits().size();
+    seg.vm.release();
+    physical_ -= commits;
+    counts_.decommits += commits;
   } else {
     access::state(backend_)->deallocate(reinterpret_cast<void*>(seg.base), seg.reserved, last_stream);
     --physical_;
@@ -76,32 +150,6 @@ std::size_t segment_heap::release_segment(segment& seg) {
   counts_.trimmed_bytes += bytes;
   ++counts_.segments_released;
   drop_segment(seg);
-  return bytes;
-}
-
-std::size_t segment_heap::decommit_last_commit(segment& seg) noexcept {
-  range* last = seg.last;
-  const std::size_t start = seg.commit_ends[seg.commit_ends.size() - 2];
-  const std::size_t bytes = seg.committed - start;
-  free_index& index = pools_[static_cast<std::size_t>(seg.pool)].free;
-  index.erase(last);
-  if (host_visible_) unpoison_bytes(seg.base + start, bytes);
-  vm_->decommit(reinterpret_cast<void*>(seg.base + start), bytes);
-  seg.committed = start;
-  seg.commit_ends.pop_back();
-  committed_ -= bytes;
-  --physical_;
-  ++counts_.decommits;
-  counts_.trimmed_bytes += bytes;
-  access::state(backend_)->outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  last->bytes -= bytes;
-  if (last->bytes != 0) {
-    index.insert(last);
-  } else {  // the free tail was exactly the commit; a piece ends the segment now
-    seg.last = last->prev;
-    seg.last->next = nullptr;
-    delete last;
-  }
   return bytes;
 }
 

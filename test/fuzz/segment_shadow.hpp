@@ -12,6 +12,8 @@
 //   - every live piece still carries its owner's stamps (checked before it is dropped, and on
 //     verify operations);
 //   - requests fail only with out_of_memory, or backend_error carrying the injected code;
+//   - the heaps' own invariants (check_segments): ranges tile the committed bytes around the
+//     holes trims leave, and a trim that gave back all it could left no free whole commit;
 //   - at the end, nothing is left with the backend.
 #pragma once
 

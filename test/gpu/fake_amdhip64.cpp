@@ -17,7 +17,9 @@
 // Environment: REFPOOL_FAKE_HIP_VERSION (default by SONAME: 5.7, 6.4, 7.0), REFPOOL_FAKE_HIP_DEVICES
 // (0: hipErrorNoDevice), REFPOOL_FAKE_HIP_MEMORY (bytes per device, 1 GiB), REFPOOL_FAKE_HIP_ARCH
 // (gcnArchName, "gfx90a:sramecc+:xnack-"), REFPOOL_FAKE_HIP_STICKY (0/1), REFPOOL_FAKE_HIP_VMM (0
-// hides virtual memory support), REFPOOL_FAKE_HIP_FATAL (1: violations abort).
+// hides virtual memory support), REFPOOL_FAKE_HIP_FATAL (1: violations abort). A test makes the
+// virtual-memory calls (hipMemAddressReserve, hipMemCreate, hipMemMap, hipMemSetAccess,
+// hipMemUnmap, hipMemRelease, hipMemAddressFree) fail on command: control::fail_calls.
 #define __HIP_DISABLE_CPP_FUNCTIONS__
 #include <hip/hip_runtime_api.h>
 #include <sys/mman.h>
@@ -123,6 +125,7 @@ struct runtime_state {
   std::map<std::uintptr_t, region> regions;          // allocations and mapped pieces
   std::map<std::uintptr_t, std::size_t> reservations;  // virtual address ranges
   std::set<const void*> streams, events, modules, functions, physicals;
+  std::map<std::string, std::pair<hipError_t, int>> faults;  // entry point -> (error, calls left)
   std::vector<fake_hip::call> calls;
   std::vector<std::string> violations;
 };
@@ -166,6 +169,13 @@ class entry {
     return result;
   }
   bool device_ok(int device) const { return device >= 0 && device < s.devices; }
+  // The error a test asked this entry point to fail with (control::fail_calls), or hipSuccess.
+  hipError_t injected() {
+    const auto it = s.faults.find(name_);
+    if (it == s.faults.end() || it->second.second == 0) return hipSuccess;
+    --it->second.second;
+    return it->second.first;
+  }
   // A stream argument: null (the device's null stream) or a live stream.
   bool stream_ok(hipStream_t stream) {
     if (stream == nullptr) return true;
@@ -287,6 +297,10 @@ FAKE_API const fake_hip::control* refpool_fake_hip_control() {
       [](int device) {
         std::lock_guard lock(state().mutex);
         return state().used.at(static_cast<std::size_t>(device));
+      },
+      [](const char* name, int error, int count) {
+        std::lock_guard lock(state().mutex);
+        state().faults[name] = {static_cast<hipError_t>(error), count};
       },
   };
   return &instance;
@@ -654,6 +668,7 @@ FAKE_API hipError_t hipMemGetAllocationGranularity(size_t* granularity, const hi
 
 FAKE_API hipError_t hipMemAddressReserve(void** ptr, size_t bytes, size_t alignment, void*, unsigned long long) {
   entry e("hipMemAddressReserve");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   if (!e.s.vmm) return e.done(hipErrorNotSupported);
   alignment = std::max(alignment, vmm_granularity);
   if (bytes == 0 || bytes % vmm_granularity != 0) return e.done(hipErrorInvalidValue);
@@ -671,6 +686,7 @@ FAKE_API hipError_t hipMemAddressReserve(void** ptr, size_t bytes, size_t alignm
 
 FAKE_API hipError_t hipMemAddressFree(void* ptr, size_t bytes) {
   entry e("hipMemAddressFree");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   const auto it = e.s.reservations.find(at);
   if (it == e.s.reservations.end() || it->second != bytes) return e.done(hipErrorInvalidValue, ptr);
@@ -685,6 +701,7 @@ FAKE_API hipError_t hipMemAddressFree(void* ptr, size_t bytes) {
 FAKE_API hipError_t hipMemCreate(hipMemGenericAllocationHandle_t* handle, size_t bytes,
                                  const hipMemAllocationProp* prop, unsigned long long) {
   entry e("hipMemCreate");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   if (const hipError_t r = check_prop(e, prop); r != hipSuccess) return e.done(r);
   if (bytes == 0 || bytes % vmm_granularity != 0) return e.done(hipErrorInvalidValue);
   const int device = reinterpret_cast<const allocation_prop_53*>(prop)->location.id;
@@ -708,6 +725,7 @@ void free_physical_if_unused(entry& e, physical_object* p) {
 
 FAKE_API hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
   entry e("hipMemRelease");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   auto* p = reinterpret_cast<physical_object*>(handle);
   if (e.s.physicals.count(p) == 0 || p->released) return e.done(hipErrorInvalidValue, handle);
   p->released = true;  // the memory stays while mapped
@@ -718,6 +736,7 @@ FAKE_API hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
 FAKE_API hipError_t hipMemMap(void* ptr, size_t bytes, size_t offset, hipMemGenericAllocationHandle_t handle,
                               unsigned long long) {
   entry e("hipMemMap");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   auto* p = reinterpret_cast<physical_object*>(handle);
   if (e.s.physicals.count(p) == 0 || p->released || offset != 0 || bytes != p->bytes)
     return e.done(hipErrorInvalidValue, ptr);
@@ -738,6 +757,7 @@ FAKE_API hipError_t hipMemMap(void* ptr, size_t bytes, size_t offset, hipMemGene
 
 FAKE_API hipError_t hipMemSetAccess(void* ptr, size_t bytes, const hipMemAccessDesc* desc, size_t count) {
   entry e("hipMemSetAccess");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   if (count != 1 || desc->location.type != hipMemLocationTypeDevice || !e.device_ok(desc->location.id))
     return e.done(hipErrorInvalidValue, ptr);
@@ -755,6 +775,7 @@ FAKE_API hipError_t hipMemSetAccess(void* ptr, size_t bytes, const hipMemAccessD
 
 FAKE_API hipError_t hipMemUnmap(void* ptr, size_t bytes) {
   entry e("hipMemUnmap");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   const auto it = e.s.regions.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == e.s.regions.end() || it->second.physical == nullptr || it->second.bytes != bytes)
     return e.done(hipErrorInvalidValue, ptr);  // a whole mapping only, as CUDA's cuMemUnmap

@@ -19,6 +19,7 @@
 #include "runtime_under_test.hpp"
 
 using namespace refpool;
+using fake_hip::count_calls;
 using fake_hip::fake;
 using fake_hip::symbol;
 using gpu_test::download;
@@ -35,11 +36,6 @@ bool all_equal(const std::vector<std::uint8_t>& bytes, std::uint8_t value) {
 // A code object for the fake's device (gfx90a) with the fake's host kernel fill_u8.
 const std::string fill_module =
     fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a", fake_hip::kernels({"fill_u8"})}});
-
-std::size_t count_calls(const std::vector<fake_hip::call>& calls, std::string_view name) {
-  return static_cast<std::size_t>(
-      std::count_if(calls.begin(), calls.end(), [&](const fake_hip::call& c) { return c.name == name; }));
-}
 
 // These tests count runtime calls per block: one hipMalloc per miss, as with segments off (with
 // segments, misses carve pieces out of hipMemCreate commits; see "virtual memory" below).

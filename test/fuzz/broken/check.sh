@@ -1,6 +1,7 @@
 #!/bin/sh
 # Usage: test/fuzz/broken/check.sh [SCRATCH]. Shows that the fuzzer catches each deliberately
-# broken variant of lib/plan (test/fuzz/broken/*.patch, one bug each; docs/design.md lists them).
+# broken variant of lib/plan and lib/segments (test/fuzz/broken/*.patch, one bug each;
+# docs/design.md lists them).
 # In a scratch copy of the committed tree (SCRATCH, default build-broken/ under the repository)
 # it applies one patch at a time, rebuilds the corpus replay and runs it on the corpus plus 500
 # pseudo-random inputs, as test 'fuzz-corpus' does: each variant must end in a MISMATCH (or a

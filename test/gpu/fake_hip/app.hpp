@@ -4,8 +4,12 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "control.hpp"
 
@@ -28,5 +32,10 @@ F* symbol(const char* name) {
 
 /// What the fake recorded.
 inline const control& fake() { return *symbol<const control*()>("refpool_fake_hip_control")(); }
+
+/// How many of `calls` went to entry point `name` ("hipMalloc").
+inline std::size_t count_calls(const std::vector<call>& calls, std::string_view name) {
+  return static_cast<std::size_t>(std::count_if(calls.begin(), calls.end(), [&](const call& c) { return c.name == name; }));
+}
 
 }  // namespace fake_hip

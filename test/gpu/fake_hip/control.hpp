@@ -27,6 +27,9 @@ struct control {
   void (*clear_violations)();
   /// Device memory (plain, stream-ordered and physical virtual-memory allocations) in use.
   std::size_t (*device_bytes_in_use)(int device);
+  /// Makes the next `count` calls of entry point `name` ("hipMemMap") return `error` (a
+  /// hipError_t) and do nothing else; a count of 0 ends it. For failure tests of every call.
+  void (*fail_calls)(const char* name, int error, int count);
 };
 
 }  // namespace fake_hip
