@@ -373,7 +373,8 @@ REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
 REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options);
 
 /// Sets the framework allocator's options. Only before its first allocation (or its cache was
-/// asked for): CONFIG afterwards, naming what is in use. Errors: INVALID_ARGUMENT, CONFIG.
+/// asked for): CONFIG afterwards, naming what is in use. Every field is checked before any is
+/// taken: a rejected call leaves the allocator as it was. Errors: INVALID_ARGUMENT, CONFIG.
 REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options);
 
 /// A new handle to the framework allocator's cache, for steps, stats and reclaim (made at first

@@ -25,6 +25,8 @@ class framework_allocator {
     return *made;
   }
 
+  // Validates every field before it changes anything, so a rejected configure leaves the
+  // allocator exactly as it was (issue 23 row 5: a rejected runtime used to stick).
   void configure(const refpool_allocator_options& options) {
     std::lock_guard guard(mutex_);
     if (cache_ != nullptr)
@@ -41,8 +43,9 @@ class framework_allocator {
       fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.kind is {}; allowed: "
                                              "REFPOOL_MEMORY_DEVICE (1), REFPOOL_MEMORY_DEVICE_ASYNC (2)",
                                              static_cast<int>(options.kind)));
-    options_ = options;
-    cache_options_ = from_c(options.cache);  // throws config_error for a bad rounding
+    refpool::cache_options checked = from_c(options.cache);  // throws config_error for a bad rounding or segments
+    options_ = options;  // nothing below throws
+    cache_options_ = checked;
     configured_ = true;
   }
 

@@ -20,7 +20,7 @@ def configure(runtime="cuda", kind="device", rounding=None, rounding_parameter=N
               segments=None):
     """Sets the allocator's runtime ("cuda", "hip"), memory kind ("device", "device_async") and cache
     options (those not given come from REFPOOL_CONF; segments: "auto", "on", "off"). Only before the
-    allocator's first allocation: ConfigError after."""
+    allocator's first allocation: ConfigError after. A rejected call changes nothing."""
     options = t.AllocatorOptions()
     lib().call("refpool_allocator_options_init", ctypes.byref(options))
     options.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")

@@ -131,3 +131,25 @@ def test_allocator_configuration_is_checked():
     """)
     assert result.stdout.split() == ["REFPOOL_ERROR_CONFIG"] * 2 or \
         result.stdout.split() == ["REFPOOL_ERROR_INVALID_ARGUMENT"] * 2, result.stdout
+
+
+def test_a_rejected_configuration_changes_nothing():
+    # Issue 23 row 5: a configure refused by the C side (a step of 0 bytes) named a runtime (HIP or
+    # CUDA, neither usable on the CI machine) that stuck, and every later allocation failed with
+    # BackendUnavailableError. The host configuration made before must stay in force.
+    result = run_python("""
+        import ctypes
+        import refpool
+        refpool.allocator.configure(runtime="host")
+        for runtime, kind in (("hip", "device"), ("cuda", "device_async")):
+            try:
+                refpool.allocator.configure(runtime=runtime, kind=kind, rounding="step", rounding_parameter=0)
+                print("accepted")
+            except refpool.ConfigError as e:
+                print("refused:", "rounding step" in str(e))
+        address = refpool.allocator.malloc(3000)
+        ctypes.memset(address, 0x5A, 3000)  # host memory: the host runtime stayed
+        print("allocated:", ctypes.string_at(address, 3) == b"ZZZ")
+        refpool.allocator.free(address)
+    """)
+    assert result.stdout.splitlines() == ["refused: True", "refused: True", "allocated: True"], result.stdout

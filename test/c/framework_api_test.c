@@ -242,10 +242,35 @@ static void test_framework_allocator(void) {
   EXPECT(refpool_allocator_configure(&options), REFPOOL_ERROR_CONFIG);
   options.runtime = REFPOOL_RUNTIME_HOST;
   OK(refpool_allocator_configure(&options));
+
+  /* A rejected configure changes nothing (issue 23 row 5): here a valid runtime with an invalid
+   * rounding, then a valid runtime with invalid segments. The host configuration above stays; had
+   * the rejected runtime (HIP, CUDA: neither usable on the CI machine) stuck, this allocation
+   * would fail with BACKEND_UNAVAILABLE. */
+  refpool_allocator_options rejected = options;
+  rejected.runtime = REFPOOL_RUNTIME_HIP;
+  rejected.cache.rounding = REFPOOL_ROUNDING_STEP;
+  rejected.cache.rounding_parameter = 0;
+  EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("rounding step"));
+  rejected = options;
+  rejected.runtime = REFPOOL_RUNTIME_CUDA;
+  rejected.kind = REFPOOL_MEMORY_DEVICE_ASYNC;
+  rejected.cache.segments = (refpool_segments)9;
+  EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("segments"));
+  void* after_rejection = NULL;
+  OK(refpool_allocator_alloc(3000, 0, NULL, &after_rejection)); /* a size no later request has */
+  CHECK(after_rejection != NULL);
+  if (after_rejection != NULL) memset(after_rejection, 1, 3000); /* host memory: the host runtime stayed */
+  OK(refpool_allocator_free(after_rejection));
+
   refpool_cache cache = {0};
   OK(refpool_allocator_cache(&cache));
   EXPECT(refpool_allocator_configure(&options), REFPOOL_ERROR_CONFIG); /* in use now */
   CHECK(error_mentions("already in use"));
+  const uint64_t allocations_before = stat(cache, "backend_allocations"); /* the one after the rejections */
+  CHECK(allocations_before == 1);
 
   /* PyTorch: malloc(size, device, stream), free(ptr, size, device, stream); 0 bytes is NULL. */
   CHECK(refpool_torch_malloc(0, 0, NULL) == NULL);
@@ -263,7 +288,7 @@ static void test_framework_allocator(void) {
     OK(refpool_step_end(begun));
   }
   /* 8 distinct buffers in the first step, none after: every later request was a hit. */
-  CHECK(stat(cache, "backend_allocations") == 8);
+  CHECK(stat(cache, "backend_allocations") - allocations_before == 8);
   CHECK(stat(cache, "hits") == 16);
   CHECK(stat(cache, "live_blocks") == 0 && stat(cache, "escapes") == 0);
 
@@ -271,7 +296,7 @@ static void test_framework_allocator(void) {
   void* c = refpool_cupy_malloc(NULL, 8192, 0);
   CHECK(c != NULL);
   refpool_cupy_free(NULL, c, 0);
-  CHECK(stat(cache, "backend_allocations") == 8); /* CuPy's request hit PyTorch's idle buffer */
+  CHECK(stat(cache, "backend_allocations") - allocations_before == 8); /* CuPy's request hit PyTorch's idle buffer */
   void* bad = refpool_cupy_malloc(NULL, 16, -1);
   CHECK(bad == NULL && error_mentions("device -1"));
 
