@@ -63,13 +63,12 @@ def reclaim(keep_bytes=0):
 def malloc(nbytes, device=0, stream=None):
     """`nbytes` on `device` from the allocator (any thread): the address, 0 for 0 bytes."""
     out = ctypes.c_void_p()
-    lib().call("refpool_allocator_alloc", nbytes, device, ctypes.c_void_p(stream_pointer(stream)),
-               ctypes.byref(out))
+    lib().call("refpool_allocator_alloc", nbytes, device, stream_pointer(stream), ctypes.byref(out))
     return out.value or 0
 
 
 def free(address):
     """Gives back an address from malloc(), from any thread."""
-    lib().call("refpool_allocator_free", ctypes.c_void_p(address or None))
+    lib().call("refpool_allocator_free", address)
 
 __all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free"]

@@ -49,8 +49,8 @@ class Cache(Owned):
         """`nbytes` from `backend` through this cache, from any thread, no scope needed: the address
         (0 for 0 bytes). Give it back with refpool.free(address)."""
         out = ctypes.c_void_p()
-        lib().call("refpool_cache_malloc", self.handle, backend.handle, nbytes,
-                   ctypes.c_void_p(stream_pointer(stream)), ctypes.byref(out))
+        lib().call("refpool_cache_malloc", self.handle, backend.handle, nbytes, stream_pointer(stream),
+                   ctypes.byref(out))
         return out.value or 0
 
     def stats(self):
