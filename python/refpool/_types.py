@@ -55,6 +55,11 @@ class AllocatorOptions(Checked):
     _fields_ = [("runtime", c_int), ("kind", c_int), ("cache", CacheOptions)]
 
 
+class PoolId(Checked):
+    """refpool_pool_id: a private pool's name (PyTorch's MempoolId_t)."""
+    _fields_ = [("first", c_uint64), ("second", c_uint64)]
+
+
 class BufferInfo(Structure):
     _fields_ = [("rank", c_size_t), ("element_count", c_size_t), ("element_size", c_size_t), ("bytes", c_size_t),
                 ("is_freed", c_int)]

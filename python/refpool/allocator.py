@@ -71,4 +71,37 @@ def free(address):
     """Gives back an address from malloc(), from any thread."""
     lib().call("refpool_allocator_free", address)
 
-__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free"]
+def set_device_limit(device, limit_bytes):
+    """Caps the bytes the allocator holds from `device` (its cache and private pools); None: no cap.
+    A request past the cap raises OutOfMemoryError once idle blocks are reclaimed."""
+    lib().call("refpool_allocator_set_device_limit", device, t.UNLIMITED if limit_bytes is None else limit_bytes)
+
+
+def empty_cache():
+    """Frees the allocator cache's idle blocks to the driver; private pools keep theirs."""
+    lib().call("refpool_allocator_empty_cache")
+
+
+def record_stream(address, stream):
+    """Marks the buffer at `address` (from this allocator) as used on `stream` too."""
+    lib().call("refpool_allocator_record_stream", address, stream_pointer(stream))
+
+
+def pool_ids():
+    """The live private pools (CUDA graph pools), as (first, second) tuples."""
+    count = ctypes.c_size_t()
+    lib().call("refpool_allocator_pool_ids", None, 0, ctypes.byref(count))
+    ids = (t.PoolId * max(count.value, 1))()
+    lib().call("refpool_allocator_pool_ids", ids, count.value, ctypes.byref(count))
+    return [(ids[i].first, ids[i].second) for i in range(min(count.value, len(ids)))]
+
+
+def pool_stats(pool):
+    """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
+    first, second = pool
+    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second))) as pool_cache:
+        return pool_cache.stats()
+
+
+__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free", "set_device_limit",
+           "empty_cache", "record_stream", "pool_ids", "pool_stats"]

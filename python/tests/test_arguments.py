@@ -95,11 +95,14 @@ SIZE_ENTRIES = {
     "allocator.malloc(nbytes)": lambda w, v: refpool.allocator.malloc(v),
     "allocator.reclaim(keep_bytes)": lambda w, v: refpool.allocator.reclaim(v),
     "allocator.step(uncached_warmup_entries)": lambda w, v: refpool.allocator.step(uncached_warmup_entries=v),
+    "allocator.set_device_limit(limit_bytes)": lambda w, v: refpool.allocator.set_device_limit(0, v),
+    "allocator.pool_stats(pool)": lambda w, v: refpool.allocator.pool_stats((v, 0)),
 }
 INT_ENTRIES = {
     "Backend.cuda(device)": lambda w, v: refpool.Backend.cuda(v),
     "Backend.hip(device)": lambda w, v: refpool.Backend.hip(v),
     "allocator.malloc(device)": lambda w, v: refpool.allocator.malloc(16, device=v),
+    "allocator.set_device_limit(device)": lambda w, v: refpool.allocator.set_device_limit(v, 4096),
 }
 ADDRESS_ENTRIES = {
     "free(address)": lambda w, v: refpool.free(v),
@@ -110,6 +113,8 @@ ADDRESS_ENTRIES = {
     "Buffer.record_stream(stream)": lambda w, v: w.buffer.record_stream(v),
     "Backend.retire_stream(stream)": lambda w, v: w.backend.retire_stream(v),
     "allocator.malloc(stream)": lambda w, v: refpool.allocator.malloc(16, stream=v),
+    "allocator.record_stream(address)": lambda w, v: refpool.allocator.record_stream(v, None),
+    "allocator.record_stream(stream)": lambda w, v: refpool.allocator.record_stream(4096, v),
 }
 
 
@@ -125,7 +130,8 @@ def check_refused(world, call, value, expected):
 @pytest.mark.parametrize("entry", SIZE_ENTRIES)
 def test_sizes_outside_size_t_are_refused_before_c(world, entry, value, expected):
     if value is None and entry in ("Cache(max_idle_bytes)", "Cache(rounding_parameter)", "Cache.set_max_idle_bytes",
-                                   "allocator.configure(max_idle_bytes)", "allocator.configure(rounding_parameter)"):
+                                   "allocator.configure(max_idle_bytes)", "allocator.configure(rounding_parameter)",
+                                   "allocator.set_device_limit(limit_bytes)"):
         pytest.skip("None means 'the default' here")
     check_refused(world, SIZE_ENTRIES[entry], value, expected)
 
