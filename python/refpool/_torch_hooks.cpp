@@ -7,10 +7,12 @@
 // c10::OutOfMemoryError. Everything else is librefpool's C API, whose functions Python hands over
 // once (refpool_torch_hooks_bind), so this library links nothing of refpool and uses the very
 // librefpool the refpool package loaded.
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
-#if __has_include(<torch/csrc/cuda/CUDAPluggableAllocator.h>)
+// The loader retries with REFPOOL_NO_PLUGGABLE_HEADER should that header not compile outside PyTorch.
+#if !defined(REFPOOL_NO_PLUGGABLE_HEADER) && __has_include(<torch/csrc/cuda/CUDAPluggableAllocator.h>)
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #define REFPOOL_HAVE_PLUGGABLE_HEADER 1
 #endif

@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import os
 import threading
+import warnings
 from pathlib import Path
 
 from ._library import lib
@@ -68,17 +69,31 @@ def _built(torch):
         return path
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        from torch.utils import cpp_extension
-        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder), with_cuda=True,
-                           is_python_module=False, extra_cflags=["-O2"], verbose=False)
-    except Exception as e:  # noqa: BLE001 (compiler missing, ninja missing, headers missing: all said below)
-        raise FrameworkError(
-            f"refpool.torch: cannot build refpool's PyTorch hooks ({SOURCE.name}) against torch {torch.__version__} "
-            f"in {folder}: {e}. They need a C++ compiler, ninja and the CUDA headers; "
-            "refpool.torch.install(hooks=False) runs without them (docs/frameworks.md says what is lost)") from None
+        _compile(folder, [])
+    except Exception as first:  # noqa: BLE001 (compiler missing, ninja missing, headers missing: all said below)
+        # Without PyTorch's CUDAPluggableAllocator.h (only compile-time checks of the hook types use it).
+        warnings.warn(f"refpool.torch: building the PyTorch hooks with CUDAPluggableAllocator.h failed ({first}); "
+                      "retrying without it")
+        try:
+            _compile(folder, ["-DREFPOOL_NO_PLUGGABLE_HEADER"])
+        except Exception as e:  # noqa: BLE001
+            raise _build_error(torch, folder, e) from None
     if not path.is_file():
         raise FrameworkError(f"refpool.torch: building the PyTorch hooks left no {path}")
     return path
+
+
+def _compile(folder, flags):
+    from torch.utils import cpp_extension
+    cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder), with_cuda=True,
+                       is_python_module=False, extra_cflags=["-O2", *flags], verbose=False)
+
+
+def _build_error(torch, folder, e):
+    return FrameworkError(
+        f"refpool.torch: cannot build refpool's PyTorch hooks ({SOURCE.name}) against torch {torch.__version__} "
+        f"in {folder}: {e}. They need a C++ compiler, ninja and the CUDA headers; "
+        "refpool.torch.install(hooks=False) runs without them (docs/frameworks.md says what is lost)")
 
 
 def _bind(hooks):
