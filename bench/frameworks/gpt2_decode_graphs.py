@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 BATCHES = (64, 32, 8, 1)
@@ -150,12 +151,13 @@ def compare(args):
         env["REFPOOL_LIBRARY"] = str(Path(args.library).resolve())
     runs = {"own": [], "refpool": []}
     out = Path(args.out)
-    for round_ in range(args.rounds):
-        for mode in runs:
-            path = out.with_name(f"{out.stem}-{mode}-{round_}.json")
-            subprocess.run([sys.executable, __file__, "--mode", mode, "--out", str(path), "--seed", str(args.seed)],
-                           env=env, check=True)
-            runs[mode].append(json.loads(path.read_text()))
+    with tempfile.TemporaryDirectory() as scratch:  # each run's JSON; all of them end up in `out`
+        for round_ in range(args.rounds):
+            for mode in runs:
+                path = Path(scratch) / f"{mode}-{round_}.json"
+                subprocess.run([sys.executable, __file__, "--mode", mode, "--out", str(path), "--seed",
+                                str(args.seed)], env=env, check=True)
+                runs[mode].append(json.loads(path.read_text()))
     table = {}
     for mode, results in runs.items():
         table[mode] = {"pool_bytes": max(r["pool_bytes"] for r in results),
