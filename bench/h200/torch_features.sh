@@ -22,13 +22,13 @@ python3 -W always -c "import torch, refpool.torch as t; from refpool import _tor
 echo "hooks built in $((SECONDS - start)) s"; tail -3 "$out/build.txt"
 part=${PART:-all}
 if [ "$part" = all ] || [ "$part" = bench ]; then
-  timeout ${BENCH_SECONDS:-150} python3 bench/frameworks/gpt2_decode_graphs.py --rounds ${ROUNDS:-2} \
+  timeout ${BENCH_SECONDS:-120} python3 bench/frameworks/gpt2_decode_graphs.py --rounds ${ROUNDS:-2} \
     --out "$out/gpt2_decode_graphs.json" >"$out/gpt2_decode_graphs.txt" 2>&1
   tail -12 "$out/gpt2_decode_graphs.txt"
 fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
-  timeout ${TEST_SECONDS:-330} python3 -m pytest -v -rs -s -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
-    python/tests/test_torch.py python/tests/test_entry_points.py python/tests/test_arguments.py \
+  timeout ${TEST_SECONDS:-300} python3 -m pytest -v -rs -s -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
+    python/tests/test_arguments.py python/tests/test_entry_points.py python/tests/test_torch.py \
     >"$out/tests.txt" 2>&1
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$out/tests.txt" | grep -v "test_arguments.py::" | tail -40
 fi
