@@ -43,6 +43,8 @@ def _as_int(value, what):
 def integer(ctype, value, what):
     """`value` as an int that `ctype` holds exactly; raises TypeError, ValueError or OverflowError."""
     low, high = INTEGER_RANGES[ctype]
+    if type(value) is int and low <= value <= high:  # the common case, first and cheap
+        return value
     number = _as_int(value, what)
     if number < 0 and low == 0:
         raise ValueError(f"refpool: {what} is {number}; it cannot be negative")
@@ -55,6 +57,8 @@ def address(value, what):
     """A void* argument: None or 0 (NULL), an int address, or a ctypes object (passed as it is)."""
     if value is None or isinstance(value, _C_OBJECTS):
         return value
+    if type(value) is int and 0 < value <= ADDRESS_RANGE[1]:
+        return value
     number = _as_int(value, what)
     if number < 0:
         raise ValueError(f"refpool: {what} is {number}; an address cannot be negative")
@@ -64,10 +68,16 @@ def address(value, what):
 
 
 def converter(ctype):
-    """The check for parameters of `ctype` (None where ctypes' own type check is enough: handles,
-    structs and pointers to them, which this package makes itself)."""
+    """The check for parameters of `ctype`: (value, what) -> the value to pass. None where ctypes'
+    own type check is enough (handles, structs and pointers to them, which this package makes)."""
     if ctype in INTEGER_RANGES:
-        return lambda value, what: integer(ctype, value, what)
+        low, high = INTEGER_RANGES[ctype]
+
+        def check_integer(value, what):
+            if type(value) is int and low <= value <= high:  # inline: this runs for every argument
+                return value
+            return integer(ctype, value, what)
+        return check_integer
     if ctype is ctypes.c_void_p:
         return address
     return None
@@ -82,15 +92,21 @@ def size_array(values, what):
 class CheckedFunction:
     """A C function of librefpool whose arguments are checked and converted before the call."""
 
-    __slots__ = ("name", "raw", "_checks")
+    __slots__ = ("name", "raw", "_arity", "_checks")
 
     def __init__(self, name, raw, parameters):
         self.name = name
         self.raw = raw
-        self._checks = tuple((f"{name}: {parameter}", converter(ctype)) for parameter, ctype in parameters)
+        self._arity = len(parameters)
+        # (position, check, what) of the parameters that need a check; the others go as they are.
+        checks = ((i, converter(ctype), f"{name}: {parameter}") for i, (parameter, ctype) in enumerate(parameters))
+        self._checks = tuple(check for check in checks if check[1] is not None)
 
     def __call__(self, *args):
-        if len(args) != len(self._checks):
-            raise TypeError(f"refpool: {self.name} takes {len(self._checks)} arguments, not {len(args)}")
-        return self.raw(*[value if check is None else check(value, what)
-                          for value, (what, check) in zip(args, self._checks)])
+        if len(args) != self._arity:
+            raise TypeError(f"refpool: {self.name} takes {self._arity} arguments, not {len(args)}")
+        if self._checks:
+            args = list(args)
+            for i, check, what in self._checks:
+                args[i] = check(args[i], what)
+        return self.raw(*args)

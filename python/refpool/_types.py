@@ -34,10 +34,16 @@ class Checked(Structure):
         for name, value in kwargs.items():
             setattr(self, name, value)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # field -> (C type, what to call it in messages), for the integer fields only
+        cls._checked_fields = {name: (ctype, f"{cls.__name__}.{name}") for name, ctype in cls.__dict__["_fields_"]
+                               if ctype in _checked.INTEGER_RANGES}
+
     def __setattr__(self, name, value):
-        ctype = dict(self._fields_).get(name)
-        if ctype in _checked.INTEGER_RANGES:
-            value = _checked.integer(ctype, value, f"{type(self).__name__}.{name}")
+        checked = self._checked_fields.get(name)
+        if checked is not None:
+            value = _checked.integer(checked[0], value, checked[1])
         super().__setattr__(name, value)
 
 
