@@ -89,24 +89,27 @@ def size_array(values, what):
     return (ctypes.c_size_t * max(len(sizes), 1))(*sizes), len(sizes)
 
 
-class CheckedFunction:
-    """A C function of librefpool whose arguments are checked and converted before the call."""
-
-    __slots__ = ("name", "raw", "_arity", "_checks")
-
-    def __init__(self, name, raw, parameters):
-        self.name = name
-        self.raw = raw
-        self._arity = len(parameters)
-        # (position, check, what) of the parameters that need a check; the others go as they are.
-        checks = ((i, converter(ctype), f"{name}: {parameter}") for i, (parameter, ctype) in enumerate(parameters))
-        self._checks = tuple(check for check in checks if check[1] is not None)
-
-    def __call__(self, *args):
-        if len(args) != self._arity:
-            raise TypeError(f"refpool: {self.name} takes {self._arity} arguments, not {len(args)}")
-        if self._checks:
-            args = list(args)
-            for i, check, what in self._checks:
-                args[i] = check(args[i], what)
-        return self.raw(*args)
+def checked_function(name, raw, parameters):
+    """`raw` (a ctypes function) behind a Python function of the same name and parameters that checks
+    each argument first. Generated once per function, so the common case (an int in range, None for
+    a pointer) costs one inline test per argument and no extra call."""
+    names = [f"a{i}_{parameter}" for i, (parameter, _) in enumerate(parameters)]
+    scope = {"raw": raw}
+    lines = [f"def {name}({', '.join(names)}):"]
+    for i, ((parameter, ctype), arg) in enumerate(zip(parameters, names)):
+        check = converter(ctype)
+        if check is None:
+            continue
+        scope[f"check{i}"], scope[f"what{i}"] = check, f"{name}: {parameter}"
+        if ctype is ctypes.c_void_p:
+            fast = f"{arg} is None or (type({arg}) is int and 0 < {arg} <= {ADDRESS_RANGE[1]})"
+        else:
+            low, high = INTEGER_RANGES[ctype]
+            fast = f"type({arg}) is int and {low} <= {arg} <= {high}"
+        lines.append(f"    if not ({fast}):")
+        lines.append(f"        {arg} = check{i}({arg}, what{i})")
+    lines.append(f"    return raw({', '.join(names)})")
+    exec("\n".join(lines), scope)  # noqa: S102 (code made here from the signature table only)
+    function = scope[name]
+    function.raw = raw
+    return function

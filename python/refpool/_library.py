@@ -126,7 +126,7 @@ class Library:
                     "an older refpool than this package; rebuild it from the same source") from None
             raw.restype = restype
             raw.argtypes = [ctype for _, ctype in parameters]
-            function = _checked.CheckedFunction(name, raw, parameters)
+            function = _checked.checked_function(name, raw, parameters)
             self._functions[name] = function
         return function
 
