@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the time goes in a CuPy loop at small batches (issue 26: a 3-layer MLP at batches 64, 128
 and 256 ran 1.03x-1.13x slower with refpool than with CuPy's pool). The loop is cupy_loop.py's MLP
-step (forward, backward, update, FFT), one batch size per process run, in four modes:
+step (cupy_loop.mlp_step: forward, backward, update, FFT), one batch size per process run, in four modes:
 
   own              CuPy's MemoryPool
   refpool-nostep   refpool as CuPy's allocator, no step around iterations (the allocation path alone)
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 BATCHES = (64, 128, 256)
-WIDTHS = (1024, 2048, 2048, 1024)
 MODES = ("own", "refpool-nostep", "refpool", "refpool-planned")
 HERE = Path(__file__).resolve().parent
 
@@ -31,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 def run_mode(mode, out, warmup=12, steps=60):
     sys.path.insert(0, str(HERE))
     import contextlib
+
+    from cupy_loop import mlp_step, mlp_weights
 
     import cupy as cp
     step = None
@@ -44,26 +45,10 @@ def run_mode(mode, out, warmup=12, steps=60):
         elif mode == "refpool-planned":
             step = lambda key: refpool.cupy.step(plan=key)  # noqa: E731
     rng = cp.random.RandomState(0)
-    weights = [rng.standard_normal((a, b), dtype=cp.float32) * (1.0 / a ** 0.5) for a, b in zip(WIDTHS, WIDTHS[1:])]
+    weights = mlp_weights(cp, rng)
 
     def iteration(rows):
-        x = rng.standard_normal((rows, WIDTHS[0]), dtype=cp.float32)
-        target = rng.standard_normal((rows, WIDTHS[-1]), dtype=cp.float32)
-        activations, pre = [x], []
-        for w in weights:
-            pre.append(activations[-1] @ w)
-            activations.append(cp.maximum(pre[-1], 0) if len(pre) < len(weights) else pre[-1])
-        error = activations[-1] - target
-        loss = (error * error).mean()
-        grad = error * (2.0 / error.size)
-        for layer in reversed(range(len(weights))):
-            if layer < len(weights) - 1:
-                grad = grad * (pre[layer] > 0)
-            weight_grad = activations[layer].T @ grad
-            grad = grad @ weights[layer].T
-            weights[layer] -= 0.01 * weight_grad
-        spectrum = cp.abs(cp.fft.rfft(activations[-1], axis=1)).sum()
-        return loss, spectrum
+        return mlp_step(cp, rng, weights, rows)
 
     def requests():
         if mode == "own":

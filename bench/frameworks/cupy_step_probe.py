@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a refpool step's cost goes in cupy_small_batches.py's MLP (batch 64), in one process: the
+"""Where a refpool step's cost goes in cupy_loop.py's MLP step (batch 64), in one process: the
 CPU cost of an empty step, then iterations without a step, with a plain step and with a planned step,
 alternating, each timed twice (host time to enqueue the iteration, and to its end on the device) with
 the change of every refpool counter per iteration. Usage: cupy_step_probe.py --out RESULT.json"""
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cupy_small_batches import WIDTHS  # noqa: E402
+from cupy_loop import mlp_step, mlp_weights  # noqa: E402
 
 ROWS, ITERATIONS = 64, 40
 
@@ -27,21 +27,10 @@ def main():
     import refpool.cupy
     refpool.cupy.install()
     rng = cp.random.RandomState(0)
-    weights = [rng.standard_normal((a, b), dtype=cp.float32) * (1.0 / a ** 0.5) for a, b in zip(WIDTHS, WIDTHS[1:])]
+    weights = mlp_weights(cp, rng)
 
     def iteration():
-        x = rng.standard_normal((ROWS, WIDTHS[0]), dtype=cp.float32)
-        activations, pre = [x], []
-        for w in weights:
-            pre.append(activations[-1] @ w)
-            activations.append(cp.maximum(pre[-1], 0))
-        grad = activations[-1] * (2.0 / activations[-1].size)
-        for layer in reversed(range(len(weights))):
-            grad = grad * (pre[layer] > 0)
-            weight_grad = activations[layer].T @ grad
-            grad = grad @ weights[layer].T
-            weights[layer] -= 0.01 * weight_grad
-        return cp.abs(cp.fft.rfft(activations[-1], axis=1)).sum()
+        return mlp_step(cp, rng, weights, ROWS)
 
     device = cp.cuda.Device()
     result = {}

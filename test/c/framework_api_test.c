@@ -6,34 +6,14 @@
  * suite runs them on a device. Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
+#include "c_checks.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <threads.h>
 
-static int failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                            \
-    }                                                                        \
-  } while (0)
-
-#define EXPECT(call, expected)                                                                     \
-  do {                                                                                             \
-    const refpool_status got_ = (call);                                                            \
-    if (got_ != (expected)) {                                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, \
-              #call, refpool_status_name(got_), refpool_status_name(expected), refpool_last_error()); \
-      ++failures;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
-#define OK(call) EXPECT(call, REFPOOL_OK)
-
-static int error_mentions(const char* part) { return strstr(refpool_last_error(), part) != NULL; }
 
 static refpool_cache exact_cache(void) {
   refpool_cache_options options;
@@ -41,18 +21,6 @@ static refpool_cache exact_cache(void) {
   OK(refpool_cache_options_init(&options));
   OK(refpool_cache_create(&options, &cache));
   return cache;
-}
-
-/* The value of counter `name` of `cache`, through the by-name interface bindings use. */
-static uint64_t stat(refpool_cache cache, const char* name) {
-  uint64_t values[128];
-  size_t count = 0;
-  OK(refpool_cache_get_stat_values(cache, values, 128, &count));
-  for (size_t i = 0; i < count && i < 128; ++i)
-    if (strcmp(refpool_stat_name(i), name) == 0) return values[i];
-  fprintf(stderr, "no counter named %s\n", name);
-  ++failures;
-  return 0;
 }
 
 static void test_pointers(void) {
@@ -320,10 +288,5 @@ int main(void) {
   test_stats_by_name();
   test_gpu_backends_here();
   test_framework_allocator();
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("framework_api_test: all checks passed\n");
-  return 0;
+  return finish("framework_api_test");
 }

@@ -6,31 +6,11 @@
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
+#include "c_checks.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-static int failures = 0;
-
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                            \
-    }                                                                        \
-  } while (0)
-
-#define EXPECT(call, expected)                                                                     \
-  do {                                                                                             \
-    const refpool_status got_ = (call);                                                            \
-    if (got_ != (expected)) {                                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, \
-              #call, refpool_status_name(got_), refpool_status_name(expected), refpool_last_error()); \
-      ++failures;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
-#define OK(call) EXPECT(call, REFPOOL_OK)
 
 static void* const capturing = (void*)0x1000; /* the stream being "captured" */
 static void* const other = (void*)0x2000;     /* a stream that is not */
@@ -40,17 +20,6 @@ static int captures(void* context, void* stream) { return stream == *(void* cons
 static void drop(void* context) {
   (void)context;
   ++drops;
-}
-
-static uint64_t stat(refpool_cache cache, const char* name) {
-  uint64_t values[128];
-  size_t count = 0;
-  OK(refpool_cache_get_stat_values(cache, values, 128, &count));
-  for (size_t i = 0; i < count && i < 128; ++i)
-    if (strcmp(refpool_stat_name(i), name) == 0) return values[i];
-  fprintf(stderr, "no counter named %s\n", name);
-  ++failures;
-  return 0;
 }
 
 static uint64_t pool_stat(refpool_pool_id pool, const char* name) {
@@ -212,10 +181,5 @@ int main(void) {
   OK(refpool_allocator_empty_cache());
   CHECK(stat(main_cache, "live_bytes") == 0 && stat(main_cache, "held_bytes") == 0);
   OK(refpool_cache_destroy(main_cache));
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("framework_pools_test: all checks passed\n");
-  return 0;
+  return finish("framework_pools_test");
 }
