@@ -449,3 +449,32 @@ def test_reduce_overhead_configurations():
     assert results["mem-pool"]["ok"], results
     for config in ("install-no-trees", "install"):  # works, or fails saying what PyTorch lacks
         assert results[config]["ok"] or "error" in results[config], results
+
+
+def test_without_hooks_the_lost_features_fail_with_what_to_use_instead():
+    # install(hooks=False): librefpool's plain entry points, no compiler needed; what the hooks carry
+    # is lost, and says so. (Added after the 2026-12-04 H200 runs: not run there yet.)
+    result = run_python("""
+        import torch, refpool.torch
+        refpool.torch.install(hooks=False)
+        print(refpool.torch.hooked())
+        t = torch.ones(16, device="cuda")
+        side = torch.cuda.Stream()
+        for attempt in (lambda: torch.cuda.set_per_process_memory_fraction(0.5), lambda: t.record_stream(side)):
+            try:
+                attempt()
+                print("no error")
+            except refpool.FrameworkError as e:
+                print(str(e).replace(chr(10), " "))
+        torch.cuda.empty_cache()  # refpool's, patched in
+        print(refpool.torch.memory_stats()["refpool.idle_bytes"])
+        try:
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        except Exception as e:
+            print(type(e).__name__, "refpool" in str(e))
+    """)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "False"
+    assert "set_device_limit" in lines[1] and "wait_stream" in lines[2]
+    assert lines[3] == "0"
+    assert lines[4].split()[1] == "True" and lines[4].split()[0] != "OutOfMemoryError", lines[4]
