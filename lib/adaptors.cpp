@@ -8,9 +8,10 @@
 namespace refpool {
 
 bool byte_budget::take(std::size_t bytes) noexcept {
+  const std::size_t capacity = capacity_.load();
   std::size_t used = used_.load();
   do {
-    if (bytes > capacity_ || used > capacity_ - bytes) return false;
+    if (bytes > capacity || used > capacity - bytes) return false;
   } while (!used_.compare_exchange_weak(used, used + bytes));
   return true;
 }
@@ -93,10 +94,16 @@ resource_adaptor::resource_adaptor(std::shared_ptr<resource> upstream, std::stri
 }
 
 limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity)
-    : resource_adaptor(std::move(upstream), "limiting_resource"), budget_(std::make_shared<byte_budget>(capacity)) {
+    : limiting_resource(std::move(upstream), std::make_shared<byte_budget>(capacity)) {
+  name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity);
+}
+
+limiting_resource::limiting_resource(std::shared_ptr<resource> upstream, std::shared_ptr<byte_budget> budget)
+    : resource_adaptor(std::move(upstream), "limiting_resource"), budget_(std::move(budget)) {
+  if (!budget_) throw invalid_argument("refpool: limiting_resource needs a byte budget");
   if (virtual_memory* vm = upstream_->address_space())
     address_space_ = std::make_unique<limiting_virtual_memory>(*vm, budget_);
-  name_ = fmt::format("{} (limit {} B)", upstream_->name(), capacity);
+  name_ = fmt::format("{} (limited)", upstream_->name());  // the capacity may change
 }
 
 void* limiting_resource::allocate(std::size_t bytes, stream_ref stream) {

@@ -56,6 +56,31 @@ class CupyFramework:
         return refpool_figures()
 
 
+def mlp_weights(cp, rng):
+    return [rng.standard_normal((a, b), dtype=cp.float32) * (1.0 / a ** 0.5) for a, b in zip(WIDTHS, WIDTHS[1:])]
+
+
+def mlp_step(cp, rng, weights, rows):
+    """One training step of the MLP on `rows` random rows (forward, backward, update in place), and
+    an FFT of its output: the loss and the spectrum's sum, as device scalars."""
+    x = rng.standard_normal((rows, WIDTHS[0]), dtype=cp.float32)
+    target = rng.standard_normal((rows, WIDTHS[-1]), dtype=cp.float32)
+    activations, pre = [x], []
+    for w in weights:  # forward
+        pre.append(activations[-1] @ w)
+        activations.append(cp.maximum(pre[-1], 0) if len(pre) < len(weights) else pre[-1])
+    error = activations[-1] - target
+    loss = (error * error).mean()
+    grad = error * (2.0 / error.size)
+    for layer in reversed(range(len(weights))):  # backward and update
+        if layer < len(weights) - 1:
+            grad = grad * (pre[layer] > 0)
+        weight_grad = activations[layer].T @ grad
+        grad = grad @ weights[layer].T
+        weights[layer] -= 0.01 * weight_grad
+    return loss, cp.abs(cp.fft.rfft(activations[-1], axis=1)).sum()
+
+
 def main():
     args = parse_args(__doc__.split("\n")[0], default_warmup=8, default_steps=48)
     try:
@@ -68,26 +93,10 @@ def main():
     framework = CupyFramework(cp, args.mode)
     loop = Loop(args, BENCHMARK, framework)
     rng = cp.random.RandomState(args.seed)
-    weights = [rng.standard_normal((a, b), dtype=cp.float32) * (1.0 / a ** 0.5) for a, b in zip(WIDTHS, WIDTHS[1:])]
+    weights = mlp_weights(cp, rng)
 
     def iteration(i):
-        rows = BATCHES[i % len(BATCHES)]
-        x = rng.standard_normal((rows, WIDTHS[0]), dtype=cp.float32)
-        target = rng.standard_normal((rows, WIDTHS[-1]), dtype=cp.float32)
-        activations, pre = [x], []
-        for w in weights:  # forward
-            pre.append(activations[-1] @ w)
-            activations.append(cp.maximum(pre[-1], 0) if len(pre) < len(weights) else pre[-1])
-        error = activations[-1] - target
-        loss = (error * error).mean()
-        grad = error * (2.0 / error.size)
-        for layer in reversed(range(len(weights))):  # backward and update
-            if layer < len(weights) - 1:
-                grad = grad * (pre[layer] > 0)
-            weight_grad = activations[layer].T @ grad
-            grad = grad @ weights[layer].T
-            weights[layer] -= 0.01 * weight_grad
-        spectrum = cp.abs(cp.fft.rfft(activations[-1], axis=1)).sum()
+        loss, spectrum = mlp_step(cp, rng, weights, BATCHES[i % len(BATCHES)])
         return float(loss).hex() + " " + float(spectrum).hex()
 
     loop.run(iteration, key=lambda i: f"rows-{BATCHES[i % len(BATCHES)]}")

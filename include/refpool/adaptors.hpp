@@ -15,7 +15,7 @@
 
 namespace refpool {
 
-/// A count of bytes in use against a fixed capacity, shared by the adaptors that charge it
+/// A count of bytes in use against a capacity, shared by the adaptors that charge it
 /// (a limiting_resource and its address space charge one budget). Thread-safe.
 class REFPOOL_API byte_budget {
  public:
@@ -24,11 +24,14 @@ class REFPOOL_API byte_budget {
   [[nodiscard]] bool take(std::size_t bytes) noexcept;
   /// Returns bytes charged by take().
   void give_back(std::size_t bytes) noexcept { used_.fetch_sub(bytes); }
-  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// Changes the capacity from now on. Bytes already charged stay charged: below them, every
+  /// take() fails until enough are given back (PyTorch's set_per_process_memory_fraction).
+  void set_capacity(std::size_t capacity) noexcept { capacity_.store(capacity); }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_.load(); }
   [[nodiscard]] std::size_t used() const noexcept { return used_.load(); }
 
  private:
-  std::size_t capacity_;
+  std::atomic<std::size_t> capacity_;
   std::atomic<std::size_t> used_{0};
 };
 
@@ -150,6 +153,8 @@ class REFPOOL_API resource_adaptor : public resource {
 class REFPOOL_API limiting_resource final : public resource_adaptor {
  public:
   limiting_resource(std::shared_ptr<resource> upstream, std::size_t capacity);
+  /// Charges `budget`, which others may share and change (byte_budget::set_capacity).
+  limiting_resource(std::shared_ptr<resource> upstream, std::shared_ptr<byte_budget> budget);
 
   std::string_view name() const noexcept override { return name_; }
   void* allocate(std::size_t bytes, stream_ref stream) override;

@@ -373,7 +373,8 @@ REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
 REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options);
 
 /// Sets the framework allocator's options. Only before its first allocation (or its cache was
-/// asked for): CONFIG afterwards, naming what is in use. Errors: INVALID_ARGUMENT, CONFIG.
+/// asked for): CONFIG afterwards, naming what is in use. Every field is checked before any is
+/// taken: a rejected call leaves the allocator as it was. Errors: INVALID_ARGUMENT, CONFIG.
 REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options);
 
 /// A new handle to the framework allocator's cache, for steps, stats and reclaim (made at first
@@ -388,6 +389,70 @@ REFPOOL_C_API refpool_status refpool_allocator_alloc(size_t bytes, int device, v
 
 /// As refpool_free.
 REFPOOL_C_API refpool_status refpool_allocator_free(void* ptr);
+
+/// Memory the framework allocator holds from `device` (live, idle and segments' free bytes, private
+/// pools included) is capped at `bytes` from now on (SIZE_MAX: no cap; PyTorch's
+/// set_per_process_memory_fraction). Bytes already held stay; a request past the cap gets
+/// OUT_OF_MEMORY once idle blocks are reclaimed. Errors: INVALID_ARGUMENT (device), CONFIG,
+/// BACKEND_UNAVAILABLE.
+REFPOOL_C_API refpool_status refpool_allocator_set_device_limit(int device, size_t bytes);
+
+/// Frees the framework allocator's idle blocks back to the driver (PyTorch's empty_cache). Private
+/// pools keep theirs: graphs captured into them replay into those bytes. Errors: CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_empty_cache(void);
+
+/// Marks the buffer handed out at `ptr` as used on `stream` too (PyTorch's recordStream): its
+/// memory is handed out again for another stream only after the work `stream` has by then.
+/// Errors: INVALID_ARGUMENT (a pointer the allocator does not hold), USE_AFTER_FREE, BACKEND.
+REFPOOL_C_API refpool_status refpool_allocator_record_stream(void* ptr, void* stream);
+
+/* ---- private pools (CUDA graph capture) ----------------------------------------------------
+ * A private pool is a cache of its own inside the framework allocator, named by two numbers
+ * (PyTorch's MempoolId_t). Between begin and end, the requests of `device` whose stream the
+ * filter accepts (a stream capturing into the graph) are served from the pool; memory freed into
+ * the pool is handed out again only from it, and stays reserved (never reclaimed, never trimmed)
+ * until the pool's last release. docs/frameworks.md, "CUDA graphs", has the rules and the tests. */
+
+/// A private pool's name; {0, 0} names none.
+typedef struct refpool_pool_id {
+  uint64_t first;
+  uint64_t second;
+} refpool_pool_id;
+
+/// Whether a request made on `stream` belongs to the pool being routed to. Called on the
+/// requesting thread with the allocator's pool lock held: it must not call the allocator.
+typedef int (*refpool_stream_filter)(void* context, void* stream);
+
+/// Routes requests of `device` whose stream `filter(context, stream)` accepts to private pool
+/// `pool`, made at its first begin; each begin counts one use of the pool, given back by one
+/// refpool_allocator_release_pool. refpool owns `context` from this call on, also on failure:
+/// it calls `drop_context(context)` (if not NULL) once the route ends. Thread-safe.
+/// Errors: INVALID_ARGUMENT (null filter, pool {0, 0}, a pool already routed to on `device`),
+/// CONFIG, BACKEND_UNAVAILABLE.
+REFPOOL_C_API refpool_status refpool_allocator_begin_pool(int device, refpool_pool_id pool, refpool_stream_filter filter,
+                                                          void* context, void (*drop_context)(void*));
+
+/// Ends the route begun for `pool` on `device`; the pool stays. Errors: INVALID_ARGUMENT (no such
+/// route).
+REFPOOL_C_API refpool_status refpool_allocator_end_pool(int device, refpool_pool_id pool);
+
+/// Gives back one use of `pool`. At the last one the pool goes: its idle memory goes back to the
+/// driver, and buffers still held go when freed. A pool never begun is ignored (PyTorch releases
+/// memory pools whose requests it never routed here). Never fails for a valid `device`.
+/// Errors: INVALID_ARGUMENT (an active route to the pool remains).
+REFPOOL_C_API refpool_status refpool_allocator_release_pool(int device, refpool_pool_id pool);
+
+/// 1 while any route to a private pool is in force, else 0 (one atomic load): a caller that must
+/// relax CUDA's stream-capture mode around requests that may reach the driver checks this first.
+REFPOOL_C_API int refpool_allocator_routing_to_pools(void);
+
+/// The live private pools: writes up to `capacity` ids to `ids` and their number to *count.
+/// Errors: INVALID_ARGUMENT (count NULL, or ids NULL with capacity > 0).
+REFPOOL_C_API refpool_status refpool_allocator_pool_ids(refpool_pool_id* ids, size_t capacity, size_t* count);
+
+/// A new handle to private pool `pool`'s cache (stats; refpool_cache_destroy drops the handle only).
+/// Errors: INVALID_ARGUMENT (no such pool).
+REFPOOL_C_API refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, refpool_cache* out);
 
 /* The exact signatures frameworks call, so they load these by name from librefpool and no Python
  * runs per allocation (docs/frameworks.md). They allocate through the framework allocator.

@@ -10,6 +10,7 @@ import threading
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint64, c_void_p
 from pathlib import Path
 
+from . import _checked
 from . import _types as t
 from .errors import LibraryError, error_for_status
 
@@ -18,71 +19,86 @@ _LIBRARY_NAME = "librefpool.so"
 
 _size_p = POINTER(c_size_t)
 _handle_p = POINTER(t.Handle)
-try:
-    _ssize_t = ctypes.c_ssize_t
-except AttributeError:  # pragma: no cover (every supported Python has it)
-    _ssize_t = ctypes.c_long
+_ssize_t = _checked.ssize_t
 
-# name: (restype, argtypes). restype c_int means a refpool_status, checked by call().
+# name: (restype, [(parameter, C type)...]) as in refpool.h. restype c_int means a refpool_status,
+# checked by call(). Every argument is checked against its C type before the call (_checked).
 SIGNATURES = {
     "refpool_last_error": (c_char_p, []),
-    "refpool_status_name": (c_char_p, [c_int]),
+    "refpool_status_name": (c_char_p, [("status", c_int)]),
     "refpool_version": (c_char_p, []),
     # backends
-    "refpool_backend_host": (c_int, [_handle_p]),
-    "refpool_backend_new_host": (c_int, [_handle_p]),
-    "refpool_backend_new_host_limited": (c_int, [c_size_t, _handle_p]),
-    "refpool_backend_cuda": (c_int, [c_int, c_int, _handle_p]),
-    "refpool_backend_hip": (c_int, [c_int, c_int, _handle_p]),
-    "refpool_backend_release": (c_int, [t.Handle]),
-    "refpool_backend_get_stats": (c_int, [t.Handle, c_void_p]),
-    "refpool_retire_stream": (c_int, [t.Handle, c_void_p]),
+    "refpool_backend_host": (c_int, [("out", _handle_p)]),
+    "refpool_backend_new_host": (c_int, [("out", _handle_p)]),
+    "refpool_backend_new_host_limited": (c_int, [("capacity_bytes", c_size_t), ("out", _handle_p)]),
+    "refpool_backend_cuda": (c_int, [("device", c_int), ("kind", c_int), ("out", _handle_p)]),
+    "refpool_backend_hip": (c_int, [("device", c_int), ("kind", c_int), ("out", _handle_p)]),
+    "refpool_backend_release": (c_int, [("backend", t.Handle)]),
+    "refpool_backend_get_stats": (c_int, [("backend", t.Handle), ("out", c_void_p)]),
+    "refpool_retire_stream": (c_int, [("backend", t.Handle), ("stream", c_void_p)]),
     # caches
-    "refpool_cache_options_init": (c_int, [POINTER(t.CacheOptions)]),
-    "refpool_cache_options_from_environment": (c_int, [POINTER(t.CacheOptions)]),
-    "refpool_cache_create": (c_int, [POINTER(t.CacheOptions), _handle_p]),
-    "refpool_cache_destroy": (c_int, [t.Handle]),
-    "refpool_cache_get_stats": (c_int, [t.Handle, c_void_p]),
-    "refpool_cache_reclaim": (c_int, [t.Handle, c_size_t, _size_p]),
-    "refpool_cache_set_max_idle_bytes": (c_int, [t.Handle, c_size_t]),
-    "refpool_cache_reset_peaks": (c_int, [t.Handle]),
+    "refpool_cache_options_init": (c_int, [("options", POINTER(t.CacheOptions))]),
+    "refpool_cache_options_from_environment": (c_int, [("options", POINTER(t.CacheOptions))]),
+    "refpool_cache_create": (c_int, [("options", POINTER(t.CacheOptions)), ("out", _handle_p)]),
+    "refpool_cache_destroy": (c_int, [("cache", t.Handle)]),
+    "refpool_cache_get_stats": (c_int, [("cache", t.Handle), ("out", c_void_p)]),
+    "refpool_cache_reclaim": (c_int, [("cache", t.Handle), ("keep_bytes", c_size_t), ("freed", _size_p)]),
+    "refpool_cache_set_max_idle_bytes": (c_int, [("cache", t.Handle), ("max_idle_bytes", c_size_t)]),
+    "refpool_cache_reset_peaks": (c_int, [("cache", t.Handle)]),
     # scopes and steps
-    "refpool_scope_enter": (c_int, [t.Handle, _handle_p]),
-    "refpool_scope_enter_with_options": (c_int, [t.Handle, POINTER(t.ScopeOptions), _handle_p]),
-    "refpool_scope_exit": (c_int, [t.Handle]),
-    "refpool_step_begin": (c_int, [t.Handle, POINTER(t.ScopeOptions), _handle_p]),
-    "refpool_step_end": (c_int, [t.Handle]),
+    "refpool_scope_enter": (c_int, [("cache", t.Handle), ("out", _handle_p)]),
+    "refpool_scope_enter_with_options": (c_int, [("cache", t.Handle), ("options", POINTER(t.ScopeOptions)),
+                                                 ("out", _handle_p)]),
+    "refpool_scope_exit": (c_int, [("scope", t.Handle)]),
+    "refpool_step_begin": (c_int, [("cache", t.Handle), ("options", POINTER(t.ScopeOptions)), ("out", _handle_p)]),
+    "refpool_step_end": (c_int, [("step", t.Handle)]),
     # buffers
-    "refpool_alloc": (c_int, [t.Handle, _size_p, c_size_t, c_size_t, _handle_p]),
-    "refpool_alloc_on_stream": (c_int, [t.Handle, _size_p, c_size_t, c_size_t, c_void_p, _handle_p]),
-    "refpool_record_stream": (c_int, [t.Handle, c_void_p]),
-    "refpool_reshape": (c_int, [t.Handle, _size_p, c_size_t, _handle_p]),
-    "refpool_retain": (c_int, [t.Handle, _handle_p]),
-    "refpool_release": (c_int, [t.Handle]),
-    "refpool_unsafe_free": (c_int, [t.Handle]),
-    "refpool_use_count": (c_int, [t.Handle, POINTER(ctypes.c_long)]),
-    "refpool_data": (c_int, [t.Handle, POINTER(c_void_p)]),
-    "refpool_dims": (c_int, [t.Handle, _size_p, c_size_t, _size_p]),
-    "refpool_buffer_get_info": (c_int, [t.Handle, POINTER(t.BufferInfo)]),
+    "refpool_alloc": (c_int, [("backend", t.Handle), ("dims", _size_p), ("rank", c_size_t),
+                              ("element_size", c_size_t), ("out", _handle_p)]),
+    "refpool_alloc_on_stream": (c_int, [("backend", t.Handle), ("dims", _size_p), ("rank", c_size_t),
+                                        ("element_size", c_size_t), ("stream", c_void_p), ("out", _handle_p)]),
+    "refpool_record_stream": (c_int, [("buffer", t.Handle), ("stream", c_void_p)]),
+    "refpool_reshape": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("rank", c_size_t), ("out", _handle_p)]),
+    "refpool_retain": (c_int, [("buffer", t.Handle), ("out", _handle_p)]),
+    "refpool_release": (c_int, [("buffer", t.Handle)]),
+    "refpool_unsafe_free": (c_int, [("buffer", t.Handle)]),
+    "refpool_use_count": (c_int, [("buffer", t.Handle), ("out", POINTER(ctypes.c_long))]),
+    "refpool_data": (c_int, [("buffer", t.Handle), ("out", POINTER(c_void_p))]),
+    "refpool_dims": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("capacity", c_size_t), ("rank", _size_p)]),
+    "refpool_buffer_get_info": (c_int, [("buffer", t.Handle), ("out", POINTER(t.BufferInfo))]),
     # raw pointers
-    "refpool_malloc": (c_int, [t.Handle, c_size_t, c_void_p, POINTER(c_void_p)]),
-    "refpool_cache_malloc": (c_int, [t.Handle, t.Handle, c_size_t, c_void_p, POINTER(c_void_p)]),
-    "refpool_free": (c_int, [c_void_p]),
+    "refpool_malloc": (c_int, [("backend", t.Handle), ("bytes", c_size_t), ("stream", c_void_p),
+                               ("out", POINTER(c_void_p))]),
+    "refpool_cache_malloc": (c_int, [("cache", t.Handle), ("backend", t.Handle), ("bytes", c_size_t),
+                                     ("stream", c_void_p), ("out", POINTER(c_void_p))]),
+    "refpool_free": (c_int, [("address", c_void_p)]),
     # stats by name
     "refpool_stat_count": (c_size_t, []),
-    "refpool_stat_name": (c_char_p, [c_size_t]),
-    "refpool_stat_description": (c_char_p, [c_size_t]),
-    "refpool_cache_get_stat_values": (c_int, [t.Handle, POINTER(c_uint64), c_size_t, _size_p]),
+    "refpool_stat_name": (c_char_p, [("index", c_size_t)]),
+    "refpool_stat_description": (c_char_p, [("index", c_size_t)]),
+    "refpool_cache_get_stat_values": (c_int, [("cache", t.Handle), ("values", POINTER(c_uint64)),
+                                              ("capacity", c_size_t), ("count", _size_p)]),
     # the process-wide framework allocator and its entry points
-    "refpool_allocator_options_init": (c_int, [POINTER(t.AllocatorOptions)]),
-    "refpool_allocator_configure": (c_int, [POINTER(t.AllocatorOptions)]),
-    "refpool_allocator_cache": (c_int, [_handle_p]),
-    "refpool_allocator_alloc": (c_int, [c_size_t, c_int, c_void_p, POINTER(c_void_p)]),
-    "refpool_allocator_free": (c_int, [c_void_p]),
-    "refpool_torch_malloc": (c_void_p, [_ssize_t, c_int, c_void_p]),
-    "refpool_torch_free": (None, [c_void_p, _ssize_t, c_int, c_void_p]),
-    "refpool_cupy_malloc": (c_void_p, [c_void_p, c_size_t, c_int]),
-    "refpool_cupy_free": (None, [c_void_p, c_void_p, c_int]),
+    "refpool_allocator_options_init": (c_int, [("options", POINTER(t.AllocatorOptions))]),
+    "refpool_allocator_configure": (c_int, [("options", POINTER(t.AllocatorOptions))]),
+    "refpool_allocator_cache": (c_int, [("out", _handle_p)]),
+    "refpool_allocator_alloc": (c_int, [("bytes", c_size_t), ("device", c_int), ("stream", c_void_p),
+                                        ("out", POINTER(c_void_p))]),
+    "refpool_allocator_free": (c_int, [("address", c_void_p)]),
+    "refpool_allocator_set_device_limit": (c_int, [("device", c_int), ("bytes", c_size_t)]),
+    "refpool_allocator_empty_cache": (c_int, []),
+    "refpool_allocator_record_stream": (c_int, [("address", c_void_p), ("stream", c_void_p)]),
+    "refpool_allocator_begin_pool": (c_int, [("device", c_int), ("pool", t.PoolId), ("filter", c_void_p),
+                                             ("context", c_void_p), ("drop_context", c_void_p)]),
+    "refpool_allocator_end_pool": (c_int, [("device", c_int), ("pool", t.PoolId)]),
+    "refpool_allocator_release_pool": (c_int, [("device", c_int), ("pool", t.PoolId)]),
+    "refpool_allocator_routing_to_pools": (c_int, []),
+    "refpool_allocator_pool_ids": (c_int, [("ids", POINTER(t.PoolId)), ("capacity", c_size_t), ("count", _size_p)]),
+    "refpool_allocator_pool_cache": (c_int, [("pool", t.PoolId), ("out", _handle_p)]),
+    "refpool_torch_malloc": (c_void_p, [("size", _ssize_t), ("device", c_int), ("stream", c_void_p)]),
+    "refpool_torch_free": (None, [("address", c_void_p), ("size", _ssize_t), ("device", c_int), ("stream", c_void_p)]),
+    "refpool_cupy_malloc": (c_void_p, [("param", c_void_p), ("size", c_size_t), ("device", c_int)]),
+    "refpool_cupy_free": (None, [("param", c_void_p), ("address", c_void_p), ("device", c_int)]),
 }
 
 
@@ -98,17 +114,19 @@ class Library:
         self._functions = {}
 
     def fn(self, name):
+        """The C function `name`, whose arguments are checked against refpool.h's types before the call."""
         function = self._functions.get(name)
         if function is None:
-            restype, argtypes = SIGNATURES[name]
+            restype, parameters = SIGNATURES[name]
             try:
-                function = getattr(self.cdll, name)
+                raw = getattr(self.cdll, name)
             except AttributeError:
                 raise LibraryError(
                     f"refpool: librefpool {self.version()} at {self.path} has no function {name}: it was built from "
                     "an older refpool than this package; rebuild it from the same source") from None
-            function.restype = restype
-            function.argtypes = argtypes
+            raw.restype = restype
+            raw.argtypes = [ctype for _, ctype in parameters]
+            function = _checked.checked_function(name, raw, parameters)
             self._functions[name] = function
         return function
 

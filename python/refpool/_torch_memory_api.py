@@ -1,57 +1,68 @@
-"""torch.cuda's memory functions once refpool is PyTorch's allocator: those with a refpool meaning
-report refpool's figures, the others fail with a message saying what is lost and what to use instead.
+"""The few torch.cuda memory functions install() replaces: those PyTorch's pluggable-allocator hook
+cannot serve. With refpool's hooks, empty_cache, set_per_process_memory_fraction and
+Tensor.record_stream reach refpool through PyTorch itself and are left alone.
 
-Without this, PyTorch's hook fails in memory_stats() with "CUDAPluggableAllocator does not yet support
-getDeviceStats", and silently does nothing in empty_cache(), set_per_process_memory_fraction() and
-Tensor.record_stream(). Both torch.cuda and torch.cuda.memory are patched, since torch's own functions
-call each other through torch.cuda.memory."""
-from . import torch as adapter
+Replaced (in torch.cuda and torch.cuda.memory, since torch's functions call each other through
+torch.cuda.memory): memory_stats (getDeviceStats is not forwarded; memory_allocated, memory_reserved
+and their max_ versions call memory_stats and so report refpool's figures unpatched),
+reset_peak_memory_stats (resetPeakStats is not forwarded), _snapshot and memory_snapshot (refpool's
+log in PyTorch's format), _record_memory_history and memory_summary (fail saying what to use)."""
+from . import _torch_snapshot, _torch_stats
 from .errors import FrameworkError
 
-_REPLACED = {
-    "memory_stats": adapter.memory_stats,
-    "memory_allocated": adapter.memory_allocated,
-    "max_memory_allocated": adapter.max_memory_allocated,
-    "memory_reserved": adapter.memory_reserved,
-    "max_memory_reserved": adapter.max_memory_reserved,
-    "memory_cached": adapter.memory_reserved,
-    "max_memory_cached": adapter.max_memory_reserved,
-    "reset_peak_memory_stats": adapter.reset_peak_memory_stats,
-    "reset_max_memory_allocated": adapter.reset_peak_memory_stats,
-    "reset_max_memory_cached": adapter.reset_peak_memory_stats,
-    "empty_cache": adapter.empty_cache,
-}
-
 # function name -> key of refpool.torch.LOST_FEATURES
-_REFUSED = {
-    "memory_snapshot": "snapshots",
-    "_snapshot": "snapshots",
-    "_dump_snapshot": "snapshots",
-    "_record_memory_history": "snapshots",
-    "memory_summary": "memory_summary",
-    "set_per_process_memory_fraction": "set_per_process_memory_fraction",
-}
+_REFUSED = {"memory_summary": "memory_summary"}
+# Refused only without the hooks.
+_REFUSED_WITHOUT_HOOKS = {"set_per_process_memory_fraction": "set_per_process_memory_fraction"}
 
 
 def _refusal(name, feature):
     def refused(*args, **kwargs):
         raise FrameworkError(f"torch.cuda.{name}() is not available with refpool as PyTorch's allocator: "
-                             f"{adapter.LOST_FEATURES[feature]}")
+                             f"{_torch_stats.LOST_FEATURES[feature]}")
     refused.__name__ = name
     return refused
 
 
+def _snapshot(device=None, *args, **kwargs):
+    """refpool.torch.snapshot(), as torch.cuda.memory._snapshot()."""
+    return _torch_snapshot.snapshot()
+
+
+def _memory_snapshot(mempool_id=None):
+    return _torch_snapshot.snapshot()["segments"]
+
+
+def _record_memory_history(enabled="all", *args, **kwargs):
+    """History is refpool's allocation log: on (REFPOOL_CONF=log) it is already recorded."""
+    if enabled in (None, False) or _torch_snapshot.log_path() is not None:
+        return
+    raise FrameworkError("torch.cuda.memory._record_memory_history() with refpool as PyTorch's allocator: "
+                         f"{_torch_stats.LOST_FEATURES['history']}")
+
+
 def _record_stream_refused(tensor, stream):
-    raise FrameworkError(f"Tensor.record_stream() is not available with refpool as PyTorch's allocator: "
-                         f"{adapter.LOST_FEATURES['record_stream']}")
+    raise FrameworkError("Tensor.record_stream() is not available with refpool as PyTorch's allocator: "
+                         f"{_torch_stats.LOST_FEATURES['record_stream']}")
 
 
-def patch(torch):
-    """Installs the replacements and refusals into torch.cuda and torch.cuda.memory."""
-    functions = dict(_REPLACED)
+def patch(torch, hooks):
+    """Installs the replacements into torch.cuda and torch.cuda.memory; `hooks`: whether refpool's
+    PyTorch hooks are installed (without them more must be replaced or refused)."""
+    functions = {
+        "memory_stats": _torch_stats.memory_stats,
+        "reset_peak_memory_stats": _torch_stats.reset_peak_memory_stats,
+        "_snapshot": _snapshot,
+        "memory_snapshot": _memory_snapshot,
+        "_record_memory_history": _record_memory_history,
+    }
     functions.update({name: _refusal(name, feature) for name, feature in _REFUSED.items()})
+    if not hooks:
+        functions["empty_cache"] = _torch_stats.empty_cache
+        functions.update({name: _refusal(name, feature) for name, feature in _REFUSED_WITHOUT_HOOKS.items()})
     for module in (torch.cuda, torch.cuda.memory):
         for name, function in functions.items():
             if hasattr(module, name):
                 setattr(module, name, function)
-    torch.Tensor.record_stream = _record_stream_refused
+    if not hooks:
+        torch.Tensor.record_stream = _record_stream_refused

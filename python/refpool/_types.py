@@ -2,6 +2,8 @@
 import ctypes
 from ctypes import Structure, c_char_p, c_int, c_size_t, c_uint64
 
+from . import _checked
+
 # refpool_status values (stable, part of the ABI).
 OK = 0
 
@@ -21,18 +23,47 @@ class Handle(Structure):
     _fields_ = [("id", c_uint64)]
 
 
-class CacheOptions(Structure):
+class Checked(Structure):
+    """A struct the package fills from user values: each integer field is checked against its C type
+    on assignment (a plain ctypes field would wrap 2**64 to 0)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        for (name, _), value in zip(self._fields_, args):
+            setattr(self, name, value)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # field -> (C type, what to call it in messages), for the integer fields only
+        cls._checked_fields = {name: (ctype, f"{cls.__name__}.{name}") for name, ctype in cls.__dict__["_fields_"]
+                               if ctype in _checked.INTEGER_RANGES}
+
+    def __setattr__(self, name, value):
+        checked = self._checked_fields.get(name)
+        if checked is not None:
+            value = _checked.integer(checked[0], value, checked[1])
+        super().__setattr__(name, value)
+
+
+class CacheOptions(Checked):
     _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t),
                 ("segments", c_int)]
 
 
-class ScopeOptions(Structure):
+class ScopeOptions(Checked):
     """refpool_scope_options: also the options of a step."""
     _fields_ = [("uncached_warmup_entries", c_size_t), ("plan", c_char_p)]
 
 
-class AllocatorOptions(Structure):
+class AllocatorOptions(Checked):
     _fields_ = [("runtime", c_int), ("kind", c_int), ("cache", CacheOptions)]
+
+
+class PoolId(Checked):
+    """refpool_pool_id: a private pool's name (PyTorch's MempoolId_t)."""
+    _fields_ = [("first", c_uint64), ("second", c_uint64)]
 
 
 class BufferInfo(Structure):

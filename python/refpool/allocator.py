@@ -20,7 +20,7 @@ def configure(runtime="cuda", kind="device", rounding=None, rounding_parameter=N
               segments=None):
     """Sets the allocator's runtime ("cuda", "hip"), memory kind ("device", "device_async") and cache
     options (those not given come from REFPOOL_CONF; segments: "auto", "on", "off"). Only before the
-    allocator's first allocation: ConfigError after."""
+    allocator's first allocation: ConfigError after. A rejected call changes nothing."""
     options = t.AllocatorOptions()
     lib().call("refpool_allocator_options_init", ctypes.byref(options))
     options.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
@@ -63,13 +63,45 @@ def reclaim(keep_bytes=0):
 def malloc(nbytes, device=0, stream=None):
     """`nbytes` on `device` from the allocator (any thread): the address, 0 for 0 bytes."""
     out = ctypes.c_void_p()
-    lib().call("refpool_allocator_alloc", nbytes, device, ctypes.c_void_p(stream_pointer(stream)),
-               ctypes.byref(out))
+    lib().call("refpool_allocator_alloc", nbytes, device, stream_pointer(stream), ctypes.byref(out))
     return out.value or 0
 
 
 def free(address):
     """Gives back an address from malloc(), from any thread."""
-    lib().call("refpool_allocator_free", ctypes.c_void_p(address or None))
+    lib().call("refpool_allocator_free", address)
 
-__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free"]
+def set_device_limit(device, limit_bytes):
+    """Caps the bytes the allocator holds from `device` (its cache and private pools); None: no cap.
+    A request past the cap raises OutOfMemoryError once idle blocks are reclaimed."""
+    lib().call("refpool_allocator_set_device_limit", device, t.UNLIMITED if limit_bytes is None else limit_bytes)
+
+
+def empty_cache():
+    """Frees the allocator cache's idle blocks to the driver; private pools keep theirs."""
+    lib().call("refpool_allocator_empty_cache")
+
+
+def record_stream(address, stream):
+    """Marks the buffer at `address` (from this allocator) as used on `stream` too."""
+    lib().call("refpool_allocator_record_stream", address, stream_pointer(stream))
+
+
+def pool_ids():
+    """The live private pools (CUDA graph pools), as (first, second) tuples."""
+    count = ctypes.c_size_t()
+    lib().call("refpool_allocator_pool_ids", None, 0, ctypes.byref(count))
+    ids = (t.PoolId * max(count.value, 1))()
+    lib().call("refpool_allocator_pool_ids", ids, count.value, ctypes.byref(count))
+    return [(ids[i].first, ids[i].second) for i in range(min(count.value, len(ids)))]
+
+
+def pool_stats(pool):
+    """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
+    first, second = pool
+    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second))) as pool_cache:
+        return pool_cache.stats()
+
+
+__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free", "set_device_limit",
+           "empty_cache", "record_stream", "pool_ids", "pool_stats"]

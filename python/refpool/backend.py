@@ -1,6 +1,4 @@
 """Backends: where memory comes from (host, CUDA, HIP), as refpool_backend handles."""
-import ctypes
-
 from . import _types as t
 from ._handles import Owned
 from ._library import lib
@@ -56,4 +54,4 @@ class Backend(Owned):
 
     def retire_stream(self, stream):
         """Tells refpool that `stream` (synchronised by the caller) is about to be destroyed."""
-        lib().call("refpool_retire_stream", self.handle, ctypes.c_void_p(stream_pointer(stream)))
+        lib().call("refpool_retire_stream", self.handle, stream_pointer(stream))

@@ -2,14 +2,14 @@
 import ctypes
 
 from . import _types as t
+from ._checked import size_array
 from ._handles import Owned
 from ._library import lib
 from .streams import stream_pointer
 
 
 def _dims_array(dims):
-    dims = tuple(int(d) for d in dims)
-    return (ctypes.c_size_t * max(len(dims), 1))(*dims), len(dims)
+    return size_array(dims, "dims")
 
 
 def alloc(backend, dims, element_size, stream=None):
@@ -20,7 +20,7 @@ def alloc(backend, dims, element_size, stream=None):
         handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, element_size)
     else:
         handle = lib().new_handle("refpool_alloc_on_stream", backend.handle, array, rank, element_size,
-                                  ctypes.c_void_p(stream_pointer(stream)))
+                                  stream_pointer(stream))
     return Buffer(handle)
 
 
@@ -28,14 +28,14 @@ def malloc(backend, nbytes, stream=None):
     """`nbytes` through this thread's active scope, else straight from `backend`: the address (0 for
     0 bytes). Give it back with free()."""
     out = ctypes.c_void_p()
-    lib().call("refpool_malloc", backend.handle, nbytes, ctypes.c_void_p(stream_pointer(stream)), ctypes.byref(out))
+    lib().call("refpool_malloc", backend.handle, nbytes, stream_pointer(stream), ctypes.byref(out))
     return out.value or 0
 
 
 def free(address):
     """Gives back an address from malloc (any thread). 0 is a no-op; an unknown address or a second
     free raises InvalidArgumentError and frees nothing."""
-    lib().call("refpool_free", ctypes.c_void_p(address or None))
+    lib().call("refpool_free", address)
 
 
 class Buffer(Owned):
@@ -98,7 +98,7 @@ class Buffer(Owned):
 
     def record_stream(self, stream):
         """Marks the buffer as used on `stream` too: not reused before that stream's work is done."""
-        lib().call("refpool_record_stream", self.handle, ctypes.c_void_p(stream_pointer(stream)))
+        lib().call("refpool_record_stream", self.handle, stream_pointer(stream))
 
     def view(self):
         """A writable memoryview of a host buffer's bytes, holding the buffer while it lives."""

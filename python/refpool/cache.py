@@ -1,5 +1,6 @@
 """Caches, and the two ways to run work through one: scopes (this thread) and steps (every thread)."""
 import ctypes
+import functools
 import threading
 
 from . import _types as t
@@ -12,6 +13,16 @@ from .streams import stream_pointer
 def _scope_options(plan, uncached_warmup_entries):
     if plan is not None and not isinstance(plan, str):
         raise TypeError(f"refpool: a plan key is a str, not {type(plan).__name__}")
+    if type(uncached_warmup_entries) is not int:  # checked (and refused) by ScopeOptions, uncached
+        return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
+    return _shared_scope_options(plan, uncached_warmup_entries)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_scope_options(plan, uncached_warmup_entries):
+    # One struct per (plan, warm-up) for every step and scope that uses it: C copies what it reads
+    # and never writes it, and a framework opens one step per iteration (a new struct cost a third
+    # of a step's time in Python).
     return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
 
 
@@ -49,8 +60,8 @@ class Cache(Owned):
         """`nbytes` from `backend` through this cache, from any thread, no scope needed: the address
         (0 for 0 bytes). Give it back with refpool.free(address)."""
         out = ctypes.c_void_p()
-        lib().call("refpool_cache_malloc", self.handle, backend.handle, nbytes,
-                   ctypes.c_void_p(stream_pointer(stream)), ctypes.byref(out))
+        lib().call("refpool_cache_malloc", self.handle, backend.handle, nbytes, stream_pointer(stream),
+                   ctypes.byref(out))
         return out.value or 0
 
     def stats(self):

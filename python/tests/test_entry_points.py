@@ -131,3 +131,63 @@ def test_allocator_configuration_is_checked():
     """)
     assert result.stdout.split() == ["REFPOOL_ERROR_CONFIG"] * 2 or \
         result.stdout.split() == ["REFPOOL_ERROR_INVALID_ARGUMENT"] * 2, result.stdout
+
+
+def test_a_rejected_configuration_changes_nothing():
+    # Issue 23 row 5: a configure refused by the C side (a step of 0 bytes) named a runtime (HIP or
+    # CUDA, neither usable on the CI machine) that stuck, and every later allocation failed with
+    # BackendUnavailableError. The host configuration made before must stay in force.
+    result = run_python("""
+        import ctypes
+        import refpool
+        refpool.allocator.configure(runtime="host")
+        for runtime, kind in (("hip", "device"), ("cuda", "device_async")):
+            try:
+                refpool.allocator.configure(runtime=runtime, kind=kind, rounding="step", rounding_parameter=0)
+                print("accepted")
+            except refpool.ConfigError as e:
+                print("refused:", "rounding step" in str(e))
+        address = refpool.allocator.malloc(3000)
+        ctypes.memset(address, 0x5A, 3000)  # host memory: the host runtime stayed
+        print("allocated:", ctypes.string_at(address, 3) == b"ZZZ")
+        refpool.allocator.free(address)
+    """)
+    assert result.stdout.splitlines() == ["refused: True", "refused: True", "allocated: True"], result.stdout
+
+
+def test_pools_limit_and_empty_cache_from_python():
+    # The allocator functions PyTorch's hooks reach, from the package (host runtime): a private pool
+    # routed to through a C filter, its stats and ids; a device limit; empty_cache; record_stream.
+    result = child_json("""
+        import ctypes, json
+        import refpool, refpool._library, refpool._types as t
+        refpool.allocator.configure(runtime="host", rounding="exact", max_idle_bytes=None)
+        lib = refpool._library.lib()
+        capturing = 0x1000
+        FILTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+        accepts = FILTER(lambda context, stream: int(stream == capturing))
+        lib.call("refpool_allocator_begin_pool", 0, t.PoolId(5, 0), ctypes.cast(accepts, ctypes.c_void_p), None, None)
+        in_pool = refpool.allocator.malloc(4096, stream=capturing)
+        outside = refpool.allocator.malloc(4096, stream=0x2000)
+        result = {"ids": refpool.allocator.pool_ids(), "pool_live": refpool.allocator.pool_stats((5, 0))["live_bytes"],
+                  "main_live": refpool.allocator.stats()["live_bytes"]}
+        lib.call("refpool_allocator_end_pool", 0, t.PoolId(5, 0))
+        refpool.allocator.record_stream(outside, 0x3000)
+        for address in (in_pool, outside):
+            refpool.allocator.free(address)
+        refpool.allocator.empty_cache()
+        result["main_idle"] = refpool.allocator.stats()["idle_bytes"]
+        result["pool_idle"] = refpool.allocator.pool_stats((5, 0))["idle_bytes"]
+        lib.call("refpool_allocator_release_pool", 0, t.PoolId(5, 0))
+        result["ids_after"] = refpool.allocator.pool_ids()
+        refpool.allocator.set_device_limit(0, 8192)
+        try:
+            refpool.allocator.malloc(16384)
+        except refpool.OutOfMemoryError as e:
+            result["refused"] = "out of memory" in str(e)
+        refpool.allocator.set_device_limit(0, None)
+        refpool.allocator.free(refpool.allocator.malloc(16384))
+        print(json.dumps(result))
+    """)
+    assert result == {"ids": [[5, 0]], "pool_live": 4096, "main_live": 4096, "main_idle": 0, "pool_idle": 4096,
+                      "ids_after": [], "refused": True}, result

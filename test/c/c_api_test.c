@@ -4,36 +4,14 @@
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
+#include "c_checks.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <threads.h>
 
-static int failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                            \
-    }                                                                        \
-  } while (0)
-
-/* Checks that `call` returns `expected`; prints the status and last error otherwise. */
-#define EXPECT(call, expected)                                                                     \
-  do {                                                                                             \
-    const refpool_status got_ = (call);                                                            \
-    if (got_ != (expected)) {                                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, \
-              #call, refpool_status_name(got_), refpool_status_name(expected), refpool_last_error()); \
-      ++failures;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
-#define OK(call) EXPECT(call, REFPOOL_OK)
-
-/* True when the last error message contains `part`. */
-static int error_mentions(const char* part) { return strstr(refpool_last_error(), part) != NULL; }
 
 static refpool_cache exact_cache(void) {
   refpool_cache_options options;
@@ -524,10 +502,5 @@ int main(void) {
   test_scope_options();
   test_scope_order();
   test_threads();
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("c_api_test: all checks passed\n");
-  return 0;
+  return finish("c_api_test");
 }

@@ -6,34 +6,14 @@
  * suite runs them on a device. Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
+#include "c_checks.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <threads.h>
 
-static int failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                            \
-    }                                                                        \
-  } while (0)
-
-#define EXPECT(call, expected)                                                                     \
-  do {                                                                                             \
-    const refpool_status got_ = (call);                                                            \
-    if (got_ != (expected)) {                                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, \
-              #call, refpool_status_name(got_), refpool_status_name(expected), refpool_last_error()); \
-      ++failures;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
-#define OK(call) EXPECT(call, REFPOOL_OK)
-
-static int error_mentions(const char* part) { return strstr(refpool_last_error(), part) != NULL; }
 
 static refpool_cache exact_cache(void) {
   refpool_cache_options options;
@@ -41,18 +21,6 @@ static refpool_cache exact_cache(void) {
   OK(refpool_cache_options_init(&options));
   OK(refpool_cache_create(&options, &cache));
   return cache;
-}
-
-/* The value of counter `name` of `cache`, through the by-name interface bindings use. */
-static uint64_t stat(refpool_cache cache, const char* name) {
-  uint64_t values[128];
-  size_t count = 0;
-  OK(refpool_cache_get_stat_values(cache, values, 128, &count));
-  for (size_t i = 0; i < count && i < 128; ++i)
-    if (strcmp(refpool_stat_name(i), name) == 0) return values[i];
-  fprintf(stderr, "no counter named %s\n", name);
-  ++failures;
-  return 0;
 }
 
 static void test_pointers(void) {
@@ -242,10 +210,35 @@ static void test_framework_allocator(void) {
   EXPECT(refpool_allocator_configure(&options), REFPOOL_ERROR_CONFIG);
   options.runtime = REFPOOL_RUNTIME_HOST;
   OK(refpool_allocator_configure(&options));
+
+  /* A rejected configure changes nothing (issue 23 row 5): here a valid runtime with an invalid
+   * rounding, then a valid runtime with invalid segments. The host configuration above stays; had
+   * the rejected runtime (HIP, CUDA: neither usable on the CI machine) stuck, this allocation
+   * would fail with BACKEND_UNAVAILABLE. */
+  refpool_allocator_options rejected = options;
+  rejected.runtime = REFPOOL_RUNTIME_HIP;
+  rejected.cache.rounding = REFPOOL_ROUNDING_STEP;
+  rejected.cache.rounding_parameter = 0;
+  EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("rounding step"));
+  rejected = options;
+  rejected.runtime = REFPOOL_RUNTIME_CUDA;
+  rejected.kind = REFPOOL_MEMORY_DEVICE_ASYNC;
+  rejected.cache.segments = (refpool_segments)9;
+  EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("segments"));
+  void* after_rejection = NULL;
+  OK(refpool_allocator_alloc(3000, 0, NULL, &after_rejection)); /* a size no later request has */
+  CHECK(after_rejection != NULL);
+  if (after_rejection != NULL) memset(after_rejection, 1, 3000); /* host memory: the host runtime stayed */
+  OK(refpool_allocator_free(after_rejection));
+
   refpool_cache cache = {0};
   OK(refpool_allocator_cache(&cache));
   EXPECT(refpool_allocator_configure(&options), REFPOOL_ERROR_CONFIG); /* in use now */
   CHECK(error_mentions("already in use"));
+  const uint64_t allocations_before = stat(cache, "backend_allocations"); /* the one after the rejections */
+  CHECK(allocations_before == 1);
 
   /* PyTorch: malloc(size, device, stream), free(ptr, size, device, stream); 0 bytes is NULL. */
   CHECK(refpool_torch_malloc(0, 0, NULL) == NULL);
@@ -263,7 +256,7 @@ static void test_framework_allocator(void) {
     OK(refpool_step_end(begun));
   }
   /* 8 distinct buffers in the first step, none after: every later request was a hit. */
-  CHECK(stat(cache, "backend_allocations") == 8);
+  CHECK(stat(cache, "backend_allocations") - allocations_before == 8);
   CHECK(stat(cache, "hits") == 16);
   CHECK(stat(cache, "live_blocks") == 0 && stat(cache, "escapes") == 0);
 
@@ -271,7 +264,7 @@ static void test_framework_allocator(void) {
   void* c = refpool_cupy_malloc(NULL, 8192, 0);
   CHECK(c != NULL);
   refpool_cupy_free(NULL, c, 0);
-  CHECK(stat(cache, "backend_allocations") == 8); /* CuPy's request hit PyTorch's idle buffer */
+  CHECK(stat(cache, "backend_allocations") - allocations_before == 8); /* CuPy's request hit PyTorch's idle buffer */
   void* bad = refpool_cupy_malloc(NULL, 16, -1);
   CHECK(bad == NULL && error_mentions("device -1"));
 
@@ -295,10 +288,5 @@ int main(void) {
   test_stats_by_name();
   test_gpu_backends_here();
   test_framework_allocator();
-  if (failures != 0) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("framework_api_test: all checks passed\n");
-  return 0;
+  return finish("framework_api_test");
 }

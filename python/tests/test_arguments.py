@@ -1,0 +1,181 @@
+"""Every public entry of the package that takes a size, a count, a device number or an address refuses
+a value its C type cannot hold, before anything reaches C (issue 23 row 10: ctypes wrapped sizes
+modulo 2**64, so malloc(be, 2**64 + 4096) returned 4 KiB and set_max_idle_bytes(2**64) set 0).
+
+Each case runs against a cache holding one idle block, a scope and a step: a call that reached C
+would change the backend's or the cache's counters (a wrapped size allocates, a wrapped limit
+evicts), or this thread's last error (a call C refused)."""
+import ctypes
+
+import pytest
+
+import refpool
+import refpool._library
+
+SIZE_MAX = ctypes.c_size_t(-1).value
+INT_MAX = 2**31 - 1
+
+# (bad value, the exceptions it may raise) for a size_t parameter.
+BAD_SIZES = [
+    pytest.param(-1, ValueError, id="negative"),
+    pytest.param(SIZE_MAX + 1, OverflowError, id="2**64"),
+    pytest.param(SIZE_MAX + 4097, OverflowError, id="2**64+4096"),
+    pytest.param(-(SIZE_MAX + 1), ValueError, id="-2**64"),
+    pytest.param(4096.0, TypeError, id="float"),
+    pytest.param("4096", TypeError, id="str"),
+    pytest.param(True, TypeError, id="bool"),
+    pytest.param(None, TypeError, id="None"),
+]
+# For an int parameter (a device number): its sign is C's to judge.
+BAD_INTS = [
+    pytest.param(INT_MAX + 1, OverflowError, id="2**31"),
+    pytest.param(-INT_MAX - 2, OverflowError, id="-2**31-1"),
+    pytest.param(2**64, OverflowError, id="2**64"),
+    pytest.param(0.0, TypeError, id="float"),
+    pytest.param("0", TypeError, id="str"),
+]
+# For an address or a stream given as an int.
+BAD_ADDRESSES = [
+    pytest.param(-1, ValueError, id="negative"),
+    pytest.param(2**64, OverflowError, id="2**64"),
+    pytest.param(2**64 + 4096, OverflowError, id="2**64+4096"),
+    pytest.param(4096.5, TypeError, id="float"),
+]
+
+
+class World:
+    """A host backend, a cache with one idle 4 KiB block, a live buffer, and the state they are in."""
+
+    def __init__(self):
+        self.backend = refpool.Backend.new_host()
+        self.cache = refpool.Cache(from_environment=False)
+        with self.cache.scope():
+            refpool.free(refpool.malloc(self.backend, 4096))  # idle in the cache now
+        self.buffer = refpool.alloc(self.backend, (4, 4), 4)
+
+    def state(self):
+        return (self.backend.stats(), self.cache.stats(), self.buffer.dims, refpool._library.lib().last_error())
+
+    def close(self):
+        self.buffer.close()
+        self.cache.close()
+        self.backend.close()
+
+
+@pytest.fixture
+def world():
+    w = World()
+    # A known last error: a call that reached C and failed would replace it.
+    with pytest.raises(refpool.InvalidArgumentError):
+        refpool.free(ctypes.addressof(ctypes.c_int()))
+    yield w
+    w.close()
+
+
+# entry point -> a call taking the bad value `v`. Every public function and method with a size,
+# count or int parameter is here, once per such parameter.
+SIZE_ENTRIES = {
+    "malloc(nbytes)": lambda w, v: refpool.malloc(w.backend, v),
+    "alloc(dims[0])": lambda w, v: refpool.alloc(w.backend, (v,), 4),
+    "alloc(dims[1])": lambda w, v: refpool.alloc(w.backend, (4, v), 4),
+    "alloc(element_size)": lambda w, v: refpool.alloc(w.backend, (4,), v),
+    "alloc(stream=..., element_size)": lambda w, v: refpool.alloc(w.backend, (4,), v, stream=0),
+    "Buffer.reshape(dims)": lambda w, v: w.buffer.reshape((v,)),
+    "Backend.host_limited(capacity_bytes)": lambda w, v: refpool.Backend.host_limited(v),
+    "Cache(max_idle_bytes)": lambda w, v: refpool.Cache(max_idle_bytes=v),
+    "Cache(rounding_parameter)": lambda w, v: refpool.Cache(rounding="step", rounding_parameter=v),
+    "Cache.malloc(nbytes)": lambda w, v: w.cache.malloc(w.backend, v),
+    "Cache.reclaim(keep_bytes)": lambda w, v: w.cache.reclaim(v),
+    "Cache.set_max_idle_bytes": lambda w, v: w.cache.set_max_idle_bytes(v),
+    "Cache.scope(uncached_warmup_entries)": lambda w, v: w.cache.scope(uncached_warmup_entries=v).enter(),
+    "Cache.step(uncached_warmup_entries)": lambda w, v: w.cache.step(uncached_warmup_entries=v).begin(),
+    "allocator.configure(max_idle_bytes)": lambda w, v: refpool.allocator.configure(runtime="host", max_idle_bytes=v),
+    "allocator.configure(rounding_parameter)":
+        lambda w, v: refpool.allocator.configure(runtime="host", rounding="pow2", rounding_parameter=v),
+    "allocator.malloc(nbytes)": lambda w, v: refpool.allocator.malloc(v),
+    "allocator.reclaim(keep_bytes)": lambda w, v: refpool.allocator.reclaim(v),
+    "allocator.step(uncached_warmup_entries)": lambda w, v: refpool.allocator.step(uncached_warmup_entries=v),
+    "allocator.set_device_limit(limit_bytes)": lambda w, v: refpool.allocator.set_device_limit(0, v),
+    "allocator.pool_stats(pool)": lambda w, v: refpool.allocator.pool_stats((v, 0)),
+}
+INT_ENTRIES = {
+    "Backend.cuda(device)": lambda w, v: refpool.Backend.cuda(v),
+    "Backend.hip(device)": lambda w, v: refpool.Backend.hip(v),
+    "allocator.malloc(device)": lambda w, v: refpool.allocator.malloc(16, device=v),
+    "allocator.set_device_limit(device)": lambda w, v: refpool.allocator.set_device_limit(v, 4096),
+}
+ADDRESS_ENTRIES = {
+    "free(address)": lambda w, v: refpool.free(v),
+    "allocator.free(address)": lambda w, v: refpool.allocator.free(v),
+    "malloc(stream)": lambda w, v: refpool.malloc(w.backend, 16, stream=v),
+    "alloc(stream)": lambda w, v: refpool.alloc(w.backend, (4,), 4, stream=v),
+    "Cache.malloc(stream)": lambda w, v: w.cache.malloc(w.backend, 16, stream=v),
+    "Buffer.record_stream(stream)": lambda w, v: w.buffer.record_stream(v),
+    "Backend.retire_stream(stream)": lambda w, v: w.backend.retire_stream(v),
+    "allocator.malloc(stream)": lambda w, v: refpool.allocator.malloc(16, stream=v),
+    "allocator.record_stream(address)": lambda w, v: refpool.allocator.record_stream(v, None),
+    "allocator.record_stream(stream)": lambda w, v: refpool.allocator.record_stream(4096, v),
+}
+
+
+def check_refused(world, call, value, expected):
+    before = world.state()
+    with pytest.raises(expected) as raised:
+        call(world, value)
+    assert str(raised.value).startswith("refpool: "), raised.value
+    assert world.state() == before  # nothing reached C
+
+
+@pytest.mark.parametrize("value,expected", BAD_SIZES)
+@pytest.mark.parametrize("entry", SIZE_ENTRIES)
+def test_sizes_outside_size_t_are_refused_before_c(world, entry, value, expected):
+    if value is None and entry in ("Cache(max_idle_bytes)", "Cache(rounding_parameter)", "Cache.set_max_idle_bytes",
+                                   "allocator.configure(max_idle_bytes)", "allocator.configure(rounding_parameter)",
+                                   "allocator.set_device_limit(limit_bytes)"):
+        pytest.skip("None means 'the default' here")
+    check_refused(world, SIZE_ENTRIES[entry], value, expected)
+
+
+@pytest.mark.parametrize("value,expected", BAD_INTS)
+@pytest.mark.parametrize("entry", INT_ENTRIES)
+def test_ints_outside_int_are_refused_before_c(world, entry, value, expected):
+    check_refused(world, INT_ENTRIES[entry], value, expected)
+
+
+@pytest.mark.parametrize("value,expected", BAD_ADDRESSES)
+@pytest.mark.parametrize("entry", ADDRESS_ENTRIES)
+def test_addresses_outside_a_pointer_are_refused_before_c(world, entry, value, expected):
+    check_refused(world, ADDRESS_ENTRIES[entry], value, expected)
+
+
+def test_the_issues_two_cases():
+    with refpool.Backend.new_host() as be, refpool.Cache(from_environment=False) as cache:
+        with pytest.raises(OverflowError, match="refpool_malloc: bytes is 18446744073709555712"):
+            refpool.malloc(be, 2**64 + 4096)
+        assert be.stats()["allocation_count"] == 0
+        with cache.scope():
+            refpool.free(refpool.malloc(be, 4096))
+        with pytest.raises(OverflowError, match="max_idle_bytes is 18446744073709551616"):
+            cache.set_max_idle_bytes(2**64)
+        assert cache.stats()["idle_bytes"] == 4096  # a limit of 0 would have evicted it
+
+
+def test_the_edges_of_each_type_still_reach_c():
+    # The checks refuse only what the C type cannot hold: SIZE_MAX, INT_MAX and INT_MIN get to C,
+    # which judges them (a host backend cannot give SIZE_MAX bytes; no device INT_MIN exists).
+    with refpool.Backend.new_host() as be, refpool.Cache(from_environment=False) as cache:
+        with pytest.raises((refpool.OutOfMemoryError, refpool.SizeError)):
+            refpool.malloc(be, SIZE_MAX)
+        cache.set_max_idle_bytes(SIZE_MAX)
+        assert cache.reclaim(SIZE_MAX) == 0
+        for device in (INT_MAX, -INT_MAX - 1):
+            with pytest.raises(refpool.RefpoolError):  # C's error: unavailable here, or no such device
+                refpool.Backend.cuda(device)
+        numpy = pytest.importorskip("numpy")
+        with cache.scope():
+            refpool.free(refpool.malloc(be, numpy.int64(64)))  # int-likes are ints
+
+
+def test_wrong_arity_is_a_type_error_naming_the_function():
+    with pytest.raises(TypeError, match=r"refpool_free\(\) takes 1 positional argument but 2 were given"):
+        refpool._library.lib().fn("refpool_free")(None, None)

@@ -1,0 +1,185 @@
+/* The framework allocator's private pools, device limit, empty_cache and record_stream by pointer,
+ * through the C API on the host runtime, called as PyTorch's hooks call them during CUDA graph
+ * capture (a process of its own: the framework allocator is process-wide). The "capturing" stream
+ * is a made-up address; the filter accepts it, as PyTorch's accepts a stream capturing into the
+ * graph. The GPU half (real captures through PyTorch) is python/tests/test_torch.py.
+ * Prints each failed check and exits 1 if any failed. */
+#include <refpool/refpool.h>
+
+#include "c_checks.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static void* const capturing = (void*)0x1000; /* the stream being "captured" */
+static void* const other = (void*)0x2000;     /* a stream that is not */
+static int drops = 0;
+
+static int captures(void* context, void* stream) { return stream == *(void* const*)context; }
+static void drop(void* context) {
+  (void)context;
+  ++drops;
+}
+
+static uint64_t pool_stat(refpool_pool_id pool, const char* name) {
+  refpool_cache cache = {0};
+  OK(refpool_allocator_pool_cache(pool, &cache));
+  const uint64_t value = stat(cache, name);
+  OK(refpool_cache_destroy(cache)); /* the handle only */
+  return value;
+}
+
+static void* alloc(size_t bytes, void* stream) {
+  void* p = NULL;
+  OK(refpool_allocator_alloc(bytes, 0, stream, &p));
+  CHECK(p != NULL);
+  if (p != NULL) memset(p, 0x5A, bytes); /* host memory: really there */
+  return p;
+}
+
+static size_t live_pools(void) {
+  size_t count = 99;
+  OK(refpool_allocator_pool_ids(NULL, 0, &count));
+  return count;
+}
+
+static void test_capture_into_a_pool(refpool_cache main_cache) {
+  const refpool_pool_id pool = {7, 0};
+  void* const* context = &capturing;
+  CHECK(refpool_allocator_routing_to_pools() == 0);
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, drop));
+  CHECK(refpool_allocator_routing_to_pools() == 1);
+  CHECK(live_pools() == 1);
+
+  /* In capture: the capturing stream's requests go to the pool, the others' to the cache. */
+  void* a = alloc(4096, capturing);
+  void* outside = alloc(4096, other);
+  CHECK(pool_stat(pool, "live_bytes") == 4096);
+  CHECK(stat(main_cache, "live_bytes") == 4096);
+  /* Freed in capture: reused inside the pool, never by the cache. */
+  OK(refpool_allocator_free(a));
+  void* again = alloc(4096, capturing);
+  CHECK(again == a);
+  OK(refpool_allocator_free(outside));
+  void* from_pool = alloc(4096, capturing); /* the cache's idle block is not the pool's to take */
+  CHECK(from_pool != outside && from_pool != a);
+  OK(refpool_allocator_free(from_pool));
+  OK(refpool_allocator_end_pool(0, pool));
+  CHECK(refpool_allocator_routing_to_pools() == 0);
+  CHECK(drops == 1); /* the route's context, dropped at its end */
+
+  /* After capture: the pool's memory stays reserved; the cache never hands it out, and
+   * empty_cache leaves it (graphs replay into it). */
+  void* after = alloc(4096, capturing);
+  CHECK(after != a && after != from_pool);
+  OK(refpool_allocator_free(after));
+  OK(refpool_allocator_free(again)); /* a "graph output" freed after capture: back to the pool */
+  OK(refpool_allocator_empty_cache());
+  CHECK(stat(main_cache, "idle_bytes") == 0);
+  CHECK(pool_stat(pool, "idle_bytes") == 8192);
+
+  /* A second graph sharing the pool (PyTorch's pool=g1.pool()) reuses its memory. */
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  void* second = alloc(4096, capturing);
+  CHECK(second == a || second == from_pool);
+  void* kept = alloc(16384, capturing); /* outlives both graphs */
+  OK(refpool_allocator_free(second));
+  OK(refpool_allocator_end_pool(0, pool));
+  CHECK(pool_stat(pool, "backend_allocations") + pool_stat(pool, "segment_grows") >= 2);
+
+  /* Two graphs used the pool: it goes at the second release; a buffer still held stays valid. */
+  OK(refpool_allocator_release_pool(0, pool));
+  CHECK(live_pools() == 1);
+  OK(refpool_allocator_release_pool(0, pool));
+  CHECK(live_pools() == 0);
+  memset(kept, 1, 16384);
+  OK(refpool_allocator_free(kept));
+  OK(refpool_allocator_release_pool(0, pool)); /* gone: ignored, as PyTorch's MemPool needs */
+  refpool_cache gone = {0};
+  EXPECT(refpool_allocator_pool_cache(pool, &gone), REFPOOL_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_pool_misuse(void) {
+  const refpool_pool_id pool = {0, 3};
+  const refpool_pool_id none = {0, 0};
+  void* const* context = &capturing;
+  drops = 0;
+  EXPECT(refpool_allocator_begin_pool(0, pool, NULL, (void*)context, drop), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_allocator_begin_pool(0, none, captures, (void*)context, drop), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_allocator_begin_pool(-1, pool, captures, (void*)context, drop), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(drops == 3); /* refpool owns the context also when it refuses */
+  CHECK(live_pools() == 0);
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, drop));
+  EXPECT(refpool_allocator_begin_pool(0, pool, captures, (void*)context, drop), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(drops == 4); /* the refused context too */
+  EXPECT(refpool_allocator_release_pool(0, pool), REFPOOL_ERROR_INVALID_ARGUMENT); /* still routed to */
+  EXPECT(refpool_allocator_end_pool(1, pool), REFPOOL_ERROR_INVALID_ARGUMENT);     /* not on device 1 */
+  OK(refpool_allocator_end_pool(0, pool));
+  EXPECT(refpool_allocator_end_pool(0, pool), REFPOOL_ERROR_INVALID_ARGUMENT);
+  OK(refpool_allocator_release_pool(0, pool));
+  CHECK(drops == 5 && live_pools() == 0);
+  size_t count = 0;
+  EXPECT(refpool_allocator_pool_ids(NULL, 1, &count), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_allocator_pool_ids(NULL, 0, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_device_limit(refpool_cache main_cache) {
+  const refpool_pool_id pool = {9, 0};
+  void* const* context = &capturing;
+  OK(refpool_allocator_empty_cache());
+  OK(refpool_allocator_set_device_limit(0, 64 * 1024));
+  void* a = alloc(32 * 1024, other);
+  void* refused = &refused;
+  EXPECT(refpool_allocator_alloc(64 * 1024, 0, other, &refused), REFPOOL_ERROR_OUT_OF_MEMORY);
+  CHECK(strstr(refpool_last_error(), "out of memory") != NULL);
+  OK(refpool_allocator_free(a));
+  /* 32 KiB idle + 48 KiB is past the cap: the idle block is reclaimed, then the request fits. */
+  void* b = alloc(48 * 1024, other);
+  CHECK(stat(main_cache, "idle_bytes") == 0);
+
+  /* Private pools charge the same cap, and their idle memory is never reclaimed for a request. */
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  void* in_pool = alloc(8 * 1024, capturing);
+  OK(refpool_allocator_free(in_pool));
+  EXPECT(refpool_allocator_alloc(12 * 1024, 0, capturing, &refused), REFPOOL_ERROR_OUT_OF_MEMORY);
+  CHECK(strstr(refpool_last_error(), "private pool") != NULL);
+  CHECK(pool_stat(pool, "idle_bytes") == 8 * 1024);
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool));
+
+  EXPECT(refpool_allocator_set_device_limit(-1, 0), REFPOOL_ERROR_INVALID_ARGUMENT);
+  OK(refpool_allocator_set_device_limit(0, SIZE_MAX));
+  void* c = alloc(64 * 1024, other);
+  OK(refpool_allocator_free(c));
+  OK(refpool_allocator_free(b));
+}
+
+static void test_record_stream_by_pointer(void) {
+  void* a = alloc(1024, other);
+  OK(refpool_allocator_record_stream(a, capturing));
+  OK(refpool_allocator_free(a));
+  EXPECT(refpool_allocator_record_stream(a, capturing), REFPOOL_ERROR_INVALID_ARGUMENT); /* freed */
+  int local = 0;
+  EXPECT(refpool_allocator_record_stream(&local, capturing), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_allocator_record_stream(NULL, capturing), REFPOOL_ERROR_INVALID_ARGUMENT);
+}
+
+int main(void) {
+  refpool_allocator_options options;
+  OK(refpool_allocator_options_init(&options));
+  options.runtime = REFPOOL_RUNTIME_HOST;
+  options.cache.rounding = REFPOOL_ROUNDING_EXACT;
+  options.cache.max_idle_bytes = SIZE_MAX;
+  OK(refpool_allocator_configure(&options));
+  refpool_cache main_cache = {0};
+  OK(refpool_allocator_cache(&main_cache));
+  test_capture_into_a_pool(main_cache);
+  test_pool_misuse();
+  test_device_limit(main_cache);
+  test_record_stream_by_pointer();
+  OK(refpool_allocator_empty_cache());
+  CHECK(stat(main_cache, "live_bytes") == 0 && stat(main_cache, "held_bytes") == 0);
+  OK(refpool_cache_destroy(main_cache));
+  return finish("framework_pools_test");
+}
