@@ -22,6 +22,8 @@ namespace refpool {
 /// nullptr does nothing. Two frees of one hand-over racing each other: one frees, one throws.
 /// Throws `invalid_argument` naming the pointer when refpool keeps nothing under it: a pointer
 /// it never handed out, or one already freed (a double free); nothing is freed then.
+/// A stale free is not detectable, as with malloc: once the address was freed and handed out
+/// again (the cache reuses buffers), a late second free frees the new owner's buffer.
 REFPOOL_API void free_pointer(void* ptr);
 
 /// The buffer kept under `ptr`, as a new handle (the kept reference stays). Throws
