@@ -1,7 +1,12 @@
-// Replays captured training-step allocation traces (bench/traces/*.csv: step,event,index,bytes)
-// through refpool's plain cache and through a planned scope, on the host backend or a CUDA device,
-// and reports memory held against peak live bytes, ns per request and driver calls in steady
-// state.
+// Replays captured allocation traces (bench/traces/*.csv: step,event,index,bytes; a training
+// step or a serving request per step) through refpool's plain cache, through what users get by
+// default and through a planned scope, on the host backend or a CUDA device, and reports peak
+// memory reserved against peak live bytes, ns per request and driver calls in steady state. Every
+// trace runs at least 3 x its steps after a warm-up that sees each step twice.
+//
+// Rows: "default" is a default-constructed cache (on the host with segments on, as a GPU gets them
+// by default) whose requests are cache-level requests inside a plain step, the path frameworks
+// take; "cache ..." are plain scopes with the options named; "planned" a planned scope.
 //
 // Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
@@ -19,9 +24,11 @@
 //                 request count printed).
 #include <time.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,9 +104,12 @@ struct result {
   refpool::cache_stats stats;
 };
 
-// One configuration: `planned` uses a planned scope, else a plain one with `options`.
+enum class request_path { scope, planned_scope, step };
+
+// One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
+// requests), on a cache with `options`.
 result replay(const refpool::backend& be, const std::vector<step>& steps, int iterations, refpool::cache_options options,
-              bool planned) {
+              request_path how) {
   result out;
   {
     refpool::alloc_cache cache{options};
@@ -116,11 +126,17 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
       }
       const double start = thread_seconds();
       {
-        refpool::scope s(cache, {.plan = planned ? "trace" : ""});
+        std::optional<refpool::scope> in_scope;
+        std::optional<refpool::step> in_step;
+        if (how == request_path::step) {
+          in_step.emplace(cache);
+        } else {
+          in_scope.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_scope ? "trace" : ""});
+        }
         for (const event& e : st) {
           if (e.alloc) {
             if (live.size() <= e.index) live.resize(e.index + 1);
-            live[e.index] = refpool::allocate(be, e.bytes);
+            live[e.index] = how == request_path::step ? cache.allocate(be, e.bytes) : refpool::allocate(be, e.bytes);
           } else {
             live[e.index].reset();
           }
@@ -176,9 +192,11 @@ int main(int argc, char** argv) {
   }
   refpool::bench::json_rows json;
   fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}\n", "trace", "refpool", "requests",
-             "peak live", "held", "held/live", "ns/req", "steady allocs", "plan hits", "measured");
+             "peak live", "peak resvd", "resvd/live", "ns/req", "steady allocs", "plan hits", "measured");
   for (const std::string& path : traces) {
     const auto steps = concatenated(variants(read_trace(path), variant_count), copies);
+    // A warm-up that sees every step twice, then at least 3 x the steps measured.
+    const int runs = std::max(iterations, static_cast<int>(5 * steps.size()));
     const std::size_t live = peak_live(steps);
     std::size_t requests = 0;
     for (const auto& st : steps)
@@ -189,7 +207,7 @@ int main(int argc, char** argv) {
     struct config {
       const char* label;
       refpool::cache_options options;
-      bool planned;
+      request_path how;
     };
     // Segments explicitly off except in the segments row: the default (automatic) carves pieces
     // for device memory, so --cuda would otherwise measure segments in every row.
@@ -199,25 +217,30 @@ int main(int argc, char** argv) {
     pow2.rounding = refpool::rounding_policy::pow2(4);
     refpool::cache_options segments;
     segments.segments = refpool::segment_policy::on;
-    for (const config& c : {config{"cache exact", exact, false}, config{"cache pow2:4", pow2, false},
-                            config{"cache segments", segments, false}, config{"planned", exact, true}}) {
+    refpool::cache_options defaults;  // what alloc_cache{} gives (segments automatic: on for GPU memory)
+    if (!use_cuda) defaults.segments = refpool::segment_policy::on;  // as a GPU gets them
+    for (const config& c : {config{"default", defaults, request_path::step}, config{"cache exact", exact, request_path::scope},
+                            config{"cache pow2:4", pow2, request_path::scope}, config{"cache segments", segments, request_path::scope},
+                            config{"planned", exact, request_path::planned_scope}}) {
       if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
-      const result r = replay(be, steps, iterations, c.options, c.planned);
+      const result r = replay(be, steps, runs, c.options, c.how);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
+      const std::size_t reserved = r.stats.peak_reserved_bytes;
       fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>14} {:>10} {:>10}\n", name, c.label,
-                 requests / steps.size(), live / 1e6, held / 1e6, static_cast<double>(held) / live, r.ns_per_request,
-                 r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
+                 requests / steps.size(), live / 1e6, reserved / 1e6, static_cast<double>(reserved) / live,
+                 r.ns_per_request, r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
       json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
                            R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
                            R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, )"
-                           R"("peak_reserved_bytes": {}, "segment_grows": {}, "hits": {}, "misses": {}}})",
+                           R"("peak_reserved_bytes": {}, "peak_reserved_over_live": {:.4f}, "segment_grows": {}, "hits": {}, )"
+                           R"("misses": {}, "measured_steps": {}}})",
                            name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
                            r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses,
-                           r.stats.arena_bytes, r.stats.peak_reserved_bytes, r.stats.segment_grows, r.stats.hits,
-                           r.stats.misses));
+                           r.stats.arena_bytes, reserved, static_cast<double>(reserved) / live, r.stats.segment_grows,
+                           r.stats.hits, r.stats.misses, runs - static_cast<int>(2 * steps.size())));
     }
   }
   json.write(json_path);
