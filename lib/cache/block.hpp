@@ -71,6 +71,7 @@ struct alignas(64) block : block_header {
   std::uint64_t idle_seq = 0;    ///< cached: its slot's release count then (orders within a tick)
   block* next_handed_off = nullptr;  ///< link in a slot's hand-off list (released on another thread)
   bool handed_off_unsafe = false;    ///< ... and whether that release was an unsafe_free
+  bool handed_off_in_epoch = false;  ///< ... and whether the step it was handed out in was still open
 
   /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.
   spinlock streams_lock;

@@ -133,8 +133,7 @@ slot* cache_state::lease_ambient() {
   slot* s = lease_locked(free_ambient_slots_, this_thread_token());
   s->ambient = true;
   // Blocks an earlier thread got from this slot in the open step still count for it.
-  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);  // steps change it under mutex_ too
-  if (s->epoch != epoch) roll_epoch(*s, epoch);
+  catch_up_with_steps(*s);
   return s;
 }
 
@@ -190,12 +189,8 @@ void cache_state::end_step() noexcept {
       std::lock_guard unpublish(router_lock_);
       ended = step_router_.exchange(nullptr, std::memory_order_relaxed);
     }
-    for (const auto& s : slots_) {
-      if (!s->ambient) continue;
-      intrude(*s);
-      if (s->epoch != epoch) roll_epoch(*s, epoch);
-      s->lock.unlock();
-    }
+    // The slots are not held here (holding each costs a process-wide barrier): each counts the
+    // step's escapes when next held (catch_up_with_steps: a request, a release, stats).
   }
   // The cache's reference, dropped with no lock held; calls in flight hold their own.
   if (ended != nullptr) ended->release_router();
@@ -345,6 +340,9 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
   if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !tracking_idle_.load(std::memory_order_relaxed)) {
     // The owner (or an intruder) drains it; the block is idle from the next look at the slot.
     b->handed_off_unsafe = via_unsafe_free;
+    // Steps end without draining hand-off lists: whether this release came before its step's end
+    // is known only now (ambient slots' epochs are the cache's step epochs).
+    b->handed_off_in_epoch = b->epoch == step_epoch_.load(std::memory_order_relaxed);
     block* head = s.handed_off.load(std::memory_order_relaxed);
     do {
       if (head == orphaned_marker) {
@@ -607,6 +605,7 @@ cache_stats cache_state::stats() const {
     std::lock_guard guard(mutex_);
     self.intrude_all();
     for (const auto& s : slots_) {
+      self.catch_up_with_steps(*s);  // escapes of ended steps
       const slot_counters& c = s->counters;
       out.hits += c.hits;
       out.misses += c.misses;

@@ -189,6 +189,13 @@ class cache_state : public ref_counted<cache_state> {
   bool add_idle(slot& s, block* b) noexcept;  // true when over the idle limit
   void remove_idle(slot& s, block* b) noexcept;
   void roll_epoch(slot& s, std::uint64_t epoch) noexcept;
+  /// An ambient slot still in an ended step's epoch rolls to the current one (counting the step's
+  /// escapes): steps end without touching the slots, each slot catches up when next held.
+  void catch_up_with_steps(slot& s) noexcept {
+    if (!s.ambient) return;
+    const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
+    if (epoch != s.epoch) [[unlikely]] roll_epoch(s, epoch);
+  }
 
   // Slow paths.
   router_ref retain_step_router() const noexcept;

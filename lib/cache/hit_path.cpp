@@ -132,10 +132,7 @@ block* cache_state::acquire(slot& s, backend_state& backend, const block_key& ke
       if (!orphaned) over_limit = drain_handed_off(s);
     }
     if (!orphaned) {
-      if (s.ambient) {
-        const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
-        if (epoch != s.epoch) [[unlikely]] roll_epoch(s, epoch);
-      }
+      catch_up_with_steps(s);
       bucket& home = s.bucket_for(key);
       b = home.take(stream);
       if (b != nullptr) {
@@ -180,6 +177,7 @@ bool cache_state::add_idle(slot& s, block* b) noexcept {
 }
 
 bool cache_state::release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept {
+  catch_up_with_steps(s);  // a block of an ended step that is still live at its end escaped it
   b->home->live -= 1;
   s.counters.live_bytes -= b->capacity;
   if (b->epoch == s.epoch) s.live_in_epoch -= 1;
@@ -195,6 +193,15 @@ bool cache_state::drain_list(slot& s, block* newest) noexcept {
     newest->next_handed_off = oldest;
     oldest = newest;
     newest = next;
+  }
+  if (s.ambient) {
+    // Releases made before their step ended are no escapes of it, whenever the list is drained.
+    for (block* b = oldest; b != nullptr; b = b->next_handed_off) {
+      if (b->handed_off_in_epoch && b->epoch == s.epoch) {
+        s.live_in_epoch -= 1;
+        b->epoch = no_epoch;  // counted: release_in_slot must not count it again
+      }
+    }
   }
   bool over_limit = false;
   for (block* b = oldest; b != nullptr;) {

@@ -115,6 +115,9 @@ struct slot_counters {
   std::size_t peak_live_bytes = 0;
 };
 
+/// A block's epoch once its release was counted against its epoch (no slot has this epoch).
+inline constexpr std::uint64_t no_epoch = ~std::uint64_t{0};
+
 /// What `handed_off` holds after the cache was destroyed: releases then free their block.
 inline block* const orphaned_marker = reinterpret_cast<block*>(alignof(block));
 
