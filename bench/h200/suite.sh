@@ -3,7 +3,8 @@
 # run the whole test suite (CUDA, planned streams, virtual memory, Python adapters with torch,
 # CuPy and Numba), the GPU allocator benchmarks (PyTorch's allocator as an anchor), the trace
 # replays on CUDA, and the framework benchmarks. Parts: tests gpu replay frameworks (or all), and
-# pictures (memory over time of GPT-2 training, plain and planned) and pointer (free by pointer).
+# pictures (memory over time of GPT-2 training, plain and planned), pointer (free by pointer),
+# serving (captures a GPT-2 serving trace and replays it) and cupy (the CuPy loop by batch).
 # Each part writes its own files under $OUT, so a part that runs out of time loses only its own
 # output. PACK=1 (on the last call of a command) archives them into $OUT/results.tgz.
 set -uo pipefail
@@ -38,7 +39,8 @@ if [ "$part" = all ] || [ "$part" = gpu ]; then
   fi
 fi
 if [ "$part" = all ] || [ "$part" = replay ]; then
-  timeout ${REPLAY_SECONDS:-120} /tmp/b/bench/trace_replay --cuda --iterations 60 bench/traces/*.csv >"$out/trace_replay_cuda.txt" 2>&1
+  timeout ${REPLAY_SECONDS:-120} /tmp/b/bench/trace_replay --cuda --iterations 60 --json "$out/trace_replay_cuda.json" \
+    bench/traces/*.csv >"$out/trace_replay_cuda.txt" 2>&1
   timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --iterations 96 --variants 12 bench/traces/gpt.csv >>"$out/trace_replay_cuda.txt" 2>&1
   timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --iterations 30 --concat 7 bench/traces/gpt.csv >>"$out/trace_replay_cuda.txt" 2>&1
   tail -40 "$out/trace_replay_cuda.txt"
@@ -59,6 +61,19 @@ if [ "$part" = pictures ]; then
       --stats "$out/stats-$mode.json" --title "GPT-2 small training (batch 8 x 256), $mode, H200" >>"$out/pictures.txt" 2>&1
   done
   tail -6 "$out/pictures.txt"
+fi
+if [ "$part" = serving ]; then  # capture a serving trace (GPT-2 generation, random batch x prompt), replay it
+  timeout ${SERVING_SECONDS:-180} python3 bench/traces/capture_serving.py "$out" ${SERVING_REQUESTS:-40} >"$out/serving.txt" 2>&1
+  tail -3 "$out/serving.txt"
+  [ -f "$out/gpt2_serving.csv" ] && timeout ${REPLAY_SECONDS:-120} /tmp/b/bench/trace_replay --cuda \
+    --json "$out/trace_replay_serving.json" "$out/gpt2_serving.csv" >>"$out/serving.txt" 2>&1
+  tail -6 "$out/serving.txt"
+fi
+if [ "$part" = cupy ]; then  # the CuPy MLP loop, own pool against refpool, by batch (issue 26)
+  lib=$(find /tmp/b/python -name 'librefpool.so' | head -1)
+  timeout ${CUPY_SECONDS:-150} python3 bench/frameworks/cupy_small_batches.py --library "$lib" --rounds ${ROUNDS:-3} \
+    --out "$out/cupy_small_batches.json" >"$out/cupy_small_batches.txt" 2>&1
+  tail -8 "$out/cupy_small_batches.txt"
 fi
 if [ "$part" = pointer ]; then  # one alloc + free pair on one thread: by handle, cache-level, by pointer
   TIMEFORMAT="%R"

@@ -178,22 +178,10 @@ block* cache_state::allocate_piece(slot& s, backend_state& backend, const block_
     give_up();
     throw;
   }
-  block* b = made.get();
-  b->ptr = c.p.address;
-  b->capacity = key.bytes;
-  b->backend = &backend;
-  b->origin = block_origin::cached;
-  b->id = next_block_id_.fetch_add(1, std::memory_order_relaxed);
-  b->last_stream = stream;
-  b->heap = &*h;
-  b->piece = c.p;
+  made->heap = &*h;
+  made->piece = c.p;
   try {
-    owner_section section(s.lock);
-    bucket& home = s.bucket_for(key);  // made again if a reclaim erased it meanwhile
-    reserve_for_one_more(home);
-    mark_live(s, home, b, false);
-    s.refs.fetch_add(1, std::memory_order_relaxed);  // also if the cache closed meanwhile: counted
-    if (!c.waits.empty()) s.counters.cross_stream_reuses += 1;
+    home_new_block(s, backend, key, made.get(), c.p.address, stream, !c.waits.empty());
   } catch (...) {
     give_up();
     throw;

@@ -259,19 +259,8 @@ block* cache_state::allocate_new(slot& s, backend_state& backend, const block_ke
   if (backend.piece_unit(segments_) != 1) return allocate_piece(s, backend, key, requested, stream);
   auto made = std::make_unique<block>();  // before the backend call, so a bad_alloc leaks nothing
   void* ptr = allocate_or_reclaim(backend, key.bytes, requested, stream);
-  block* b = made.get();
-  b->ptr = ptr;
-  b->capacity = key.bytes;
-  b->backend = &backend;
-  b->origin = block_origin::cached;
-  b->id = next_block_id_.fetch_add(1, std::memory_order_relaxed);
-  b->last_stream = stream;
   try {
-    owner_section section(s.lock);
-    bucket& home = s.bucket_for(key);  // made again if a reclaim erased it meanwhile
-    reserve_for_one_more(home);
-    mark_live(s, home, b, false);
-    s.refs.fetch_add(1, std::memory_order_relaxed);  // also if the cache closed meanwhile: counted
+    home_new_block(s, backend, key, made.get(), ptr, stream, false);
   } catch (...) {
     backend.deallocate(ptr, key.bytes, stream);
     throw;
@@ -281,6 +270,22 @@ block* cache_state::allocate_new(slot& s, backend_state& backend, const block_ke
   count_held(key.bytes);
   count_from_backends(key.bytes, 0);
   return made.release();
+}
+
+void cache_state::home_new_block(slot& s, backend_state& backend, const block_key& key, block* b, void* ptr,
+                                 stream_ref stream, bool waited) {
+  b->ptr = ptr;
+  b->capacity = key.bytes;
+  b->backend = &backend;
+  b->origin = block_origin::cached;
+  b->id = next_block_id_.fetch_add(1, std::memory_order_relaxed);
+  b->last_stream = stream;
+  owner_section section(s.lock);
+  bucket& home = s.bucket_for(key);  // made again if a reclaim erased it meanwhile
+  reserve_for_one_more(home);
+  mark_live(s, home, b, false);
+  s.refs.fetch_add(1, std::memory_order_relaxed);  // also if the cache closed meanwhile: counted
+  if (waited) s.counters.cross_stream_reuses += 1;
 }
 
 void cache_state::count_held(std::size_t bytes) noexcept {

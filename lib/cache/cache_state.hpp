@@ -204,6 +204,11 @@ class cache_state : public ref_counted<cache_state> {
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
   void leave_all() noexcept;
   block* steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream);
+  /// A miss's new block `b` over `ptr` joins `s`: its fields set, homed in its key's bucket, live,
+  /// and counted as one of the slot's references (also if the cache closed meanwhile). `waited`:
+  /// it waits for other streams (a cross-stream reuse). Throws std::bad_alloc, nothing homed.
+  void home_new_block(slot& s, backend_state& backend, const block_key& key, block* b, void* ptr, stream_ref stream,
+                      bool waited);
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                       stream_ref stream);
   void* allocate_or_reclaim(backend_state& backend, std::size_t bytes, std::size_t requested, stream_ref stream);
