@@ -142,10 +142,22 @@ class helper_thread {
   }
   /// Runs `job` on the helper and waits for it.
   void run(const std::function<void()>& job) {
-    std::unique_lock lock(mutex_);
+    start(job);
+    finish();
+  }
+  /// Starts `job` (which must outlive finish()) on the helper and returns at once.
+  void start(const std::function<void()>& job) {
+    std::lock_guard lock(mutex_);
     job_ = &job;
     done_ = false;
     cv_.notify_all();
+  }
+  [[nodiscard]] bool finished() {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  void finish() {
+    std::unique_lock lock(mutex_);
     cv_.wait(lock, [&] { return done_; });
   }
 
@@ -320,6 +332,9 @@ class session {
   void op_repeat(int t);
   void op_planned_loop(int t);
   void op_plan_sweep(int t);
+  void op_in_flight(int t);
+  void hand_over(int t, int handle);
+  void stale_free(int t);
   void loop_step(int t, bool perturbed);
   void keep_one(int t);
   void release_kept(int t, std::size_t keep);
@@ -364,6 +379,7 @@ class session {
   std::uint64_t seed_ = 0;
   event_log log_;
   model m_{log_};
+  call_gate gate_;  // holds a helper thread's backend call in flight (op_in_flight); outlives be_
   std::shared_ptr<rp::limiting_resource> limited_[backends];
   std::shared_ptr<rp::failing_resource> failing_[backends];
   rp::backend be_[backends];
@@ -392,6 +408,7 @@ class session {
     std::uint64_t gid;
   };
   std::vector<kept_pointer> pointers_;
+  std::vector<void*> freed_pointers_;  ///< addresses whose last hand-over was freed (stale frees)
   [[nodiscard]] bool kept(std::uint64_t gid) const {
     return std::any_of(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.gid == gid; });
   }
@@ -638,7 +655,7 @@ void session::make_backends() {
   for (int b = 0; b < backends; ++b) {
     limited_[b] = std::make_shared<rp::limiting_resource>(rp::make_host_resource(), caps[b]);
     failing_[b] = std::make_shared<rp::failing_resource>(limited_[b]);
-    be_[b] = rp::backend(std::make_shared<tracking_resource>(failing_[b], b, log_));
+    be_[b] = rp::backend(std::make_shared<tracking_resource>(failing_[b], b, log_, gate_));
     m_.be[b].capacity = caps[b];
   }
 }
@@ -1088,8 +1105,9 @@ void session::op_write(int t) {
 
 // Free by pointer (refpool/pointer.hpp): a copy of a handle's reference handed to the pointer
 // table, freed later by address, sometimes twice.
-void session::op_to_pointer(int t) {
-  const int a = pick_handle();
+void session::op_to_pointer(int t) { hand_over(t, pick_handle()); }
+
+void session::hand_over(int t, int a) {
   const model_handle source = mh_[a];
   trace("to_pointer(copy of handle {})", a);
   void* got = nullptr;
@@ -1117,10 +1135,36 @@ void session::free_kept(int t, std::size_t i) {
   if (last && m_.blocks.at(k.gid).refs == 1) verify_block(k.gid, "before its last hand-over was freed");
   expect(on(t, [&] { rp::free_pointer(k.ptr); }), outcome::ok, "free_pointer");
   if (last) m_.drop_ref(k.gid, false);
+  if (last && freed_pointers_.size() < 16) freed_pointers_.push_back(k.ptr);
+}
+
+// A late free of an address whose buffer was freed: a double free, or, once the address was
+// handed out again (the cache reuses buffers), the new owner's free: refpool cannot tell them
+// apart (pointer.hpp), and the model expects exactly that.
+void session::stale_free(int t) {
+  void* const ptr = freed_pointers_[in_.below(freed_pointers_.size())];
+  // Most often the cache has handed the address out again by now: hand that buffer over too.
+  for (int i = 0; i < handle_count; ++i) {
+    const model_handle& m = mh_[i];
+    if (m.gid != 0 && !m.freed && m_.blocks.at(m.gid).ptr == ptr && m.offset == 0) {
+      hand_over(t, i);
+      break;
+    }
+  }
+  const auto now = std::find_if(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.ptr == ptr; });
+  if (now != pointers_.end()) {
+    trace("free_pointer({}) late: the address was handed out again", ptr);
+    all.stale_frees_rehanded += 1;
+    free_kept(t, static_cast<std::size_t>(now - pointers_.begin()));
+    return;
+  }
+  trace("free_pointer({}) late: a double free", ptr);
+  expect(on(t, [&] { rp::free_pointer(ptr); }), outcome::invalid_argument, "a late free by pointer");
 }
 
 void session::op_free_pointer(int t) {
   if (pointers_.empty() || in_.below(8) == 0) {
+    if (!freed_pointers_.empty() && in_.below(2) == 0) return stale_free(t);
     // Never handed out: inside a kept buffer (buffers start 256-byte aligned), or on the stack.
     int local = 0;
     void* bogus = pointers_.empty() ? static_cast<void*>(&local) : static_cast<char*>(pointers_.front().ptr) + 1;
@@ -1247,6 +1291,102 @@ void session::op_cache_alloc(int t) {
   mh_[hi] = model_handle{};
   mh_[hi].kind = ref_kind;
   mh_[hi].gid = gid;
+}
+
+// A cache-level miss on the helper thread held in the backend (the call gate) while the main
+// thread destroys its cache, ends its step or reclaims: the lifetimes docs/design.md names
+// ("Lifetimes"). The model applies the effects in the order they land: a destruction or reclaim
+// first, then the miss (it found nothing idle before either, and its backend call is logged after
+// theirs); a step's end after the miss (the request was made in the step). A request that needs
+// no backend call (a hit) is not held: it completes first.
+void session::op_in_flight(int) {
+  const int c = in_.byte() & 1;
+  const std::size_t action = in_.below(4);  // 0: destroy, 1: end the step, 2: reclaim, 3: nothing
+  // A planned step's run serves a request under its own lock, which its end takes too.
+  if (loop_cache_ >= 0 || m_.caches[static_cast<std::size_t>(cur_[c])].step_run >= 0) return op_cache_alloc(1);
+  const int hi = pick_handle();
+  const int b = pick_backend();
+  const std::size_t bytes = raw_sizes[in_.below(std::size(raw_sizes))];
+  void* stream = pick_stream();
+  const std::uint64_t stamp = next_stamp();
+  const int requested_from = cur_[c];
+  const bool ends_step = action == 1 && open_steps_[c] != nullptr;
+  trace("thread 1: cache {}.allocate({} B, backend {}, stream {}) -> handle {}, held in the backend while thread 0 {}",
+        c, bytes, b, stream, hi, action == 0 ? "destroys the cache" : ends_step ? "ends its step" : action == 3 ? "waits" : "reclaims");
+  pre_drop_verify(hi);
+  void* got = nullptr;
+  result r;
+  rp::alloc_cache* cache = cache_[c].get();
+  const std::function<void()> job = [&] {
+    r = attempt([&] {
+      rp::data_ref ref = cache->allocate(be_[b], bytes, rp::stream_ref{stream});
+      got = ref.data();
+      fill(got, 0, bytes, stamp);
+      h_[hi] = std::move(ref);
+    });
+  };
+  // What thread 0 does, for real and in the model (apart: a step ends for real while the request
+  // is held, but in the model after it).
+  bool ended_step = false;
+  const auto act = [&] {
+    op_thread = 0;
+    if (action == 0) {
+      m_.lease_ambient(requested_from, 1);  // the request leased the thread's slot before it missed
+      expect(on(0, [&] { cache_[c] = std::make_unique<rp::alloc_cache>(rp::cache_options{}); }), outcome::ok,
+             "destroy a cache while a miss is in flight");
+      m_.close_cache(requested_from);
+      cur_[c] = m_.new_cache(model_rounding{}, unlimited);
+      if (open_steps_[c]) {  // ended later, by op_step or cleanup
+        old_steps_.emplace_back(std::move(open_steps_[c]), step_cache_[c]);
+        step_cache_[c] = -1;
+      }
+    } else if (ends_step) {
+      expect(on(0, [&] { open_steps_[c].reset(); }), outcome::ok, "end a step while a request is in flight");
+      ended_step = true;
+    } else if (action == 2) {
+      std::size_t freed = 0;
+      expect(on(0, [&] { freed = cache_[c]->reclaim(0); }), outcome::ok, "reclaim while a miss is in flight");
+      const std::size_t want = m_.reclaim(cur_[c], 0);
+      if (freed != want) fail(fmt::format("reclaim(0) freed {} B, the model expected {} B", freed, want));
+    }
+  };
+  std::uint64_t gid = 0;
+  std::size_t oom = 0;
+  gate_.arm();
+  op_thread = 1;
+  helper().start(job);
+  while (!gate_.parked() && !helper().finished()) std::this_thread::yield();
+  const bool held = gate_.disarm();
+  if (held) {  // while the request waits in the backend
+    act();
+    all.held_destroyed += action == 0;
+    all.held_step_ended += ended_step;
+    all.held_reclaimed += action == 2;
+  }
+  gate_.let_go();
+  helper().finish();
+  op_thread = 1;
+  const outcome want = m_.cache_allocate(1, requested_from, b, bytes, stream, gid, oom);
+  const auto model_step_end = [&] {
+    if (!ended_step) return;
+    m_.end_step(step_cache_[c]);
+    step_cache_[c] = -1;
+  };
+  if (held) model_step_end();  // before the handle's old buffer goes: that went after the step
+  all.cache_level += 1;
+  expect(r, want, "alloc_cache::allocate in flight");
+  if (want == outcome::out_of_memory) check_oom(r, oom);
+  if (want == outcome::ok) {
+    if (gid != 0) accept_block(gid, got, stamp, "alloc_cache::allocate in flight");
+    drop_model(hi);
+    mh_[hi] = model_handle{};
+    mh_[hi].kind = ref_kind;
+    mh_[hi].gid = gid;
+  }
+  if (!held) {  // a request that needed no backend call completed first
+    act();
+    model_step_end();
+  }
 }
 
 void session::op_guard(int t) {
@@ -1404,7 +1544,7 @@ void session::step() {
       &session::op_scope,        &session::op_guard,         &session::op_close,        &session::op_close,
       &session::op_close_misuse, &session::op_reclaim,       &session::op_set_limit,    &session::op_arm,
       &session::op_recreate,     &session::op_verify,        &session::op_repeat,       &session::op_repeat,
-      &session::op_scope,        &session::op_step,          &session::op_cache_alloc,  &session::op_cache_alloc,
+      &session::op_in_flight,    &session::op_step,          &session::op_cache_alloc,  &session::op_cache_alloc,
       &session::op_planned_loop, &session::op_planned_loop, &session::op_plan_sweep,    &session::op_to_pointer,
       &session::op_free_pointer,
   };
@@ -1733,6 +1873,10 @@ void print_totals() {
              "cache-level requests\n",
              all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.stale,
              all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.steps, all.cache_level);
+  fmt::print(stderr,
+             "refpool fuzz: misses held in the backend while their cache was destroyed {}, their step ended {}, "
+             "their cache reclaimed {}; late frees of an address handed out again {}\n",
+             all.held_destroyed, all.held_step_ended, all.held_reclaimed, all.stale_frees_rehanded);
   print_segment_totals();
   std::fflush(stderr);
 }

@@ -25,6 +25,9 @@ struct totals {
   std::uint64_t plan_runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, run_escapes = 0,
                 busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, steps = 0, cache_level = 0, stale = 0,
                 plan_evictions = 0;
+  /// Misses held in the backend while another thread destroyed their cache, ended their step or
+  /// reclaimed (op_in_flight), and late frees of an address handed out again.
+  std::uint64_t held_destroyed = 0, held_step_ended = 0, held_reclaimed = 0, stale_frees_rehanded = 0;
 };
 [[nodiscard]] const totals& get_totals() noexcept;
 /// "N operations in M inputs: ..." for the logs.

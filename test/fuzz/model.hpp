@@ -159,6 +159,9 @@ class model {
   /// alloc_cache::allocate on `thread`: its cache-level slot, through the open step if any.
   outcome cache_allocate(int thread, int c, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
                          std::size_t& oom_bytes);
+  /// `thread`'s cache-level slot of cache `c`, leased now if it has none (a request in flight
+  /// leased it before its cache was destroyed).
+  void lease_ambient(int c, int thread) { ambient_slot(caches[static_cast<std::size_t>(c)], thread); }
   /// A step on cache `c`: scope_error if one is open.
   outcome open_step(int c, std::size_t warmup, const std::string& key);
   void end_step(int c);

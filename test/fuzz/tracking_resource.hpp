@@ -2,8 +2,10 @@
 // so the reference model can check each backend call the cache makes, in order.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -24,7 +26,8 @@ struct backend_event {
 };
 
 /// Calls of all backends of one input, in order. The harness runs one operation at a time
-/// (on the main or the helper thread, never both at once), so a plain vector suffices.
+/// (on the main or the helper thread, never both at once; a call held at the gate below logs
+/// nothing until it is let go, after the other thread's operation), so a plain vector suffices.
 class event_log {
  public:
   void push(const backend_event& e) { events_.push_back(e); }
@@ -51,10 +54,50 @@ class event_log {
   std::size_t read_ = 0;
 };
 
+/// Holds one backend allocation in flight: once armed, the next allocate() of any tracked
+/// backend waits here, before it reaches its upstream or logs anything, until let go. The harness
+/// runs other operations meanwhile (a miss in flight while its cache is destroyed, its step ends).
+class call_gate {
+ public:
+  void arm() {
+    std::lock_guard lock(mutex_);
+    armed_ = true;
+    parked_ = open_ = false;
+  }
+  /// Disarms; false if no call came.
+  bool disarm() {
+    std::lock_guard lock(mutex_);
+    armed_ = false;
+    return parked_;
+  }
+  [[nodiscard]] bool parked() {
+    std::lock_guard lock(mutex_);
+    return parked_;
+  }
+  void let_go() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  /// Called by allocate(): waits if armed (once).
+  void pass() {
+    std::unique_lock lock(mutex_);
+    if (!armed_) return;
+    armed_ = false;
+    parked_ = true;
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool armed_ = false, parked_ = false, open_ = false;
+};
+
 class tracking_resource final : public refpool::resource {
  public:
-  tracking_resource(std::shared_ptr<refpool::resource> upstream, int index, event_log& log)
-      : upstream_(std::move(upstream)), index_(index), log_(log) {}
+  tracking_resource(std::shared_ptr<refpool::resource> upstream, int index, event_log& log, call_gate& gate)
+      : upstream_(std::move(upstream)), index_(index), log_(log), gate_(gate) {}
 
   std::string_view name() const noexcept override { return upstream_->name(); }
   refpool::device_id device() const noexcept override { return upstream_->device(); }
@@ -62,6 +105,7 @@ class tracking_resource final : public refpool::resource {
   std::size_t alignment() const noexcept override { return upstream_->alignment(); }
 
   void* allocate(std::size_t bytes, refpool::stream_ref stream) override {
+    gate_.pass();
     backend_event e{backend_event::kind::allocate, index_, bytes};
     try {
       e.ptr = upstream_->allocate(bytes, stream);
@@ -89,6 +133,7 @@ class tracking_resource final : public refpool::resource {
   std::shared_ptr<refpool::resource> upstream_;
   int index_;
   event_log& log_;
+  call_gate& gate_;
 };
 
 }  // namespace refpool_fuzz

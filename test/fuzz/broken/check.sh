@@ -4,8 +4,9 @@
 # docs/design.md lists them).
 # In a scratch copy of the committed tree (SCRATCH, default build-broken/ under the repository)
 # it applies one patch at a time, rebuilds the corpus replay and runs it on the corpus plus 500
-# pseudo-random inputs, as test 'fuzz-corpus' does: each variant must end in a MISMATCH (or a
-# crash). Not part of CI (a rebuild per variant); run it after changing lib/plan or the model.
+# pseudo-random inputs, as test 'fuzz-corpus' does (with MALLOC_PERTURB_, so that memory a broken
+# variant frees too early is overwritten and a use of it shows): each variant must end in a
+# MISMATCH (or a crash). Not part of CI (a rebuild per variant); run it after changing lib/plan or the model.
 set -u
 top=$(git rev-parse --show-toplevel)
 scratch=${1:-$top/build-broken}
@@ -21,7 +22,8 @@ for patch in "$top"/test/fuzz/broken/*.patch; do
   name=$(basename "$patch" .patch)
   patch -s -d "$src" -p1 < "$patch" || { echo "$name: does not apply"; status=1; continue; }
   if ninja -C "$scratch/build" test/fuzz/refpool_fuzz_replay >"$scratch/$name.build.log" 2>&1; then
-    if "$scratch/build/test/fuzz/refpool_fuzz_replay" "$src/test/fuzz/corpus" --random 500 >"$scratch/$name.log" 2>&1; then
+    if MALLOC_PERTURB_=165 "$scratch/build/test/fuzz/refpool_fuzz_replay" "$src/test/fuzz/corpus" --random 500 \
+      >"$scratch/$name.log" 2>&1; then
       echo "$name: NOT CAUGHT"
       status=1
     else
