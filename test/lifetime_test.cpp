@@ -255,3 +255,36 @@ TEST_CASE("a double free racing pointer_ref: exactly one of the two frees is acc
   cache.reclaim(0);
   CHECK(be.outstanding_bytes() == 0);
 }
+
+TEST_CASE("a cache destroyed while four threads allocate in their scopes: every buffer stays its owner's",
+          "[lifetime][threads]") {
+  const backend be = make_host_backend();
+  for (int trial = 0; trial < 20; ++trial) {
+    auto cache = std::make_unique<alloc_cache>(with_segments(trial % 2 == 0 ? segment_policy::off : segment_policy::on));
+    std::atomic<int> running{0};
+    std::atomic<bool> stop{false};
+    std::atomic<int> damaged{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        scope s(*cache);  // outlives the cache: later requests of the scope go to the backend
+        running.fetch_add(1);
+        std::vector<data_ref> mine;
+        for (unsigned i = 0; !stop.load(std::memory_order_relaxed) || i < 200; ++i) {
+          data_ref r = allocate(be, 256 * (1 + (i + static_cast<unsigned>(t)) % 7));
+          std::memset(r.data(), t + 1, r.bytes());
+          mine.push_back(std::move(r));
+          if (mine.size() > 8) mine.erase(mine.begin() + static_cast<long>(i % mine.size()));
+          for (const data_ref& m : mine)
+            if (static_cast<const unsigned char*>(m.data())[m.bytes() - 1] != t + 1) damaged.fetch_add(1);
+        }
+      });
+    }
+    while (running.load() < 4) std::this_thread::yield();
+    cache.reset();
+    stop = true;
+    for (auto& t : threads) t.join();
+    CHECK(damaged.load() == 0);
+    CHECK(be.outstanding_bytes() == 0);
+  }
+}
