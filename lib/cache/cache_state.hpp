@@ -1,6 +1,7 @@
 // The internals of an alloc_cache: its slots, counters and the paths that move blocks between
-// live, idle and the backend. The hit path (acquire, release) is in hit_path.cpp; the slow paths
-// (steal, miss, reclaim, limits, close, stats, leases, steps) in cache_state.cpp.
+// live, idle and the backend. The hit path (acquire, release) is in hit_path.cpp; the slow paths in
+// cache_state.cpp (leases, steps, releases from other threads, close), cache_misses.cpp (steal,
+// miss, uncached), cache_reclaim.cpp (reclaim, limits), cache_stats.cpp and cache_segments.cpp.
 //
 // Locks. `mutex_` guards the slot list, leases, steps, block homes during steals and the list
 // of segment heaps. Every thread that touches a slot it does not own (an intruder) holds mutex_
@@ -333,6 +334,8 @@ inline void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + h
 /// A block straight from `backend`, owned by no cache: freed to it on its last release.
 /// Throws out_of_memory at once (there is no cache to reclaim).
 block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream);
+/// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
+void free_block(block* b) noexcept;
 /// A direct block's last handle went away: freed to its backend (and counted by the cache it was
 /// made for, if any).
 void release_direct(block* b, bool via_unsafe_free) noexcept;

@@ -1,0 +1,78 @@
+// A cache's stats: every slot's counters, summed with the cache-wide ones, under the cache's mutex.
+#include "cache/cache_state.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <refpool/error.hpp>
+
+namespace refpool::detail {
+
+// ---- stats --------------------------------------------------------------------------------
+
+cache_stats cache_state::stats() const {
+  auto& self = const_cast<cache_state&>(*this);  // holding slots drains their hand-off lists
+  cache_stats out;
+  {
+    std::lock_guard guard(mutex_);
+    self.intrude_all();
+    for (const auto& s : slots_) {
+      self.catch_up_with_steps(*s);  // escapes of ended steps
+      const slot_counters& c = s->counters;
+      out.hits += c.hits;
+      out.misses += c.misses;
+      out.steals += c.steals;
+      out.unsafe_frees += c.unsafe_frees;
+      out.escapes += c.escapes;
+      out.cross_stream_reuses += c.cross_stream_reuses;
+      out.live_bytes += c.live_bytes;
+      out.peak_live_bytes += c.peak_live_bytes;
+      s->buckets.for_each([&](const bucket& bk) {
+        out.live_blocks += bk.live;
+        out.idle_blocks += bk.idle.size();
+        out.idle_bytes += bk.idle.size() * bk.key.bytes;
+      });
+    }
+    self.leave_all();
+  }
+  out.backend_allocations = backend_allocations_.load();
+  out.backend_frees = backend_frees_.load();
+  out.unsafe_frees += extra_unsafe_frees_.load();
+  out.escapes += extra_escapes_.load();
+  out.evictions = evictions_.load();
+  out.reclaimed_blocks = reclaimed_.load();
+  out.oom_retries = oom_retries_.load();
+  out.ooms = ooms_.load();
+  out.scope_entries = scope_entries_.load();
+  out.uncached_entries = uncached_entries_.load();
+  out.steps = steps_.load();
+  out.uncached_allocations = uncached_allocations_.load();
+  out.uncached_live_bytes = uncached_live_bytes_.load();
+  out.held_bytes = held_bytes_.load();
+  out.peak_held_bytes = peak_held_bytes_.load();
+  {
+    std::unique_lock guard(mutex_);
+    add_segment_counters(out);
+    if (extension_) extension_->add_counters(out);
+  }
+  const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
+  out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
+  out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
+  out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
+  // Exact: every kind of held memory is counted in one place as it changes (reserved_counter).
+  out.peak_reserved_bytes = std::max(reserved_->peak(), out.reserved_bytes);
+  return out;
+}
+
+void cache_state::reset_peaks() noexcept {
+  std::lock_guard guard(mutex_);
+  intrude_all();
+  for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
+  leave_all();
+  peak_held_bytes_.store(held_bytes_.load());
+  peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
+  reserved_->reset_peak();
+}
+
+}  // namespace refpool::detail
