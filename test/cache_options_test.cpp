@@ -83,9 +83,3 @@ TEST_CASE("a cache made from a conf string uses its options", "[options]") {
     CHECK(a.capacity() == 256);
   }
 }
-
-TEST_CASE("the dummy option is a field, a conf key and text", "[options]") {
-  CHECK(cache_options{}.dummy_limit == cache_options::unlimited);
-  CHECK(cache_options::from_string("dummy_limit:1K").dummy_limit == 1024);
-  CHECK_THAT(cache_options::from_string("dummy_limit:2M").to_string(), Contains("dummy_limit:2M"));
-}

@@ -24,7 +24,6 @@
   X(segment_policy, segments, "auto",                                                                   \
     "serve misses by carving pieces out of segments (on), by one backend allocation per block (off), " \
     "or on for device memory with virtual memory and off for the rest (auto)")                        \
-  X(byte_limit, dummy_limit, "unlimited", "a dummy option: counts the edits a new option takes (issue 24)") \
   /* New options go above this line: each row ends with a backslash, so adding one adds one line. */
 
 #endif
