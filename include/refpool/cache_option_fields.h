@@ -12,8 +12,8 @@
  *   segment_policy    off, on, auto                                refpool_segment_policy    refpool::segment_policy
  * `default_text` is the default, spelled that way. A new option of one of these kinds is one line
  * here (docs/design.md, "Configuration"); a new kind also needs its C type in refpool.h, its tag
- * in refpool/cache_options.hpp, its conversions in lib/config/option_kinds.cpp and its ctypes type
- * in python/refpool/_options.py. */
+ * and parse_option in refpool/cache_options.hpp, its conversions in lib/config/option_kinds.cpp
+ * and its ctypes type in python/refpool/_options.py. */
 #ifndef REFPOOL_CACHE_OPTION_FIELDS_H
 #define REFPOOL_CACHE_OPTION_FIELDS_H
 
