@@ -37,15 +37,6 @@ live_caches& registry() {
 
 }  // namespace
 
-cache_options cache_options::from_environment() {
-  cache_options options;
-  const detail::env_config& env = detail::environment();
-  if (env.rounding) options.rounding = *env.rounding;
-  if (env.max_idle_bytes) options.max_idle_bytes = *env.max_idle_bytes;
-  if (env.segments) options.segments = *env.segments;
-  return options;
-}
-
 alloc_cache::alloc_cache() : alloc_cache(cache_options::from_environment()) {}
 
 alloc_cache::alloc_cache(const cache_options& options)

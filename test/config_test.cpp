@@ -13,29 +13,41 @@ using test_support::what;
 
 TEST_CASE("REFPOOL_CONF keys are parsed", "[config]") {
   const auto c = parse_conf("rounding:pow2:4,max_idle_bytes:512M,log:/tmp/x.csv,stats_at_exit:1");
-  REQUIRE(c.rounding);
-  CHECK(*c.rounding == rounding_policy::pow2(4));
-  CHECK(c.max_idle_bytes == std::size_t{512} << 20);
+  CHECK(c.cache.rounding == rounding_policy::pow2(4));
+  CHECK(c.cache.max_idle_bytes == std::size_t{512} << 20);
+  CHECK(c.cache.segments == segment_policy::automatic);  // not given: the default
   CHECK(c.log_path == "/tmp/x.csv");
   CHECK(c.stats_at_exit);
-  CHECK(*parse_conf("rounding:step:512").rounding == rounding_policy::step(512));
-  CHECK(*parse_conf("rounding:exact").rounding == rounding_policy::exact());
-  CHECK(*parse_conf("rounding:pow2").rounding == rounding_policy::pow2(1));
-  CHECK(parse_conf("max_idle_bytes:1024").max_idle_bytes == 1024);
-  CHECK(parse_conf("").max_idle_bytes == std::nullopt);
+  CHECK(parse_conf("rounding:step:512").cache.rounding == rounding_policy::step(512));
+  CHECK(parse_conf("rounding:exact").cache.rounding == rounding_policy::exact());
+  CHECK(parse_conf("rounding:pow2").cache.rounding == rounding_policy::pow2(1));
+  CHECK(parse_conf("max_idle_bytes:1024").cache.max_idle_bytes == 1024);
+  CHECK(parse_conf("max_idle_bytes:64K,max_idle_bytes:unlimited").cache.max_idle_bytes == cache_options::unlimited);
+  CHECK(parse_conf("").cache == cache_options{});
+  CHECK_FALSE(parse_conf("").stats_at_exit);
+}
+
+TEST_CASE("REFPOOL_CONF's cache options are exactly what a conf string sets", "[config]") {
+  const char* conf = "rounding:step:4096,max_idle_bytes:3G,segments:on";
+  CHECK(parse_conf(conf).cache == cache_options::from_string(conf));
+  CHECK_THAT(parse_conf(std::string(conf) + ",stats_at_exit:0").cache.to_string(),
+             Catch::StartsWith("rounding:step:4096,max_idle_bytes:3G,segments:on"));
 }
 
 TEST_CASE("bad REFPOOL_CONF values name the key and the allowed values", "[config][errors]") {
   CHECK_THROWS_MATCHES(parse_conf("rounding:pow2:3"), config_error,
-                       what(Contains("'rounding'") && Contains("pow2:<divisions")));
+                       what(Contains("REFPOOL_CONF key 'rounding'") && Contains("pow2:<divisions")));
   CHECK_THROWS_MATCHES(parse_conf("rounding:fast"), config_error, what(Contains("'fast'") && Contains("exact")));
   CHECK_THROWS_MATCHES(parse_conf("max_idle_bytes:lots"), config_error,
-                       what(Contains("'max_idle_bytes'") && Contains("512M")));
+                       what(Contains("'max_idle_bytes'") && Contains("512M") && Contains("unlimited")));
   CHECK_THROWS_MATCHES(parse_conf("max_idle_bytes:99999999999999999999G"), config_error,
                        what(Contains("'max_idle_bytes'")));
+  CHECK_THROWS_MATCHES(parse_conf("max_idle_bytes:16777216T"), config_error, what(Contains("'max_idle_bytes'")));
   CHECK_THROWS_MATCHES(parse_conf("stats_at_exit:yes"), config_error, what(Contains("0, 1")));
+  CHECK_THROWS_MATCHES(parse_conf("log:"), config_error, what(Contains("'log'") && Contains("file path")));
   CHECK_THROWS_MATCHES(parse_conf("colour:blue"), config_error,
-                       what(Contains("unknown key 'colour'") && Contains("rounding")));
+                       what(Contains("unknown key 'colour'") && Contains("rounding, max_idle_bytes, segments") &&
+                            Contains(", log, stats_at_exit")));
   CHECK_THROWS_MATCHES(parse_conf("rounding"), config_error, what(Contains("not key:value")));
   CHECK_THROWS_MATCHES(detail::parse_no_caching("yes"), config_error,
                        what(Contains("REFPOOL_NO_CACHING") && Contains("'yes'") && Contains("0, 1")));
@@ -45,11 +57,9 @@ TEST_CASE("bad REFPOOL_CONF values name the key and the allowed values", "[confi
 }
 
 TEST_CASE("REFPOOL_CONF segments: off, on, auto; anything else names the allowed values", "[config][segments]") {
-  CHECK(parse_conf("segments:off").segments == segment_policy::off);
-  CHECK(parse_conf("segments:on").segments == segment_policy::on);
-  CHECK(parse_conf("rounding:exact,segments:auto").segments == segment_policy::automatic);
-  CHECK(parse_conf("rounding:exact").segments == std::nullopt);
-  CHECK(cache_options{}.segments == segment_policy::automatic);
+  CHECK(parse_conf("segments:off").cache.segments == segment_policy::off);
+  CHECK(parse_conf("segments:on").cache.segments == segment_policy::on);
+  CHECK(parse_conf("segments:on,segments:auto").cache.segments == segment_policy::automatic);
   for (const char* bad : {"segments:yes", "segments:", "segments:automatic", "segments:ON"}) {
     try {
       parse_conf(bad);
@@ -57,10 +67,5 @@ TEST_CASE("REFPOOL_CONF segments: off, on, auto; anything else names the allowed
     } catch (const config_error& e) {
       CHECK_THAT(e.what(), Catch::Contains("'segments'") && Catch::Contains("off, on, auto"));
     }
-  }
-  try {
-    parse_conf("colour:blue");
-  } catch (const config_error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("segments"));  // the list of keys names it
   }
 }

@@ -25,6 +25,6 @@ echo "$strays" >"$py_dir/contents.log"
 [ -z "$strays" ] && [ -n "$(find "$py_dir/venv" -path '*/refpool/librefpool.so')" ]
 py_result python-package-contents $? "$py_dir/contents.log"
 (cd "$py_dir" && env -u REFPOOL_LIBRARY -u PYTHONPATH "$py_dir/venv/bin/python" -m pytest -v -p no:cacheprovider \
-  "$OLDPWD"/python/tests/test_{core,arguments,steps,entry_points,plot}.py) >"$py_dir/pytest.log" 2>&1
+  "$OLDPWD"/python/tests/test_{core,arguments,options,steps,entry_points,plot}.py) >"$py_dir/pytest.log" 2>&1
 py_result python-installed-package $? "$py_dir/pytest.log"
 logs+=("$py_log")

@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
-#include <limits>
 
 #include <refpool/backend.hpp>
+#include <refpool/cache_options.hpp>
 #include <refpool/data_ref.hpp>
 #include <refpool/detail/export.hpp>
 #include <refpool/rounding.hpp>
@@ -19,43 +18,6 @@ namespace detail {
 class cache_state;
 struct access;
 }  // namespace detail
-
-/// Whether a cache serves a miss by carving a piece out of a larger segment (best fit, split,
-/// coalesced again when pieces are freed; segments grow through virtual memory where the backend
-/// has it) or by one backend allocation per block. Either way an idle block of exactly the
-/// request's key is a hit first, and every piece is a block with its own reference count
-/// (docs/design.md, "Segments").
-enum class segment_policy : std::uint8_t {
-  /// One backend allocation per block: a block only ever serves its own (rounded) size.
-  off,
-  /// Segments for every backend: grown through `resource::address_space()` where the backend
-  /// has one, else made of backend allocations. Pieces of one backend's segments may share one
-  /// physical allocation, so a buffer that must be exported for IPC or registered with NCCL or
-  /// RDMA as its own allocation needs a cache with `off`.
-  on,
-  /// `on` for backends of device memory (`memory_kind::device`) whose resource offers virtual
-  /// memory (GPUs: driver allocations are costly and fragment), `off` for the rest: host
-  /// memory (malloc already splits and coalesces), stream-ordered `device_async` memory (the
-  /// driver's pool already sub-allocates) and resources without virtual memory.
-  automatic,
-};
-
-/// Tunables of one cache.
-struct cache_options {
-  /// Keeps no limit on idle bytes.
-  static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-
-  /// How request sizes become block sizes (and cache keys).
-  rounding_policy rounding = rounding_policy::exact();
-  /// When idle bytes exceed this, least recently released idle blocks are freed to the backend.
-  std::size_t max_idle_bytes = unlimited;
-  /// Split and coalesce segments on a miss, per backend (see segment_policy).
-  segment_policy segments = segment_policy::automatic;
-
-  /// The defaults with REFPOOL_CONF's `rounding`, `max_idle_bytes` and `segments` applied
-  /// (docs/design.md, "Configuration"). Throws `config_error` on a bad REFPOOL_CONF.
-  [[nodiscard]] REFPOOL_API static cache_options from_environment();
-};
 
 /// A cache of idle blocks keyed by (backend, device, memory kind, alignment, rounded bytes).
 ///

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <refpool/cache_option_fields.h>
 #include <refpool/stats_fields.h>
 
 /* What librefpool exports (it is built with hidden visibility). */
@@ -106,13 +107,13 @@ typedef struct refpool_buffer {
   uint64_t id;
 } refpool_buffer;
 
-/// How a cache rounds request sizes into block sizes (refpool::rounding_policy).
+/// How a cache rounds request sizes into block sizes (refpool::rounding_policy::mode).
 typedef enum refpool_rounding REFPOOL_ENUM_BASE {
-  /// Blocks have exactly the requested size.
+  /// Blocks have exactly the requested size ("exact").
   REFPOOL_ROUNDING_EXACT = 0,
-  /// Round up to a multiple of rounding_parameter bytes (> 0).
+  /// Round up to a multiple of `parameter` bytes (> 0) ("step:<bytes>").
   REFPOOL_ROUNDING_STEP = 1,
-  /// Split each [2^k, 2^(k+1)) into rounding_parameter steps (a power of two, 1..64).
+  /// Split each [2^k, 2^(k+1)) into `parameter` steps (a power of two, 1..64) ("pow2:<divisions>").
   REFPOOL_ROUNDING_POW2 = 2
 } refpool_rounding;
 
@@ -131,29 +132,53 @@ typedef enum refpool_runtime REFPOOL_ENUM_BASE {
   REFPOOL_RUNTIME_HOST = 2   ///< the host backend (any device number; for CPU frameworks and tests)
 } refpool_runtime;
 
-/// Whether a cache carves misses out of segments (refpool::segment_policy; docs/design.md,
-/// "Segments"). 0 is the default, so zero-initialised options get it.
-typedef enum refpool_segments REFPOOL_ENUM_BASE {
-  /// On for device memory whose backend has virtual memory (GPUs), off for the rest.
-  REFPOOL_SEGMENTS_AUTO = 0,
-  /// One backend allocation per block (needed for buffers exported for IPC or registered with
-  /// NCCL or RDMA as allocations of their own).
-  REFPOOL_SEGMENTS_OFF = 1,
-  /// Segments for every backend.
-  REFPOOL_SEGMENTS_ON = 2
-} refpool_segments;
+/* ---- cache options: their C types, by kind (refpool/cache_option_fields.h) ----------------- */
 
-/// max_idle_bytes value for "no limit".
+/// A rounding policy (kind rounding_policy; refpool::rounding_policy).
+typedef struct refpool_rounding_policy {
+  refpool_rounding mode;
+  size_t parameter;  ///< step bytes, or pow2 divisions; ignored for REFPOOL_ROUNDING_EXACT
+} refpool_rounding_policy;
+
+/// A byte count where REFPOOL_UNLIMITED means no limit (kind byte_limit).
+typedef size_t refpool_byte_limit;
+
+/// Whether a cache carves misses out of segments (kind segment_policy; refpool::segment_policy,
+/// docs/design.md, "Segments").
+typedef enum refpool_segment_policy REFPOOL_ENUM_BASE {
+  /// "auto": on for device memory whose backend has virtual memory (GPUs), off for the rest.
+  REFPOOL_SEGMENTS_AUTO = 0,
+  /// "off": one backend allocation per block (needed for buffers exported for IPC or registered
+  /// with NCCL or RDMA as allocations of their own).
+  REFPOOL_SEGMENTS_OFF = 1,
+  /// "on": segments for every backend.
+  REFPOOL_SEGMENTS_ON = 2
+} refpool_segment_policy;
+
+/// refpool_byte_limit value for "no limit" (spelled `unlimited`).
 #define REFPOOL_UNLIMITED SIZE_MAX
 
-/// Tunables of a cache (refpool::cache_options). Fill with refpool_cache_options_init or
-/// refpool_cache_options_from_environment, then change fields.
+/// Tunables of a cache (refpool::cache_options): one field per option of
+/// refpool/cache_option_fields.h (rounding, max_idle_bytes, segments), of its kind's C type. Fill
+/// with refpool_cache_options_init or refpool_cache_options_from_environment, then change fields
+/// or apply a conf string with refpool_cache_options_parse.
 typedef struct refpool_cache_options {
-  refpool_rounding rounding;  ///< default REFPOOL_ROUNDING_EXACT
-  size_t rounding_parameter;  ///< step bytes, or pow2 divisions; ignored for exact (default 1)
-  size_t max_idle_bytes;      ///< idle bytes above this are freed, oldest first (default unlimited)
-  refpool_segments segments;  ///< default REFPOOL_SEGMENTS_AUTO (REFPOOL_CONF segments: in _from_environment)
+#define REFPOOL_OPTION_FIELD(kind, name, default_text, description) refpool_##kind name;
+  REFPOOL_CACHE_OPTIONS(REFPOOL_OPTION_FIELD)
+#undef REFPOOL_OPTION_FIELD
 } refpool_cache_options;
+
+/// One cache option, as bindings need it to lay out refpool_cache_options and to name and check
+/// its keywords (refpool_cache_option_info). Every string is static and NUL-terminated.
+typedef struct refpool_option_info {
+  const char* name;          ///< "rounding": the field, the REFPOOL_CONF key, the Python keyword
+  const char* kind;          ///< "rounding_policy", "byte_limit" or "segment_policy"
+  size_t offset;             ///< offsetof(refpool_cache_options, <name>)
+  size_t size;               ///< sizeof that field
+  const char* default_text;  ///< the default, spelled as in REFPOOL_CONF ("exact")
+  const char* allowed;       ///< the values the kind accepts, spelled so ("off, on, auto")
+  const char* description;   ///< one line saying what the option does
+} refpool_option_info;
 
 /// A snapshot of a cache's counters: the fields of refpool::cache_stats, in its order, with its
 /// meaning, all defined once in refpool/stats_fields.h (ABI 1: fields after
@@ -244,16 +269,33 @@ REFPOOL_C_API refpool_status refpool_backend_get_stats(refpool_backend backend, 
 
 /* ---- caches ------------------------------------------------------------------------------ */
 
-/// Fills *options with the defaults: exact rounding, no idle limit. Errors: INVALID_ARGUMENT.
+/// Fills *options with the defaults (refpool/cache_option_fields.h). Errors: INVALID_ARGUMENT.
 REFPOOL_C_API refpool_status refpool_cache_options_init(refpool_cache_options* options);
 
-/// Fills *options with the defaults plus REFPOOL_CONF's rounding and max_idle_bytes.
+/// Fills *options with the defaults plus REFPOOL_CONF's cache options.
 /// Errors: INVALID_ARGUMENT, CONFIG (bad REFPOOL_CONF; the message names the key).
 REFPOOL_C_API refpool_status refpool_cache_options_from_environment(refpool_cache_options* options);
 
+/// Sets the options a conf string names, in REFPOOL_CONF's spelling ("rounding:pow2:4,segments:off");
+/// the other fields keep their values. Errors: INVALID_ARGUMENT (a NULL pointer), CONFIG (not
+/// key:value, an unknown key, a process-wide key such as log, a bad value: the message names the
+/// key and its allowed values); *options is unchanged on error.
+REFPOOL_C_API refpool_status refpool_cache_options_parse(refpool_cache_options* options, const char* conf);
+
+/// Sets one option by name from its text ("rounding", "pow2:4"). Errors: as refpool_cache_options_parse.
+REFPOOL_C_API refpool_status refpool_cache_options_set(refpool_cache_options* options, const char* name,
+                                                       const char* value);
+
+/// The number of cache options (the fields of refpool_cache_options, in order).
+REFPOOL_C_API size_t refpool_cache_option_count(void);
+/// Option `index`'s name, kind, place and spelling; NULL when index >= refpool_cache_option_count().
+/// Static storage.
+REFPOOL_C_API const refpool_option_info* refpool_cache_option_info(size_t index);
+
 /// Creates a cache. `options` NULL means refpool_cache_options_from_environment. The caller
 /// owns *out and destroys it with refpool_cache_destroy. Errors: INVALID_ARGUMENT (out NULL),
-/// CONFIG (bad rounding mode or parameter, bad REFPOOL_CONF), OUT_OF_MEMORY.
+/// CONFIG (a field its kind does not allow, e.g. a step of 0 bytes: the message names the field and
+/// the values allowed; a bad REFPOOL_CONF), OUT_OF_MEMORY.
 REFPOOL_C_API refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out);
 
 /// Destroys a cache handle and the cache: its idle blocks go back to their backends. Buffers

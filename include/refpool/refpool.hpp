@@ -6,6 +6,7 @@
 #include <refpool/alloc_cache.hpp>
 #include <refpool/array.hpp>
 #include <refpool/backend.hpp>
+#include <refpool/cache_options.hpp>
 #include <refpool/config.hpp>
 #include <refpool/cuda.hpp>
 #include <refpool/data_ref.hpp>

@@ -1,6 +1,8 @@
-// The C API (include/refpool/refpool.h): errors, backends, caches, scopes, buffers. GPU
+// The C API (include/refpool/refpool.h): errors, backends, caches, scopes, buffers. Cache
+// options are in cache_options_c.cpp; GPU
 // backends, streams, pointers, steps and stats by name are in c_api_more.cpp; the framework
 // allocator in framework_allocator.cpp.
+#include "c_api/cache_options_c.hpp"
 #include "c_api/support.hpp"
 
 using namespace refpool::c_api;
@@ -65,17 +67,6 @@ refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backen
 }
 
 // ---- caches -------------------------------------------------------------------------------
-
-refpool_status refpool_cache_options_init(refpool_cache_options* options) {
-  return guarded([&] { required(options, "refpool_cache_options_init", "options") = to_c(refpool::cache_options{}); });
-}
-
-refpool_status refpool_cache_options_from_environment(refpool_cache_options* options) {
-  return guarded([&] {
-    refpool_cache_options& result = required(options, "refpool_cache_options_from_environment", "options");
-    result = to_c(refpool::cache_options::from_environment());
-  });
-}
 
 refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out) {
   return guarded([&] {

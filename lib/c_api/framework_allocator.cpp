@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 
+#include "c_api/cache_options_c.hpp"
 #include "c_api/pool_resource.hpp"
 #include "c_api/private_pools.hpp"
 #include "c_api/support.hpp"

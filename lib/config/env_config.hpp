@@ -1,30 +1,29 @@
 // Configuration read once from the environment: REFPOOL_CONF and REFPOOL_NO_CACHING.
 #pragma once
 
-#include <cstddef>
-#include <optional>
 #include <string>
 #include <string_view>
 
-#include <refpool/alloc_cache.hpp>
-#include <refpool/rounding.hpp>
+#include <refpool/cache_options.hpp>
 
 namespace refpool::detail {
 
 class alloc_log;
 
 struct env_config {
-  bool no_caching = false;                  ///< REFPOOL_NO_CACHING=1: every scope runs uncached
-  std::optional<rounding_policy> rounding;  ///< REFPOOL_CONF rounding:...
-  std::optional<std::size_t> max_idle_bytes;
-  std::optional<segment_policy> segments;   ///< REFPOOL_CONF segments:off|on|auto
-  std::string log_path;                     ///< REFPOOL_CONF log:<file>
-  bool stats_at_exit = false;               ///< REFPOOL_CONF stats_at_exit:1
+  bool no_caching = false;      ///< REFPOOL_NO_CACHING=1: every scope runs uncached
+  cache_options cache;          ///< the defaults with REFPOOL_CONF's cache options applied
+  std::string log_path;         ///< REFPOOL_CONF log:<file>
+  bool stats_at_exit = false;   ///< REFPOOL_CONF stats_at_exit:1
 };
 
-/// Parses REFPOOL_CONF's text ("key:value,key:value"). Throws `config_error` naming the key and
-/// its allowed values.
+/// Parses REFPOOL_CONF's text ("key:value,key:value"): the cache options
+/// (refpool/cache_option_fields.h) and the process-wide keys. Throws `config_error` naming the key
+/// and its allowed values.
 env_config parse_conf(std::string_view conf);
+/// Whether `key` is one of REFPOOL_CONF's process-wide keys (log, stats_at_exit), which no cache's
+/// conf string may set.
+bool is_process_key(std::string_view key) noexcept;
 /// Parses REFPOOL_NO_CACHING's value ("", "0" or "1").
 bool parse_no_caching(std::string_view value);
 

@@ -21,6 +21,7 @@ from .errors import (BackendError, BackendUnavailableError, ConfigError, Framewo
                      ScopeError, ShapeError, SizeError, UseAfterFreeError)
 from .stats import StatsRecorder, stat_descriptions, stat_names
 from ._library import library_path
+from ._options import descriptions as cache_option_descriptions
 
 
 def library_version():
@@ -31,7 +32,7 @@ def library_version():
 
 __all__ = [
     "Backend", "Buffer", "Cache", "Scope", "Step", "StatsRecorder", "alloc", "allocator", "free", "malloc",
-    "library_path", "library_version", "stat_descriptions", "stat_names",
+    "cache_option_descriptions", "library_path", "library_version", "stat_descriptions", "stat_names",
     "RefpoolError", "BackendError", "BackendUnavailableError", "ConfigError", "FrameworkError", "InternalError",
     "InvalidArgumentError", "InvalidHandleError", "LibraryError", "OutOfMemoryError", "ScopeError", "ShapeError",
     "SizeError", "UseAfterFreeError",

@@ -37,9 +37,14 @@ SIGNATURES = {
     "refpool_backend_get_stats": (c_int, [("backend", t.Handle), ("out", c_void_p)]),
     "refpool_retire_stream": (c_int, [("backend", t.Handle), ("stream", c_void_p)]),
     # caches
-    "refpool_cache_options_init": (c_int, [("options", POINTER(t.CacheOptions))]),
-    "refpool_cache_options_from_environment": (c_int, [("options", POINTER(t.CacheOptions))]),
-    "refpool_cache_create": (c_int, [("options", POINTER(t.CacheOptions)), ("out", _handle_p)]),
+    # cache options: the struct is laid out from the library's table (_options), so passed by address
+    "refpool_cache_options_init": (c_int, [("options", c_void_p)]),
+    "refpool_cache_options_from_environment": (c_int, [("options", c_void_p)]),
+    "refpool_cache_options_parse": (c_int, [("options", c_void_p), ("conf", c_char_p)]),
+    "refpool_cache_options_set": (c_int, [("options", c_void_p), ("name", c_char_p), ("value", c_char_p)]),
+    "refpool_cache_option_count": (c_size_t, []),
+    "refpool_cache_option_info": (POINTER(t.OptionInfo), [("index", c_size_t)]),
+    "refpool_cache_create": (c_int, [("options", c_void_p), ("out", _handle_p)]),
     "refpool_cache_destroy": (c_int, [("cache", t.Handle)]),
     "refpool_cache_get_stats": (c_int, [("cache", t.Handle), ("out", c_void_p)]),
     "refpool_cache_reclaim": (c_int, [("cache", t.Handle), ("keep_bytes", c_size_t), ("freed", _size_p)]),
@@ -79,8 +84,8 @@ SIGNATURES = {
     "refpool_cache_get_stat_values": (c_int, [("cache", t.Handle), ("values", POINTER(c_uint64)),
                                               ("capacity", c_size_t), ("count", _size_p)]),
     # the process-wide framework allocator and its entry points
-    "refpool_allocator_options_init": (c_int, [("options", POINTER(t.AllocatorOptions))]),
-    "refpool_allocator_configure": (c_int, [("options", POINTER(t.AllocatorOptions))]),
+    "refpool_allocator_options_init": (c_int, [("options", c_void_p)]),
+    "refpool_allocator_configure": (c_int, [("options", c_void_p)]),
     "refpool_allocator_cache": (c_int, [("out", _handle_p)]),
     "refpool_allocator_alloc": (c_int, [("bytes", c_size_t), ("device", c_int), ("stream", c_void_p),
                                         ("out", POINTER(c_void_p))]),

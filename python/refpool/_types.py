@@ -1,4 +1,5 @@
-"""ctypes mirrors of refpool.h's structs and enums (include/refpool/refpool.h is the reference)."""
+"""ctypes mirrors of refpool.h's structs and enums (include/refpool/refpool.h is the reference). The
+cache option structs are laid out from the library's table instead (_options)."""
 import ctypes
 from ctypes import Structure, c_char_p, c_int, c_size_t, c_uint64
 
@@ -11,9 +12,6 @@ OK = 0
 MEMORY_KINDS = {"host": 0, "device": 1, "device_async": 2, "pinned_host": 3}
 # refpool_runtime
 RUNTIMES = {"cuda": 0, "hip": 1, "host": 2}
-# refpool_rounding
-ROUNDINGS = {"exact": 0, "step": 1, "pow2": 2}
-SEGMENTS = {"auto": 0, "off": 1, "on": 2}  # refpool_segments
 
 UNLIMITED = ctypes.c_size_t(-1).value  # REFPOOL_UNLIMITED (SIZE_MAX)
 
@@ -47,18 +45,16 @@ class Checked(Structure):
         super().__setattr__(name, value)
 
 
-class CacheOptions(Checked):
-    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t),
-                ("segments", c_int)]
-
-
 class ScopeOptions(Checked):
     """refpool_scope_options: also the options of a step."""
     _fields_ = [("uncached_warmup_entries", c_size_t), ("plan", c_char_p)]
 
 
-class AllocatorOptions(Checked):
-    _fields_ = [("runtime", c_int), ("kind", c_int), ("cache", CacheOptions)]
+class OptionInfo(Structure):
+    """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options and
+    refpool_allocator_options are laid out from these at first use (_options)."""
+    _fields_ = [("name", c_char_p), ("kind", c_char_p), ("offset", c_size_t), ("size", c_size_t),
+                ("default_text", c_char_p), ("allowed", c_char_p), ("description", c_char_p)]
 
 
 class PoolId(Checked):

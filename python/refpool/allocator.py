@@ -7,8 +7,10 @@ mixes PyTorch, CuPy and Numba has one cache and one set of counters."""
 import ctypes
 import threading
 
+from . import _options
 from . import _types as t
-from .cache import Cache, cache_options
+from ._options import cache_options
+from .cache import Cache
 from ._library import lib
 from .streams import stream_pointer
 
@@ -16,17 +18,26 @@ _lock = threading.Lock()
 _cache = None
 
 
-def configure(runtime="cuda", kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None,
-              segments=None):
-    """Sets the allocator's runtime ("cuda", "hip"), memory kind ("device", "device_async") and cache
-    options (those not given come from REFPOOL_CONF; segments: "auto", "on", "off"). Only before the
-    allocator's first allocation: ConfigError after. A rejected call changes nothing."""
-    options = t.AllocatorOptions()
-    lib().call("refpool_allocator_options_init", ctypes.byref(options))
-    options.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
-    options.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-    options.cache = cache_options(rounding, rounding_parameter, max_idle_bytes, segments=segments)
-    lib().call("refpool_allocator_configure", ctypes.byref(options))
+def configure(runtime="cuda", kind="device", conf=None, **options):
+    """Sets the allocator's runtime ("cuda", "hip", "host"), memory kind ("device", "device_async")
+    and cache options, as refpool.Cache takes them (`conf` and keywords, REFPOOL_CONF's spelling;
+    those not given come from REFPOOL_CONF). Only before the allocator's first allocation:
+    ConfigError after. A rejected call changes nothing."""
+    cache_part = cache_options(conf, options, what="refpool.allocator.configure")
+    filled = _options.allocator_options_type()()
+    lib().call("refpool_allocator_options_init", ctypes.byref(filled))
+    filled.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
+    filled.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
+    filled.cache = cache_part
+    lib().call("refpool_allocator_configure", ctypes.byref(filled))
+
+
+def configure_if_given(runtime, kind, conf, options, what):
+    """configure() when anything differs from the allocator's defaults (an adapter's install()).
+    The options are checked first either way, so a bad one fails the install."""
+    given = _options.texts(options, what)
+    if runtime != "cuda" or kind != "device" or conf is not None or given:
+        configure(runtime=runtime, kind=kind, conf=conf, **given)
 
 
 def cache():

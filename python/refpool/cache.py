@@ -5,6 +5,7 @@ import threading
 
 from . import _types as t
 from ._handles import Owned
+from ._options import cache_options
 from ._library import lib
 from .stats import cache_stats
 from .streams import stream_pointer
@@ -27,19 +28,24 @@ def _shared_scope_options(plan, uncached_warmup_entries):
 
 
 class Cache(Owned):
-    """A refpool cache of idle blocks. Options not given come from REFPOOL_CONF (rounding,
-    max_idle_bytes) unless `from_environment` is False. `close()` destroys the cache: idle blocks go
-    back to their backends; buffers still referenced stay valid.
+    """A refpool cache of idle blocks.
+
+    Options are REFPOOL_CONF's cache options, with its spelling: `conf` takes a string of them
+    ("rounding:pow2:4,max_idle_bytes:512M,segments:off") and each is also a keyword
+    (rounding="pow2:4", max_idle_bytes="512M" or an int, segments="off"); keywords win over `conf`,
+    and both over REFPOOL_CONF, whose values are the starting point unless `from_environment` is
+    False. refpool.cache_option_descriptions() lists the options. A bad option raises ConfigError
+    naming it and its allowed values. `close()` destroys the cache: idle blocks go back to their
+    backends; buffers still referenced stay valid.
 
     Thread safety: every method may be called from any thread."""
 
     _release_function = "refpool_cache_destroy"
 
-    def __init__(self, rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True,
-                 segments=None, _handle=None, _owns=True):
+    def __init__(self, conf=None, from_environment=True, _handle=None, _owns=True, **options):
         if _handle is None:
-            options = cache_options(rounding, rounding_parameter, max_idle_bytes, from_environment, segments)
-            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(options))
+            filled = cache_options(conf, options, from_environment, "refpool.Cache")
+            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(filled))
         super().__init__(_handle, _owns)
 
     def __repr__(self):
@@ -83,24 +89,6 @@ class Cache(Owned):
         """The idle limit (None: no limit), evicting at once if needed."""
         limit = t.UNLIMITED if max_idle_bytes is None else max_idle_bytes
         lib().call("refpool_cache_set_max_idle_bytes", self.handle, limit)
-
-
-def cache_options(rounding=None, rounding_parameter=None, max_idle_bytes=None, from_environment=True, segments=None):
-    """A filled refpool_cache_options: REFPOOL_CONF's values (or the defaults), then the given ones.
-    `segments`: "auto" (segments for GPU device memory), "on" or "off" (one driver allocation per
-    block: what buffers exported for IPC or registered with NCCL need)."""
-    options = t.CacheOptions()
-    init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
-    lib().call(init, ctypes.byref(options))
-    if rounding is not None:
-        options.rounding = t.enum_value(t.ROUNDINGS, rounding, "rounding")
-    if rounding_parameter is not None:
-        options.rounding_parameter = rounding_parameter
-    if max_idle_bytes is not None:
-        options.max_idle_bytes = max_idle_bytes
-    if segments is not None:
-        options.segments = t.enum_value(t.SEGMENTS, segments, "segments")
-    return options
 
 
 class Scope:

@@ -3,6 +3,7 @@ refpool_cupy_malloc / refpool_cupy_free itself, so no Python runs per allocation
 
     import refpool.cupy
     refpool.cupy.install()                        # cupy.cuda.set_allocator, for the process
+                                                  # (cache options: install(segments="off"), conf=...)
     with refpool.cupy.step(plan="iteration"):     # optional: a (planned) step per iteration
         ...
 
@@ -34,10 +35,14 @@ def allocator_object():
                                                library.address("refpool_cupy_free"), library)
 
 
-def install():
-    """Makes refpool CuPy's device allocator for the process (cupy.cuda.set_allocator). Arrays that
-    CuPy's pool allocated before stay valid and go back to that pool."""
+def install(conf=None, **options):
+    """Makes refpool CuPy's device allocator for the process (cupy.cuda.set_allocator). Cache options
+    (`conf` and keywords such as segments="off") as in refpool.Cache configure refpool's allocator
+    first (default: REFPOOL_CONF); they must come before its first allocation. Arrays that CuPy's
+    pool allocated before stay valid and go back to that pool."""
     cupy = _cupy()
+    runtime = "hip" if getattr(cupy.cuda.runtime, "is_hip", False) else "cuda"
+    allocator.configure_if_given(runtime, "device", conf, options, "refpool.cupy.install")
     cupy.cuda.set_allocator(allocator_object().malloc)
 
 

@@ -1,9 +1,8 @@
 """refpool as Numba's CUDA memory manager: an External Memory Management (EMM) plugin.
 
-    from numba import cuda
     import refpool.numba
-    cuda.set_memory_manager(refpool.numba.RefpoolNumbaManager)   # before the first CUDA context
-or, for a whole program: NUMBA_CUDA_MEMORY_MANAGER=refpool.numba python3 program.py
+    refpool.numba.install()      # before the first CUDA context; cache options: install(conf=...), as refpool.Cache
+or, for a whole program: NUMBA_CUDA_MEMORY_MANAGER=refpool.numba python3 program.py (options: REFPOOL_CONF)
 
 Device memory comes from refpool's process-wide allocator (the cache PyTorch and CuPy adapters use
 too); host and pinned memory stay Numba's (HostOnlyCUDAMemoryManager). Numba's plugin interface is
@@ -81,16 +80,30 @@ def _finalizer(address):
     return finalize
 
 
+def install(conf=None, **options):
+    """Makes refpool Numba's CUDA memory manager (cuda.set_memory_manager), before Numba makes its
+    first CUDA context. Cache options (`conf` and keywords such as rounding="pow2:4") as in
+    refpool.Cache configure refpool's allocator first (default: REFPOOL_CONF)."""
+    manager = _manager_class()  # FrameworkError, saying why, without Numba's CUDA support
+    allocator.configure_if_given("cuda", "device", conf, options, "refpool.numba.install")
+    from numba import cuda
+    cuda.set_memory_manager(manager)
+
+
 def step(plan=None, uncached_warmup_entries=0):
     """A step on refpool's allocator cache (a context manager) around one iteration."""
     return allocator.step(plan, uncached_warmup_entries)
 
 
+def _manager_class():
+    global _class
+    if _class is None:
+        _class = _make_class()
+    return _class
+
+
 def __getattr__(name):
     # RefpoolNumbaManager, and _numba_memory_manager for NUMBA_CUDA_MEMORY_MANAGER=refpool.numba.
-    global _class
     if name in ("RefpoolNumbaManager", "_numba_memory_manager"):
-        if _class is None:
-            _class = _make_class()
-        return _class
+        return _manager_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

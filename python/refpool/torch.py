@@ -45,13 +45,13 @@ def hooked():
     return _hooked
 
 
-def install(kind="device", rounding=None, rounding_parameter=None, max_idle_bytes=None, patch_memory_api=True,
-            segments=None, hooks=True):
+def install(kind="device", conf=None, patch_memory_api=True, hooks=True, **options):
     """Makes refpool PyTorch's CUDA allocator for the rest of the process (PyTorch cannot switch back).
 
     Must run before PyTorch initialises CUDA (the first CUDA tensor, torch.cuda.init(), mem_get_info...):
     raises FrameworkError otherwise. `kind` "device_async" serves blocks from cuMemAllocAsync pools;
-    rounding, max_idle_bytes and segments as in refpool.Cache (default: REFPOOL_CONF). With `hooks`
+    cache options (`conf` and keywords such as rounding="pow2:4") as in refpool.Cache (default:
+    REFPOOL_CONF). With `hooks`
     (the default), refpool's PyTorch hooks are built if needed and installed: FrameworkError, saying
     why, if they cannot be built; hooks=False installs refpool without them (LOST_FEATURES says what
     is lost). With patch_memory_api, torch.cuda.memory_stats & co. report refpool's figures.
@@ -70,10 +70,7 @@ def install(kind="device", rounding=None, rounding_parameter=None, max_idle_byte
                 f"({_allocated_by_torch(torch)}): PyTorch's own allocator is in use and cannot be swapped. "
                 "Call it right after `import torch`, before creating any CUDA tensor or model.to('cuda')")
         runtime = "hip" if getattr(torch.version, "hip", None) else "cuda"
-        if runtime != "cuda" or kind != "device" or rounding is not None or rounding_parameter is not None \
-                or max_idle_bytes is not None or segments is not None:
-            allocator.configure(runtime=runtime, kind=kind, rounding=rounding, rounding_parameter=rounding_parameter,
-                                max_idle_bytes=max_idle_bytes, segments=segments)
+        allocator.configure_if_given(runtime, kind, conf, options, "refpool.torch.install")
         pluggable, hooks_library = _pluggable_allocator(torch, hooks)
         if hooks_library is not None:
             _torch_hooks.set_hooks(pluggable, hooks_library)

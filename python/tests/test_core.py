@@ -175,15 +175,15 @@ def test_planned_scopes_replay(backend, cache):
 
 
 def test_rounding_options(backend):
-    with refpool.Cache(rounding="step", rounding_parameter=256, from_environment=False) as cache:
+    with refpool.Cache(rounding="step:256", from_environment=False) as cache:
         with cache.scope():
             refpool.alloc(backend, (100,), 1).release()
             refpool.alloc(backend, (200,), 1).release()  # both round to 256 bytes: a hit
         assert (cache.stats()["misses"], cache.stats()["hits"]) == (1, 1)
-    with pytest.raises(ValueError, match="unknown rounding 'nearest'"):
+    with pytest.raises(refpool.ConfigError, match="cache option 'rounding' has value 'nearest'; allowed: exact"):
         refpool.Cache(rounding="nearest")
-    with pytest.raises(refpool.ConfigError):
-        refpool.Cache(rounding="pow2", rounding_parameter=3, from_environment=False)
+    with pytest.raises(refpool.ConfigError, match="pow2:<divisions"):
+        refpool.Cache(rounding="pow2:3", from_environment=False)
 
 
 def test_segment_options(backend):
@@ -200,7 +200,7 @@ def test_segment_options(backend):
             stats = cache.stats()
             blocks = backend.stats()["allocation_count"] - before
             assert (stats["segments"], stats["segment_grows"], blocks) == expected, segments
-    with pytest.raises(ValueError, match="segments"):
+    with pytest.raises(refpool.ConfigError, match="'segments' has value 'sometimes'; allowed: off, on, auto"):
         refpool.Cache(segments="sometimes")
 
 

@@ -109,7 +109,7 @@ def test_torch_and_cupy_shaped_calls_share_the_allocator_cache(runtime):
 def test_allocator_configuration_is_fixed_by_the_first_allocation():
     result = run_python("""
         import refpool
-        refpool.allocator.configure(runtime="host", rounding="pow2", rounding_parameter=4)
+        refpool.allocator.configure(runtime="host", rounding="pow2:4")
         address = refpool.allocator.malloc(1000)
         refpool.allocator.free(address)
         try:
@@ -143,10 +143,10 @@ def test_a_rejected_configuration_changes_nothing():
         refpool.allocator.configure(runtime="host")
         for runtime, kind in (("hip", "device"), ("cuda", "device_async")):
             try:
-                refpool.allocator.configure(runtime=runtime, kind=kind, rounding="step", rounding_parameter=0)
+                refpool.allocator.configure(runtime=runtime, kind=kind, rounding="step:0")
                 print("accepted")
             except refpool.ConfigError as e:
-                print("refused:", "rounding step" in str(e))
+                print("refused:", "'rounding' has value 'step:0'" in str(e))
         address = refpool.allocator.malloc(3000)
         ctypes.memset(address, 0x5A, 3000)  # host memory: the host runtime stayed
         print("allocated:", ctypes.string_at(address, 3) == b"ZZZ")
@@ -161,7 +161,7 @@ def test_pools_limit_and_empty_cache_from_python():
     result = child_json("""
         import ctypes, json
         import refpool, refpool._library, refpool._types as t
-        refpool.allocator.configure(runtime="host", rounding="exact", max_idle_bytes=None)
+        refpool.allocator.configure(runtime="host", conf="rounding:exact,max_idle_bytes:unlimited")
         lib = refpool._library.lib()
         capturing = 0x1000
         FILTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)

@@ -312,14 +312,12 @@ static void test_errors(void) {
   OK(refpool_cache_destroy(cache));
   OK(refpool_backend_release(small));
 
-  /* Bad options. */
+  /* Bad options (more in cache_options_test.c). */
   refpool_cache_options options;
   OK(refpool_cache_options_init(&options));
-  CHECK(options.rounding == REFPOOL_ROUNDING_EXACT && options.max_idle_bytes == REFPOOL_UNLIMITED);
-  CHECK(options.segments == REFPOOL_SEGMENTS_AUTO);
-  options.segments = (refpool_segments)9;
+  options.segments = (refpool_segment_policy)9;
   EXPECT(refpool_cache_create(&options, &cache), REFPOOL_ERROR_CONFIG);
-  CHECK(error_mentions("REFPOOL_SEGMENTS_OFF"));
+  CHECK(error_mentions("refpool_cache_options.segments is 9") && error_mentions("REFPOOL_SEGMENTS_OFF"));
   /* Segments on for the host backend: the miss carves a piece out of a segment. */
   options.segments = REFPOOL_SEGMENTS_ON;
   OK(refpool_cache_create(&options, &cache));
@@ -334,17 +332,17 @@ static void test_errors(void) {
   }
   OK(refpool_cache_destroy(cache));
   options.segments = REFPOOL_SEGMENTS_OFF;
-  options.rounding = REFPOOL_ROUNDING_POW2;
-  options.rounding_parameter = 3;
+  options.rounding.mode = REFPOOL_ROUNDING_POW2;
+  options.rounding.parameter = 3;
   EXPECT(refpool_cache_create(&options, &cache), REFPOOL_ERROR_CONFIG);
-  CHECK(error_mentions("power of two"));
-  options.rounding = REFPOOL_ROUNDING_STEP;
-  options.rounding_parameter = 0;
+  CHECK(error_mentions("rounding is pow2:3") && error_mentions("power of two"));
+  options.rounding.mode = REFPOOL_ROUNDING_STEP;
+  options.rounding.parameter = 0;
   EXPECT(refpool_cache_create(&options, &cache), REFPOOL_ERROR_CONFIG);
-  options.rounding = (refpool_rounding)7;
+  options.rounding.mode = (refpool_rounding)7;
   EXPECT(refpool_cache_create(&options, &cache), REFPOOL_ERROR_CONFIG);
-  options.rounding = REFPOOL_ROUNDING_STEP;
-  options.rounding_parameter = 512;
+  options.rounding.mode = REFPOOL_ROUNDING_STEP;
+  options.rounding.parameter = 512;
   OK(refpool_cache_create(&options, &cache));
   OK(refpool_cache_destroy(cache));
   OK(refpool_cache_options_from_environment(&options));

@@ -11,6 +11,7 @@ from ctypes import POINTER, Structure, byref, c_char_p, c_int, c_long, c_size_t,
 OK = 0
 ERROR_USE_AFTER_FREE = 1
 ERROR_SHAPE = 2
+ERROR_CONFIG = 7
 ERROR_INVALID_ARGUMENT = 8
 ERROR_INVALID_HANDLE = 9
 
@@ -20,9 +21,33 @@ class Handle(Structure):
     _fields_ = [("id", c_uint64)]
 
 
-class CacheOptions(Structure):
-    _fields_ = [("rounding", c_int), ("rounding_parameter", c_size_t), ("max_idle_bytes", c_size_t),
-                ("segments", c_int)]
+class OptionInfo(Structure):
+    """refpool_option_info: one cache option, from refpool_cache_option_info."""
+    _fields_ = [("name", c_char_p), ("kind", c_char_p), ("offset", c_size_t), ("size", c_size_t),
+                ("default_text", c_char_p), ("allowed", c_char_p), ("description", c_char_p)]
+
+
+class RoundingPolicy(Structure):
+    _fields_ = [("mode", c_int), ("parameter", c_size_t)]
+
+
+# The C type of each kind of option (refpool/cache_option_fields.h); C enums are ints.
+OPTION_KINDS = {"rounding_policy": RoundingPolicy, "byte_limit": c_size_t, "segment_policy": c_int}
+
+
+def cache_options_type(lib):
+    """refpool_cache_options, laid out from the library's own table of options, each field's place
+    checked against it. Options are set by name, in REFPOOL_CONF's spelling
+    (refpool_cache_options_set), so this binding needs no change when the library adds one."""
+    lib.refpool_cache_option_count.restype = c_size_t
+    lib.refpool_cache_option_info.restype = POINTER(OptionInfo)
+    lib.refpool_cache_option_info.argtypes = [c_size_t]
+    infos = [lib.refpool_cache_option_info(i).contents for i in range(lib.refpool_cache_option_count())]
+    struct = type("CacheOptions", (Structure,),
+                  {"_fields_": [(info.name.decode(), OPTION_KINDS[info.kind.decode()]) for info in infos]})
+    for info in infos:
+        assert getattr(struct, info.name.decode()).offset == info.offset, info.name
+    return struct
 
 
 def cache_stats_type(lib):
@@ -46,13 +71,15 @@ class Refpool:
 
     def __init__(self, path):
         lib = ctypes.CDLL(path)
-        global CacheStats
+        global CacheStats, CacheOptions
         CacheStats = cache_stats_type(lib)
+        CacheOptions = cache_options_type(lib)
         size_p = POINTER(c_size_t)
         signatures = {
             "refpool_backend_new_host": [POINTER(Handle)],
             "refpool_backend_release": [Handle],
             "refpool_cache_options_init": [POINTER(CacheOptions)],
+            "refpool_cache_options_set": [POINTER(CacheOptions), c_char_p, c_char_p],
             "refpool_cache_create": [POINTER(CacheOptions), POINTER(Handle)],
             "refpool_cache_destroy": [Handle],
             "refpool_cache_get_stats": [Handle, POINTER(CacheStats)],
@@ -118,10 +145,13 @@ class Refpool:
         self.call("refpool_cache_get_stats", cache, byref(stats))
         return {name: getattr(stats, name) for name, _ in CacheStats._fields_}
 
-    def exact_cache(self):
-        options = CacheOptions()
-        self.call("refpool_cache_options_init", byref(options))
-        return self.new("refpool_cache_create", byref(options))
+    def exact_cache(self, **options):
+        """A cache with the defaults and `options` (name="text", as in REFPOOL_CONF)."""
+        filled = CacheOptions()
+        self.call("refpool_cache_options_init", byref(filled))
+        for name, text in options.items():
+            self.call("refpool_cache_options_set", byref(filled), name.encode(), text.encode())
+        return self.new("refpool_cache_create", byref(filled))
 
 
 class CtypesTest(unittest.TestCase):
@@ -213,6 +243,17 @@ class CtypesTest(unittest.TestCase):
         self.rp.call("refpool_release", kept)
         self.rp.call("refpool_release", view)
         self.assertEqual(self.rp.stats(self.cache)["idle_bytes"], 1024)
+
+    def test_options_by_name(self):
+        cache = self.rp.exact_cache(rounding="step:256", max_idle_bytes="1K")
+        scope = self.rp.new("refpool_scope_enter", cache)
+        self.rp.call("refpool_release", self.rp.alloc(self.backend, [100], 1))  # rounded up to 256 bytes
+        self.rp.call("refpool_scope_exit", scope)
+        self.assertEqual(self.rp.stats(cache)["idle_bytes"], 256)
+        self.rp.call("refpool_cache_destroy", cache)
+        message = self.assert_status(ERROR_CONFIG, "refpool_cache_options_set", byref(CacheOptions()), b"segments",
+                                     b"sometimes")
+        self.assertIn("off, on, auto", message)
 
 
 if __name__ == "__main__":

@@ -217,14 +217,14 @@ static void test_framework_allocator(void) {
    * would fail with BACKEND_UNAVAILABLE. */
   refpool_allocator_options rejected = options;
   rejected.runtime = REFPOOL_RUNTIME_HIP;
-  rejected.cache.rounding = REFPOOL_ROUNDING_STEP;
-  rejected.cache.rounding_parameter = 0;
+  rejected.cache.rounding.mode = REFPOOL_ROUNDING_STEP;
+  rejected.cache.rounding.parameter = 0;
   EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
-  CHECK(error_mentions("rounding step"));
+  CHECK(error_mentions("rounding is step:0"));
   rejected = options;
   rejected.runtime = REFPOOL_RUNTIME_CUDA;
   rejected.kind = REFPOOL_MEMORY_DEVICE_ASYNC;
-  rejected.cache.segments = (refpool_segments)9;
+  rejected.cache.segments = (refpool_segment_policy)9;
   EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
   CHECK(error_mentions("segments"));
   void* after_rejection = NULL;

@@ -169,7 +169,7 @@ int main(void) {
   refpool_allocator_options options;
   OK(refpool_allocator_options_init(&options));
   options.runtime = REFPOOL_RUNTIME_HOST;
-  options.cache.rounding = REFPOOL_ROUNDING_EXACT;
+  options.cache.rounding.mode = REFPOOL_ROUNDING_EXACT;
   options.cache.max_idle_bytes = SIZE_MAX;
   OK(refpool_allocator_configure(&options));
   refpool_cache main_cache = {0};

@@ -1,0 +1,121 @@
+/* Cache options from C11: the defaults, conf strings and single options in REFPOOL_CONF's
+ * spelling (refpool_cache_options_parse, _set), errors that name the option and leave the struct
+ * as it was, and the table bindings lay the struct out from (refpool_cache_option_info).
+ * Prints each failed check and exits 1 if any failed. */
+#include <refpool/refpool.h>
+
+#include "c_checks.h"
+
+#include <stddef.h>
+#include <string.h>
+
+static int same_options(const refpool_cache_options* a, const refpool_cache_options* b) {
+  return a->rounding.mode == b->rounding.mode && a->rounding.parameter == b->rounding.parameter &&
+         a->max_idle_bytes == b->max_idle_bytes && a->segments == b->segments;
+}
+
+static void test_defaults(void) {
+  refpool_cache_options options;
+  memset(&options, 0xAB, sizeof options);
+  OK(refpool_cache_options_init(&options));
+  CHECK(options.rounding.mode == REFPOOL_ROUNDING_EXACT);
+  CHECK(options.max_idle_bytes == REFPOOL_UNLIMITED);
+  CHECK(options.segments == REFPOOL_SEGMENTS_AUTO);
+  EXPECT(refpool_cache_options_init(NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_conf_strings(void) {
+  refpool_cache_options options;
+  OK(refpool_cache_options_init(&options));
+  OK(refpool_cache_options_parse(&options, "rounding:pow2:4,max_idle_bytes:512M"));
+  CHECK(options.rounding.mode == REFPOOL_ROUNDING_POW2 && options.rounding.parameter == 4);
+  CHECK(options.max_idle_bytes == (size_t)512 << 20);
+  CHECK(options.segments == REFPOOL_SEGMENTS_AUTO); /* not named: kept */
+  OK(refpool_cache_options_set(&options, "segments", "off"));
+  CHECK(options.segments == REFPOOL_SEGMENTS_OFF);
+  OK(refpool_cache_options_set(&options, "rounding", "step:512"));
+  CHECK(options.rounding.mode == REFPOOL_ROUNDING_STEP && options.rounding.parameter == 512);
+  OK(refpool_cache_options_set(&options, "max_idle_bytes", "unlimited"));
+  CHECK(options.max_idle_bytes == REFPOOL_UNLIMITED);
+
+  /* A cache made from them rounds 100 bytes up to 512. */
+  refpool_backend be = {0};
+  refpool_cache cache = {0};
+  refpool_scope scope = {0};
+  refpool_buffer buffer = {0};
+  const size_t dims[] = {100};
+  OK(refpool_backend_new_host(&be));
+  OK(refpool_cache_create(&options, &cache));
+  OK(refpool_scope_enter(cache, &scope));
+  OK(refpool_alloc(be, dims, 1, 1, &buffer));
+  OK(refpool_release(buffer));
+  OK(refpool_scope_exit(scope));
+  CHECK(stat(cache, "idle_bytes") == 512);
+  OK(refpool_cache_destroy(cache));
+  OK(refpool_backend_release(be));
+}
+
+static void test_errors(void) {
+  refpool_cache_options options;
+  refpool_cache_options before;
+  OK(refpool_cache_options_init(&options));
+  OK(refpool_cache_options_parse(&options, "rounding:step:64"));
+  before = options;
+  EXPECT(refpool_cache_options_parse(&options, "segments:on,rounding:pow2:3"), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("'rounding'") && error_mentions("'pow2:3'") && error_mentions("pow2:<divisions"));
+  CHECK(same_options(&options, &before)); /* segments:on came first and was not kept */
+  EXPECT(refpool_cache_options_set(&options, "segments", "sometimes"), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("off, on, auto"));
+  EXPECT(refpool_cache_options_set(&options, "colour", "blue"), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("'colour'") && error_mentions("rounding, max_idle_bytes, segments"));
+  EXPECT(refpool_cache_options_parse(&options, "log:/tmp/x.csv"), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("process-wide"));
+  CHECK(same_options(&options, &before));
+  EXPECT(refpool_cache_options_parse(&options, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_cache_options_parse(NULL, "segments:on"), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_cache_options_set(&options, NULL, "on"), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_cache_options_set(&options, "segments", NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+  /* A struct with a bad field is refused before the conf is applied. */
+  options.segments = (refpool_segment_policy)9;
+  EXPECT(refpool_cache_options_parse(&options, "rounding:exact"), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("refpool_cache_options.segments is 9"));
+  CHECK(options.rounding.mode == REFPOOL_ROUNDING_STEP);
+}
+
+/* The table describes the struct exactly (each field's name, place and size, taken here from the
+ * same X-macro), and each default is text the library reads back to the default. */
+#define LAYOUT_ROW(kind, name, default_text, description) \
+  {#name, offsetof(refpool_cache_options, name), sizeof(((refpool_cache_options*)0)->name)},
+static const struct {
+  const char* name;
+  size_t offset;
+  size_t size;
+} layout[] = {REFPOOL_CACHE_OPTIONS(LAYOUT_ROW)};
+#undef LAYOUT_ROW
+
+static void test_info_table(void) {
+  const size_t count = refpool_cache_option_count();
+  CHECK(count == sizeof layout / sizeof layout[0]);
+  CHECK(refpool_cache_option_info(count) == NULL);
+  refpool_cache_options defaults;
+  OK(refpool_cache_options_init(&defaults));
+  for (size_t i = 0; i < count && i < sizeof layout / sizeof layout[0]; ++i) {
+    const refpool_option_info* info = refpool_cache_option_info(i);
+    CHECK(info != NULL);
+    if (info == NULL) continue;
+    CHECK(strcmp(info->name, layout[i].name) == 0);
+    CHECK(info->offset == layout[i].offset && info->size == layout[i].size);
+    CHECK(strlen(info->kind) > 0 && strlen(info->allowed) > 0 && strlen(info->description) > 0);
+    refpool_cache_options from_default = defaults;
+    OK(refpool_cache_options_set(&from_default, info->name, info->default_text));
+    CHECK(same_options(&from_default, &defaults));
+  }
+}
+
+int main(void) {
+  test_defaults();
+  test_conf_strings();
+  test_errors();
+  test_info_table();
+  return finish("cache_options_test");
+}
