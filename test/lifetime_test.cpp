@@ -146,6 +146,23 @@ TEST_CASE("a cache destroyed while a cache-level miss is in flight: the thread's
   CHECK(be.outstanding_bytes() == 0);
 }
 
+TEST_CASE("a cache destroyed while a step's end makes the arena of its new plan: the arena goes too",
+          "[lifetime][threads][step][plan]") {
+  gate g;
+  const backend be(std::make_shared<gated_resource>(g));
+  auto cache = std::make_unique<alloc_cache>(cache_options{});
+  step st(*cache, {.plan = "ends-late"});  // the key's first run: it records
+  (void)cache->allocate(be, 4096);
+  g.arm();
+  std::thread ender([&] { st.end(); });  // the recording becomes a plan: its arena waits in the backend
+  g.wait_for_arrival();
+  cache.reset();  // closes the plan store (it waits for no arena)
+  g.open();
+  ender.join();
+  CHECK(be.outstanding_bytes() == 0);  // the plan came too late for the store: no arena is kept
+  CHECK(be.allocation_count() == be.deallocation_count());
+}
+
 namespace {
 
 /// Threads that keep allocating through a cache (cache-level requests, which go through the open

@@ -171,6 +171,10 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
   try {
     if (old != nullptr && old->grow_in_place(needed, cache_)) {
       std::lock_guard guard(mutex_);
+      if (closed_) {  // the cache closed while the arena grew: no plan any more
+        dropped.push_back(made);
+        return;
+      }
       made->bind(*old);
       install(key, made);
       growths_ += 1;
@@ -209,6 +213,11 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
     allocated = false;
   }
   std::lock_guard guard(mutex_);
+  if (closed_) {  // the cache closed while the arena was made: close() let the groups go already
+    dropped.push_back(made);
+    if (fresh != nullptr) fresh->release();
+    return;
+  }
   arena_group* g = group_for(&backend, stream, key.own_arena ? &key : nullptr);
   if (!allocated) {
     dropped.push_back(made);
@@ -284,6 +293,10 @@ void plan_store::move_to_own_arena(key_state& key) noexcept {
       allocated = false;
     }
     std::lock_guard guard(mutex_);
+    if (closed_) {  // the cache closed while the arena was made: close() let the groups go already
+      if (fresh != nullptr) fresh->release();
+      break;
+    }
     try {
       if (allocated) groups_.push_back({backend, stream, &key, fresh});
     } catch (...) {

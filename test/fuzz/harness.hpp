@@ -25,9 +25,12 @@ struct totals {
   std::uint64_t plan_runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, run_escapes = 0,
                 busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, steps = 0, cache_level = 0, stale = 0,
                 plan_evictions = 0;
-  /// Misses held in the backend while another thread destroyed their cache, ended their step or
-  /// reclaimed (op_in_flight), and late frees of an address handed out again.
-  std::uint64_t held_destroyed = 0, held_step_ended = 0, held_reclaimed = 0, stale_frees_rehanded = 0;
+  /// Requests held in the backend while the other thread destroyed their cache, ended their step,
+  /// reclaimed or released a buffer (in_flight.cpp), and how many of them went through a scope;
+  /// late frees of an address handed out again; double frees racing pointer_ref, and the handles
+  /// pointer_ref gave meanwhile (pointer_ops.cpp); configure calls rejected (configure_ops.cpp).
+  std::uint64_t held_destroyed = 0, held_step_ended = 0, held_reclaimed = 0, held_released = 0, held_in_scopes = 0,
+                stale_frees_rehanded = 0, racing_frees = 0, racing_pins = 0, configure_failures = 0;
 };
 [[nodiscard]] const totals& get_totals() noexcept;
 /// "N operations in M inputs: ..." for the logs.
