@@ -26,11 +26,11 @@ rejected_options bad_cache_options(std::size_t which) {
   refpool_cache_options o;
   refpool_cache_options_init(&o);
   switch (which % 5) {
-    case 0: o.rounding = static_cast<refpool_rounding>(7); return {o, "rounding"};
-    case 1: o.rounding = REFPOOL_ROUNDING_STEP, o.rounding_parameter = 0; return {o, "step"};
-    case 2: o.rounding = REFPOOL_ROUNDING_POW2, o.rounding_parameter = 3; return {o, "power of two"};
-    case 3: o.rounding = REFPOOL_ROUNDING_POW2, o.rounding_parameter = std::size_t{1} << 40; return {o, "power of two"};
-    default: o.segments = static_cast<refpool_segments>(5); return {o, "segments"};
+    case 0: o.rounding.mode = static_cast<refpool_rounding>(7); return {o, "rounding"};
+    case 1: o.rounding = {REFPOOL_ROUNDING_STEP, 0}; return {o, "step"};
+    case 2: o.rounding = {REFPOOL_ROUNDING_POW2, 3}; return {o, "power of two"};
+    case 3: o.rounding = {REFPOOL_ROUNDING_POW2, std::size_t{1} << 40}; return {o, "power of two"};
+    default: o.segments = static_cast<refpool_segment_policy>(5); return {o, "segments"};
   }
 }
 
@@ -92,8 +92,7 @@ void session::op_failing_configure(int t) {
                 refpool_allocator_options good;
                 refpool_allocator_options_init(&good);
                 good.runtime = REFPOOL_RUNTIME_HOST;
-                good.cache.rounding = REFPOOL_ROUNDING_STEP;
-                good.cache.rounding_parameter = framework_step;
+                good.cache.rounding = {REFPOOL_ROUNDING_STEP, framework_step};
                 configured = refpool_allocator_configure(&good);
               }
               rejected_status = refpool_allocator_configure(&rejected);
