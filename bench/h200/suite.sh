@@ -74,6 +74,9 @@ if [ "$part" = cupy ]; then  # the CuPy MLP loop, own pool against refpool, by b
   timeout ${CUPY_SECONDS:-150} python3 bench/frameworks/cupy_small_batches.py --library "$lib" --rounds ${ROUNDS:-3} \
     --out "$out/cupy_small_batches.json" >"$out/cupy_small_batches.txt" 2>&1
   tail -8 "$out/cupy_small_batches.txt"
+  REFPOOL_LIBRARY=$lib timeout ${CUPY_SECONDS:-150} python3 bench/frameworks/cupy_interleaved.py \
+    --out "$out/cupy_interleaved.json" >"$out/cupy_interleaved.txt" 2>&1
+  cat "$out/cupy_interleaved.txt"
 fi
 if [ "$part" = pointer ]; then  # one alloc + free pair on one thread: by handle, cache-level, by pointer
   TIMEFORMAT="%R"
