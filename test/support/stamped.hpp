@@ -10,7 +10,7 @@
 //   CHECK(mine.drop(i));                                // checked, then dropped
 //   CHECK(held.damage() == "");                         // all checked; the message says what broke
 //
-// No Catch2: also for programs that are not Catch2 tests (test/stress_test.cpp).
+// No Catch2: also for programs that are not Catch2 tests (test/stress/stress_test.cpp).
 #pragma once
 
 #include <atomic>

@@ -12,7 +12,7 @@
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"
-#include "segments/fixture.hpp"
+#include "white_box/segment_fixture.hpp"
 
 using namespace refpool;
 using refpool::test::addr;

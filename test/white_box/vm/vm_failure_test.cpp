@@ -18,7 +18,7 @@
 #include <refpool/refpool.hpp>
 
 #include "access.hpp"
-#include "segments/fixture.hpp"
+#include "white_box/segment_fixture.hpp"
 #include "support/in_child.hpp"
 #include "vm/vm_region.hpp"
 

@@ -1,7 +1,7 @@
 // A cache with segments (cache_options::segments): misses carve pieces from the backend's
 // segment heap, and every piece is a cached block with its own count. These tests run on real
 // host memory through the host's virtual memory (or plain segments where the backend offers
-// none), with the adaptors of test/segments/fixture.hpp watching every backend call. The rules
+// none), with the adaptors of test/white_box/segment_fixture.hpp watching every backend call. The rules
 // are docs/design.md's "Segments".
 #include <catch2/catch.hpp>
 
@@ -19,7 +19,7 @@
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"
-#include "segments/fixture.hpp"
+#include "white_box/segment_fixture.hpp"
 
 using namespace refpool;
 using refpool::test::heap_fixture;

@@ -13,7 +13,7 @@
 #include <refpool/error.hpp>
 
 #include "support/in_child.hpp"
-#include "segments/fixture.hpp"
+#include "white_box/segment_fixture.hpp"
 #include "segments/poison.hpp"
 
 using namespace refpool;

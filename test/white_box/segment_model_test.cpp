@@ -15,7 +15,7 @@
 
 #include <refpool/error.hpp>
 
-#include "fixture.hpp"
+#include "white_box/segment_fixture.hpp"
 
 using namespace refpool;
 using refpool::test::heap_fixture;
