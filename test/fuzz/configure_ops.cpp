@@ -9,7 +9,7 @@
 
 #include "session.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 namespace {
 
@@ -120,4 +120,4 @@ void session::op_failing_configure(int t) {
   all.configure_failures += 1;
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

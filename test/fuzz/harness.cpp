@@ -17,7 +17,7 @@
 
 #include "session.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 totals all;
 bool tracing = std::getenv("REFPOOL_FUZZ_TRACE") != nullptr;
@@ -1314,4 +1314,4 @@ void print_totals() {
   std::fflush(stderr);
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

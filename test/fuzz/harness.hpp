@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 /// Runs one input. Deterministic: the same bytes give the same operations and results.
 void run_input(const std::uint8_t* data, std::size_t size);
@@ -36,4 +36,4 @@ struct totals {
 /// "N operations in M inputs: ..." for the logs.
 void print_totals();
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

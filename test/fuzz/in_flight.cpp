@@ -18,7 +18,7 @@
 
 #include "session.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 namespace {
 
@@ -185,4 +185,4 @@ void session::op_in_flight(int) {
   }
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

@@ -7,11 +7,11 @@
 #include "harness.hpp"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  std::atexit(refpool_fuzz::print_totals);
+  std::atexit(refpool::test::fuzz::print_totals);
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  refpool_fuzz::run_input(data, size);
+  refpool::test::fuzz::run_input(data, size);
   return 0;
 }

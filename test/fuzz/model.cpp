@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 const char* to_string(outcome o) noexcept {
   switch (o) {
@@ -721,4 +721,4 @@ refpool::cache_stats model::stats(int ci) const {
   return out;
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

@@ -20,7 +20,7 @@
 #include "plan_model.hpp"
 #include "tracking_resource.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 /// Reports a mismatch between refpool and the model, with context, and aborts.
 [[noreturn]] void fail(const std::string& what);
@@ -252,4 +252,4 @@ class model {
   event_log& log_;
 };
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

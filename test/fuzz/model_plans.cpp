@@ -22,7 +22,7 @@
 
 #include "model.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 namespace {
 
@@ -681,4 +681,4 @@ void model::close_plans(int ci) {
   store.groups.clear();
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

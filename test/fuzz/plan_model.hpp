@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 /// A request as plans compare them: backend, exact bytes, stream.
 struct model_request {
@@ -124,4 +124,4 @@ struct model_plan_totals {
                 busy = 0, pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0;
 };
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

@@ -8,7 +8,7 @@
 
 #include "session.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 void session::op_to_pointer(int t) { hand_over(t, pick_handle()); }
 
@@ -164,4 +164,4 @@ void session::op_racing_frees(int) {
   }
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

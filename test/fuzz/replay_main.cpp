@@ -55,16 +55,16 @@ int main(int argc, char** argv) {
   std::sort(files.begin(), files.end());
   for (const auto& path : files) {
     const std::vector<std::uint8_t> input = read_file(path);
-    refpool_fuzz::run_input(input.data(), input.size());
+    refpool::test::fuzz::run_input(input.data(), input.size());
   }
   std::mt19937_64 rng(seed);
   std::vector<std::uint8_t> input;
   for (std::uint64_t n = 0; n < random_inputs; ++n) {
     input.resize(1 + rng() % max_len);
     for (auto& byte : input) byte = static_cast<std::uint8_t>(rng());
-    refpool_fuzz::run_input(input.data(), input.size());
+    refpool::test::fuzz::run_input(input.data(), input.size());
   }
   fmt::print(stderr, "replayed {} corpus inputs and {} random inputs (seed {})\n", files.size(), random_inputs, seed);
-  refpool_fuzz::print_totals();
+  refpool::test::fuzz::print_totals();
   return 0;
 }

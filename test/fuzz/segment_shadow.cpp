@@ -15,7 +15,7 @@
 
 namespace rp = refpool;
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 namespace {
 
@@ -295,4 +295,4 @@ void print_segment_totals() {
              totals.grows, totals.splits, totals.merges, totals.cross_stream);
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

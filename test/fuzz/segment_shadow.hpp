@@ -24,7 +24,7 @@
 
 #include <refpool/refpool.hpp>
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 class segment_shadow {
  public:
@@ -72,4 +72,4 @@ class segment_shadow {
 /// One line of counts over every input run in this process (what the shadow caches did).
 void print_segment_totals();
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

@@ -28,7 +28,7 @@
 #include "segment_shadow.hpp"
 #include "tracking_resource.hpp"
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 namespace rp = ::refpool;
 
@@ -427,4 +427,4 @@ result session::on(int t, F&& f) {
   return r;
 }
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

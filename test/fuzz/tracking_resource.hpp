@@ -11,7 +11,7 @@
 
 #include <refpool/resource.hpp>
 
-namespace refpool_fuzz {
+namespace refpool::test::fuzz {
 
 /// One call the cache made to a backend.
 struct backend_event {
@@ -136,4 +136,4 @@ class tracking_resource final : public refpool::resource {
   call_gate& gate_;
 };
 
-}  // namespace refpool_fuzz
+}  // namespace refpool::test::fuzz

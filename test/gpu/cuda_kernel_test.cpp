@@ -12,11 +12,11 @@
 #include "device_helpers.hpp"
 
 using namespace refpool;
-using gpu_test::download;
-using gpu_test::grid_for;
-using gpu_test::kernels;
-using gpu_test::words;
-using gpu_test::upload;
+using refpool::test::download;
+using refpool::test::grid_for;
+using refpool::test::kernels;
+using refpool::test::words;
+using refpool::test::upload;
 
 namespace {
 
@@ -25,9 +25,9 @@ namespace {
 template <class Reuse>
 std::vector<std::uint32_t> write_twice(cuda::stream& a, cuda::stream& b, Reuse second_buffer) {
   array<std::uint32_t> buffer = second_buffer(nullptr, a);
-  gpu_test::fill_late(a, buffer.data(), words, 1);
+  refpool::test::fill_late(a, buffer.data(), words, 1);
   array<std::uint32_t> reused = second_buffer(&buffer, b);  // released while a still writes
-  gpu_test::fill_now(b, reused.data(), words, 2);
+  refpool::test::fill_now(b, reused.data(), words, 2);
   b.synchronize();
   a.synchronize();
   return download(reused, b);
@@ -68,10 +68,10 @@ TEST_CASE("record_stream makes reuse wait for every stream that used the buffer"
     scope sc(cache);
     auto buffer = empty<std::uint32_t>(be, {words}, a);
     buffer.record_stream(b);  // also used on b: a long write there
-    gpu_test::fill_late(b, buffer.data(), words, 1);
+    refpool::test::fill_late(b, buffer.data(), words, 1);
     buffer = {};
     auto reused = empty<std::uint32_t>(be, {words}, c);  // last used on a, recorded on b
-    gpu_test::fill_now(c, reused.data(), words, 2);
+    refpool::test::fill_now(c, reused.data(), words, 2);
     c.synchronize();
     b.synchronize();
     result = download(reused, c);

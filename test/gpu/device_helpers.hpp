@@ -11,7 +11,7 @@
 
 #include <refpool/refpool.hpp>
 
-namespace gpu_test {
+namespace refpool::test {
 
 /// The PTX built from test/gpu/kernels.cu (path compiled in by Meson), loaded once on device 0.
 inline const refpool::cuda::module& kernels() {
@@ -82,4 +82,4 @@ inline std::vector<std::uint32_t> unordered_writes(const refpool::backend& be, r
   return download(shared, b);
 }
 
-}  // namespace gpu_test
+}  // namespace refpool::test

@@ -12,8 +12,8 @@
 namespace {
 
 const bool device_checked = [] {
-  namespace rt = gpu_test::rt;
-  const std::string name(gpu_test::runtime_name);
+  namespace rt = refpool::test::rt;
+  const std::string name(refpool::test::runtime_name);
   if (!rt::available()) {
     std::printf("SKIP: no usable %s device: %s\n", name.c_str(), rt::unavailable_reason().c_str());
     std::fflush(stdout);

@@ -14,7 +14,7 @@
 #include "runtime_under_test.hpp"
 
 using namespace refpool;
-namespace rt = gpu_test::rt;
+namespace rt = refpool::test::rt;
 
 TEST_CASE("8 threads, 8 streams, one cache: every buffer holds what its owner wrote", "[gpu][stress]") {
   constexpr int threads = 8;

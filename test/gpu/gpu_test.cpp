@@ -15,25 +15,25 @@
 #include "runtime_under_test.hpp"
 
 using namespace refpool;
-namespace rt = gpu_test::rt;
-using gpu_test::download;
+namespace rt = refpool::test::rt;
+using refpool::test::download;
 
 namespace {
 
 // The memory kinds this runtime serves here.
 std::vector<memory_kind> gpu_kinds() {
   std::vector<memory_kind> kinds{memory_kind::device, memory_kind::pinned_host};
-  if (gpu_test::async_supported()) kinds.push_back(memory_kind::device_async);
+  if (refpool::test::async_supported()) kinds.push_back(memory_kind::device_async);
   return kinds;
 }
 
-std::string backend_name(const char* kind) { return std::string(gpu_test::backend_prefix) + ":0 " + kind; }
+std::string backend_name(const char* kind) { return std::string(refpool::test::backend_prefix) + ":0 " + kind; }
 
 }  // namespace
 
 TEST_CASE("the runtime loads and backends are process-wide per device and kind", "[gpu]") {
   CHECK(rt::device_count() >= 1);
-  CHECK(gpu_test::version_supported());
+  CHECK(refpool::test::version_supported());
   CHECK_FALSE(rt::device_name(0).empty());
   CHECK(rt::memory_info(0).second > 0);
   const backend a = rt::device(0);
@@ -42,7 +42,7 @@ TEST_CASE("the runtime loads and backends are process-wide per device and kind",
   CHECK(a.kind() == memory_kind::device);
   CHECK(a.name() == backend_name("device"));
   CHECK(rt::device(0, memory_kind::pinned_host) != a);
-  if (gpu_test::async_supported()) CHECK(rt::device(0, memory_kind::device_async).kind() == memory_kind::device_async);
+  if (refpool::test::async_supported()) CHECK(rt::device(0, memory_kind::device_async).kind() == memory_kind::device_async);
   CHECK_THROWS_AS(rt::device(rt::device_count()), backend_unavailable);
   CHECK_THROWS_AS(rt::device(0, memory_kind::host), backend_unavailable);
 }
@@ -122,8 +122,8 @@ TEST_CASE("runtime errors are backend_error with the runtime's error name and th
     rt::module m(0, "this is not a code object");
     FAIL("no exception");
   } catch (const backend_error& e) {
-    CHECK_THAT(e.what(), Catch::Contains(std::string(gpu_test::error_prefix)) &&
-                             Catch::Contains(std::string(gpu_test::module_load_call)));
+    CHECK_THAT(e.what(), Catch::Contains(std::string(refpool::test::error_prefix)) &&
+                             Catch::Contains(std::string(refpool::test::module_load_call)));
     CHECK(e.native_code() != 0);
   }
 #ifndef REFPOOL_TEST_HIP  // HIP would read from an address it does not know as host memory
@@ -245,7 +245,7 @@ TEST_CASE("virtual memory of device memory: reserve, commit, use, decommit, reco
   if (vm == nullptr) {
     // CUDA 12 devices and the fake runtime have it; an AMD device may not (or HIP 5.2).
     REQUIRE(std::getenv("REFPOOL_TEST_EXPECT_VMM") == nullptr);
-    WARN(gpu_test::runtime_name << " device 0 has no virtual memory management: skipped");
+    WARN(refpool::test::runtime_name << " device 0 has no virtual memory management: skipped");
     return;
   }
   CHECK(vm == rt::device(0).underlying().address_space());  // one per resource

@@ -22,7 +22,7 @@ using namespace refpool;
 using fake_hip::count_calls;
 using fake_hip::fake;
 using fake_hip::symbol;
-using gpu_test::download;
+using refpool::test::download;
 
 namespace {
 

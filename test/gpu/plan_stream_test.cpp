@@ -14,14 +14,14 @@
 #include "device_helpers.hpp"
 
 using namespace refpool;
-using gpu_test::all_equal;
-using gpu_test::download;
-using gpu_test::words;
+using refpool::test::all_equal;
+using refpool::test::download;
+using refpool::test::words;
 
 namespace {
 
 bool disjoint(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  return !gpu_test::overlap(a, an, b, bn);
+  return !refpool::test::overlap(a, an, b, bn);
 }
 
 }  // namespace
@@ -37,9 +37,9 @@ TEST_CASE("a planned key on two streams: a late write on one never lands in the 
     scope sc(cache, {.plan = "step"});
     auto x = empty<std::uint32_t>(be, {words}, s);
     if (slowly) {
-      gpu_test::fill_late(s, x.data(), words, value);
+      refpool::test::fill_late(s, x.data(), words, value);
     } else {
-      gpu_test::fill_now(s, x.data(), words, value);
+      refpool::test::fill_now(s, x.data(), words, value);
     }
     return x.data();
   };
@@ -57,7 +57,7 @@ TEST_CASE("a planned key on two streams: a late write on one never lands in the 
     scope sc(cache, {.plan = "step"});
     auto x = empty<std::uint32_t>(be, {words}, b);
     on_b = x.data();
-    gpu_test::fill_now(b, x.data(), words, 2);
+    refpool::test::fill_now(b, x.data(), words, 2);
     b.synchronize();
     a.synchronize();  // A's late write has landed by now, wherever it went
     result = download(x, b);
@@ -68,7 +68,7 @@ TEST_CASE("a planned key on two streams: a late write on one never lands in the 
   CHECK(all_equal(result, 2));
   // Control: one buffer written on A (slowly) and on B with nothing ordering them shows the race
   // (the late write of 1 lands last), so a plan handing A's bytes to B would fail the check above.
-  CHECK(all_equal(gpu_test::unordered_writes(be, a, b), 1));
+  CHECK(all_equal(refpool::test::unordered_writes(be, a, b), 1));
 }
 
 TEST_CASE("a region used on another stream makes the next run of its arena wait for that stream",
@@ -84,7 +84,7 @@ TEST_CASE("a region used on another stream makes the next run of its arena wait 
     for (int i = 0; i < 2; ++i) {  // record the key and replay it once, all on A
       scope sc(cache, {.plan = "k"});
       auto x = empty<std::uint32_t>(be, {words}, a);
-      gpu_test::fill_now(a, x.data(), words, 0);
+      refpool::test::fill_now(a, x.data(), words, 0);
     }
     a.synchronize();
     void* first = nullptr;
@@ -93,12 +93,12 @@ TEST_CASE("a region used on another stream makes the next run of its arena wait 
       auto x = empty<std::uint32_t>(be, {words}, a);
       first = x.data();
       if (record) x.record_stream(b);
-      gpu_test::fill_late(b, x.data(), words, 1);
+      refpool::test::fill_late(b, x.data(), words, 1);
     }  // released while B still writes
     scope sc(cache, {.plan = "k"});
     auto x = empty<std::uint32_t>(be, {words}, a);
     CHECK(x.data() == first);  // the plan's region again
-    gpu_test::fill_now(a, x.data(), words, 2);
+    refpool::test::fill_now(a, x.data(), words, 2);
     a.synchronize();
     b.synchronize();
     CHECK(cache.stats().plan_hits == 3);

@@ -9,7 +9,7 @@
 
 #include <refpool/refpool.hpp>
 
-namespace gpu_test {
+namespace refpool::test {
 
 #ifdef REFPOOL_TEST_HIP
 namespace rt = refpool::hip;
@@ -42,4 +42,4 @@ inline std::vector<std::uint8_t> download(const void* src, std::size_t bytes, re
   return out;
 }
 
-}  // namespace gpu_test
+}  // namespace refpool::test

@@ -12,10 +12,10 @@
 #include "device_helpers.hpp"
 
 using namespace refpool;
-using gpu_test::all_equal;
-using gpu_test::download;
-using gpu_test::overlap;
-using gpu_test::words;
+using refpool::test::all_equal;
+using refpool::test::download;
+using refpool::test::overlap;
+using refpool::test::words;
 
 namespace {
 
@@ -36,13 +36,13 @@ TEST_CASE("segments: a piece released during a late write on A and carved for B 
   scope sc(cache);
   auto x = empty<std::uint32_t>(be, {words}, a);
   const void* first = x.data();
-  gpu_test::fill_late(a, x.data(), words, 1);
+  refpool::test::fill_late(a, x.data(), words, 1);
   x = {};  // idle while A still writes
   // Another size, so no exact-key hit: the idle piece goes back to its segment and best fit
   // carves the new piece from the same bytes.
   auto y = empty<std::uint32_t>(be, {words / 2 * 3}, b);
   REQUIRE(overlap(first, std::size_t{words} * 4, y.data(), y.bytes()));
-  gpu_test::fill_now(b, y.data(), words / 2 * 3, 2);
+  refpool::test::fill_now(b, y.data(), words / 2 * 3, 2);
   b.synchronize();
   a.synchronize();
   CHECK(all_equal(download(y, b), 2));  // B's write came after A's
@@ -61,14 +61,14 @@ TEST_CASE("segments: pieces last used on A and on C, coalesced and carved for B,
   auto x2 = empty<std::uint32_t>(be, {words}, c);
   const void* p1 = x1.data();
   const void* p2 = x2.data();
-  gpu_test::fill_late(a, x1.data(), words, 1);
-  gpu_test::fill_late(c, x2.data(), words, 3);
+  refpool::test::fill_late(a, x1.data(), words, 1);
+  refpool::test::fill_late(c, x2.data(), words, 3);
   x1 = {};
   x2 = {};
   auto y = empty<std::uint32_t>(be, {2 * words}, b);  // the two pieces joined, or more
   REQUIRE(overlap(p1, std::size_t{words} * 4, y.data(), y.bytes()));
   REQUIRE(overlap(p2, std::size_t{words} * 4, y.data(), y.bytes()));
-  gpu_test::fill_now(b, y.data(), 2 * words, 2);
+  refpool::test::fill_now(b, y.data(), 2 * words, 2);
   b.synchronize();
   a.synchronize();
   c.synchronize();
@@ -81,5 +81,5 @@ TEST_CASE("segments: the race the waits prevent (control)", "[cuda][segments][st
   cuda::stream b;
   alloc_cache cache{segments_on()};
   scope sc(cache);
-  CHECK(all_equal(gpu_test::unordered_writes(cuda::device(0), a, b), 1));
+  CHECK(all_equal(refpool::test::unordered_writes(cuda::device(0), a, b), 1));
 }

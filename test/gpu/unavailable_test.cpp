@@ -16,7 +16,7 @@
 
 namespace {
 
-namespace rt = gpu_test::rt;
+namespace rt = refpool::test::rt;
 
 bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
 
@@ -37,7 +37,7 @@ bool reason_names_the_cause(const std::string& reason) {
     std::printf("the reason must contain: %s\n", expected);
     return contains(reason, expected);
   }
-  if (!gpu_test::compiled_in) return contains(reason, "built without " + std::string(gpu_test::runtime_name));
+  if (!refpool::test::compiled_in) return contains(reason, "built without " + std::string(refpool::test::runtime_name));
 #ifdef REFPOOL_TEST_HIP
   if (library_loads()) {
     std::puts("the HIP runtime library loads here: the reason must be the missing GPU");
@@ -60,13 +60,13 @@ bool reason_names_the_cause(const std::string& reason) {
 
 int main() {
   if (rt::available()) {
-    std::printf("SKIP: a %s device is present\n", std::string(gpu_test::runtime_name).c_str());
+    std::printf("SKIP: a %s device is present\n", std::string(refpool::test::runtime_name).c_str());
     return 77;
   }
   const std::string reason = rt::unavailable_reason();
   std::printf("reason: %s\n", reason.c_str());
   bool ok = !reason.empty() && reason_names_the_cause(reason);
-  const std::string said = std::string(gpu_test::runtime_name) + " is unavailable: " + reason;
+  const std::string said = std::string(refpool::test::runtime_name) + " is unavailable: " + reason;
   const std::vector<std::pair<const char*, std::function<void()>>> entry_points = {
       {"device(0)", [] { (void)rt::device(0); }},
       {"device(0, pinned_host)", [] { (void)rt::device(0, refpool::memory_kind::pinned_host); }},

@@ -37,8 +37,8 @@
 #include "support/stamped.hpp"
 
 using namespace refpool;
-using test_support::stamped_buffer;
-using test_support::stamped_set;
+using refpool::test::stamped_buffer;
+using refpool::test::stamped_set;
 
 namespace {
 

@@ -26,9 +26,9 @@
 #include "support/stamped.hpp"
 
 using namespace refpool;
-using test_support::first_foreign_byte;
-using test_support::stamped_buffer;
-using test_support::stamped_set;
+using refpool::test::first_foreign_byte;
+using refpool::test::stamped_buffer;
+using refpool::test::stamped_set;
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include "support/stamped.hpp"
 
 using namespace refpool;
-using test_support::stamped_set;
+using refpool::test::stamped_set;
 
 namespace {
 

@@ -14,7 +14,7 @@
 
 #include <refpool/error.hpp>
 
-namespace test_support {
+namespace refpool::test {
 
 /// Matches a refpool::error whose what() satisfies a Catch2 string matcher (Contains, EndsWith,
 /// StartsWith, Equals, Matches, and their && and || combinations).
@@ -57,4 +57,4 @@ class oom_matcher final : public Catch::MatcherBase<refpool::error> {
   return {requested_bytes, device};
 }
 
-}  // namespace test_support
+}  // namespace refpool::test

@@ -8,11 +8,11 @@
 
 #include <refpool/refpool.hpp>
 
-namespace test_support {
+namespace refpool::test {
 
 struct host_fixture {
   const refpool::backend be = refpool::make_host_backend();
   refpool::alloc_cache cache{refpool::cache_options{}};
 };
 
-}  // namespace test_support
+}  // namespace refpool::test

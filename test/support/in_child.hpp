@@ -11,7 +11,7 @@
 
 #include <catch2/catch.hpp>
 
-namespace test_support {
+namespace refpool::test {
 
 // Runs `f` in a child process with stderr captured; returns (terminated by SIGABRT, stderr).
 template <class F>
@@ -39,4 +39,4 @@ std::pair<bool, std::string> in_child(F&& f) {
   return {WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, output};
 }
 
-}  // namespace test_support
+}  // namespace refpool::test

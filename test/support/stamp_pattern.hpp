@@ -14,7 +14,7 @@
 #include <cstring>
 #include <optional>
 
-namespace test_support {
+namespace refpool::test {
 
 /// Distance between consecutive words of one stamp (2^64 / golden ratio: consecutive words share
 /// no bytes in practice).
@@ -63,4 +63,4 @@ inline void write_stamp(void* p, std::size_t bytes, std::uint64_t stamp, std::si
   return std::nullopt;
 }
 
-}  // namespace test_support
+}  // namespace refpool::test

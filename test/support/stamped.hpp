@@ -26,7 +26,7 @@
 
 #include "stamp_pattern.hpp"
 
-namespace test_support {
+namespace refpool::test {
 
 /// A hold on a buffer and its owner's stamp. Copies share the buffer (they copy the array): a
 /// copy handed to another thread is a shared, read-only hold, and `intact()` may run on every
@@ -114,4 +114,4 @@ class stamped_set {
   std::uint64_t stamps_ = 0;
 };
 
-}  // namespace test_support
+}  // namespace refpool::test

@@ -15,7 +15,7 @@
 #include "support/stamped.hpp"
 
 using namespace refpool;
-using namespace test_support;
+using namespace refpool::test;
 using Catch::Contains;
 
 TEST_CASE("the stamp pattern: written in pieces at any offset, every foreign byte found", "[support][stamps]") {

@@ -11,7 +11,7 @@
 
 using namespace refpool;
 using Catch::Contains;
-using test_support::what;
+using refpool::test::what;
 
 TEST_CASE("reshape shares the buffer and keeps the element count", "[array]") {
   const backend be = make_host_backend();

@@ -9,7 +9,7 @@
 using namespace refpool;
 using Catch::Contains;
 using Catch::StartsWith;
-using test_support::what;
+using refpool::test::what;
 
 TEST_CASE("the defaults are the ones the option table spells", "[options]") {
   const cache_options defaults;

@@ -11,7 +11,7 @@
 #include "support/host_fixture.hpp"
 
 using namespace refpool;
-using test_support::host_fixture;
+using refpool::test::host_fixture;
 
 TEST_CASE_METHOD(host_fixture, "the seed case: same byte size, other shapes, served by one buffer", "[cache][seed]") {
   void* first = nullptr;

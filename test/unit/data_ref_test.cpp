@@ -14,8 +14,8 @@
 
 using namespace refpool;
 using Catch::Contains;
-using test_support::host_fixture;
-using test_support::what;
+using refpool::test::host_fixture;
+using refpool::test::what;
 
 TEST_CASE("a direct allocation is freed to the backend by its last reference", "[data_ref]") {
   const backend be = make_host_backend();

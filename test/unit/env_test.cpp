@@ -14,7 +14,7 @@
 using namespace refpool;
 using Catch::Contains;
 using Catch::EndsWith;
-using test_support::what;
+using refpool::test::what;
 
 TEST_CASE("REFPOOL_NO_CACHING=1: scopes pass every request to the backend", "[env-bypass]") {
   REQUIRE(std::string(std::getenv("REFPOOL_NO_CACHING")) == "1");

@@ -23,8 +23,8 @@
 
 using namespace refpool;
 using Catch::Contains;
-using test_support::host_fixture;
-using test_support::what;
+using refpool::test::host_fixture;
+using refpool::test::what;
 
 namespace {
 

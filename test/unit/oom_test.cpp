@@ -11,8 +11,8 @@
 
 using namespace refpool;
 using Catch::Contains;
-using test_support::oom_for;
-using test_support::what;
+using refpool::test::oom_for;
+using refpool::test::what;
 
 TEST_CASE("out of memory reclaims idle blocks and retries", "[oom]") {
   auto limited = std::make_shared<limiting_resource>(make_host_resource(), 4096);

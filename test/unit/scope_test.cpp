@@ -16,8 +16,8 @@
 
 using namespace refpool;
 using Catch::Contains;
-using test_support::host_fixture;
-using test_support::what;
+using refpool::test::host_fixture;
+using refpool::test::what;
 
 TEST_CASE_METHOD(host_fixture, "an uncached guard sends allocations straight to the backend", "[scope][uncached]") {
   scope s(cache);
@@ -90,7 +90,7 @@ TEST_CASE_METHOD(host_fixture, "closing a scope on another thread throws scope_e
 }
 
 TEST_CASE_METHOD(host_fixture, "destroying a scope out of order terminates with a clear message", "[scope][errors]") {
-  const auto [aborted, output] = test_support::in_child([&] {
+  const auto [aborted, output] = refpool::test::in_child([&] {
     auto outer = std::make_unique<scope>(cache);
     scope inner(cache);
     outer.reset();  // the destructor cannot throw: it must terminate

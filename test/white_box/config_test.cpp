@@ -9,7 +9,7 @@
 using namespace refpool;
 using Catch::Contains;
 using detail::parse_conf;
-using test_support::what;
+using refpool::test::what;
 
 TEST_CASE("REFPOOL_CONF keys are parsed", "[config]") {
   const auto c = parse_conf("rounding:pow2:4,max_idle_bytes:512M,log:/tmp/x.csv,stats_at_exit:1");

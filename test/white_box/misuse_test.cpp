@@ -15,9 +15,9 @@
 
 using namespace refpool;
 using Catch::Contains;
-using test_support::host_fixture;
-using test_support::oom_for;
-using test_support::what;
+using refpool::test::host_fixture;
+using refpool::test::oom_for;
+using refpool::test::what;
 
 // Found by the fuzzer: the implicit move kept size() and offset(), so a moved-from array said it
 // had 64 elements while data() was null, and reshape({64}) of it "succeeded".
@@ -111,7 +111,7 @@ TEST_CASE_METHOD(host_fixture, "closing an uncached_guard out of order throws sc
 
 TEST_CASE_METHOD(host_fixture, "destroying a scope on another thread terminates with a clear message",
                  "[misuse][scope][threads]") {
-  const auto [aborted, output] = test_support::in_child([&] {
+  const auto [aborted, output] = refpool::test::in_child([&] {
     auto s = std::make_unique<scope>(cache);
     std::thread([&] { s.reset(); }).join();  // the destructor cannot throw: it must terminate
   });

@@ -810,7 +810,7 @@ TEST_CASE("adaptors pass virtual memory on: a limit charges commits, injection c
 TEST_CASE("under ASan, free bytes of host segments are poisoned: a write after give_back is reported",
           "[segments][asan]") {
   const bool vm = GENERATE(false, true);
-  const auto [aborted, output] = test_support::in_child([vm] {
+  const auto [aborted, output] = refpool::test::in_child([vm] {
     heap_fixture f;
     segment_heap heap(f.be, vm ? vm_options() : plain_options());
     const auto p = must_carve(heap, 4 * KiB);

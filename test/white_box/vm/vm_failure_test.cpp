@@ -208,7 +208,7 @@ TEST_CASE("row 6: under an address-space limit (ulimit -v) a cache with segments
     WARN("not under a sanitizer: its shadow memory does not fit an address-space limit");
     return;
   }
-  const auto [aborted, output] = test_support::in_child([] {
+  const auto [aborted, output] = refpool::test::in_child([] {
     rlimit limit{};
     getrlimit(RLIMIT_AS, &limit);
     limit.rlim_cur = status_bytes("VmSize") + GiB;  // no room for 256 GiB of address space
@@ -247,7 +247,7 @@ void planned_runs(alloc_cache& cache, const backend& be) {
 
 TEST_CASE("row 8: an arena whose first commit throws holds nothing, and the cache closes cleanly",
           "[vm][plan]") {
-  const auto [aborted, output] = test_support::in_child([] {
+  const auto [aborted, output] = refpool::test::in_child([] {
     auto failing = std::make_shared<failing_resource>(make_host_resource());
     const backend be(failing);
     {
@@ -382,7 +382,7 @@ TEST_CASE("host decommit refused by the kernel (the map count limit): the pages 
     WARN("not under a sanitizer: its allocator needs new mappings, which the test uses up");
     return;
   }
-  const auto [aborted, output] = test_support::in_child([] {
+  const auto [aborted, output] = refpool::test::in_child([] {
     const auto res = make_host_resource();
     virtual_memory& vm = *res->address_space();
     const std::size_t g = vm.granularity();
@@ -409,7 +409,7 @@ TEST_CASE("host decommit or release of a range off the granule grid aborts, nami
   const auto res = make_host_resource();
   virtual_memory& vm = *res->address_space();
   for (const bool decommit : {true, false}) {
-    const auto [aborted, output] = test_support::in_child([&] {
+    const auto [aborted, output] = refpool::test::in_child([&] {
       if (decommit)
         vm.decommit(reinterpret_cast<void*>(4096), 4096);
       else
