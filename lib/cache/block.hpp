@@ -19,6 +19,7 @@
 namespace refpool::detail {
 
 struct block;
+class block_source;
 struct bucket;
 struct cache_heap;
 class cache_state;
@@ -77,6 +78,8 @@ struct alignas(64) block : block_header {
   spinlock streams_lock;
   std::vector<stream_ref> extra_streams;
 
+  /// Cached blocks: the block source its memory came from and goes back to (block_source.hpp).
+  block_source* source = nullptr;
   /// Cached blocks of a cache with segments: the segment heap the block is a piece of (its
   /// memory goes back there, not to the backend), and the piece. Null for plain blocks.
   cache_heap* heap = nullptr;

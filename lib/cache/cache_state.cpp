@@ -17,7 +17,9 @@ cache_state::cache_state(const cache_options& options, bool bypass)
       segments_(options.segments),
       bypass_(bypass),
       max_idle_bytes_(options.max_idle_bytes),
-      reserved_(new reserved_counter) {
+      reserved_(new reserved_counter),
+      whole_blocks_(*this, *reserved_),
+      segment_pieces_(*this, mutex_, *reserved_) {
   tracking_idle_.store(options.max_idle_bytes != cache_options::unlimited);
 }
 
@@ -273,7 +275,7 @@ void cache_state::close() noexcept {
     });
   }
   free_blocks(idle);  // pieces among them leave their heaps as closed heaps: trimmed at once
-  close_heaps();
+  for (block_source* source : sources()) source->close();
 }
 
 }  // namespace refpool::detail

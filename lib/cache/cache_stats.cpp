@@ -36,8 +36,6 @@ cache_stats cache_state::stats() const {
     }
     self.leave_all();
   }
-  out.backend_allocations = backend_allocations_.load();
-  out.backend_frees = backend_frees_.load();
   out.unsafe_frees += extra_unsafe_frees_.load();
   out.escapes += extra_escapes_.load();
   out.evictions = evictions_.load();
@@ -53,7 +51,7 @@ cache_stats cache_state::stats() const {
   out.peak_held_bytes = peak_held_bytes_.load();
   {
     std::unique_lock guard(mutex_);
-    add_segment_counters(out);
+    for (const block_source* source : sources()) source->add_counters(out);
     if (extension_) extension_->add_counters(out);
   }
   const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
