@@ -23,7 +23,7 @@ void collect_idle(const slot& s, const cache_heap& h, std::size_t bytes, std::ve
   const piece_list* list = s.find_pieces(h.backend, h.heap.small(bytes));
   if (list == nullptr || list->count == 0) return;
   out.reserve(out.size() + list->count);
-  for (block* b = list->first; b != nullptr; b = b->idle_piece_next) out.push_back(b);
+  for (piece_block* b = list->first; b != nullptr; b = b->idle_piece_next) out.push_back(b);
 }
 
 }  // namespace
@@ -98,7 +98,7 @@ void cache_state::check_segments() const {
     std::size_t listed = 0;
     for (const auto& list : s->piece_lists) {
       std::size_t n = 0;
-      for (const block* b = list->first; b != nullptr; b = b->idle_piece_next, ++n)
+      for (const piece_block* b = list->first; b != nullptr; b = b->idle_piece_next, ++n)
         if (!b->idle || b->home->pieces != list.get() || b->home->owner != s.get() ||
             (b->idle_piece_next != nullptr && b->idle_piece_next->idle_piece_prev != b))
           fail(fmt::format("refpool: block at {} is in the wrong idle piece list", b->ptr));
@@ -112,8 +112,9 @@ void cache_state::check_segments() const {
         fail(fmt::format("refpool: the bucket of {} B has the wrong piece list", bk.key.bytes));
       if (!segmented) return;
       in_blocks += (bk.live + bk.idle.size()) * bk.key.bytes;
-      for (const block* b : bk.idle) {
-        if (b->heap == nullptr || b->piece.bytes != b->capacity || b->piece.address != b->ptr)
+      for (const block* idle : bk.idle) {
+        const piece_block* b = as_piece(idle);  // the bucket has a piece list: its blocks are pieces
+        if (b->source != &segment_pieces_ || b->heap == nullptr || b->piece.bytes != b->capacity || b->piece.address != b->ptr)
           fail(fmt::format("refpool: idle block at {} of {} B is no piece of its heap", b->ptr, b->capacity));
         if (b->heap->heap.small(b->capacity) != bk.pieces->small)
           fail(fmt::format("refpool: idle piece at {} of {} B is listed in the wrong pool", b->ptr, b->capacity));

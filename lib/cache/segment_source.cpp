@@ -180,7 +180,7 @@ void segment_source::check(std::size_t& used_bytes, std::size_t& pieces_out) con
 block* segment_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                             stream_ref stream) {
   heap_use h = use_heap(backend);
-  std::unique_ptr<block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
+  std::unique_ptr<piece_block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
   const segment_heap::carved c = carve(s, *h, key.bytes, requested, stream);
   assert(c.p.bytes == key.bytes);  // keys are rounded to the piece unit: every block of a key has its size
   const auto give_up = [&]() noexcept {
@@ -248,7 +248,7 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
                   "idle; the backend has {} B outstanding",
                   backend.res().name(), bytes, requested, backend.device(), freed, st.committed_bytes, st.segments,
                   st.free_bytes, st.largest_free_bytes, st.used_bytes, st.pieces_out, now.live_bytes,
-                  now.live_blocks, now.idle_bytes, backend.outstanding_bytes.load()),
+                  now.live_blocks, now.idle_bytes, backend.outstanding_bytes()),
       bytes, backend.device());
 }
 
@@ -274,7 +274,8 @@ std::size_t segment_source::return_pieces(cache_heap& h, const std::vector<block
   std::size_t bytes = 0;
   // The order does not matter: free neighbours join whichever comes back first.
   std::lock_guard lock(h.mutex);
-  for (block* b : pieces) {
+  for (block* idle : pieces) {
+    piece_block* b = as_piece(idle);  // the source of every block in a piece list
     assert(b->heap == &h);
     h.heap.give_back(b->piece, streams_of(*b));
     bytes += b->capacity;
@@ -284,7 +285,8 @@ std::size_t segment_source::return_pieces(cache_heap& h, const std::vector<block
   return bytes;
 }
 
-std::size_t segment_source::take_back(block* b) noexcept {
+std::size_t segment_source::take_back(block* taken) noexcept {
+  piece_block* b = as_piece(taken);  // made by make(), with this source
   // Back to its heap. After the cache is gone nothing carves from the heap any more, so its free
   // memory goes back to the backend at once (all of it with the last piece).
   cache_heap* h = b->heap;

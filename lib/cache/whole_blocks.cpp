@@ -28,7 +28,7 @@ void* whole_block_source::allocate(backend_state& backend, std::size_t bytes, st
                   "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
                   "blocks and {} B idle; the backend has {} B outstanding",
                   backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes, now.live_blocks,
-                  now.idle_bytes, backend.outstanding_bytes.load()),
+                  now.idle_bytes, backend.outstanding_bytes()),
       bytes, backend.device());
 }
 
@@ -88,7 +88,7 @@ block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref str
   if (ptr == nullptr)
     throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B on device {} "
                                     "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
-                                    backend.res().name(), bytes, backend.device(), backend.outstanding_bytes.load()),
+                                    backend.res().name(), bytes, backend.device(), backend.outstanding_bytes()),
                         bytes, backend.device());
   return direct_block(made.release(), backend, ptr, bytes, stream);
 }
