@@ -70,26 +70,21 @@ void cache_state::home_new_block(slot& s, backend_state& backend, const block_ke
   if (waited) s.counters.cross_stream_reuses += 1;
 }
 
-void cache_state::count_held(std::size_t bytes) noexcept {
-  raise_max(peak_held_bytes_, held_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-}
-
 block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
   auto made = std::make_unique<block>();
   void* ptr = whole_blocks_.allocate(backend, bytes, bytes, stream);
   block* b = direct_block(made.release(), backend, ptr, bytes, stream);
   b->uncached_for = this;
   retain();
-  uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
-  raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  counters_.count_uncached(bytes);
   reserved_->add(bytes);
   return b;
 }
 
 void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
-  uncached_live_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  counters_.count_uncached_freed(b->capacity);
   reserved_->remove(b->capacity);
-  if (via_unsafe_free) extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed);
+  if (via_unsafe_free) counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed);
   free_block(b);
   release();
 }

@@ -15,14 +15,14 @@ namespace refpool::detail {
 // ---- reclaim and limits -------------------------------------------------------------------
 
 void cache_state::free_to_backend(block* b) noexcept {
-  held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  counters_.count_left(b->capacity);
   b->source->take_back(b);
 }
 
 std::size_t cache_state::free_blocks(const std::vector<block*>& blocks) noexcept {
   std::size_t to_backends = 0;
   for (block* b : blocks) {
-    held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+    counters_.count_left(b->capacity);
     to_backends += b->source->take_back(b);
   }
   return to_backends;
@@ -94,9 +94,9 @@ std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
   taken_blocks taken;
   {
     std::lock_guard guard(mutex_);
-    taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
+    taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
   }
-  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  counters_.oom_retries.fetch_add(1, std::memory_order_relaxed);
   std::size_t freed = free_blocks(taken.blocks);
   // An out-of-memory path: a failed trim only means less memory.
   freed += source_for(backend).trim(0, &backend, true);
@@ -110,13 +110,13 @@ void cache_state::enforce_idle_limit() noexcept {
     if (closed_.load(std::memory_order_relaxed) || idle_total_.load(std::memory_order_relaxed) <= limit) return;
   }
   try {
-    free_idle(limit, evictions_);
+    free_idle(limit, counters_.evictions);
   } catch (const std::exception& e) {
     fmt::print(stderr, "refpool: trimming segments to the idle limit failed: {}\n", e.what());
   }
 }
 
-std::size_t cache_state::reclaim(std::size_t keep_bytes) { return free_idle(keep_bytes, reclaimed_); }
+std::size_t cache_state::reclaim(std::size_t keep_bytes) { return free_idle(keep_bytes, counters_.reclaimed); }
 
 void cache_state::set_max_idle_bytes(std::size_t bytes) {
   {

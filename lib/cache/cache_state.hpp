@@ -28,6 +28,7 @@
 #include <refpool/stats.hpp>
 
 #include "cache/block.hpp"
+#include "cache/cache_counters.hpp"
 #include "cache/reserved_counter.hpp"
 #include "cache/segment_source.hpp"
 #include "cache/slot.hpp"
@@ -110,7 +111,7 @@ class cache_state : public ref_counted<cache_state> {
     return retain_step_router();
   }
   /// Steps begun so far.
-  [[nodiscard]] std::uint64_t steps_begun() const noexcept { return steps_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t steps_begun() const noexcept { return counters_.steps.load(std::memory_order_relaxed); }
   /// Opens a step (throws scope_error if one is open); `router`, if any, serves its requests
   /// (the cache holds a reference to it until the step ends).
   void begin_step(request_router* router);
@@ -168,8 +169,8 @@ class cache_state : public ref_counted<cache_state> {
   /// An uncached block of this cache lost its last handle.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
-  void add_escapes(std::size_t count) noexcept { extra_escapes_.fetch_add(count, std::memory_order_relaxed); }
-  void add_unsafe_free() noexcept { extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed); }
+  void add_escapes(std::size_t count) noexcept { counters_.extra_escapes.fetch_add(count, std::memory_order_relaxed); }
+  void add_unsafe_free() noexcept { counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed); }
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
 
@@ -184,9 +185,9 @@ class cache_state : public ref_counted<cache_state> {
   void home_new_block(slot& s, backend_state& backend, const block_key& key, block* b, void* ptr, stream_ref stream,
                       bool waited);
   /// A block joined the cache: held_bytes and its peak.
-  void count_held(std::size_t bytes) noexcept;
+  void count_held(std::size_t bytes) noexcept { counters_.count_held(bytes); }
   /// A request failed after the retry: counted in ooms.
-  void count_oom() noexcept { ooms_.fetch_add(1, std::memory_order_relaxed); }
+  void count_oom() noexcept { counters_.ooms.fetch_add(1, std::memory_order_relaxed); }
   /// Gives every idle piece of `h` in the pool of `bytes` back to the heap (this slot's, then
   /// other slots'), where they coalesce. Returns how many. Takes mutex_.
   std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
@@ -290,20 +291,7 @@ class cache_state : public ref_counted<cache_state> {
 
   std::atomic<std::uint64_t> next_block_id_{1};
   std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
-  std::atomic<std::uint64_t> evictions_{0};
-  std::atomic<std::uint64_t> reclaimed_{0};
-  std::atomic<std::uint64_t> oom_retries_{0};
-  std::atomic<std::uint64_t> ooms_{0};
-  std::atomic<std::uint64_t> scope_entries_{0};
-  std::atomic<std::uint64_t> uncached_entries_{0};
-  std::atomic<std::uint64_t> steps_{0};
-  std::atomic<std::uint64_t> uncached_allocations_{0};
-  std::atomic<std::size_t> uncached_live_bytes_{0};
-  std::atomic<std::size_t> peak_uncached_live_bytes_{0};
-  std::atomic<std::uint64_t> extra_escapes_{0};
-  std::atomic<std::uint64_t> extra_unsafe_frees_{0};
-  std::atomic<std::size_t> held_bytes_{0};
-  std::atomic<std::size_t> peak_held_bytes_{0};
+  cache_counters counters_;  // the cache's own counters (cache_counters.hpp)
   // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers).
   reserved_counter* const reserved_;
   // The block sources (after reserved_: they count into it).
