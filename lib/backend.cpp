@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "segments/segment_options.hpp"
 
 namespace refpool {
@@ -30,16 +30,16 @@ backend_state::backend_state(std::shared_ptr<resource> res)
 void* backend_state::allocate(std::size_t bytes, stream_ref stream) {
   void* ptr = resource_->allocate(bytes, stream);
   if (ptr != nullptr) {
-    outstanding_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    allocations.fetch_add(1, std::memory_order_relaxed);
+    outstanding_.fetch_add(bytes, std::memory_order_relaxed);
+    allocations_.fetch_add(1, std::memory_order_relaxed);
   }
   return ptr;
 }
 
 void backend_state::deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept {
   resource_->deallocate(ptr, bytes, stream);
-  outstanding_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  deallocations.fetch_add(1, std::memory_order_relaxed);
+  outstanding_.fetch_sub(bytes, std::memory_order_relaxed);
+  deallocations_.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace detail
@@ -75,11 +75,11 @@ device_id backend::device() const noexcept { return state_ ? state_->device() : 
 memory_kind backend::kind() const noexcept { return state_ ? state_->kind() : memory_kind::host; }
 std::size_t backend::alignment() const noexcept { return state_ ? state_->alignment() : 0; }
 std::size_t backend::outstanding_bytes() const noexcept {
-  return state_ ? state_->outstanding_bytes.load() : 0;
+  return state_ ? state_->outstanding_bytes() : 0;
 }
-std::uint64_t backend::allocation_count() const noexcept { return state_ ? state_->allocations.load() : 0; }
+std::uint64_t backend::allocation_count() const noexcept { return state_ ? state_->allocations() : 0; }
 std::uint64_t backend::deallocation_count() const noexcept {
-  return state_ ? state_->deallocations.load() : 0;
+  return state_ ? state_->deallocations() : 0;
 }
 resource& backend::underlying() const noexcept { return state_->res(); }
 

@@ -14,7 +14,7 @@
 // Nodes are added (a block's first to_pointer) and removed (~block) under their shard's spinlock;
 // they are never freed, only reused, so a reader that found a node which was removed meanwhile
 // reads a live object, and sees the change in its address.
-#include "pointer_table.hpp"
+#include "cache/block.hpp"
 
 #include <refpool/error.hpp>
 #include <refpool/pointer.hpp>
@@ -30,7 +30,6 @@
 #include <fmt/format.h>
 
 #include "access.hpp"
-#include "cache/block.hpp"
 #include "cache/spinlock.hpp"
 
 namespace refpool::detail {

@@ -1,5 +1,5 @@
-// A block: one buffer as the cache and data_refs see it (a backend allocation, or a region of a
-// plan's arena). Each block has exactly one owner, named by its origin, and the release path is
+// A block: one buffer as the cache and data_refs see it (a backend allocation, a piece of a
+// segment: piece_block.hpp, or a region of a plan's arena). It holds what every block has. Each block has exactly one owner, named by its origin, and the release path is
 // one switch on that origin (hit_path.cpp). Glossary: docs/design.md.
 #pragma once
 
@@ -11,17 +11,20 @@
 #include <refpool/detail/block_header.hpp>
 #include <refpool/types.hpp>
 
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "cache/spinlock.hpp"
-#include "pointer_table.hpp"
-#include "segments/piece.hpp"
 
 namespace refpool::detail {
 
 struct block;
+class block_source;
 struct bucket;
-struct cache_heap;
 class cache_state;
+struct pointer_node;
+
+/// Takes `b`'s node out of the pointer table (if it still has one). Called by ~block: nobody
+/// holds `b` (pointer_table.cpp).
+void forget_pointer(block& b) noexcept;
 
 /// Who takes a block back when its last handle goes.
 enum class block_origin : std::uint8_t {
@@ -77,13 +80,9 @@ struct alignas(64) block : block_header {
   spinlock streams_lock;
   std::vector<stream_ref> extra_streams;
 
-  /// Cached blocks of a cache with segments: the segment heap the block is a piece of (its
-  /// memory goes back there, not to the backend), and the piece. Null for plain blocks.
-  cache_heap* heap = nullptr;
-  segment_piece piece;
-  /// Idle pieces: links in their slot's piece_list (slot.hpp).
-  block* idle_piece_prev = nullptr;
-  block* idle_piece_next = nullptr;
+  /// Cached blocks: the block source its memory came from and goes back to (block_source.hpp).
+  /// What only one source's blocks need lives with that source (piece_block.hpp).
+  block_source* source = nullptr;
 
   /// Its node in the pointer table, made by its first to_pointer; null before (pointer_table.cpp).
   std::atomic<pointer_node*> pointer{nullptr};

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "access.hpp"
-#include "cache/backend_state.hpp"
-#include "cache/block.hpp"
+#include "backend_state.hpp"
+#include "cache/piece_block.hpp"
 #include "segments/segment_heap.hpp"
 
 namespace refpool::detail {
@@ -24,7 +24,7 @@ struct cache_heap {
   // small_max, so options set here must reach it too.
   explicit cache_heap(backend_state& b) : backend(&b), heap(handle_of(b)) { spare_blocks.reserve(spare_block_count); }
   ~cache_heap() {
-    for (block* b : spare_blocks) delete b;
+    for (piece_block* b : spare_blocks) delete b;
   }
   cache_heap(const cache_heap&) = delete;
   cache_heap& operator=(const cache_heap&) = delete;
@@ -41,25 +41,25 @@ struct cache_heap {
   /// Block records of pieces given back, kept for the next pieces (under `mutex`): a miss then
   /// allocates no record. 64: more than the pieces one miss usually gives back.
   static constexpr std::size_t spare_block_count = 64;
-  std::vector<block*> spare_blocks;
+  std::vector<piece_block*> spare_blocks;
 
   /// A fresh block record: a spare one, or a new one (std::bad_alloc).
-  block* new_block() {
+  piece_block* new_block() {
     {
       std::lock_guard lock(mutex);
       if (!spare_blocks.empty()) {
-        block* b = spare_blocks.back();
+        piece_block* b = spare_blocks.back();
         spare_blocks.pop_back();
         return b;
       }
     }
-    return new block;
+    return new piece_block;
   }
   /// Keeps `b` (no longer used) as a spare, or deletes it. Caller holds `mutex`.
-  void retire_block(block* b) noexcept {
+  void retire_block(piece_block* b) noexcept {
     if (spare_blocks.size() < spare_block_count) {
-      b->~block();
-      new (b) block;
+      b->~piece_block();
+      new (b) piece_block;
       spare_blocks.push_back(b);  // within the reserved capacity
     } else {
       delete b;

@@ -1,5 +1,5 @@
-// A cache's misses: steals from other slots, new blocks from the backend with the out-of-memory
-// ladder (reclaim and retry once), and uncached and direct blocks. Segment pieces: cache_segments.cpp.
+// A cache's misses: steals from other slots, then a new block from the key's block source
+// (whole_blocks.cpp, segment_source.cpp), homed here; and uncached blocks, counted by the cache.
 #include "cache/cache_state.hpp"
 
 #include <algorithm>
@@ -9,31 +9,6 @@
 #include <refpool/error.hpp>
 
 namespace refpool::detail {
-
-namespace {
-
-/// A direct block over `ptr` (from `backend`, which it holds), handed out once.
-block* direct_block(std::unique_ptr<block> made, backend_state& backend, void* ptr, std::size_t bytes,
-                    stream_ref stream) noexcept {
-  block* b = made.release();
-  b->ptr = ptr;
-  b->capacity = bytes;
-  b->requested = bytes;
-  b->backend = &backend;
-  backend.retain();
-  b->last_stream = stream;
-  b->refs.reset(1);
-  return b;
-}
-
-}  // namespace
-
-/// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
-void free_block(block* b) noexcept {
-  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
-  b->backend->release();
-  delete b;
-}
 
 // ---- misses -------------------------------------------------------------------------------
 
@@ -74,41 +49,9 @@ block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, 
   return nullptr;
 }
 
-void* cache_state::allocate_or_reclaim(backend_state& backend, std::size_t bytes, std::size_t requested,
-                                       stream_ref stream) {
-  void* ptr = backend.allocate(bytes, stream);
-  if (ptr != nullptr) return ptr;
-  // Out of memory: give back this backend's idle blocks (all sizes, all slots), retry once.
-  const std::size_t freed = reclaim_for_retry(backend);
-  ptr = backend.allocate(bytes, stream);
-  if (ptr != nullptr) return ptr;
-  ooms_.fetch_add(1, std::memory_order_relaxed);
-  const cache_stats now = stats();
-  throw out_of_memory(
-      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, "
-                  "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
-                  "blocks and {} B idle; the backend has {} B outstanding",
-                  backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes, now.live_blocks,
-                  now.idle_bytes, backend.outstanding_bytes.load()),
-      bytes, backend.device());
-}
-
 block* cache_state::allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                                  stream_ref stream) {
-  if (backend.piece_unit(segments_) != 1) return allocate_piece(s, backend, key, requested, stream);
-  auto made = std::make_unique<block>();  // before the backend call, so a bad_alloc leaks nothing
-  void* ptr = allocate_or_reclaim(backend, key.bytes, requested, stream);
-  try {
-    home_new_block(s, backend, key, made.get(), ptr, stream, false);
-  } catch (...) {
-    backend.deallocate(ptr, key.bytes, stream);
-    throw;
-  }
-  backend.retain();
-  backend_allocations_.fetch_add(1, std::memory_order_relaxed);
-  count_held(key.bytes);
-  count_from_backends(key.bytes, 0);
-  return made.release();
+  return source_for(backend).make(s, backend, key, requested, stream);
 }
 
 void cache_state::home_new_block(slot& s, backend_state& backend, const block_key& key, block* b, void* ptr,
@@ -127,47 +70,23 @@ void cache_state::home_new_block(slot& s, backend_state& backend, const block_ke
   if (waited) s.counters.cross_stream_reuses += 1;
 }
 
-void cache_state::count_held(std::size_t bytes) noexcept {
-  raise_max(peak_held_bytes_, held_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-}
-
-void cache_state::count_from_backends(std::size_t added, std::size_t removed) noexcept {
-  if (added > removed) {
-    reserved_->add(added - removed);
-  } else if (removed > added) {
-    reserved_->remove(removed - added);
-  }
-}
-
 block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
   auto made = std::make_unique<block>();
-  void* ptr = allocate_or_reclaim(backend, bytes, bytes, stream);
-  block* b = direct_block(std::move(made), backend, ptr, bytes, stream);
+  void* ptr = whole_blocks_.allocate(backend, bytes, bytes, stream);
+  block* b = direct_block(made.release(), backend, ptr, bytes, stream);
   b->uncached_for = this;
   retain();
-  uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
-  raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  counters_.count_uncached(bytes);
   reserved_->add(bytes);
   return b;
 }
 
 void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
-  uncached_live_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  counters_.count_uncached_freed(b->capacity);
   reserved_->remove(b->capacity);
-  if (via_unsafe_free) extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed);
+  if (via_unsafe_free) counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed);
   free_block(b);
   release();
-}
-
-block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream) {
-  auto made = std::make_unique<block>();
-  void* ptr = backend.allocate(bytes, stream);
-  if (ptr == nullptr)
-    throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B on device {} "
-                                    "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
-                                    backend.res().name(), bytes, backend.device(), backend.outstanding_bytes.load()),
-                        bytes, backend.device());
-  return direct_block(std::move(made), backend, ptr, bytes, stream);
 }
 
 void release_direct(block* b, bool via_unsafe_free) noexcept {

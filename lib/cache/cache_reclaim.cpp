@@ -1,6 +1,7 @@
 // Idle memory leaving a cache: reclaim, the idle limit and the out-of-memory step of the ladder.
 // Idle blocks are taken out of their slots under the cache's mutex (least recently released first),
-// then freed with no lock held: plain blocks to their backend, pieces to their heap, then trimmed.
+// then given back to their block source with no lock held (whole blocks to their backend, pieces
+// to their heap), and the sources trimmed.
 #include "cache/cache_state.hpp"
 
 #include <algorithm>
@@ -14,37 +15,15 @@ namespace refpool::detail {
 // ---- reclaim and limits -------------------------------------------------------------------
 
 void cache_state::free_to_backend(block* b) noexcept {
-  held_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
-  if (cache_heap* h = b->heap) {
-    // A piece: back to its heap. After the cache is gone nothing carves from the heap any more,
-    // so its free memory goes back to the backend at once (all of it with the last piece).
-    std::lock_guard lock(h->mutex);
-    h->heap.give_back(b->piece, streams_of(*b));
-    if (closed()) {
-      const committed_change change(*this, *h);
-      try {
-        if (h->heap.stats().pieces_out == 0)
-          h->heap.release_all();
-        else
-          h->heap.trim(0);
-      } catch (const std::exception& e) {
-        fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
-      }
-    }
-    b->backend->release();  // never the last reference: the heap holds one
-    delete b;
-    return;
-  }
-  backend_frees_.fetch_add(1, std::memory_order_relaxed);
-  count_from_backends(0, b->capacity);
-  free_block(b);
+  counters_.count_left(b->capacity);
+  b->source->take_back(b);
 }
 
 std::size_t cache_state::free_blocks(const std::vector<block*>& blocks) noexcept {
   std::size_t to_backends = 0;
   for (block* b : blocks) {
-    if (b->heap == nullptr) to_backends += b->capacity;
-    free_to_backend(b);
+    counters_.count_left(b->capacity);
+    to_backends += b->source->take_back(b);
   }
   return to_backends;
 }
@@ -99,42 +78,28 @@ cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
 
 std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter) {
   taken_blocks taken;
-  std::vector<heap_use> heaps;
   {
     std::lock_guard guard(mutex_);
-    heaps = use_heaps_locked();  // first: once blocks are taken, nothing may throw before they are freed
     taken = take_idle_locked(keep, [](const block_key&) { return true; }, counter);
   }
   std::size_t freed = free_blocks(taken.blocks);
-  // Free bytes of segments are idle memory too: they get what `keep` leaves after idle blocks.
-  const std::size_t heap_keep = keep > taken.idle_left ? keep - taken.idle_left : 0;
-  std::vector<std::unique_ptr<cache_heap>> dropped;  // destroyed last, with no lock held
-  const auto drop_empty = [&] {
-    heaps.clear();
-    std::lock_guard guard(mutex_);
-    dropped = drop_empty_heaps_locked();
-  };
-  try {
-    freed += trim_heaps(heaps, heap_keep, false);
-  } catch (...) {
-    drop_empty();
-    throw;
-  }
-  drop_empty();
+  // Free memory the sources keep (free bytes of segments) is idle memory too: it gets what
+  // `keep` leaves after idle blocks.
+  const std::size_t source_keep = keep > taken.idle_left ? keep - taken.idle_left : 0;
+  for (block_source* source : sources()) freed += source->trim(source_keep, nullptr, false);
   return freed;
 }
 
 std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
   taken_blocks taken;
-  std::vector<heap_use> heaps;
   {
     std::lock_guard guard(mutex_);
-    heaps = use_heaps_locked(&backend);
-    taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
+    taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
   }
-  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  counters_.oom_retries.fetch_add(1, std::memory_order_relaxed);
   std::size_t freed = free_blocks(taken.blocks);
-  freed += trim_heaps(heaps, 0, true);  // an out-of-memory path: a failed trim only means less memory
+  // An out-of-memory path: a failed trim only means less memory.
+  freed += source_for(backend).trim(0, &backend, true);
   return freed;
 }
 
@@ -145,13 +110,13 @@ void cache_state::enforce_idle_limit() noexcept {
     if (closed_.load(std::memory_order_relaxed) || idle_total_.load(std::memory_order_relaxed) <= limit) return;
   }
   try {
-    free_idle(limit, evictions_);
+    free_idle(limit, counters_.evictions);
   } catch (const std::exception& e) {
     fmt::print(stderr, "refpool: trimming segments to the idle limit failed: {}\n", e.what());
   }
 }
 
-std::size_t cache_state::reclaim(std::size_t keep_bytes) { return free_idle(keep_bytes, reclaimed_); }
+std::size_t cache_state::reclaim(std::size_t keep_bytes) { return free_idle(keep_bytes, counters_.reclaimed); }
 
 void cache_state::set_max_idle_bytes(std::size_t bytes) {
   {

@@ -17,7 +17,9 @@ cache_state::cache_state(const cache_options& options, bool bypass)
       segments_(options.segments),
       bypass_(bypass),
       max_idle_bytes_(options.max_idle_bytes),
-      reserved_(new reserved_counter) {
+      reserved_(new reserved_counter),
+      whole_blocks_(*this, *reserved_),
+      segment_pieces_(*this, mutex_, *reserved_) {
   tracking_idle_.store(options.max_idle_bytes != cache_options::unlimited);
 }
 
@@ -96,8 +98,8 @@ void cache_state::give_back(slot* s) noexcept {
 }
 
 bool cache_state::count_entry(std::size_t warmup) noexcept {
-  const bool uncached = scope_entries_.fetch_add(1, std::memory_order_relaxed) < warmup;
-  if (uncached) uncached_entries_.fetch_add(1, std::memory_order_relaxed);
+  const bool uncached = counters_.scope_entries.fetch_add(1, std::memory_order_relaxed) < warmup;
+  if (uncached) counters_.uncached_entries.fetch_add(1, std::memory_order_relaxed);
   return uncached;
 }
 
@@ -138,7 +140,7 @@ void cache_state::begin_step(request_router* router) {
   const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
   if (epoch % 2 == 1)
     throw scope_error("refpool: a step is already open on this cache (steps of one cache do not nest; end it first)");
-  steps_.fetch_add(1, std::memory_order_relaxed);
+  counters_.steps.fetch_add(1, std::memory_order_relaxed);
   if (router != nullptr) {
     router->retain_router();  // the cache's, until end_step
     std::lock_guard publish(router_lock_);
@@ -273,7 +275,7 @@ void cache_state::close() noexcept {
     });
   }
   free_blocks(idle);  // pieces among them leave their heaps as closed heaps: trimmed at once
-  close_heaps();
+  for (block_source* source : sources()) source->close();
 }
 
 }  // namespace refpool::detail

@@ -1,7 +1,9 @@
 // The internals of an alloc_cache: its slots, counters and the paths that move blocks between
-// live, idle and the backend. The hit path (acquire, release) is in hit_path.cpp; the slow paths in
-// cache_state.cpp (leases, steps, releases from other threads, close), cache_misses.cpp (steal,
-// miss, uncached), cache_reclaim.cpp (reclaim, limits), cache_stats.cpp and cache_segments.cpp.
+// live, idle and their block source (block_source.hpp: whole blocks from the backend, or segment
+// pieces), which owns their memory and its accounting. The hit path (acquire, release) is in
+// hit_path.cpp; the slow paths in cache_state.cpp (leases, steps, releases from other threads,
+// close), cache_misses.cpp (steal, miss, uncached), cache_reclaim.cpp (reclaim, limits),
+// cache_stats.cpp and cache_segments.cpp (idle pieces in slots).
 //
 // Locks. `mutex_` guards the slot list, leases, steps, block homes during steals and the list
 // of segment heaps. Every thread that touches a slot it does not own (an intruder) holds mutex_
@@ -10,6 +12,7 @@
 // mutex_ where both are held. No backend call is made under mutex_ or a slot's lock.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -25,9 +28,11 @@
 #include <refpool/stats.hpp>
 
 #include "cache/block.hpp"
-#include "cache/cache_heap.hpp"
+#include "cache/cache_counters.hpp"
 #include "cache/reserved_counter.hpp"
+#include "cache/segment_source.hpp"
 #include "cache/slot.hpp"
+#include "cache/whole_blocks.hpp"
 #include "ref_counted.hpp"
 
 namespace refpool::detail {
@@ -106,7 +111,7 @@ class cache_state : public ref_counted<cache_state> {
     return retain_step_router();
   }
   /// Steps begun so far.
-  [[nodiscard]] std::uint64_t steps_begun() const noexcept { return steps_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t steps_begun() const noexcept { return counters_.steps.load(std::memory_order_relaxed); }
   /// Opens a step (throws scope_error if one is open); `router`, if any, serves its requests
   /// (the cache holds a reference to it until the step ends).
   void begin_step(request_router* router);
@@ -164,14 +169,28 @@ class cache_state : public ref_counted<cache_state> {
   /// An uncached block of this cache lost its last handle.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
-  void add_escapes(std::size_t count) noexcept { extra_escapes_.fetch_add(count, std::memory_order_relaxed); }
-  void add_unsafe_free() noexcept { extra_unsafe_frees_.fetch_add(1, std::memory_order_relaxed); }
+  void add_escapes(std::size_t count) noexcept { counters_.extra_escapes.fetch_add(count, std::memory_order_relaxed); }
+  void add_unsafe_free() noexcept { counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed); }
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
 
   /// Bytes held from backends, every kind, with their exact peak. Arenas count theirs here too
   /// (they retain it: they may outlive the cache).
   [[nodiscard]] reserved_counter& reserved() const noexcept { return *reserved_; }
+
+  // ---- for block sources (block_source.hpp) ------------------------------------------------------
+  /// A miss's new block `b` over `ptr` joins `s`: its fields set, homed in its key's bucket, live,
+  /// and counted as one of the slot's references (also if the cache closed meanwhile). `waited`:
+  /// it waits for other streams (a cross-stream reuse). Throws std::bad_alloc, nothing homed.
+  void home_new_block(slot& s, backend_state& backend, const block_key& key, block* b, void* ptr, stream_ref stream,
+                      bool waited);
+  /// A block joined the cache: held_bytes and its peak.
+  void count_held(std::size_t bytes) noexcept { counters_.count_held(bytes); }
+  /// A request failed after the retry: counted in ooms.
+  void count_oom() noexcept { counters_.ooms.fetch_add(1, std::memory_order_relaxed); }
+  /// Gives every idle piece of `h` in the pool of `bytes` back to the heap (this slot's, then
+  /// other slots'), where they coalesce. Returns how many. Takes mutex_.
+  std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
 
   /// For tests: checks every segment heap (segment_heap::check) and that the bytes of pieces
   /// the heaps have out equal the bytes of this cache's blocks that are pieces, live and idle.
@@ -205,18 +224,12 @@ class cache_state : public ref_counted<cache_state> {
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
   void leave_all() noexcept;
   block* steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream);
-  /// A miss's new block `b` over `ptr` joins `s`: its fields set, homed in its key's bucket, live,
-  /// and counted as one of the slot's references (also if the cache closed meanwhile). `waited`:
-  /// it waits for other streams (a cross-stream reuse). Throws std::bad_alloc, nothing homed.
-  void home_new_block(slot& s, backend_state& backend, const block_key& key, block* b, void* ptr, stream_ref stream,
-                      bool waited);
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                       stream_ref stream);
-  void* allocate_or_reclaim(backend_state& backend, std::size_t bytes, std::size_t requested, stream_ref stream);
 
   // Idle blocks leaving the cache: taken out of their slots under mutex_ (least recently
-  // released first), then freed with no lock held: plain blocks to their backend, pieces to
-  // their segment heap, which is then trimmed.
+  // released first), then given back to their block source with no lock held, and the sources
+  // trimmed.
   struct taken_blocks {
     std::vector<block*> blocks;
     std::size_t bytes = 0;       ///< their capacities
@@ -224,58 +237,30 @@ class cache_state : public ref_counted<cache_state> {
   };
   taken_blocks take_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
                                 std::atomic<std::uint64_t>& counter);
-  std::size_t free_blocks(const std::vector<block*>& blocks) noexcept;  // bytes freed to backends
+  std::size_t free_blocks(const std::vector<block*>& blocks) noexcept;  // bytes their sources freed to backends
   /// Frees idle blocks until at most `keep` idle bytes remain (idle blocks, then segment free
   /// bytes); returns the bytes given back to backends. Trims throw only what order_streams throws.
   std::size_t free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter);
   /// Frees idle blocks (then segment free bytes) down to max_idle_bytes when idle bytes passed it.
   void enforce_idle_limit() noexcept;
-  void free_to_backend(block* b) noexcept;
-  void count_held(std::size_t bytes) noexcept;  // a block joined the cache: held_bytes and its peak
-  /// Bytes held from backends (plain blocks + committed segment bytes) changed.
-  void count_from_backends(std::size_t added, std::size_t removed) noexcept;
-  /// Counts the change in a heap's committed bytes over its lifetime (a grow, trim or release
-  /// under the heap's lock) into reserved_.
-  class committed_change {
-   public:
-    committed_change(cache_state& cache, cache_heap& h) noexcept
-        : cache_(cache), heap_(h.heap), before_(h.heap.committed_bytes()) {}
-    ~committed_change() { cache_.count_from_backends(heap_.committed_bytes(), before_); }
-    committed_change(const committed_change&) = delete;
-    committed_change& operator=(const committed_change&) = delete;
+  void free_to_backend(block* b) noexcept;  // to its source, uncounted from held bytes
 
-   private:
-    cache_state& cache_;
-    const segment_heap& heap_;
-    std::size_t before_;
-  };
+  // Block sources.
+  /// Where `backend`'s new blocks come from in this cache, and where they go back to.
+  block_source& source_for(const backend_state& backend) noexcept {
+    if (backend.piece_unit(segments_) != 1) return segment_pieces_;
+    return whole_blocks_;
+  }
+  [[nodiscard]] std::array<block_source*, 2> sources() noexcept { return {&whole_blocks_, &segment_pieces_}; }
+  [[nodiscard]] std::array<const block_source*, 2> sources() const noexcept {
+    return {&whole_blocks_, &segment_pieces_};
+  }
 
-  // Segments (cache_segments.cpp).
+  // Idle pieces in slots (cache_segments.cpp).
   [[noreturn]] static void throw_piece_rounding_overflow(std::size_t bytes, std::size_t unit);
-  /// This cache's heap for `backend`, made if absent, with one use held for the caller.
-  heap_use use_heap(backend_state& backend);
-  /// Every heap (or `backend`'s only), with one use held for the caller. Caller holds mutex_.
-  std::vector<heap_use> use_heaps_locked(const backend_state* only = nullptr);
-  /// Takes out the heaps that hold no segment and have no user, for the caller to destroy once
-  /// it left mutex_ (a heap holds its backend: the last reference may destroy a resource).
-  /// Caller holds mutex_.
-  std::vector<std::unique_ptr<cache_heap>> drop_empty_heaps_locked() noexcept;
-  block* allocate_piece(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
-                        stream_ref stream);
-  segment_heap::carved carve_piece(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,
-                                   stream_ref stream);
-  /// Gives every idle piece of `h` in the pool of `bytes` back to the heap (this slot's, then
-  /// other slots'), where they coalesce. Returns how many. Takes mutex_.
-  std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
   void detach_idle(slot& s, const std::vector<block*>& pieces, std::size_t from) noexcept;  // caller holds s
-  /// Gives detached idle pieces back to `h` and deletes their blocks. Returns how many.
+  /// Gives detached idle pieces back to `h` (segment_source::return_pieces). Returns how many.
   std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
-  void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
-  /// Trims the heaps so that at most `keep` of their bytes stay free, in total. Returns the
-  /// bytes given back. `quiet`: report failures on stderr instead of throwing.
-  std::size_t trim_heaps(const std::vector<heap_use>& heaps, std::size_t keep, bool quiet);
-  void close_heaps() noexcept;
-  void add_segment_counters(cache_stats& out) const;  // caller holds mutex_
   void release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
   void release_orphaned(slot& s, block* b) noexcept;
   /// Drops one of `s`'s references (slot::refs); the last deletes the slot. Not under mutex_.
@@ -292,9 +277,7 @@ class cache_state : public ref_counted<cache_state> {
   std::vector<slot*> free_slots_;          // scope slots not leased now
   std::vector<slot*> free_ambient_slots_;  // cache-level slots whose thread ended
   std::unique_ptr<cache_extension> extension_;
-  std::vector<std::unique_ptr<cache_heap>> heaps_;  // one per backend with segments, made on its first miss
-  segment_heap_stats dropped_heap_counts_;          // event counters of heaps dropped since
-  std::vector<block*> giving_back_;                 // give_back_idle_pieces' list, under mutex_
+  std::vector<block*> giving_back_;  // give_back_idle_pieces' list, under mutex_
 
   // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
   std::atomic<std::uint64_t> step_epoch_{0};
@@ -308,34 +291,17 @@ class cache_state : public ref_counted<cache_state> {
 
   std::atomic<std::uint64_t> next_block_id_{1};
   std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
-  std::atomic<std::uint64_t> backend_allocations_{0};
-  std::atomic<std::uint64_t> backend_frees_{0};
-  std::atomic<std::uint64_t> evictions_{0};
-  std::atomic<std::uint64_t> reclaimed_{0};
-  std::atomic<std::uint64_t> oom_retries_{0};
-  std::atomic<std::uint64_t> ooms_{0};
-  std::atomic<std::uint64_t> scope_entries_{0};
-  std::atomic<std::uint64_t> uncached_entries_{0};
-  std::atomic<std::uint64_t> steps_{0};
-  std::atomic<std::uint64_t> uncached_allocations_{0};
-  std::atomic<std::size_t> uncached_live_bytes_{0};
-  std::atomic<std::size_t> peak_uncached_live_bytes_{0};
-  std::atomic<std::uint64_t> extra_escapes_{0};
-  std::atomic<std::uint64_t> extra_unsafe_frees_{0};
-  std::atomic<std::size_t> held_bytes_{0};
-  std::atomic<std::size_t> peak_held_bytes_{0};
+  cache_counters counters_;  // the cache's own counters (cache_counters.hpp)
   // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers).
   reserved_counter* const reserved_;
+  // The block sources (after reserved_: they count into it).
+  whole_block_source whole_blocks_;
+  segment_source segment_pieces_;
 };
 
 /// Room for one more block in `home`'s idle list, so putting it back never allocates.
 inline void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + home.idle.size() + 1); }
 
-/// A block straight from `backend`, owned by no cache: freed to it on its last release.
-/// Throws out_of_memory at once (there is no cache to reclaim).
-block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream);
-/// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
-void free_block(block* b) noexcept;
 /// A direct block's last handle went away: freed to its backend (and counted by the cache it was
 /// made for, if any).
 void release_direct(block* b, bool via_unsafe_free) noexcept;

@@ -36,27 +36,13 @@ cache_stats cache_state::stats() const {
     }
     self.leave_all();
   }
-  out.backend_allocations = backend_allocations_.load();
-  out.backend_frees = backend_frees_.load();
-  out.unsafe_frees += extra_unsafe_frees_.load();
-  out.escapes += extra_escapes_.load();
-  out.evictions = evictions_.load();
-  out.reclaimed_blocks = reclaimed_.load();
-  out.oom_retries = oom_retries_.load();
-  out.ooms = ooms_.load();
-  out.scope_entries = scope_entries_.load();
-  out.uncached_entries = uncached_entries_.load();
-  out.steps = steps_.load();
-  out.uncached_allocations = uncached_allocations_.load();
-  out.uncached_live_bytes = uncached_live_bytes_.load();
-  out.held_bytes = held_bytes_.load();
-  out.peak_held_bytes = peak_held_bytes_.load();
+  counters_.add_to(out);
   {
     std::unique_lock guard(mutex_);
-    add_segment_counters(out);
+    for (const block_source* source : sources()) source->add_counters(out);
     if (extension_) extension_->add_counters(out);
   }
-  const std::size_t uncached_peak = peak_uncached_live_bytes_.load();
+  const std::size_t uncached_peak = counters_.peak_uncached_live_bytes.load();
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
@@ -70,8 +56,7 @@ void cache_state::reset_peaks() noexcept {
   intrude_all();
   for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
   leave_all();
-  peak_held_bytes_.store(held_bytes_.load());
-  peak_uncached_live_bytes_.store(uncached_live_bytes_.load());
+  counters_.reset_peaks();
   reserved_->reset_peak();
 }
 

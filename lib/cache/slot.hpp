@@ -15,6 +15,7 @@
 #include "cache/block.hpp"
 #include "cache/block_key.hpp"
 #include "cache/owner_lock.hpp"
+#include "cache/piece_block.hpp"
 
 namespace refpool::detail {
 
@@ -42,17 +43,20 @@ struct line_allocator {
 struct piece_list {
   const backend_state* backend = nullptr;
   bool small = false;
-  block* first = nullptr;
+  piece_block* first = nullptr;
   std::size_t count = 0;
 
-  void link(block* b) noexcept {
+  /// Links `idle`, a piece (the buckets that have a piece list hold only pieces).
+  void link(block* idle) noexcept {
+    piece_block* b = as_piece(idle);
     b->idle_piece_prev = nullptr;
     b->idle_piece_next = first;
     if (first != nullptr) first->idle_piece_prev = b;
     first = b;
     ++count;
   }
-  void unlink(block* b) noexcept {
+  void unlink(block* idle) noexcept {
+    piece_block* b = as_piece(idle);
     (b->idle_piece_prev != nullptr ? b->idle_piece_prev->idle_piece_next : first) = b->idle_piece_next;
     if (b->idle_piece_next != nullptr) b->idle_piece_next->idle_piece_prev = b->idle_piece_prev;
     b->idle_piece_prev = b->idle_piece_next = nullptr;

@@ -89,7 +89,7 @@ bool arena::commit_more(std::size_t bytes, cache_state& cache) {
   committed_.store(bytes, std::memory_order_relaxed);
   count(delta, cache);
   // Counted like an allocation: it cost a driver call (the region counts the outstanding bytes).
-  backend_->allocations.fetch_add(1, std::memory_order_relaxed);
+  backend_->count_allocation_call();
   return true;
 }
 
@@ -107,7 +107,7 @@ void arena::free_memory() noexcept {
   const std::size_t committed = committed_.load(std::memory_order_relaxed);
   if (region_) {
     drop_region();  // decommits what was committed (never 0 bytes) and releases the reservation
-    backend_->deallocations.fetch_add(1, std::memory_order_relaxed);
+    backend_->count_deallocation_call();
   } else {
     backend_->deallocate(base_, committed, stream_);
   }

@@ -12,7 +12,7 @@
 
 #include <refpool/types.hpp>
 
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "cache/spinlock.hpp"
 #include "ref_counted.hpp"
 #include "vm/vm_region.hpp"

@@ -9,7 +9,7 @@
 #include <refpool/error.hpp>
 
 #include "access.hpp"
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "segment_heap.hpp"
 #include "size_math.hpp"
 

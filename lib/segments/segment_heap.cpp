@@ -14,7 +14,7 @@
 #include <refpool/error.hpp>
 
 #include "access.hpp"
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "poison.hpp"
 #include "range_list.hpp"
 #include "size_math.hpp"

@@ -8,7 +8,7 @@
 #include <refpool/error.hpp>
 
 #include "access.hpp"
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "poison.hpp"
 #include "range_list.hpp"
 #include "segment_heap.hpp"

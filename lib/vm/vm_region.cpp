@@ -10,7 +10,7 @@
 #include <refpool/error.hpp>
 #include <refpool/virtual_memory.hpp>
 
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 
 namespace refpool::detail {
 
@@ -65,7 +65,7 @@ bool vm_region::commit(std::size_t offset, std::size_t bytes) {
   if (!vm_->commit(reinterpret_cast<void*>(base_ + offset), bytes)) return false;
   commits_.insert(commits_.begin() + static_cast<std::ptrdiff_t>(at), commit_record{offset, bytes});
   committed_ += bytes;
-  backend_->outstanding_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  backend_->count_commit(bytes);
   return true;
 }
 
@@ -74,7 +74,7 @@ void vm_region::decommit(std::size_t index) noexcept {
   vm_->decommit(reinterpret_cast<void*>(base_ + c.offset), c.bytes);
   commits_.erase(commits_.begin() + static_cast<std::ptrdiff_t>(index));
   committed_ -= c.bytes;
-  backend_->outstanding_bytes.fetch_sub(c.bytes, std::memory_order_relaxed);
+  backend_->count_decommit(c.bytes);
 }
 
 void vm_region::release() noexcept {

@@ -10,7 +10,7 @@
 #include <refpool/refpool.hpp>
 
 #include "access.hpp"
-#include "cache/backend_state.hpp"
+#include "backend_state.hpp"
 #include "segments/segment_heap.hpp"
 #include "support/forwarding_resource.hpp"
 

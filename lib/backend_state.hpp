@@ -29,13 +29,22 @@ class backend_state : public ref_counted<backend_state> {
     return piece_units_[static_cast<std::size_t>(p)];
   }
 
+  // The backend's accounting, changed only here: whole allocations through allocate and
+  // deallocate, commits of virtual-memory regions through their vm_region (lib/vm), and the driver
+  // calls of plan arenas' regions through the arena (lib/plan/arena.cpp).
   /// resource::allocate with accounting; nullptr means out of memory.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref stream);
   void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept;
+  /// `bytes` of a reservation were committed (decommitted): outstanding like an allocation.
+  void count_commit(std::size_t bytes) noexcept { outstanding_.fetch_add(bytes, std::memory_order_relaxed); }
+  void count_decommit(std::size_t bytes) noexcept { outstanding_.fetch_sub(bytes, std::memory_order_relaxed); }
+  /// A driver call that made (gave back) memory other than through allocate (deallocate).
+  void count_allocation_call() noexcept { allocations_.fetch_add(1, std::memory_order_relaxed); }
+  void count_deallocation_call() noexcept { deallocations_.fetch_add(1, std::memory_order_relaxed); }
 
-  std::atomic<std::size_t> outstanding_bytes{0};
-  std::atomic<std::uint64_t> allocations{0};
-  std::atomic<std::uint64_t> deallocations{0};
+  [[nodiscard]] std::size_t outstanding_bytes() const noexcept { return outstanding_.load(); }
+  [[nodiscard]] std::uint64_t allocations() const noexcept { return allocations_.load(); }
+  [[nodiscard]] std::uint64_t deallocations() const noexcept { return deallocations_.load(); }
 
  private:
   friend class ref_counted<backend_state>;
@@ -47,6 +56,10 @@ class backend_state : public ref_counted<backend_state> {
   memory_kind kind_;
   std::size_t alignment_;
   std::size_t piece_units_[3];  // by segment_policy: off, on, automatic
+
+  std::atomic<std::size_t> outstanding_{0};
+  std::atomic<std::uint64_t> allocations_{0};
+  std::atomic<std::uint64_t> deallocations_{0};
 };
 
 }  // namespace refpool::detail

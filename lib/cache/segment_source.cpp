@@ -1,0 +1,311 @@
+// Segment pieces as a block source (docs/design.md, "Segments"). On a miss for a backend with
+// segments the source carves a piece from the backend's segment heap: from free ranges, after
+// giving idle pieces of the request's pool back to the heap (first for large requests, when free
+// ranges fail for small ones), then by growing the heap, and last after giving back everything
+// idle and trimming. Locks: segment_source.hpp, cache_heap.hpp.
+#include "cache/segment_source.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include <refpool/error.hpp>
+
+#include "cache/cache_state.hpp"
+
+namespace refpool::detail {
+
+// ---- heaps --------------------------------------------------------------------------------
+
+heap_use segment_source::use_heap(backend_state& backend) {
+  std::lock_guard guard(mutex_);
+  cache_heap* found = nullptr;
+  for (const auto& h : heaps_) {
+    if (h->backend == &backend) {
+      found = h.get();
+      break;
+    }
+  }
+  if (found == nullptr) {
+    heaps_.reserve(heaps_.size() + 1);
+    heaps_.push_back(std::make_unique<cache_heap>(backend));
+    found = heaps_.back().get();
+  }
+  found->users.fetch_add(1, std::memory_order_relaxed);
+  return heap_use(*found);
+}
+
+std::vector<heap_use> segment_source::use_heaps_locked(const backend_state* only) {
+  std::vector<heap_use> out;
+  out.reserve(heaps_.size());
+  for (const auto& h : heaps_) {
+    if (only != nullptr && h->backend != only) continue;
+    h->users.fetch_add(1, std::memory_order_relaxed);
+    out.emplace_back(*h);
+  }
+  return out;
+}
+
+std::vector<std::unique_ptr<cache_heap>> segment_source::drop_empty_heaps_locked() noexcept {
+  std::vector<std::unique_ptr<cache_heap>> dropped;
+  // After close() heaps stay until the cache's state goes (pieces still out come back to them).
+  if (cache_.closed()) return dropped;
+  try {
+    dropped.reserve(heaps_.size());
+  } catch (...) {
+    return dropped;  // kept for now: an empty heap costs a few hundred bytes
+  }
+  for (auto it = heaps_.begin(); it != heaps_.end();) {
+    cache_heap& h = **it;
+    bool empty = false;
+    if (h.users.load(std::memory_order_acquire) == 0) {
+      std::lock_guard lock(h.mutex);
+      const segment_heap_stats st = h.heap.stats();
+      empty = st.segments == 0 && st.pieces_out == 0;
+      if (empty) {
+        dropped_heap_counts_.segments_made += st.segments_made;
+        dropped_heap_counts_.grows += st.grows;
+        dropped_heap_counts_.splits += st.splits;
+        dropped_heap_counts_.merges += st.merges;
+      }
+    }
+    if (empty) {
+      dropped.push_back(std::move(*it));
+      it = heaps_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+// ---- trim, close, stats -------------------------------------------------------------------
+
+std::size_t segment_source::trim_heaps(const std::vector<heap_use>& heaps, std::size_t keep, bool quiet) {
+  std::size_t given = 0;
+  std::size_t allowance = keep;
+  for (const heap_use& h : heaps) {
+    std::lock_guard lock(h->mutex);
+    const committed_change change(reserved_, *h);
+    try {
+      given += h->heap.trim(allowance);
+    } catch (const std::exception& e) {
+      if (!quiet) throw;
+      fmt::print(stderr, "refpool: trimming the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+    }
+    allowance -= std::min(allowance, h->heap.stats().free_bytes);
+  }
+  return given;
+}
+
+std::size_t segment_source::trim(std::size_t keep, const backend_state* only, bool quiet) {
+  std::vector<heap_use> heaps;
+  {
+    std::lock_guard guard(mutex_);
+    heaps = use_heaps_locked(only);
+  }
+  if (only != nullptr) return trim_heaps(heaps, keep, quiet);
+  std::vector<std::unique_ptr<cache_heap>> dropped;  // destroyed last, with no lock held
+  const auto drop_empty = [&] {
+    heaps.clear();
+    std::lock_guard guard(mutex_);
+    dropped = drop_empty_heaps_locked();
+  };
+  std::size_t given = 0;
+  try {
+    given = trim_heaps(heaps, keep, quiet);
+  } catch (...) {
+    drop_empty();
+    throw;
+  }
+  drop_empty();
+  return given;
+}
+
+void segment_source::close() noexcept {
+  std::vector<heap_use> heaps;
+  try {
+    std::lock_guard guard(mutex_);
+    heaps = use_heaps_locked();
+  } catch (...) {
+    return;  // out of host memory: the heaps give their memory back when the state goes
+  }
+  for (const heap_use& h : heaps) {
+    std::lock_guard lock(h->mutex);
+    const committed_change change(reserved_, *h);
+    try {
+      if (h->heap.stats().pieces_out == 0)
+        h->heap.release_all();
+      else
+        h->heap.trim(0);  // the rest goes with the last piece (take_back)
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+    }
+  }
+}
+
+void segment_source::add_counters(cache_stats& out) const {
+  segment_heap_stats events = dropped_heap_counts_;
+  for (const auto& h : heaps_) {
+    std::lock_guard lock(h->mutex);
+    const segment_heap_stats st = h->heap.stats();
+    out.segments += st.segments;
+    out.segment_bytes += st.committed_bytes;
+    out.segment_free_bytes += st.free_bytes;
+    events.segments_made += st.segments_made;
+    events.grows += st.grows;
+    events.splits += st.splits;
+    events.merges += st.merges;
+  }
+  out.segment_grows = events.segments_made + events.grows;
+  out.splits = events.splits;
+  out.merges = events.merges;
+}
+
+void segment_source::check(std::size_t& used_bytes, std::size_t& pieces_out) const {
+  for (const auto& h : heaps_) {
+    std::lock_guard lock(h->mutex);
+    h->heap.check();
+    const segment_heap_stats st = h->heap.stats();
+    used_bytes += st.used_bytes;
+    pieces_out += st.pieces_out;
+  }
+}
+
+// ---- a miss -------------------------------------------------------------------------------
+
+block* segment_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+                            stream_ref stream) {
+  heap_use h = use_heap(backend);
+  std::unique_ptr<piece_block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
+  const segment_heap::carved c = carve(s, *h, key.bytes, requested, stream);
+  assert(c.p.bytes == key.bytes);  // keys are rounded to the piece unit: every block of a key has its size
+  const auto give_up = [&]() noexcept {
+    stream_set used = c.waits;  // some waits may have been enqueued: keep every stream
+    used.add(stream);
+    std::lock_guard lock(h->mutex);
+    h->heap.give_back(c.p, used);
+  };
+  try {
+    wait_for_piece(*h, c.waits, stream);
+  } catch (...) {
+    give_up();
+    throw;
+  }
+  made->source = this;
+  made->heap = &*h;
+  made->piece = c.p;
+  try {
+    cache_.home_new_block(s, backend, key, made.get(), c.p.address, stream, !c.waits.empty());
+  } catch (...) {
+    give_up();
+    throw;
+  }
+  backend.retain();
+  cache_.count_held(key.bytes);
+  return made.release();
+}
+
+segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,
+                                           stream_ref stream) {
+  // Large pieces hold most bytes, and an idle one pins its place: give them all back first, so
+  // the piece goes where best fit over everything reusable puts it (as if released pieces had
+  // coalesced at once). Small ones stay cached until free ranges run out.
+  const bool large = !h.heap.small(bytes);
+  if (large) cache_.give_back_idle_pieces(s, h, bytes);
+  {  // a free range that holds it
+    std::lock_guard lock(h.mutex);
+    if (auto c = h.heap.carve_free(bytes, stream)) return *c;
+  }
+  if (!large && cache_.give_back_idle_pieces(s, h, bytes) != 0) {
+    std::lock_guard lock(h.mutex);
+    if (auto c = h.heap.carve_free(bytes, stream)) return *c;
+  }
+  {  // grow (a driver call)
+    std::lock_guard lock(h.mutex);
+    const committed_change change(reserved_, h);
+    if (auto c = h.heap.carve(bytes, stream)) return *c;
+  }
+  // Out of memory: everything idle of this backend back, the heap trimmed to nothing, once more.
+  const std::size_t freed = cache_.reclaim_for_retry(*h.backend);
+  segment_heap_stats st;
+  {
+    std::lock_guard lock(h.mutex);
+    const committed_change change(reserved_, h);
+    if (auto c = h.heap.carve(bytes, stream)) return *c;
+    st = h.heap.stats();
+  }
+  cache_.count_oom();
+  const cache_stats now = cache_.stats();
+  backend_state& backend = *h.backend;
+  throw out_of_memory(
+      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, even after "
+                  "reclaiming {} B of idle cache; its segments hold {} B in {} segments, {} B of it free (largest "
+                  "free range {} B) and {} B in {} pieces; the cache now holds {} B live in {} blocks and {} B "
+                  "idle; the backend has {} B outstanding",
+                  backend.res().name(), bytes, requested, backend.device(), freed, st.committed_bytes, st.segments,
+                  st.free_bytes, st.largest_free_bytes, st.used_bytes, st.pieces_out, now.live_bytes,
+                  now.live_blocks, now.idle_bytes, backend.outstanding_bytes()),
+      bytes, backend.device());
+}
+
+void segment_source::wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream) {
+  resource& res = h.backend->res();
+  if (waits.any()) {
+    // The piece's last users are no longer known (more than stream_set::capacity streams): wait
+    // for the whole device. After that no free byte of the heap has work in flight, so its
+    // free ranges forget their streams; under the heap's lock, so no piece given back after
+    // the wait loses its streams.
+    std::lock_guard lock(h.mutex);
+    res.synchronize();
+    h.heap.forget_streams();
+    return;
+  }
+  for (const stream_ref producer : waits) res.order_streams(producer, stream);
+}
+
+// ---- pieces leaving the cache -------------------------------------------------------------
+
+std::size_t segment_source::return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept {
+  if (pieces.empty()) return 0;
+  std::size_t bytes = 0;
+  // The order does not matter: free neighbours join whichever comes back first.
+  std::lock_guard lock(h.mutex);
+  for (block* idle : pieces) {
+    piece_block* b = as_piece(idle);  // the source of every block in a piece list
+    assert(b->heap == &h);
+    h.heap.give_back(b->piece, streams_of(*b));
+    bytes += b->capacity;
+    b->backend->release();  // never the last reference: the heap holds one
+    h.retire_block(b);
+  }
+  return bytes;
+}
+
+std::size_t segment_source::take_back(block* taken) noexcept {
+  piece_block* b = as_piece(taken);  // made by make(), with this source
+  // Back to its heap. After the cache is gone nothing carves from the heap any more, so its free
+  // memory goes back to the backend at once (all of it with the last piece).
+  cache_heap* h = b->heap;
+  std::lock_guard lock(h->mutex);
+  h->heap.give_back(b->piece, streams_of(*b));
+  if (cache_.closed()) {
+    const committed_change change(reserved_, *h);
+    try {
+      if (h->heap.stats().pieces_out == 0)
+        h->heap.release_all();
+      else
+        h->heap.trim(0);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+    }
+  }
+  b->backend->release();  // never the last reference: the heap holds one
+  delete b;
+  return 0;  // stays in the heap until a trim
+}
+
+}  // namespace refpool::detail

@@ -1,0 +1,91 @@
+// Segment pieces: the block source of caches that carve their blocks from segment heaps
+// (docs/design.md, "Segments" and "Block sources"). It owns one heap per backend with segments
+// (cache_heap.hpp), made on the backend's first miss, and all accounting of their memory: the
+// backend's (in the heap's virtual-memory regions, lib/vm) and the cache's reserved bytes, which
+// follow each heap's committed bytes. A piece is a cached block like any other in its slot; only
+// where its memory comes from and goes back to is here.
+//
+// Locks. The list of heaps is guarded by the cache's mutex (`mutex_` here is that mutex); each
+// heap by its own (cache_heap.hpp). A miss that carves calls back into the cache to give idle
+// pieces of its slots back to the heap (cache_state::give_back_idle_pieces).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cache/block_source.hpp"
+#include "cache/cache_heap.hpp"
+#include "cache/reserved_counter.hpp"
+
+namespace refpool::detail {
+
+class cache_state;
+
+class segment_source final : public block_source {
+ public:
+  segment_source(cache_state& cache, std::mutex& cache_mutex, reserved_counter& reserved) noexcept
+      : cache_(cache), mutex_(cache_mutex), reserved_(reserved) {}
+  segment_source(const segment_source&) = delete;
+  segment_source& operator=(const segment_source&) = delete;
+
+  block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+              stream_ref stream) override;
+  std::size_t take_back(block* b) noexcept override;
+  std::size_t trim(std::size_t keep, const backend_state* only, bool quiet) override;
+  void close() noexcept override;
+  void add_counters(cache_stats& out) const override;
+
+  /// Gives detached idle pieces of `h` back to it and deletes their blocks. Returns their bytes
+  /// (the caller counts them out of the cache).
+  std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
+  /// For cache_state::check_segments: checks every heap (segment_heap::check, throws
+  /// std::logic_error) and sums the bytes and count of their pieces out. Caller holds the cache's mutex.
+  void check(std::size_t& used_bytes, std::size_t& pieces_out) const;
+
+ private:
+  /// The heap for `backend`, made if absent, with one use held for the caller. Takes mutex_.
+  heap_use use_heap(backend_state& backend);
+  /// Every heap (or `backend`'s only), with one use held for the caller. Caller holds mutex_.
+  std::vector<heap_use> use_heaps_locked(const backend_state* only = nullptr);
+  /// Takes out the heaps that hold no segment and have no user, for the caller to destroy once
+  /// it left mutex_ (a heap holds its backend: the last reference may destroy a resource).
+  /// Caller holds mutex_.
+  std::vector<std::unique_ptr<cache_heap>> drop_empty_heaps_locked() noexcept;
+  segment_heap::carved carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested, stream_ref stream);
+  void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
+  /// Trims `heaps` so that at most `keep` of their bytes stay free, in total.
+  std::size_t trim_heaps(const std::vector<heap_use>& heaps, std::size_t keep, bool quiet);
+
+  /// Counts the change in a heap's committed bytes over its lifetime (a grow, trim or release
+  /// under the heap's lock) into the cache's reserved bytes.
+  class committed_change {
+   public:
+    committed_change(reserved_counter& reserved, cache_heap& h) noexcept
+        : reserved_(reserved), heap_(h.heap), before_(h.heap.committed_bytes()) {}
+    ~committed_change() {
+      const std::size_t after = heap_.committed_bytes();
+      if (after > before_) {
+        reserved_.add(after - before_);
+      } else if (before_ > after) {
+        reserved_.remove(before_ - after);
+      }
+    }
+    committed_change(const committed_change&) = delete;
+    committed_change& operator=(const committed_change&) = delete;
+
+   private:
+    reserved_counter& reserved_;
+    const segment_heap& heap_;
+    std::size_t before_;
+  };
+
+  cache_state& cache_;
+  std::mutex& mutex_;  // the cache's: guards heaps_ and dropped_heap_counts_
+  reserved_counter& reserved_;
+  std::vector<std::unique_ptr<cache_heap>> heaps_;  // one per backend with segments, made on its first miss
+  segment_heap_stats dropped_heap_counts_;          // event counters of heaps dropped since
+};
+
+}  // namespace refpool::detail

@@ -1,0 +1,96 @@
+// Whole blocks from the backend: the block source of caches without segments, and direct blocks.
+#include "cache/whole_blocks.hpp"
+
+#include <memory>
+
+#include <fmt/format.h>
+
+#include <refpool/error.hpp>
+
+#include "cache/cache_state.hpp"
+
+namespace refpool::detail {
+
+// ---- the source ---------------------------------------------------------------------------
+
+void* whole_block_source::allocate(backend_state& backend, std::size_t bytes, std::size_t requested,
+                                   stream_ref stream) {
+  void* ptr = backend.allocate(bytes, stream);
+  if (ptr != nullptr) return ptr;
+  // Out of memory: give back this backend's idle blocks (all sizes, all slots), retry once.
+  const std::size_t freed = cache_.reclaim_for_retry(backend);
+  ptr = backend.allocate(bytes, stream);
+  if (ptr != nullptr) return ptr;
+  cache_.count_oom();
+  const cache_stats now = cache_.stats();
+  throw out_of_memory(
+      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, "
+                  "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
+                  "blocks and {} B idle; the backend has {} B outstanding",
+                  backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes, now.live_blocks,
+                  now.idle_bytes, backend.outstanding_bytes()),
+      bytes, backend.device());
+}
+
+block* whole_block_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+                                stream_ref stream) {
+  auto made = std::make_unique<block>();  // before the backend call, so a bad_alloc leaks nothing
+  void* ptr = allocate(backend, key.bytes, requested, stream);
+  made->source = this;
+  try {
+    cache_.home_new_block(s, backend, key, made.get(), ptr, stream, false);
+  } catch (...) {
+    backend.deallocate(ptr, key.bytes, stream);
+    throw;
+  }
+  backend.retain();
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  cache_.count_held(key.bytes);
+  reserved_.add(key.bytes);
+  return made.release();
+}
+
+std::size_t whole_block_source::take_back(block* b) noexcept {
+  const std::size_t bytes = b->capacity;
+  frees_.fetch_add(1, std::memory_order_relaxed);
+  reserved_.remove(bytes);
+  free_block(b);
+  return bytes;
+}
+
+void whole_block_source::add_counters(cache_stats& out) const {
+  out.backend_allocations = allocations_.load();
+  out.backend_frees = frees_.load();
+}
+
+// ---- direct blocks ------------------------------------------------------------------------
+
+block* direct_block(block* b, backend_state& backend, void* ptr, std::size_t bytes, stream_ref stream) noexcept {
+  b->ptr = ptr;
+  b->capacity = bytes;
+  b->requested = bytes;
+  b->backend = &backend;
+  backend.retain();
+  b->last_stream = stream;
+  b->refs.reset(1);
+  return b;
+}
+
+void free_block(block* b) noexcept {
+  b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
+  b->backend->release();
+  delete b;
+}
+
+block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream) {
+  auto made = std::make_unique<block>();
+  void* ptr = backend.allocate(bytes, stream);
+  if (ptr == nullptr)
+    throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B on device {} "
+                                    "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
+                                    backend.res().name(), bytes, backend.device(), backend.outstanding_bytes()),
+                        bytes, backend.device());
+  return direct_block(made.release(), backend, ptr, bytes, stream);
+}
+
+}  // namespace refpool::detail

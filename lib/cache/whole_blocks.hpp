@@ -1,0 +1,51 @@
+// Whole blocks: the block source that allocates each block straight from its backend and frees
+// it there (docs/design.md, "Block sources"), and the direct blocks that no cache owns. All the
+// accounting of such memory is here: the backend's (backend_state::allocate and deallocate), the
+// cache's backend_allocations and backend_frees, and its reserved bytes.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "cache/block_source.hpp"
+#include "cache/reserved_counter.hpp"
+
+namespace refpool::detail {
+
+class cache_state;
+
+class whole_block_source final : public block_source {
+ public:
+  whole_block_source(cache_state& cache, reserved_counter& reserved) noexcept : cache_(cache), reserved_(reserved) {}
+  whole_block_source(const whole_block_source&) = delete;
+  whole_block_source& operator=(const whole_block_source&) = delete;
+
+  block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+              stream_ref stream) override;
+  std::size_t take_back(block* b) noexcept override;
+  std::size_t trim(std::size_t, const backend_state*, bool) override { return 0; }  // keeps nothing outside blocks
+  void close() noexcept override {}
+  void add_counters(cache_stats& out) const override;
+
+  /// `bytes` from `backend` for a request of `requested`, with the out-of-memory ladder: on
+  /// failure the cache's idle memory of `backend` goes back and the call is retried once, then
+  /// out_of_memory (counted in the cache's ooms) says what the cache holds. Also for uncached blocks.
+  void* allocate(backend_state& backend, std::size_t bytes, std::size_t requested, stream_ref stream);
+
+ private:
+  cache_state& cache_;
+  reserved_counter& reserved_;
+  std::atomic<std::uint64_t> allocations_{0};
+  std::atomic<std::uint64_t> frees_{0};
+};
+
+/// A block straight from `backend`, owned by no cache: freed to it on its last release.
+/// Throws out_of_memory at once (there is no cache to reclaim).
+block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream);
+/// A direct block over `ptr` (from `backend`, which it holds from now), handed out once.
+block* direct_block(block* made, backend_state& backend, void* ptr, std::size_t bytes, stream_ref stream) noexcept;
+/// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
+void free_block(block* b) noexcept;
+
+}  // namespace refpool::detail
