@@ -6,7 +6,9 @@
 //
 // Rows: "default" is a default-constructed cache (on the host with segments on, as a GPU gets them
 // by default) whose requests are cache-level requests inside a plain step, the path frameworks
-// take; "cache ..." are plain scopes with the options named; "planned" a planned scope.
+// take; "cache ..." are plain scopes with the options named; "planned" a planned scope on the
+// default row's cache (what planned mode is on alloc_cache{}: what a run does not replay goes to
+// that cache).
 //
 // Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
@@ -221,7 +223,7 @@ int main(int argc, char** argv) {
     if (!use_cuda) defaults.segments = refpool::segment_policy::on;  // as a GPU gets them
     for (const config& c : {config{"default", defaults, request_path::step}, config{"cache exact", exact, request_path::scope},
                             config{"cache pow2:4", pow2, request_path::scope}, config{"cache segments", segments, request_path::scope},
-                            config{"planned", exact, request_path::planned_scope}}) {
+                            config{"planned", defaults, request_path::planned_scope}}) {
       if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();

@@ -125,6 +125,11 @@ std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>&
 }
 
 std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
+  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  return reclaim_idle(backend);
+}
+
+std::size_t cache_state::reclaim_idle(backend_state& backend) {
   taken_blocks taken;
   std::vector<heap_use> heaps;
   {
@@ -132,7 +137,6 @@ std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
     heaps = use_heaps_locked(&backend);
     taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, reclaimed_);
   }
-  oom_retries_.fetch_add(1, std::memory_order_relaxed);
   std::size_t freed = free_blocks(taken.blocks);
   freed += trim_heaps(heaps, 0, true);  // an out-of-memory path: a failed trim only means less memory
   return freed;

@@ -125,10 +125,11 @@ block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t byt
   switch (mode_) {
     case mode::replay: return replay_one(lease, backend, bytes, stream, at);
     case mode::record: {
-      // A new sequence: served exactly and uncached, since it becomes a plan at the end; cached
-      // copies of its blocks would only add to the memory held.
+      // A new sequence: served by the plain cache, as the default path would serve it (no
+      // driver call a request, no memory beside the cache's), and tracked, since it may become a
+      // plan at the end (the store keeps it pending until the sequence comes again).
       reserve_tracking();
-      block* b = cache_.allocate_uncached(backend, bytes, stream);
+      block* b = fallback(lease, backend, bytes, stream);
       track(b, request, at);  // only now that it succeeded: a request that threw is no part of it
       advance(at + 1);
       return b;

@@ -52,7 +52,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   enum class mode : std::uint8_t {
     start,     ///< no request yet
     replay,    ///< handing out regions of current_ (its arena is claimed)
-    record,    ///< recording: served uncached and exact, so nothing lingers after it
+    record,    ///< recording: served by the plain cache and tracked
     plain,     ///< served by the plain cache, unrecorded (busy arena, paused key)
     finished,  ///< ended: late requests go to the plain cache
   };
