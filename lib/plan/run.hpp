@@ -91,7 +91,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   void advance(std::uint64_t to) noexcept;
   void finish_locked() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
-  plan* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
+  recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
 
   cache_state& cache_;
   plan_store& store_;

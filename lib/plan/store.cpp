@@ -84,16 +84,17 @@ void plan_store::abandon_run(plan_run* run) noexcept {
 
 // ---- adding plans -------------------------------------------------------------------------
 
-bool plan_store::adopt(key_state& key, plan* made) noexcept {
-  std::vector<plan*> now;  // adopted: become plans
-  std::vector<plan*> dropped;
+bool plan_store::adopt(key_state& key, recording* made) noexcept {
+  std::vector<recording*> now;  // owned: become plans
+  std::vector<recording*> dropped;
   bool rerecorded = false;
   {
     std::lock_guard guard(mutex_);
-    const auto same = [&](const plan* p) { return p->requests() == made->requests(); };
+    const auto same_plan = [&](const plan* p) { return p->requests() == made->requests; };
+    const auto same = [&](const recording* r) { return r->requests == made->requests; };
     if (closed_) {
       dropped.push_back(made);
-    } else if (std::any_of(key.plans.begin(), key.plans.end(), same)) {
+    } else if (std::any_of(key.plans.begin(), key.plans.end(), same_plan)) {
       now.push_back(made);  // a plan of its sequence went stale: replaced at once
     } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same); again != key.pending.end()) {
       // The sequence came again: the key's loop repeats. The newer recording replaces the pending
@@ -122,11 +123,22 @@ bool plan_store::adopt(key_state& key, plan* made) noexcept {
       }
     }
   }
-  for (plan* d : dropped) d->release();
+  for (recording* d : dropped) delete d;
+  std::vector<plan*> plans;
+  for (recording* r : now) {
+    try {
+      plans.reserve(now.size());
+      plans.push_back(new plan(cache_, std::move(r->requests), r->lifetimes));  // placed here
+    } catch (...) {
+      // A plan is an optimisation: failing to make one (no host memory, a size that would wrap)
+      // leaves the cache correct.
+    }
+    delete r;
+  }
   // Largest first: the first makes (or grows) the arena, the others fit in it.
-  std::stable_sort(now.begin(), now.end(),
+  std::stable_sort(plans.begin(), plans.end(),
                    [](const plan* a, const plan* b) { return a->bytes_needed() > b->bytes_needed(); });
-  for (plan* p : now) rerecorded = add_plan(key, p) || rerecorded;
+  for (plan* p : plans) rerecorded = add_plan(key, p) || rerecorded;
   return rerecorded;
 }
 
@@ -383,7 +395,7 @@ void plan_store::close() noexcept {
     closed_ = true;
     for (auto& k : keys_) {
       plans.insert(plans.end(), k->plans.begin(), k->plans.end());
-      plans.insert(plans.end(), k->pending.begin(), k->pending.end());
+      for (recording* r : k->pending) delete r;
       k->pending.clear();
       k->plans.clear();
       k->last_used.clear();
