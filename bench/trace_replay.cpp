@@ -6,7 +6,11 @@
 //
 // Rows: "default" is a default-constructed cache (on the host with segments on, as a GPU gets them
 // by default) whose requests are cache-level requests inside a plain step, the path frameworks
-// take; "cache ..." are plain scopes with the options named; "planned" a planned scope.
+// take; "cache ..." are plain scopes with the options named; "planned" a planned scope on the
+// default row's cache (what planned mode is on alloc_cache{}: what a run does not replay goes to
+// that cache); "auto" the default row's plain step given one fixed key ("auto"): what automatic
+// plans would give a plain step, the key standing in for the recognition by content (a planned
+// step: cache-level requests, matched under the run's mutex, any thread).
 //
 // Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
@@ -18,7 +22,7 @@
 //   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
 //                 of the GPT step are a 3,115-request step)
 //   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "cache segments",
-//                 "planned"), e.g.
+//                 "default", "planned", "auto"), e.g.
 //                 under callgrind: valgrind --tool=callgrind --instr-atstart=no trace_replay ...
 //                 counts only the steady-state iterations (instructions per request = Ir / the
 //                 request count printed).
@@ -104,7 +108,7 @@ struct result {
   refpool::cache_stats stats;
 };
 
-enum class request_path { scope, planned_scope, step };
+enum class request_path { scope, planned_scope, step, planned_step };
 
 // One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
 // requests), on a cache with `options`.
@@ -128,15 +132,16 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
       {
         std::optional<refpool::scope> in_scope;
         std::optional<refpool::step> in_step;
-        if (how == request_path::step) {
-          in_step.emplace(cache);
+        const bool in_a_step = how == request_path::step || how == request_path::planned_step;
+        if (in_a_step) {
+          in_step.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_step ? "auto" : ""});
         } else {
           in_scope.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_scope ? "trace" : ""});
         }
         for (const event& e : st) {
           if (e.alloc) {
             if (live.size() <= e.index) live.resize(e.index + 1);
-            live[e.index] = how == request_path::step ? cache.allocate(be, e.bytes) : refpool::allocate(be, e.bytes);
+            live[e.index] = in_a_step ? cache.allocate(be, e.bytes) : refpool::allocate(be, e.bytes);
           } else {
             live[e.index].reset();
           }
@@ -221,7 +226,8 @@ int main(int argc, char** argv) {
     if (!use_cuda) defaults.segments = refpool::segment_policy::on;  // as a GPU gets them
     for (const config& c : {config{"default", defaults, request_path::step}, config{"cache exact", exact, request_path::scope},
                             config{"cache pow2:4", pow2, request_path::scope}, config{"cache segments", segments, request_path::scope},
-                            config{"planned", exact, request_path::planned_scope}}) {
+                            config{"planned", defaults, request_path::planned_scope},
+                            config{"auto", defaults, request_path::planned_step}}) {
       if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();

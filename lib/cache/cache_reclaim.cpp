@@ -91,12 +91,16 @@ std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>&
 }
 
 std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
+  counters_.oom_retries.fetch_add(1, std::memory_order_relaxed);
+  return reclaim_idle(backend);
+}
+
+std::size_t cache_state::reclaim_idle(backend_state& backend) {
   taken_blocks taken;
   {
     std::lock_guard guard(mutex_);
     taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
   }
-  counters_.oom_retries.fetch_add(1, std::memory_order_relaxed);
   std::size_t freed = free_blocks(taken.blocks);
   // An out-of-memory path: a failed trim only means less memory.
   freed += source_for(backend).trim(0, &backend, true);

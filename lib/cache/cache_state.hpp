@@ -166,6 +166,9 @@ class cache_state : public ref_counted<cache_state> {
   /// arenas, and the miss path itself): frees every idle block of `backend` (counted as
   /// reclaimed), trims its segment heaps, and counts a retry. Returns the bytes freed.
   std::size_t reclaim_for_retry(backend_state& backend);
+  /// The same without counting a retry: before a plan arena is made or grown, so that the arena
+  /// takes the place of the idle memory the plain path held for the same requests.
+  std::size_t reclaim_idle(backend_state& backend);
   /// An uncached block of this cache lost its last handle.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).

@@ -27,6 +27,14 @@ struct planned_request {
   friend bool operator==(const planned_request&, const planned_request&) = default;
 };
 
+/// A run's requests and their lifetimes, not yet placed: what a plan is made from. A recording
+/// of a sequence seen once waits as this (placing it costs time a request, which a sequence that
+/// never comes again should not pay).
+struct recording {
+  std::vector<planned_request> requests;
+  std::vector<lifetime> lifetimes;
+};
+
 /// The bytes every region is aligned to (what every backend's own allocations guarantee).
 inline constexpr std::size_t region_alignment = 256;
 

@@ -52,7 +52,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   enum class mode : std::uint8_t {
     start,     ///< no request yet
     replay,    ///< handing out regions of current_ (its arena is claimed)
-    record,    ///< recording: served uncached and exact, so nothing lingers after it
+    record,    ///< recording: served by the plain cache and tracked
     plain,     ///< served by the plain cache, unrecorded (busy arena, paused key)
     finished,  ///< ended: late requests go to the plain cache
   };
@@ -91,7 +91,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   void advance(std::uint64_t to) noexcept;
   void finish_locked() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
-  plan* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
+  recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
 
   cache_state& cache_;
   plan_store& store_;

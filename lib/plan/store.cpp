@@ -63,7 +63,7 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     }
   }
   bool rerecorded = false;
-  if (outcome.made != nullptr) rerecorded = add_plan(*key, outcome.made);
+  if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made);
   if (outcome.busy_other_key) move_to_own_arena(*key);
   std::lock_guard guard(mutex_);
   key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
@@ -83,6 +83,64 @@ void plan_store::abandon_run(plan_run* run) noexcept {
 }
 
 // ---- adding plans -------------------------------------------------------------------------
+
+bool plan_store::adopt(key_state& key, recording* made) noexcept {
+  std::vector<recording*> now;  // owned: become plans
+  std::vector<recording*> dropped;
+  bool rerecorded = false;
+  {
+    std::lock_guard guard(mutex_);
+    const auto same_plan = [&](const plan* p) { return p->requests() == made->requests; };
+    const auto same = [&](const recording* r) { return r->requests == made->requests; };
+    if (closed_) {
+      dropped.push_back(made);
+    } else if (std::any_of(key.plans.begin(), key.plans.end(), same_plan)) {
+      now.push_back(made);  // a plan of its sequence went stale: replaced at once
+    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same); again != key.pending.end()) {
+      // The sequence came again: the key's loop repeats. The newer recording replaces the pending
+      // one, and every pending sequence becomes a plan, into one arena of their largest need.
+      dropped.push_back(*again);
+      key.pending.erase(again);
+      try {
+        key.pending.reserve(key.pending.size() + 1);
+        now = std::move(key.pending);
+        now.push_back(made);  // room was reserved
+      } catch (...) {
+        dropped.push_back(made);
+      }
+      key.pending.clear();
+    } else {
+      try {
+        key.pending.reserve(key.pending.size() + 1);
+        if (key.pending.size() >= plans_per_key) {
+          dropped.push_back(key.pending.front());  // the oldest never came again
+          key.pending.erase(key.pending.begin());
+          rerecorded = true;
+        }
+        key.pending.push_back(made);
+      } catch (...) {
+        dropped.push_back(made);
+      }
+    }
+  }
+  for (recording* d : dropped) delete d;
+  std::vector<plan*> plans;
+  for (recording* r : now) {
+    try {
+      plans.reserve(now.size());
+      plans.push_back(new plan(cache_, std::move(r->requests), r->lifetimes));  // placed here
+    } catch (...) {
+      // A plan is an optimisation: failing to make one (no host memory, a size that would wrap)
+      // leaves the cache correct.
+    }
+    delete r;
+  }
+  // Largest first: the first makes (or grows) the arena, the others fit in it.
+  std::stable_sort(plans.begin(), plans.end(),
+                   [](const plan* a, const plan* b) { return a->bytes_needed() > b->bytes_needed(); });
+  for (plan* p : plans) rerecorded = add_plan(key, p) || rerecorded;
+  return rerecorded;
+}
 
 plan_store::arena_group* plan_store::group_for(const backend_state* backend, stream_ref stream,
                                                const key_state* owner) noexcept {
@@ -168,6 +226,13 @@ void plan_store::install(key_state& key, plan* made) noexcept {
 // reach it (so old and new are not held at once). Caller holds growth_mutex_ only.
 void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed,
                                   std::vector<plan*>& dropped) noexcept {
+  try {
+    // The arena takes the place of what the plain path holds idle for these requests (a recording
+    // is served by the plain cache): that goes first, so the two are not held at once.
+    cache_.reclaim_idle(*const_cast<backend_state*>(made->request(0).key.backend));
+  } catch (...) {
+    // Only more memory held.
+  }
   try {
     if (old != nullptr && old->grow_in_place(needed, cache_)) {
       std::lock_guard guard(mutex_);
@@ -330,6 +395,8 @@ void plan_store::close() noexcept {
     closed_ = true;
     for (auto& k : keys_) {
       plans.insert(plans.end(), k->plans.begin(), k->plans.end());
+      for (recording* r : k->pending) delete r;
+      k->pending.clear();
       k->plans.clear();
       k->last_used.clear();
     }

@@ -28,6 +28,9 @@ struct key_state {
   std::string name;
   std::vector<plan*> plans;                 ///< retained by the store
   std::vector<std::uint64_t> last_used;     ///< per plan: the store's clock at its last complete run
+  /// Recordings of sequences seen once (retained, no arena yet), oldest first: a sequence becomes
+  /// a plan only when it comes again, and then every pending one of the key does too.
+  std::vector<recording*> pending;  ///< owned
   bool own_arena = false;                   ///< its runs met another key's run on a shared arena
   std::uint64_t runs = 0;                   ///< runs ended
   std::uint32_t rerecordings = 0;           ///< bit i: the run i runs ago re-recorded
@@ -38,7 +41,7 @@ struct key_state {
 /// What a run did, handed to the store at its end.
 struct run_outcome {
   plan* used = nullptr;       ///< the plan it replayed to its end (becomes the most recently used)
-  plan* made = nullptr;       ///< its recording, placed, not yet bound (the store adopts it)
+  recording* made = nullptr;  ///< its recording, not yet placed (owned: the store adopts it)
   bool busy = false;          ///< its arena was held by another run
   bool busy_other_key = false;///< ... of another key
   bool unrecorded = false;    ///< served by the plain cache, unrecorded, because its key was paused
@@ -49,6 +52,7 @@ struct run_outcome {
 class plan_store final : public cache_extension {
  public:
   /// Plans kept per key: one per distinct sequence of a loop (variable lengths, several shapes).
+  /// Also the recordings kept pending per key (sequences seen once, waiting to come again).
   static constexpr std::size_t plans_per_key = 16;
   /// A key whose last `thrash_window` runs re-recorded `thrash_rerecordings` times (a plan
   /// replaced by a recording of its own sequence, or dropped for a new one) is paused.
@@ -82,6 +86,12 @@ class plan_store final : public cache_extension {
     const key_state* owner;  ///< null: shared by every key without an arena of its own
     arena* memory;           ///< retained
   };
+  /// A run's recording (adopted; placed only when it becomes a plan): a plan at once when the key has a plan of its sequence (a
+  /// re-recording), pending when the sequence is new, and when it is pending already (it came
+  /// again) it and every pending recording of the key become plans, largest first. True when it
+  /// replaced or dropped one (a re-recording; dropping the oldest pending one counts too).
+  /// Caller holds growth_mutex_ only.
+  bool adopt(key_state& key, recording* made) noexcept;
   /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
   /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).
   /// Caller holds growth_mutex_ only.

@@ -375,7 +375,7 @@ static void test_scope_options(void) {
   CHECK(stats.misses == 1 && stats.hits == 0);
 
   refpool_scope_options planned = {0, "c-api-step"};
-  for (int run = 0; run < 3; ++run) {
+  for (int run = 0; run < 4; ++run) { /* a new sequence (pending), recorded, replayed twice */
     refpool_scope scope = {0};
     OK(refpool_scope_enter_with_options(cache, &planned, &scope));
     refpool_buffer a = alloc_floats(be, flat, 1);

@@ -3,14 +3,19 @@
 //
 // - A run of a key matches its n-th request (backend, exact bytes, stream) with the n-th request
 //   of the key's most recently used plan that matches all of its requests so far; a request that
-//   no plan matches diverges: the rest of the run is recorded (uncached, exact) or, while the key
-//   is paused, served by the plain cache.
+//   no plan matches diverges: the rest of the run is served by the plain cache, recorded (tracked)
+//   unless the key is paused.
 // - A matched request gets its region (arena base + planned offset) unless a live region can
 //   reach one of its bytes, other than this run's regions that the recording had alive at this
 //   point (placed apart by construction): then it falls back to the plain cache, a miss; when the
 //   region in the way is one of this run's own, released later than recorded, the plan is stale.
 // - At its end a run pins its live regions (escapes), and records a plan when it diverged, ended
 //   short, or was stale: greedy by size in request positions.
+// - A recording of a sequence the key has a plan of replaces it; of a new sequence it is kept
+//   pending (16 per key, the oldest dropped: a re-recording); of a pending sequence (it came
+//   again), it and every pending recording of the key become plans, largest first (ties: in the
+//   order recorded, the new one last). Before an arena is made for a plan (or replaced by a
+//   larger one), the cache's idle memory of its backend is freed, as on out-of-memory, uncounted.
 // - Plans go to one arena per (backend, stream), shared by keys until a run finds it held by
 //   another key's run; a plan that needs more replaces it (the old one freed first when nothing
 //   reaches it). 16 plans per key; 4 re-recordings in 16 runs pause the key for 64 runs, doubling.
@@ -268,11 +273,9 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
   }
   switch (r.how) {
     case mode::replay: return replay_one(run, lease, request, at, gid, oom_bytes);
-    case mode::record: {  // recorded: exact and uncached
-      const outcome o = uncached_acquire(r.cache, backend, bytes, stream, gid, oom_bytes);
-      if (o != outcome::ok) return o;
-      track(runs[static_cast<std::size_t>(run)], run, gid, request, at);
-      advance(runs[static_cast<std::size_t>(run)], at + 1);
+    case mode::record: {  // recorded: the plain cache serves it, tracked
+      const outcome o = fallback(run, lease, request, true, gid, oom_bytes);
+      if (o == outcome::ok) advance(runs[static_cast<std::size_t>(run)], at + 1);
       return o;
     }
     case mode::plain: {
@@ -491,7 +494,7 @@ void model::finish_run(int run) {
   bool rerecorded = false;
   if (made >= 0) {
     plan_totals.recordings += 1;
-    rerecorded = add_plan(r.cache, r.key, made);
+    rerecorded = adopt(r.cache, r.key, made);
   }
   if (r.busy_other_key) move_to_own_arena(r.cache, r.key);
   model_key& key = c.plans.keys[static_cast<std::size_t>(runs[static_cast<std::size_t>(run)].key)];
@@ -523,6 +526,38 @@ void model::drop_plan(model_plan_store& store, int key, std::size_t i) {
   k.last_used.erase(k.last_used.begin() + static_cast<std::ptrdiff_t>(i));
   store.evictions += 1;
   plan_totals.evictions += 1;
+}
+
+// A run's recording: a plan at once if the key has one of its sequence; pending if new; if
+// pending already, it and the key's pending recordings become plans, largest first.
+bool model::adopt(int ci, int key, int made) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  if (store.closed) return false;
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  const auto same = [&](int p) { return plans[static_cast<std::size_t>(p)].requests == plans[static_cast<std::size_t>(made)].requests; };
+  if (std::any_of(k.plans.begin(), k.plans.end(), same)) return add_plan(ci, key, made);
+  auto again = std::find_if(k.pending.begin(), k.pending.end(), same);
+  if (again == k.pending.end()) {
+    bool rerecorded = false;
+    if (k.pending.size() >= plans_per_key) {
+      k.pending.erase(k.pending.begin());
+      rerecorded = true;
+    }
+    k.pending.push_back(made);
+    trace("plan {} pending for key {}", made, key);
+    return rerecorded;
+  }
+  k.pending.erase(again);
+  std::vector<int> now = std::move(k.pending);
+  k.pending.clear();
+  now.push_back(made);
+  std::stable_sort(now.begin(), now.end(), [&](int a, int b) {
+    return plans[static_cast<std::size_t>(a)].bytes_needed > plans[static_cast<std::size_t>(b)].bytes_needed;
+  });
+  trace("key {} repeats: {} recordings become plans", key, now.size());
+  bool rerecorded = false;
+  for (int p : now) rerecorded = add_plan(ci, key, p) || rerecorded;
+  return rerecorded;
 }
 
 // A recording joins its key: it replaces the plan of its sequence, or the least recently used one
@@ -573,6 +608,8 @@ bool model::add_plan(int ci, int key, int made) {
 void model::grow_and_install(int ci, int key, int made, int old, std::size_t needed) {
   model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
   const model_request first = plans[static_cast<std::size_t>(made)].requests[0];
+  // The plain path's idle memory of the backend goes first: the arena takes its place.
+  free_idle(ci, 0, first.backend, caches[static_cast<std::size_t>(ci)].reclaimed);
   bool old_freed = false;
   if (old >= 0) {
     model_arena& o = arenas[static_cast<std::size_t>(old)];
@@ -675,6 +712,7 @@ void model::close_plans(int ci) {
   for (model_key& k : store.keys) {
     for (int p : k.plans) plans[static_cast<std::size_t>(p)].in_store = false;
     k.plans.clear();
+    k.pending.clear();
     k.last_used.clear();
   }
   for (const model_group& g : store.groups) arenas[static_cast<std::size_t>(g.arena)].in_group = false;

@@ -61,6 +61,7 @@ struct model_key {
   std::string name;
   std::vector<int> plans;
   std::vector<std::uint64_t> last_used;
+  std::vector<int> pending;  ///< recordings of sequences seen once, oldest first (no arena)
   bool own_arena = false;
   std::uint64_t runs = 0;
   std::uint32_t rerecordings = 0;

@@ -151,7 +151,11 @@ TEST_CASE("a cache destroyed while a step's end makes the arena of its new plan:
   gate g;
   const backend be(std::make_shared<gated_resource>(g));
   auto cache = std::make_unique<alloc_cache>(cache_options{});
-  step st(*cache, {.plan = "ends-late"});  // the key's first run: it records
+  {
+    step first(*cache, {.plan = "ends-late"});  // the key's first run: a new sequence, pending
+    (void)cache->allocate(be, 4096);
+  }
+  step st(*cache, {.plan = "ends-late"});  // the same again: it records
   (void)cache->allocate(be, 4096);
   g.arm();
   std::thread ender([&] { st.end(); });  // the recording becomes a plan: its arena waits in the backend

@@ -17,7 +17,7 @@ using namespace refpool;
 
 namespace {
 
-TEST_CASE("peak reserved bytes are exact: a recording's uncached buffers and the arena never coexist",
+TEST_CASE("peak reserved bytes are exact: a recording's cached buffers and the arena never coexist",
           "[plan][stats]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
@@ -27,14 +27,15 @@ TEST_CASE("peak reserved bytes are exact: a recording's uncached buffers and the
     scope s(cache, planned);
     auto a = empty<std::byte>(be, {n});
     auto b = empty<std::byte>(be, {n});
-    if (iteration == 0) CHECK(cache.stats().reserved_bytes == 2 * n);  // the recording: uncached
+    if (iteration == 0) CHECK(cache.stats().reserved_bytes == 2 * n);  // a new sequence: the plain cache
   }
   const auto st = cache.stats();
   REQUIRE(st.plan_recordings == 1);
   REQUIRE(st.arena_bytes >= 2 * n);
   CHECK(st.uncached_live_bytes == 0);
   CHECK(st.reserved_bytes == st.arena_bytes);
-  // The recording's 2 MiB were given back before the arena was made: the peak is the larger of
+  // The plain cache's idle 2 MiB (the runs before the plan) were given back before the arena was
+  // made: the peak is the larger of
   // the two, not their sum (which is what an upper bound built from separate peaks would say).
   CHECK(st.peak_reserved_bytes == std::max(2 * n, st.arena_bytes));
   // Everything goes back to the backend: reserved falls to what is still held.
@@ -125,7 +126,9 @@ TEST_CASE("a repeated loop is served from the plan with no backend calls", "[pla
   const scope_options planned{.plan = "step"};
   std::uint64_t after_first = 0;
   std::vector<std::vector<void*>> pointers;
-  for (int iteration = 0; iteration < 6; ++iteration) {
+  // Iteration 0 is a new sequence (served by the plain cache, kept pending), iteration 1 the
+  // same again (recorded into a plan), 2-6 replay it.
+  for (int iteration = 0; iteration < 7; ++iteration) {
     scope s(cache, planned);
     std::vector<void*> seen;
     auto a = empty<float>(be, {1024});
@@ -141,7 +144,7 @@ TEST_CASE("a repeated loop is served from the plan with no backend calls", "[pla
     auto e = empty<float>(be, {4096});
     seen.push_back(e.data());
     pointers.push_back(seen);
-    if (iteration == 0) after_first = be.allocation_count();
+    if (iteration == 1) after_first = be.allocation_count();
   }
   const auto st = cache.stats();
   CHECK(st.plan_recordings == 1);
@@ -150,7 +153,7 @@ TEST_CASE("a repeated loop is served from the plan with no backend calls", "[pla
   CHECK(st.plan_misses == 0);
   CHECK(be.allocation_count() == after_first + 1);  // the arena, once
   CHECK(st.arena_bytes <= st.planned_peak_live_bytes * 105 / 100 + 5 * 256);
-  for (int i = 2; i < 6; ++i) CHECK(pointers[i] == pointers[1]);  // stable addresses
+  for (int i = 3; i < 7; ++i) CHECK(pointers[i] == pointers[2]);  // stable addresses
   CHECK(st.escapes == 0);
 }
 
@@ -195,10 +198,10 @@ TEST_CASE("an escaped region is never reused while held, and is reused once rele
   alloc_cache cache{cache_options{}};
   const scope_options planned{.plan = "k"};
   array<float> escaped;
-  for (int iteration = 0; iteration < 2; ++iteration) {
+  for (int iteration = 0; iteration < 3; ++iteration) {  // pending, recorded, replayed
     scope s(cache, planned);
     auto a = empty<float>(be, {256});
-    if (iteration == 1) escaped = a;  // a region of the plan escapes
+    if (iteration == 2) escaped = a;  // a region of the plan escapes
   }
   CHECK(cache.stats().escapes == 1);
   escaped.data()[0] = 7.0f;
@@ -232,11 +235,15 @@ TEST_CASE("divergence falls back and records one plan per sequence", "[plan][div
     x = {};
     auto z = empty<float>(be, {n * 2});
   };
-  run(100);  // records plan A
+  run(100);  // a new sequence: pending
+  run(100);  // it came again: records plan A
   run(100);  // hits A
   CHECK(cache.stats().plan_hits == 3);
-  run(200);  // diverges at its first request: normal cache, then records plan B
+  run(200);  // diverges at its first request: the plain cache; pending
   CHECK(cache.stats().plan_misses == 1);
+  CHECK(cache.stats().plan_recordings == 1);
+  run(200);  // again: records plan B
+  CHECK(cache.stats().plan_misses == 2);
   CHECK(cache.stats().plan_recordings == 2);
   const auto allocations = be.allocation_count();
   for (int i = 0; i < 4; ++i) run(i % 2 == 0 ? 100 : 200);
@@ -248,7 +255,7 @@ TEST_CASE("divergence falls back and records one plan per sequence", "[plan][div
 TEST_CASE("unsafe_free in a planned scope returns the region; old handles throw", "[plan][unsafe_free]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
-  for (int iteration = 0; iteration < 3; ++iteration) {
+  for (int iteration = 0; iteration < 4; ++iteration) {  // pending, recorded, replayed twice
     scope s(cache, {.plan = "u"});
     auto a = empty<float>(be, {512});
     a.unsafe_free();
@@ -265,10 +272,10 @@ TEST_CASE("a cache destroyed while regions live: they stay valid, the arena goes
   array<float> survivor;
   {
     alloc_cache cache{cache_options{}};
-    for (int iteration = 0; iteration < 2; ++iteration) {
+    for (int iteration = 0; iteration < 3; ++iteration) {  // pending, recorded, replayed
       scope s(cache, {.plan = "p"});
       auto a = empty<float>(be, {64});
-      if (iteration == 1) survivor = a;
+      if (iteration == 2) survivor = a;
     }
   }
   CHECK(be.outstanding_bytes() > 0);
