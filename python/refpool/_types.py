@@ -50,6 +50,12 @@ class ScopeOptions(Checked):
     _fields_ = [("uncached_warmup_entries", c_size_t), ("plan", c_char_p)]
 
 
+class AllocOptions(Checked):
+    """refpool_alloc_options: the stream, an alignment (0: the backend's) and a cache (id 0: the
+    thread's scope)."""
+    _fields_ = [("stream", ctypes.c_void_p), ("alignment", c_size_t), ("cache", Handle)]
+
+
 class OptionInfo(Structure):
     """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options and
     refpool_allocator_options are laid out from these at first use (_options)."""

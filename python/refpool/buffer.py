@@ -1,6 +1,9 @@
-"""Buffers (refpool_buffer): one reference to a block, with dims and an element size; and raw pointers."""
+"""Buffers (refpool_buffer): one reference to a block, with a shape and an element type; malloc makes them."""
 import ctypes
+import operator
+import sys
 
+from . import _checked
 from . import _types as t
 from ._checked import size_array
 from ._handles import Owned
@@ -8,34 +11,56 @@ from ._library import lib
 from .streams import stream_pointer
 
 
+_TYPE_KINDS = "biufcmMOSUV"
+
+
 def _dims_array(dims):
     return size_array(dims, "dims")
 
 
-def alloc(backend, dims, element_size, stream=None):
-    """A new uninitialised buffer: through the innermost active scope of this thread, else straight
-    from `backend`. With `stream` (a GPU backend), ordered on that stream."""
+def _typestr(dtype):
+    """(typestr, itemsize) of an element type: an array-interface typestr ("<f4", "|u1"; a missing
+    byte order means this machine's), anything with one in `.str` (a NumPy dtype), or an int item
+    size in bytes for opaque elements ("|V<n>"; 1 is "|u1")."""
+    if isinstance(dtype, bool):
+        raise TypeError("refpool: dtype must be a typestr such as '<f4', a NumPy dtype or an item size")
+    if isinstance(dtype, int):
+        size = _checked.integer(ctypes.c_size_t, dtype, "dtype (item size)")
+        if size == 0:
+            raise ValueError("refpool: dtype (item size) is 0; an element has at least one byte")
+        return ("|u1" if size == 1 else f"|V{size}"), size
+    text = getattr(dtype, "str", dtype)
+    if not isinstance(text, str) and hasattr(dtype, "__index__"):
+        return _typestr(operator.index(dtype))  # an int-like item size (numpy.int64)
+    if not isinstance(text, str):
+        raise TypeError(f"refpool: dtype must be a typestr such as '<f4', a NumPy dtype or an item size, not {dtype!r}")
+    order, rest = (text[0], text[1:]) if text[:1] in "<>|=" else ("", text)
+    if len(rest) < 2 or rest[0] not in _TYPE_KINDS or not rest[1:].isdigit() or int(rest[1:]) == 0:
+        raise ValueError(f"refpool: dtype {text!r} is not an array-interface typestr (like '<f4', '|u1', '<i8')")
+    size = int(rest[1:])
+    if order in ("", "="):
+        order = "|" if size == 1 or rest[0] in "bSV" else ("<" if sys.byteorder == "little" else ">")
+    return order + rest, size
+
+
+def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0):
+    """A new uninitialised Buffer of `shape` (an int or a tuple of ints; () is one element) of `dtype`
+    (default bytes, so malloc(backend, n) is n bytes). Served through this thread's innermost active
+    scope, else straight from `backend`; with `cache`, through that cache from any thread without a
+    scope (the request belongs to the cache's open step). `stream`: the stream it is used on (an int
+    address or a torch/CuPy/Numba stream). `alignment`: 0, or a power of two up to the backend's (256).
+    The buffer goes back when the Buffer is closed (or garbage-collected) and no other handle shares it."""
+    try:
+        dims = tuple(shape)
+    except TypeError:  # one dim (size_array checks it is a size)
+        dims = (shape,)
+    typestr, itemsize = _typestr(dtype)
     array, rank = _dims_array(dims)
-    if stream is None:
-        handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, element_size)
-    else:
-        handle = lib().new_handle("refpool_alloc_on_stream", backend.handle, array, rank, element_size,
-                                  stream_pointer(stream))
-    return Buffer(handle)
-
-
-def malloc(backend, nbytes, stream=None):
-    """`nbytes` through this thread's active scope, else straight from `backend`: the address (0 for
-    0 bytes). Give it back with free()."""
-    out = ctypes.c_void_p()
-    lib().call("refpool_malloc", backend.handle, nbytes, stream_pointer(stream), ctypes.byref(out))
-    return out.value or 0
-
-
-def free(address):
-    """Gives back an address from malloc (any thread). 0 is a no-op; an unknown address or a second
-    free raises InvalidArgumentError and frees nothing."""
-    lib().call("refpool_free", address)
+    options = t.AllocOptions(stream=_checked.address(stream_pointer(stream), "stream"), alignment=alignment)
+    if cache is not None:
+        options.cache = cache.handle
+    handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, itemsize, ctypes.byref(options))
+    return Buffer(handle, typestr)
 
 
 class Buffer(Owned):
@@ -44,11 +69,20 @@ class Buffer(Owned):
 
     _release_function = "refpool_release"
 
+    def __init__(self, handle, typestr="|u1"):
+        super().__init__(handle)
+        self._typestr = typestr
+
+    @property
+    def typestr(self):
+        """The element type as an array-interface typestr ("<f4"; "|u1" for bytes)."""
+        return self._typestr
+
     def __repr__(self):
         if self.closed:
             return "<refpool.Buffer (released)>"
         info = self.info()
-        return f"<refpool.Buffer dims={self.dims} element_size={info.element_size}{' freed' if info.is_freed else ''}>"
+        return f"<refpool.Buffer dims={self.dims} typestr={self._typestr!r}{' freed' if info.is_freed else ''}>"
 
     release = Owned.close
 
@@ -85,11 +119,11 @@ class Buffer(Owned):
     def reshape(self, dims):
         """A new handle sharing the buffer with other dims (same element count)."""
         array, rank = _dims_array(dims)
-        return Buffer(lib().new_handle("refpool_reshape", self.handle, array, rank))
+        return Buffer(lib().new_handle("refpool_reshape", self.handle, array, rank), self._typestr)
 
     def retain(self):
         """A new handle sharing the buffer, same dims."""
-        return Buffer(lib().new_handle("refpool_retain", self.handle))
+        return Buffer(lib().new_handle("refpool_retain", self.handle), self._typestr)
 
     def unsafe_free(self):
         """Drops this handle's reference now: the buffer is reusable at once if no other handle shares
