@@ -73,19 +73,6 @@ class BufferInfo(Structure):
                 ("is_freed", c_int)]
 
 
-class CacheStats(Structure):
-    """refpool_cache_stats as of refpool 0.1 (before issue 15): the fallback when the library has no
-    stats by name. Filled through a larger zeroed buffer, so a library whose struct grew cannot write
-    past it (see stats.py)."""
-    _fields_ = [(name, c_uint64) for name in (
-        "hits", "misses", "steals", "backend_allocations", "backend_frees", "unsafe_frees", "escapes", "evictions",
-        "reclaimed_blocks", "oom_retries", "cross_stream_reuses", "scope_entries", "uncached_entries")] + \
-        [(name, c_size_t) for name in (
-            "live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes")] + \
-        [(name, c_uint64) for name in ("plan_hits", "plan_misses", "plan_recordings")] + \
-        [(name, c_size_t) for name in ("plans", "arena_bytes", "planned_peak_live_bytes")]
-
-
 class BackendStats(Structure):
     _fields_ = [("outstanding_bytes", c_size_t), ("allocation_count", c_uint64), ("deallocation_count", c_uint64)]
 

@@ -54,7 +54,7 @@ class World:
         self.buffer = refpool.malloc(self.backend, (4, 4), 4)
 
     def state(self):
-        return (self.backend.stats(), self.cache.stats(), self.buffer.dims, refpool._library.lib().last_error())
+        return (self.backend.stats(), self.cache.stats(), self.buffer.shape, refpool._library.lib().last_error())
 
     def close(self):
         self.buffer.close()

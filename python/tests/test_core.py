@@ -64,12 +64,12 @@ def test_reshaped_reuse_in_a_scope(backend, cache):
     for _ in range(3):
         with cache.scope():
             a = refpool.malloc(backend, (16,), 4)
-            addresses.add(a.address)
+            addresses.add(a.ptr)
             a.view()[:4] = b"\x01\x02\x03\x04"
             a.release()
             b = refpool.malloc(backend, (4, 4), 4)
-            assert b.dims == (4, 4) and b.nbytes == 64
-            addresses.add(b.address)
+            assert b.shape == (4, 4) and b.nbytes == 64
+            addresses.add(b.ptr)
             b.release()
     assert len(addresses) == 1
     stats = cache.stats()
@@ -84,7 +84,7 @@ def test_buffer_views_and_references(backend, cache):
         view = a.view()
         view[:] = bytes(range(64))
         flat = a.reshape((16,))
-        assert flat.address == a.address and flat.dims == (16,)
+        assert flat.ptr == a.ptr and flat.shape == (16,)
         assert a.use_count == 3  # a, flat, and the view's own reference
         del view
         assert a.use_count == 2
@@ -100,13 +100,13 @@ def test_buffer_views_and_references(backend, cache):
 def test_unsafe_free_and_use_after_free(backend, cache):
     with cache.scope():
         a = refpool.malloc(backend, (16,), 4)
-        address = a.address
+        address = a.ptr
         a.unsafe_free()  # the only reference: reusable at once
         b = refpool.malloc(backend, (4, 4), 4)
-        assert b.address == address
+        assert b.ptr == address
         with pytest.raises(refpool.UseAfterFreeError, match="unsafe_free"):
-            a.address
-        assert a.dims == (16,)  # a freed view keeps its dims
+            a.ptr
+        assert a.shape == (16,)  # a freed view keeps its dims
         a.release()
         b.release()
     assert cache.stats()["unsafe_frees"] == 1
@@ -159,7 +159,7 @@ def test_planned_scopes_replay(backend, cache):
     for _ in range(4):
         with cache.scope(plan="step"):
             buffers = [refpool.malloc(backend, (n,), 1) for n in sizes]
-            runs.append([b.address for b in buffers])
+            runs.append([b.ptr for b in buffers])
             for b in reversed(buffers):
                 b.release()
     stats = cache.stats()

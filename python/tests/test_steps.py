@@ -21,7 +21,7 @@ PROMISED_STATS = {
 
 def write_and_check(buffer, nbytes, stamp):
     """Fills a host buffer with `stamp` and reads it back (the memory is really there and ours)."""
-    address = buffer.address
+    address = buffer.ptr
     memory = (ctypes.c_ubyte * nbytes).from_address(address)
     ctypes.memset(address, stamp, nbytes)
     assert memory[0] == stamp and memory[nbytes - 1] == stamp
@@ -43,10 +43,10 @@ def test_cache_malloc_in_a_step(backend, cache):
     with cache.step():
         first = refpool.malloc(backend, 1024, cache=cache)
         write_and_check(first, 1024, 0xA5)
-        address = first.address
+        address = first.ptr
         first.close()
         second = refpool.malloc(backend, 1024, cache=cache)
-        assert second.address == address  # the released block, served again
+        assert second.ptr == address  # the released block, served again
         stats = cache.stats()
         assert (stats["live_bytes"], stats["live_blocks"]) == (1024, 1)
         second.close()
@@ -67,8 +67,8 @@ def test_cache_malloc_without_a_step_is_cached(backend, cache):
 
 def test_zero_bytes(backend, cache):
     with cache.step():
-        assert refpool.malloc(backend, 0, cache=cache).address == 0
-    assert refpool.malloc(backend, 0).address == 0  # a buffer of no bytes owns nothing
+        assert refpool.malloc(backend, 0, cache=cache).ptr == 0
+    assert refpool.malloc(backend, 0).ptr == 0  # a buffer of no bytes owns nothing
     assert cache.stats()["live_blocks"] == 0
     assert backend.stats()["allocation_count"] == 0
 
@@ -89,7 +89,7 @@ def test_free_by_address_of_a_buffer_is_an_error(backend, cache):
     # handle, so its address is refused and the buffer stays live.
     kept = refpool.malloc(backend, 256, cache=cache)
     foreign = ctypes.create_string_buffer(256)
-    for address in (ctypes.addressof(foreign), kept.address, kept.address + 16):
+    for address in (ctypes.addressof(foreign), kept.ptr, kept.ptr + 16):
         with pytest.raises(refpool.InvalidArgumentError):
             refpool._library.lib().call("refpool_free", address)
     assert cache.stats()["live_blocks"] == 1
@@ -99,10 +99,10 @@ def test_free_by_address_of_a_buffer_is_an_error(backend, cache):
 def test_malloc_follows_the_threads_scope(backend, cache):
     with cache.scope():
         first = refpool.malloc(backend, 512)
-        address = first.address
+        address = first.ptr
         first.close()
         second = refpool.malloc(backend, 512)
-        assert second.address == address
+        assert second.ptr == address
         second.close()
     assert cache.stats()["hits"] == 1
     before = backend.stats()["allocation_count"]
@@ -113,7 +113,7 @@ def test_malloc_follows_the_threads_scope(backend, cache):
 def test_buffer_on_a_stream(backend, cache):
     with cache.scope():
         buffer = refpool.malloc(backend, (8, 8), "<f4", stream=0)  # the default stream
-        assert buffer.dims == (8, 8) and buffer.nbytes == 256
+        assert buffer.shape == (8, 8) and buffer.nbytes == 256
         buffer.record_stream(None)
         buffer.release()
     assert cache.stats()["misses"] == 1
@@ -142,7 +142,7 @@ def test_steps_do_not_nest(cache):
 def test_step_ends_on_another_thread(backend, cache):
     step = cache.step().begin()
     first = refpool.malloc(backend, 128, cache=cache)
-    address = first.address
+    address = first.ptr
     first.close()
     ender = threading.Thread(target=step.end)
     ender.start()
@@ -150,7 +150,7 @@ def test_step_ends_on_another_thread(backend, cache):
     assert cache.stats()["steps"] == 1
     with cache.step():
         again = refpool.malloc(backend, 128, cache=cache)
-        assert again.address == address
+        assert again.ptr == address
         again.close()
 
 
@@ -166,7 +166,7 @@ def run_two_thread_step(cache, backend, plan, sizes):
         for n in sizes:
             buffer = refpool.malloc(backend, n, cache=cache)
             write_and_check(buffer, n, 0x11)
-            addresses.append(buffer.address)
+            addresses.append(buffer.ptr)
             buffers.append(buffer)
         handoff.put(list(buffers))
 
@@ -176,7 +176,7 @@ def run_two_thread_step(cache, backend, plan, sizes):
         for n in reversed(sizes):
             buffer = refpool.malloc(backend, n, cache=cache)
             write_and_check(buffer, n, 0x22)
-            addresses.append(buffer.address)
+            addresses.append(buffer.ptr)
             gradients.append(buffer)
         for buffer in forward_buffers + gradients:
             buffer.close()
