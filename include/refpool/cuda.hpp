@@ -1,7 +1,7 @@
 // The CUDA backend: device, stream-ordered and pinned memory through the CUDA driver API, which
 // refpool loads at run time (libcuda.so.1, CUDA 12.0 or newer), so one binary runs with or without
-// a GPU. Also the few driver services numerical code needs around the pool: streams, PTX modules,
-// launches, copies (the GPU front end of refpool/gpu.hpp, shared with HIP).
+// a GPU. Also the few driver services numerical code needs around the pool: streams and copies
+// (the GPU front end of refpool/gpu.hpp, shared with HIP).
 // Without a usable driver every function here throws `backend_unavailable` saying why;
 // `available()` asks without throwing. A build without CUDA support links and throws the same way.
 #pragma once

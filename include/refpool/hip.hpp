@@ -1,8 +1,8 @@
 // The HIP backend: device, stream-ordered and pinned memory through the HIP runtime (AMD GPUs),
 // which refpool loads at run time (the one the process already has, else libamdhip64.so.7, .so.6,
 // .so.5, then .so; HIP 5.2 or newer of majors 5 to 7: docs/hip.md), so one binary runs with or
-// without it. Also the few runtime services numerical code needs around the pool: streams, code
-// object modules, launches, copies (the GPU front end of refpool/gpu.hpp, shared with CUDA).
+// without it. Also the few runtime services numerical code needs around the pool: streams and
+// copies (the GPU front end of refpool/gpu.hpp, shared with CUDA).
 // Without a usable runtime every function here throws `backend_unavailable` saying why;
 // `available()` asks without throwing. A build without HIP support links and throws the same way.
 #pragma once

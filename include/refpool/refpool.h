@@ -211,6 +211,20 @@ typedef struct refpool_allocator_options {
   refpool_cache_options cache;  ///< default: refpool_cache_options_from_environment
 } refpool_allocator_options;
 
+/// How refpool_alloc serves a request. Zero-initialise for the defaults (or pass NULL).
+typedef struct refpool_alloc_options {
+  /// The stream the buffer is used on (a CUstream or hipStream_t); NULL: the default stream.
+  /// Host backends ignore it.
+  void* stream;
+  /// 0: the backend's alignment. Otherwise a power of two the address must be a multiple of: every
+  /// buffer has its backend's alignment (256 B for refpool's host and GPU backends), and a request
+  /// for more is refused (INVALID_ARGUMENT naming both), never served misaligned.
+  size_t alignment;
+  /// {0}: the calling thread's innermost active scope, else the backend itself. A cache: a
+  /// request through that cache from any thread, with no scope; it belongs to the cache's open step.
+  refpool_cache cache;
+} refpool_alloc_options;
+
 /// A backend's own accounting (refpool::backend's counters).
 typedef struct refpool_backend_stats {
   size_t outstanding_bytes;     ///< allocated from the backend and not given back (cached or live)
@@ -347,11 +361,6 @@ REFPOOL_C_API refpool_status refpool_backend_cuda(int device, refpool_memory_kin
 /// The same for the HIP runtime (AMD GPUs).
 REFPOOL_C_API refpool_status refpool_backend_hip(int device, refpool_memory_kind kind, refpool_backend* out);
 
-/// As refpool_alloc, for use on `stream` (a CUstream or hipStream_t; NULL: the default stream).
-/// Reuse of an idle buffer last used on another stream makes `stream` wait for that stream.
-REFPOOL_C_API refpool_status refpool_alloc_on_stream(refpool_backend backend, const size_t* dims, size_t rank,
-                                                     size_t element_size, void* stream, refpool_buffer* out);
-
 /// Tells refpool the buffer is also used on `stream` (PyTorch's recordStream): a later reuse on
 /// any other stream waits for it too. Errors: INVALID_ARGUMENT, INVALID_HANDLE, USE_AFTER_FREE.
 REFPOOL_C_API refpool_status refpool_record_stream(refpool_buffer buffer, void* stream);
@@ -361,27 +370,18 @@ REFPOOL_C_API refpool_status refpool_record_stream(refpool_buffer buffer, void* 
 /// device (a host backend: nothing to do). Errors: INVALID_ARGUMENT, INVALID_HANDLE, BACKEND.
 REFPOOL_C_API refpool_status refpool_retire_stream(refpool_backend backend, void* stream);
 
-/* ---- raw pointers (free by pointer) ------------------------------------------------------ */
+/* ---- free by pointer ---------------------------------------------------------------------- */
 
-/// Allocates `bytes` for `stream` through the calling thread's active scope (else straight from
-/// the backend) and returns the address; refpool keeps the buffer until refpool_free(address),
-/// from any thread. 0 bytes gives *out = NULL and allocates nothing. Errors: as refpool_alloc.
-REFPOOL_C_API refpool_status refpool_malloc(refpool_backend backend, size_t bytes, void* stream, void** out);
-
-/// The same through `cache` with no scope, from any thread (refpool::alloc_cache::allocate):
-/// each thread gets its own part of the cache; requests belong to the cache's open step.
-REFPOOL_C_API refpool_status refpool_cache_malloc(refpool_cache cache, refpool_backend backend, size_t bytes,
-                                                  void* stream, void** out);
-
-/// Gives back a buffer from refpool_malloc / refpool_cache_malloc / refpool_allocator_alloc, on
-/// any thread. NULL does nothing. Errors: INVALID_ARGUMENT naming the pointer when refpool keeps
-/// nothing under it (never handed out, or already freed: a double free); nothing is freed then.
+/// Gives back a buffer handed out by address (refpool_allocator_alloc), on any thread. NULL does
+/// nothing. Errors: INVALID_ARGUMENT naming the pointer when refpool keeps nothing under it (never
+/// handed out, or already freed: a double free); nothing is freed then.
 REFPOOL_C_API refpool_status refpool_free(void* ptr);
 
 /* ---- steps ------------------------------------------------------------------------------- */
 
 /// Opens a step on `cache` (refpool::step): every request made through the cache without a scope
-/// (refpool_cache_malloc, the framework allocator when `cache` is its cache), on any thread, belongs
+/// (refpool_alloc with options->cache, the framework allocator when `cache` is its cache), on any
+/// thread, belongs
 /// to it until refpool_step_end; with options->plan set it is planned. `options` NULL: a plain
 /// step. The caller owns *out; it may be ended on any thread. Errors: INVALID_ARGUMENT,
 /// INVALID_HANDLE, SCOPE (a step is already open on the cache), CONFIG, OUT_OF_MEMORY.
@@ -425,12 +425,9 @@ REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator
 REFPOOL_C_API refpool_status refpool_allocator_cache(refpool_cache* out);
 
 /// Allocates `bytes` on `device` for `stream` through the framework allocator; free with
-/// refpool_allocator_free or refpool_free. 0 bytes gives NULL. Errors: INVALID_ARGUMENT,
-/// BACKEND_UNAVAILABLE, OUT_OF_MEMORY (after reclaim and retry), BACKEND.
+/// refpool_free. 0 bytes gives NULL. Errors: INVALID_ARGUMENT, BACKEND_UNAVAILABLE, OUT_OF_MEMORY
+/// (after reclaim and retry), BACKEND.
 REFPOOL_C_API refpool_status refpool_allocator_alloc(size_t bytes, int device, void* stream, void** out);
-
-/// As refpool_free.
-REFPOOL_C_API refpool_status refpool_allocator_free(void* ptr);
 
 /// Memory the framework allocator holds from `device` (live, idle and segments' free bytes, private
 /// pools included) is capped at `bytes` from now on (SIZE_MAX: no cap; PyTorch's
@@ -518,14 +515,18 @@ REFPOOL_C_API void refpool_cupy_free(void* param, void* ptr, int device);
 /* ---- buffers ----------------------------------------------------------------------------- */
 
 /// A new uninitialised buffer of `rank` dims `dims[0..rank)` (row-major) of `element_size`
-/// bytes each: from the innermost active scope's cache on this thread (an idle buffer of the
-/// same rounded byte size, whatever its previous dims), else directly from `backend`. rank 0 is
-/// a scalar (dims may be NULL); a zero dim gives a buffer of zero elements that owns no memory.
-/// The caller owns *out and releases it with refpool_release.
-/// Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0),
-/// INVALID_HANDLE, SIZE (overflow), OUT_OF_MEMORY, BACKEND, CONFIG (bad REFPOOL_CONF).
+/// bytes each. With `options` NULL or options->cache null: from the innermost active scope's cache
+/// on this thread (an idle buffer of the same rounded byte size, whatever its previous dims), else
+/// directly from `backend`. With options->cache set: through that cache from any thread, with no
+/// scope (refpool::alloc_cache::allocate; the request belongs to the cache's open step).
+/// options->stream: the stream the buffer is used on (reuse of an idle buffer last used on another
+/// stream makes it wait for that stream). options->alignment: see refpool_alloc_options. rank 0 is a scalar (dims may be NULL); a zero dim gives a buffer of
+/// zero elements that owns no memory. The caller owns *out and releases it with refpool_release.
+/// Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0, an
+/// alignment that is not a power of two or is above the backend's), INVALID_HANDLE (backend or
+/// cache), SIZE (overflow), OUT_OF_MEMORY, BACKEND, CONFIG (bad REFPOOL_CONF).
 REFPOOL_C_API refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
-                             refpool_buffer* out);
+                                           const refpool_alloc_options* options, refpool_buffer* out);
 
 /// A new handle viewing the same buffer with other dims and the same element size; the element
 /// count must not change. The buffer is shared (its use count grows by one); the caller owns

@@ -128,8 +128,24 @@ refpool_status refpool_scope_exit(refpool_scope scope) {
 // ---- buffers ------------------------------------------------------------------------------
 
 refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
-                             refpool_buffer* out) {
-  return allocate_buffer(backend, dims, rank, element_size, {}, out, "refpool_alloc");
+                             const refpool_alloc_options* options, refpool_buffer* out) {
+  return guarded([&] {
+    refpool_buffer& result = required(out, "refpool_alloc", "out");
+    if (element_size == 0) fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_alloc: element_size is 0");
+    const refpool_alloc_options chosen = options != nullptr ? *options : refpool_alloc_options{};
+    const auto be = lookup<backend_object>(backend, "refpool_alloc");
+    check_alignment(chosen.alignment, be->backend);
+    refpool::shape shape = dims_from(dims, rank, "refpool_alloc");
+    const std::size_t bytes = refpool::detail::checked_bytes(shape, element_size);
+    const refpool::stream_ref stream{chosen.stream};
+    refpool::data_ref ref;  // 0 bytes: a null handle
+    if (chosen.cache.id != 0) {
+      ref = lookup<cache_object>(chosen.cache, "refpool_alloc")->cache.allocate(be->backend, bytes, stream);
+    } else {
+      ref = refpool::allocate(be->backend, bytes, stream);
+    }
+    result = new_buffer(std::move(ref), std::move(shape), element_size, bytes / element_size);
+  });
 }
 
 refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank, refpool_buffer* out) {

@@ -41,11 +41,6 @@ refpool_status refpool_backend_hip(int device, refpool_memory_kind kind, refpool
                         "refpool_backend_hip", REFPOOL_RUNTIME_HIP);
 }
 
-refpool_status refpool_alloc_on_stream(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
-                                       void* stream, refpool_buffer* out) {
-  return allocate_buffer(backend, dims, rank, element_size, stream_of(stream), out, "refpool_alloc_on_stream");
-}
-
 refpool_status refpool_record_stream(refpool_buffer buffer, void* stream) {
   return guarded([&] {
     const auto object = lookup<buffer_object>(buffer, "refpool_record_stream");
@@ -63,25 +58,7 @@ refpool_status refpool_retire_stream(refpool_backend backend, void* stream) {
   });
 }
 
-// ---- raw pointers -------------------------------------------------------------------------
-
-refpool_status refpool_malloc(refpool_backend backend, size_t bytes, void* stream, void** out) {
-  return guarded([&] {
-    void*& result = required(out, "refpool_malloc", "out");
-    const auto be = lookup<backend_object>(backend, "refpool_malloc");
-    result = refpool::to_pointer(refpool::allocate(be->backend, bytes, stream_of(stream)));
-  });
-}
-
-refpool_status refpool_cache_malloc(refpool_cache cache, refpool_backend backend, size_t bytes, void* stream,
-                                    void** out) {
-  return guarded([&] {
-    void*& result = required(out, "refpool_cache_malloc", "out");
-    const auto c = lookup<cache_object>(cache, "refpool_cache_malloc");
-    const auto be = lookup<backend_object>(backend, "refpool_cache_malloc");
-    result = refpool::to_pointer(c->cache.allocate(be->backend, bytes, stream_of(stream)));
-  });
-}
+// ---- free by pointer ----------------------------------------------------------------------
 
 refpool_status refpool_free(void* ptr) {
   return guarded([&] { refpool::free_pointer(ptr); });

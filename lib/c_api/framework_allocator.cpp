@@ -186,10 +186,6 @@ refpool_status refpool_allocator_alloc(size_t bytes, int device, void* stream, v
   });
 }
 
-refpool_status refpool_allocator_free(void* ptr) {
-  return guarded([&] { refpool::free_pointer(ptr); });
-}
-
 refpool_status refpool_allocator_set_device_limit(int device, size_t bytes) {
   return guarded([&] { framework_allocator::instance().set_device_limit(device, bytes); });
 }

@@ -315,17 +315,18 @@ inline refpool::scope_options scope_options_from(const refpool_scope_options* op
 }
 
 /// A new buffer handle of `dims` x `element_size` bytes from `backend` for `stream`.
-inline refpool_status allocate_buffer(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
-                                      refpool::stream_ref stream, refpool_buffer* out, const char* function) {
-  return guarded([&] {
-    refpool_buffer& result = required(out, function, "out");
-    if (element_size == 0) fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: {}: element_size is 0", function));
-    const auto be = lookup<backend_object>(backend, function);
-    refpool::shape shape = dims_from(dims, rank, function);
-    const std::size_t bytes = refpool::detail::checked_bytes(shape, element_size);
-    refpool::data_ref ref = refpool::allocate(be->backend, bytes, stream);  // 0 bytes: a null handle
-    result = new_buffer(std::move(ref), std::move(shape), element_size, bytes / element_size);
-  });
+/// refpool_alloc_options::alignment: 0, or a power of two no larger than what every buffer of the
+/// backend has (a larger one would need blocks keyed by alignment, which the cache does not have).
+inline void check_alignment(std::size_t alignment, const refpool::backend& be) {
+  if (alignment == 0) return;
+  if ((alignment & (alignment - 1)) != 0)
+    fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+         fmt::format("refpool: refpool_alloc: alignment {} is not a power of two", alignment));
+  if (alignment > be.alignment())
+    fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+         fmt::format("refpool: refpool_alloc: alignment {} is above backend {}'s alignment ({} B), the most a "
+                     "buffer is guaranteed",
+                     alignment, be.name(), be.alignment()));
 }
 
 inline refpool_status enter_scope(refpool_cache cache, const refpool_scope_options* options, refpool_scope* out,

@@ -3,6 +3,7 @@
 // unloads a module from the current context.
 #include <fmt/format.h>
 
+#include "modules.hpp"
 #include "runtime_api.hpp"
 
 namespace refpool::gpu::detail {

@@ -1,8 +1,9 @@
 // The entry points a GPU runtime (CUDA driver API, HIP runtime) provides to refpool, as a table of
 // plain functions returning the runtime's status code. Everything GPU is written once over it in
 // lib/gpu/: the resource (gpu_resource.cpp), the process-wide backends (backend_registry.cpp) and
-// the public front end of refpool/gpu.hpp (devices, streams, modules, copies). Only lib/cuda/ and
-// lib/hip/ include their vendor headers, to load the runtime and fill the table in.
+// the public front end of refpool/gpu.hpp (devices, streams, copies), and the kernel modules of
+// modules.hpp. Only lib/cuda/ and lib/hip/ include their vendor headers, to load the runtime and
+// fill the table in.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,8 @@
 #include <refpool/gpu.hpp>
 #include <refpool/resource.hpp>
 #include <refpool/virtual_memory.hpp>
+
+#include "modules.hpp"  // dims3
 
 namespace refpool::detail::gpu {
 

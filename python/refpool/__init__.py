@@ -10,11 +10,11 @@ whose interface is Python).
     backend = refpool.Backend.host()
     cache = refpool.Cache()
     with cache.scope(plan="step"):
-        buf = refpool.alloc(backend, (4, 4), 4)
+        buf = refpool.malloc(backend, (4, 4), "<f4")
 """
 from . import allocator
 from .backend import Backend
-from .buffer import Buffer, alloc, free, malloc
+from .buffer import Buffer, malloc
 from .cache import Cache, Scope, Step
 from .errors import (BackendError, BackendUnavailableError, ConfigError, FrameworkError, InternalError,
                      InvalidArgumentError, InvalidHandleError, LibraryError, OutOfMemoryError, RefpoolError,
@@ -31,7 +31,7 @@ def library_version():
 
 
 __all__ = [
-    "Backend", "Buffer", "Cache", "Scope", "Step", "StatsRecorder", "alloc", "allocator", "free", "malloc",
+    "Backend", "Buffer", "Cache", "Scope", "Step", "StatsRecorder", "allocator", "malloc",
     "cache_option_descriptions", "library_path", "library_version", "stat_descriptions", "stat_names",
     "RefpoolError", "BackendError", "BackendUnavailableError", "ConfigError", "FrameworkError", "InternalError",
     "InvalidArgumentError", "InvalidHandleError", "LibraryError", "OutOfMemoryError", "ScopeError", "ShapeError",

@@ -59,9 +59,7 @@ SIGNATURES = {
     "refpool_step_end": (c_int, [("step", t.Handle)]),
     # buffers
     "refpool_alloc": (c_int, [("backend", t.Handle), ("dims", _size_p), ("rank", c_size_t),
-                              ("element_size", c_size_t), ("out", _handle_p)]),
-    "refpool_alloc_on_stream": (c_int, [("backend", t.Handle), ("dims", _size_p), ("rank", c_size_t),
-                                        ("element_size", c_size_t), ("stream", c_void_p), ("out", _handle_p)]),
+                              ("element_size", c_size_t), ("options", POINTER(t.AllocOptions)), ("out", _handle_p)]),
     "refpool_record_stream": (c_int, [("buffer", t.Handle), ("stream", c_void_p)]),
     "refpool_reshape": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("rank", c_size_t), ("out", _handle_p)]),
     "refpool_retain": (c_int, [("buffer", t.Handle), ("out", _handle_p)]),
@@ -71,11 +69,7 @@ SIGNATURES = {
     "refpool_data": (c_int, [("buffer", t.Handle), ("out", POINTER(c_void_p))]),
     "refpool_dims": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("capacity", c_size_t), ("rank", _size_p)]),
     "refpool_buffer_get_info": (c_int, [("buffer", t.Handle), ("out", POINTER(t.BufferInfo))]),
-    # raw pointers
-    "refpool_malloc": (c_int, [("backend", t.Handle), ("bytes", c_size_t), ("stream", c_void_p),
-                               ("out", POINTER(c_void_p))]),
-    "refpool_cache_malloc": (c_int, [("cache", t.Handle), ("backend", t.Handle), ("bytes", c_size_t),
-                                     ("stream", c_void_p), ("out", POINTER(c_void_p))]),
+    # free by address (what refpool_allocator_alloc handed out)
     "refpool_free": (c_int, [("address", c_void_p)]),
     # stats by name
     "refpool_stat_count": (c_size_t, []),
@@ -89,7 +83,6 @@ SIGNATURES = {
     "refpool_allocator_cache": (c_int, [("out", _handle_p)]),
     "refpool_allocator_alloc": (c_int, [("bytes", c_size_t), ("device", c_int), ("stream", c_void_p),
                                         ("out", POINTER(c_void_p))]),
-    "refpool_allocator_free": (c_int, [("address", c_void_p)]),
     "refpool_allocator_set_device_limit": (c_int, [("device", c_int), ("bytes", c_size_t)]),
     "refpool_allocator_empty_cache": (c_int, []),
     "refpool_allocator_record_stream": (c_int, [("address", c_void_p), ("stream", c_void_p)]),

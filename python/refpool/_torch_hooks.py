@@ -21,7 +21,7 @@ SOURCE = Path(__file__).with_name("_torch_hooks.cpp")
 DIR_ENV = "REFPOOL_TORCH_HOOKS_DIR"
 
 # librefpool's functions the hooks call, in the order of _torch_hooks.cpp's refpool_api struct.
-IMPORTS = ("refpool_allocator_alloc", "refpool_allocator_free", "refpool_last_error",
+IMPORTS = ("refpool_allocator_alloc", "refpool_free", "refpool_last_error",
            "refpool_allocator_record_stream", "refpool_allocator_empty_cache", "refpool_allocator_set_device_limit",
            "refpool_allocator_begin_pool", "refpool_allocator_end_pool", "refpool_allocator_release_pool",
            "refpool_allocator_routing_to_pools")

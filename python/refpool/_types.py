@@ -50,6 +50,12 @@ class ScopeOptions(Checked):
     _fields_ = [("uncached_warmup_entries", c_size_t), ("plan", c_char_p)]
 
 
+class AllocOptions(Checked):
+    """refpool_alloc_options: the stream, an alignment (0: the backend's) and a cache (id 0: the
+    thread's scope)."""
+    _fields_ = [("stream", ctypes.c_void_p), ("alignment", c_size_t), ("cache", Handle)]
+
+
 class OptionInfo(Structure):
     """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options and
     refpool_allocator_options are laid out from these at first use (_options)."""
@@ -65,19 +71,6 @@ class PoolId(Checked):
 class BufferInfo(Structure):
     _fields_ = [("rank", c_size_t), ("element_count", c_size_t), ("element_size", c_size_t), ("bytes", c_size_t),
                 ("is_freed", c_int)]
-
-
-class CacheStats(Structure):
-    """refpool_cache_stats as of refpool 0.1 (before issue 15): the fallback when the library has no
-    stats by name. Filled through a larger zeroed buffer, so a library whose struct grew cannot write
-    past it (see stats.py)."""
-    _fields_ = [(name, c_uint64) for name in (
-        "hits", "misses", "steals", "backend_allocations", "backend_frees", "unsafe_frees", "escapes", "evictions",
-        "reclaimed_blocks", "oom_retries", "cross_stream_reuses", "scope_entries", "uncached_entries")] + \
-        [(name, c_size_t) for name in (
-            "live_blocks", "idle_blocks", "live_bytes", "idle_bytes", "held_bytes", "peak_held_bytes")] + \
-        [(name, c_uint64) for name in ("plan_hits", "plan_misses", "plan_recordings")] + \
-        [(name, c_size_t) for name in ("plans", "arena_bytes", "planned_peak_live_bytes")]
 
 
 class BackendStats(Structure):

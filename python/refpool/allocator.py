@@ -80,7 +80,7 @@ def malloc(nbytes, device=0, stream=None):
 
 def free(address):
     """Gives back an address from malloc(), from any thread."""
-    lib().call("refpool_allocator_free", address)
+    lib().call("refpool_free", address)
 
 def set_device_limit(device, limit_bytes):
     """Caps the bytes the allocator holds from `device` (its cache and private pools); None: no cap.

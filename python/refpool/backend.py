@@ -12,9 +12,12 @@ class Backend(Owned):
 
     _release_function = "refpool_backend_release"
 
-    def __init__(self, handle, description):
+    def __init__(self, handle, description, runtime="host", device=-1, kind="host"):
         super().__init__(handle)
         self.description = description
+        self.runtime = runtime  # "host", "cuda" or "hip"
+        self.device = device    # -1 for host memory
+        self.kind = kind        # "host", "device", "device_async" or "pinned_host"
 
     def __repr__(self):
         return f"<refpool.Backend {self.description}{' (closed)' if self.closed else ''}>"
@@ -40,13 +43,15 @@ class Backend(Owned):
         """The process-wide CUDA backend of `device` and memory `kind` (device, device_async, pinned_host).
         Raises BackendUnavailableError, with the reason, where CUDA cannot be used."""
         kind_value = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-        return cls(lib().new_handle("refpool_backend_cuda", device, kind_value), f"cuda:{device} {kind}")
+        return cls(lib().new_handle("refpool_backend_cuda", device, kind_value), f"cuda:{device} {kind}", "cuda",
+                   device, kind)
 
     @classmethod
     def hip(cls, device=0, kind="device"):
         """As cuda(), for HIP."""
         kind_value = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-        return cls(lib().new_handle("refpool_backend_hip", device, kind_value), f"hip:{device} {kind}")
+        return cls(lib().new_handle("refpool_backend_hip", device, kind_value), f"hip:{device} {kind}", "hip",
+                   device, kind)
 
     def stats(self):
         """outstanding_bytes, allocation_count, deallocation_count."""

@@ -8,7 +8,6 @@ from ._handles import Owned
 from ._options import cache_options
 from ._library import lib
 from .stats import cache_stats
-from .streams import stream_pointer
 
 
 def _scope_options(plan, uncached_warmup_entries):
@@ -53,22 +52,14 @@ class Cache(Owned):
 
     def scope(self, plan=None, uncached_warmup_entries=0):
         """A scope on this cache (a context manager): while active, refpool allocations of this
-        thread (Buffer, refpool.malloc) go through the cache; with `plan`, a planned scope."""
+        thread (refpool.malloc) go through the cache; with `plan`, a planned scope."""
         return Scope(self, plan, uncached_warmup_entries)
 
     def step(self, plan=None, uncached_warmup_entries=0):
         """A step on this cache (a context manager): an iteration boundary covering every allocation
-        made through the cache without a scope, on any thread (cache.malloc, the framework entry
-        points); with `plan`, a planned step. Steps on one cache do not nest."""
+        made through the cache without a scope, on any thread (refpool.malloc(..., cache=),
+        the framework entry points); with `plan`, a planned step. Steps on one cache do not nest."""
         return Step(self, plan, uncached_warmup_entries)
-
-    def malloc(self, backend, nbytes, stream=None):
-        """`nbytes` from `backend` through this cache, from any thread, no scope needed: the address
-        (0 for 0 bytes). Give it back with refpool.free(address)."""
-        out = ctypes.c_void_p()
-        lib().call("refpool_cache_malloc", self.handle, backend.handle, nbytes, stream_pointer(stream),
-                   ctypes.byref(out))
-        return out.value or 0
 
     def stats(self):
         """The cache's counters as a dict (names as in refpool_stat_name)."""

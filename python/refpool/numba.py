@@ -7,7 +7,7 @@ or, for a whole program: NUMBA_CUDA_MEMORY_MANAGER=refpool.numba python3 program
 Device memory comes from refpool's process-wide allocator (the cache PyTorch and CuPy adapters use
 too); host and pinned memory stay Numba's (HostOnlyCUDAMemoryManager). Numba's plugin interface is
 Python, so each allocation runs a little Python here: memalloc calls refpool_allocator_alloc, the
-finalizer refpool_allocator_free. `defer_cleanup()` changes nothing for device memory: freed blocks
+finalizer refpool_free. `defer_cleanup()` changes nothing for device memory: freed blocks
 return to refpool's cache at once, and refpool never frees to the driver on that path anyway.
 Importing this module does not import Numba; the plugin class is made on first access."""
 import ctypes

@@ -1,8 +1,7 @@
 """Cache counters as a dict of name -> int, and a recorder of snapshots over time (for refpool.plot).
 
 The names come from the library (refpool_stat_name), so counters a newer library adds appear here
-without a change to this package. A library without stats by name (before issue 15) is read through
-refpool_cache_get_stats instead, with that version's field names."""
+without a change to this package."""
 import ctypes
 import json
 import time
@@ -13,10 +12,6 @@ from ._library import lib
 
 # refpool_cache_get_stats writes sizeof(its struct): a buffer this large stays safe if the struct grew.
 _STRUCT_ROOM = 4096
-
-
-def has_stats_by_name():
-    return lib().has("refpool_stat_count")
 
 
 def stat_names():
@@ -52,9 +47,7 @@ def _by_struct(handle, struct_type, function):
 
 def cache_stats(handle):
     """The counters of the cache behind `handle`."""
-    if has_stats_by_name():
-        return _by_name(handle)
-    return _by_struct(handle, t.CacheStats, "refpool_cache_get_stats")
+    return _by_name(handle)
 
 
 def backend_stats(handle):

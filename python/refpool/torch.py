@@ -45,7 +45,7 @@ def hooked():
     return _hooked
 
 
-def install(kind="device", conf=None, patch_memory_api=True, hooks=True, **options):
+def install(kind="device", conf=None, patch_torch_cuda=True, hooks=True, **options):
     """Makes refpool PyTorch's CUDA allocator for the rest of the process (PyTorch cannot switch back).
 
     Must run before PyTorch initialises CUDA (the first CUDA tensor, torch.cuda.init(), mem_get_info...):
@@ -54,7 +54,12 @@ def install(kind="device", conf=None, patch_memory_api=True, hooks=True, **optio
     REFPOOL_CONF). With `hooks`
     (the default), refpool's PyTorch hooks are built if needed and installed: FrameworkError, saying
     why, if they cannot be built; hooks=False installs refpool without them (LOST_FEATURES says what
-    is lost). With patch_memory_api, torch.cuda.memory_stats & co. report refpool's figures.
+    is lost). With patch_torch_cuda (the default), the torch.cuda functions PyTorch cannot serve under
+    any pluggable allocator (memory_stats, reset_peak_memory_stats, the snapshots: they would raise)
+    are replaced so that torch.cuda.memory_allocated & co. report refpool's figures; nothing PyTorch
+    serves through the hooks is replaced, and no Tensor method is (only hooks=False, which loses
+    record_stream, replaces Tensor.record_stream with an error saying what to use).
+    patch_torch_cuda=False leaves torch untouched: use refpool.torch.memory_stats() & co. instead.
     Calling it again does nothing."""
     global _pluggable, _hooked
     torch = _torch()
@@ -80,7 +85,7 @@ def install(kind="device", conf=None, patch_memory_api=True, hooks=True, **optio
             raise FrameworkError(f"refpool.torch.install(): PyTorch refused the allocator swap ({e}); it must "
                                  "happen before any CUDA allocation") from None
         _pluggable, _hooked = pluggable, hooks_library is not None
-        if patch_memory_api:
+        if patch_torch_cuda:
             from . import _torch_memory_api
             _torch_memory_api.patch(torch, hooks=_hooked)
 

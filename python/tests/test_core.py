@@ -63,13 +63,13 @@ def test_reshaped_reuse_in_a_scope(backend, cache):
     addresses = set()
     for _ in range(3):
         with cache.scope():
-            a = refpool.alloc(backend, (16,), 4)
-            addresses.add(a.address)
+            a = refpool.malloc(backend, (16,), 4)
+            addresses.add(a.ptr)
             a.view()[:4] = b"\x01\x02\x03\x04"
             a.release()
-            b = refpool.alloc(backend, (4, 4), 4)
-            assert b.dims == (4, 4) and b.nbytes == 64
-            addresses.add(b.address)
+            b = refpool.malloc(backend, (4, 4), 4)
+            assert b.shape == (4, 4) and b.nbytes == 64
+            addresses.add(b.ptr)
             b.release()
     assert len(addresses) == 1
     stats = cache.stats()
@@ -80,11 +80,11 @@ def test_reshaped_reuse_in_a_scope(backend, cache):
 
 def test_buffer_views_and_references(backend, cache):
     with cache.scope():
-        a = refpool.alloc(backend, (2, 8), 4)
+        a = refpool.malloc(backend, (2, 8), 4)
         view = a.view()
         view[:] = bytes(range(64))
         flat = a.reshape((16,))
-        assert flat.address == a.address and flat.dims == (16,)
+        assert flat.ptr == a.ptr and flat.shape == (16,)
         assert a.use_count == 3  # a, flat, and the view's own reference
         del view
         assert a.use_count == 2
@@ -99,14 +99,14 @@ def test_buffer_views_and_references(backend, cache):
 
 def test_unsafe_free_and_use_after_free(backend, cache):
     with cache.scope():
-        a = refpool.alloc(backend, (16,), 4)
-        address = a.address
+        a = refpool.malloc(backend, (16,), 4)
+        address = a.ptr
         a.unsafe_free()  # the only reference: reusable at once
-        b = refpool.alloc(backend, (4, 4), 4)
-        assert b.address == address
+        b = refpool.malloc(backend, (4, 4), 4)
+        assert b.ptr == address
         with pytest.raises(refpool.UseAfterFreeError, match="unsafe_free"):
-            a.address
-        assert a.dims == (16,)  # a freed view keeps its dims
+            a.ptr
+        assert a.shape == (16,)  # a freed view keeps its dims
         a.release()
         b.release()
     assert cache.stats()["unsafe_frees"] == 1
@@ -114,7 +114,7 @@ def test_unsafe_free_and_use_after_free(backend, cache):
 
 def test_released_handles_are_detected(backend):
     lib = refpool._library.lib()
-    a = refpool.alloc(backend, (8,), 8)
+    a = refpool.malloc(backend, (8,), 8)
     handle = a.handle
     a.release()
     with pytest.raises(refpool.InvalidHandleError, match="already released"):
@@ -125,8 +125,8 @@ def test_released_handles_are_detected(backend):
 
 def test_escapes_are_counted(backend, cache):
     with cache.scope():
-        kept = refpool.alloc(backend, (256,), 4)
-        refpool.alloc(backend, (8,), 4).release()
+        kept = refpool.malloc(backend, (256,), 4)
+        refpool.malloc(backend, (8,), 4).release()
     stats = cache.stats()
     assert (stats["escapes"], stats["live_blocks"], stats["live_bytes"]) == (1, 1, 1024)
     kept.release()
@@ -147,7 +147,7 @@ def test_scope_exits_on_its_own_thread_only(backend, cache):
     thread.start()
     thread.join()
     assert len(errors) == 1 and errors[0].status_name == "REFPOOL_ERROR_SCOPE"
-    buffer = refpool.alloc(backend, (4,), 4)  # still active here: served by the cache
+    buffer = refpool.malloc(backend, (4,), 4)  # still active here: served by the cache
     buffer.release()
     scope.exit()
     assert cache.stats()["misses"] == 1
@@ -158,8 +158,8 @@ def test_planned_scopes_replay(backend, cache):
     runs = []
     for _ in range(5):  # the first is a new sequence (pending), the second is recorded
         with cache.scope(plan="step"):
-            buffers = [refpool.alloc(backend, (n,), 1) for n in sizes]
-            runs.append([b.address for b in buffers])
+            buffers = [refpool.malloc(backend, (n,), 1) for n in sizes]
+            runs.append([b.ptr for b in buffers])
             for b in reversed(buffers):
                 b.release()
     stats = cache.stats()
@@ -169,7 +169,7 @@ def test_planned_scopes_replay(backend, cache):
     assert stats["arena_bytes"] >= stats["planned_peak_live_bytes"] == sum(sizes)
     backend_allocations = backend.stats()["allocation_count"]
     with cache.scope(plan="step"):
-        for b in [refpool.alloc(backend, (n,), 1) for n in sizes]:
+        for b in [refpool.malloc(backend, (n,), 1) for n in sizes]:
             b.release()
     assert backend.stats()["allocation_count"] == backend_allocations
 
@@ -177,8 +177,8 @@ def test_planned_scopes_replay(backend, cache):
 def test_rounding_options(backend):
     with refpool.Cache(rounding="step:256", from_environment=False) as cache:
         with cache.scope():
-            refpool.alloc(backend, (100,), 1).release()
-            refpool.alloc(backend, (200,), 1).release()  # both round to 256 bytes: a hit
+            refpool.malloc(backend, (100,), 1).release()
+            refpool.malloc(backend, (200,), 1).release()  # both round to 256 bytes: a hit
         assert (cache.stats()["misses"], cache.stats()["hits"]) == (1, 1)
     with pytest.raises(refpool.ConfigError, match="cache option 'rounding' has value 'nearest'; allowed: exact"):
         refpool.Cache(rounding="nearest")
@@ -193,8 +193,8 @@ def test_segment_options(backend):
         before = backend.stats()["allocation_count"]
         with refpool.Cache(segments=segments, from_environment=False) as cache:
             with cache.scope():
-                a = refpool.alloc(backend, (1000,), 1)
-                b = refpool.alloc(backend, (3000,), 1)
+                a = refpool.malloc(backend, (1000,), 1)
+                b = refpool.malloc(backend, (3000,), 1)
                 a.release()
                 b.release()
             stats = cache.stats()
@@ -207,7 +207,7 @@ def test_segment_options(backend):
 def test_reclaim_and_idle_limit(backend, cache):
     with cache.scope():
         for n in (1000, 2000, 3000):
-            refpool.alloc(backend, (n,), 1).release()
+            refpool.malloc(backend, (n,), 1).release()
     assert cache.stats()["idle_bytes"] == 6000
     assert cache.reclaim(keep_bytes=3000) == 3000  # least recently released first: 1000 and 2000
     assert backend.stats()["outstanding_bytes"] == 3000
@@ -215,16 +215,16 @@ def test_reclaim_and_idle_limit(backend, cache):
     assert cache.stats()["idle_bytes"] == 0 and backend.stats()["outstanding_bytes"] == 0
     cache.set_max_idle_bytes(None)
     with cache.scope():
-        refpool.alloc(backend, (10,), 1).release()
+        refpool.malloc(backend, (10,), 1).release()
     assert cache.stats()["idle_bytes"] == 10
 
 
 def test_out_of_memory_is_a_memory_error(cache):
     with refpool.Backend.host_limited(4096) as small:
         with cache.scope():
-            kept = refpool.alloc(small, (4096,), 1)
+            kept = refpool.malloc(small, (4096,), 1)
             with pytest.raises(refpool.OutOfMemoryError) as raised:
-                refpool.alloc(small, (1,), 1)
+                refpool.malloc(small, (1,), 1)
             assert isinstance(raised.value, MemoryError)
             assert raised.value.status_name == "REFPOOL_ERROR_OUT_OF_MEMORY"
             kept.release()
@@ -245,7 +245,7 @@ def test_stats_recorder(tmp_path, backend, cache):
     recorder = refpool.StatsRecorder(cache)
     for step in range(2):
         with cache.scope():
-            refpool.alloc(backend, (64,), 1).release()
+            refpool.malloc(backend, (64,), 1).release()
         recorder.sample(label=f"step {step}")
     recorder.write(tmp_path / "stats.json")
     data = json.loads((tmp_path / "stats.json").read_text())

@@ -64,3 +64,22 @@ def test_using_is_scoped_to_the_with_block():
         print(json.dumps([live_inside, live_after, refpool.cupy.stats()["live_bytes"]]))
     """)
     assert result[0] >= 1 << 20 and result[1] == result[0] and result[2] == result[0] - (1 << 20)
+
+
+def test_cupy_reads_a_buffer_through_the_cuda_array_interface():
+    # A refpool.Buffer of CUDA device memory is a CuPy array without a copy (__cuda_array_interface__
+    # version 3, its stream), and through DLPack. (Added after the 2026-12-04 H200 runs: not run there yet.)
+    result = child_json("""
+        import json
+        import cupy as cp
+        import refpool
+        backend = refpool.Backend.cuda(0)
+        with refpool.Cache().scope():
+            b = refpool.malloc(backend, (4, 8), "<f4")
+            a = cp.asarray(b)
+            a[...] = cp.arange(32, dtype=cp.float32).reshape(4, 8)
+            same = a.data.ptr == b.ptr and a.shape == b.shape and a.dtype == cp.float32
+            d = cp.from_dlpack(b)
+            print(json.dumps({"same": same, "sum": float(d.sum()), "dlpack_ptr": d.data.ptr == b.ptr}))
+    """)
+    assert result == {"same": True, "sum": 496.0, "dlpack_ptr": True}

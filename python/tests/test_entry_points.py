@@ -31,7 +31,7 @@ def test_entry_points_are_exported():
 def test_zero_bytes_from_the_entry_points():
     # NULL is also what a failure returns: a failure would replace this thread's last error.
     with pytest.raises(refpool.InvalidArgumentError):
-        refpool.free(ctypes.addressof(ctypes.c_int()))
+        refpool.allocator.free(ctypes.addressof(ctypes.c_int()))
     marker = lib().last_error()
     assert lib().fn("refpool_torch_malloc")(0, 0, None) is None
     lib().fn("refpool_torch_free")(None, 0, 0, None)

@@ -89,3 +89,22 @@ def test_plugin_from_the_environment():
 def test_plugin_from_set_memory_manager():
     setup = "from numba import cuda\nimport refpool.numba\ncuda.set_memory_manager(refpool.numba.RefpoolNumbaManager)\n"
     check(child_json(NUMPY_ALIAS + setup + KERNEL_LOOP))
+
+
+def test_numba_reads_a_buffer_through_the_cuda_array_interface():
+    # numba.cuda.as_cuda_array over a refpool.Buffer: the same device memory, shape and type.
+    # (Added after the 2026-12-04 H200 runs: not run there yet.)
+    result = child_json(NUMPY_ALIAS + textwrap.dedent("""
+        import json
+        from numba import cuda
+        import refpool
+        backend = refpool.Backend.cuda(0)
+        with refpool.Cache().scope():
+            b = refpool.malloc(backend, (3, 5), "<i4")
+            a = cuda.as_cuda_array(b)
+            a.copy_to_device(__import__("numpy").arange(15, dtype="int32").reshape(3, 5))
+            back = a.copy_to_host()
+            print(json.dumps({"ptr": a.device_ctypes_pointer.value == b.ptr, "shape": list(a.shape),
+                              "dtype": str(a.dtype), "sum": int(back.sum())}))
+    """))
+    assert result == {"ptr": True, "shape": [3, 5], "dtype": "int32", "sum": 105}

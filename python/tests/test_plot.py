@@ -17,10 +17,10 @@ RUN = """
     recorder = refpool.StatsRecorder(cache)
     for step in range(3):
         with cache.scope():
-            buffers = [refpool.alloc(backend, (n,), 1) for n in (1000, 3000, 6000)]
+            buffers = [refpool.malloc(backend, (n,), 1) for n in (1000, 3000, 6000)]
             for b in buffers:
                 b.release()
-            refpool.alloc(backend, (500,), 1).release()
+            refpool.malloc(backend, (500,), 1).release()
         recorder.sample(label=f"step {step}")
     recorder.write(sys.argv[-1] if len(sys.argv) > 1 else "stats.json")
 """

@@ -1,6 +1,6 @@
 """Issue 15's C API through the package, on the host backend: steps that span threads (plain and
-planned), raw pointers (refpool_cache_malloc / refpool_malloc / refpool_free), zero bytes, free-by-pointer
-misuse, stats by name and peak resets."""
+planned), cache-level and scoped requests (refpool_alloc with and without a cache), zero bytes,
+release misuse, stats by name and peak resets."""
 import ctypes
 import queue
 import threading
@@ -19,8 +19,9 @@ PROMISED_STATS = {
 }
 
 
-def write_and_check(address, nbytes, stamp):
-    """Fills host memory with `stamp` and reads it back (the memory is really there and ours)."""
+def write_and_check(buffer, nbytes, stamp):
+    """Fills a host buffer with `stamp` and reads it back (the memory is really there and ours)."""
+    address = buffer.ptr
     memory = (ctypes.c_ubyte * nbytes).from_address(address)
     ctypes.memset(address, stamp, nbytes)
     assert memory[0] == stamp and memory[nbytes - 1] == stamp
@@ -40,14 +41,15 @@ def test_stats_by_name(cache):
 
 def test_cache_malloc_in_a_step(backend, cache):
     with cache.step():
-        first = cache.malloc(backend, 1024)
+        first = refpool.malloc(backend, 1024, cache=cache)
         write_and_check(first, 1024, 0xA5)
-        refpool.free(first)
-        second = cache.malloc(backend, 1024)
-        assert second == first  # the released block, served again
+        address = first.ptr
+        first.close()
+        second = refpool.malloc(backend, 1024, cache=cache)
+        assert second.ptr == address  # the released block, served again
         stats = cache.stats()
         assert (stats["live_bytes"], stats["live_blocks"]) == (1024, 1)
-        refpool.free(second)
+        second.close()
     stats = cache.stats()
     assert (stats["misses"], stats["hits"], stats["backend_allocations"], stats["steps"]) == (1, 1, 1, 1)
     assert (stats["live_bytes"], stats["idle_bytes"], stats["held_bytes"]) == (0, 1024, 1024)
@@ -57,7 +59,7 @@ def test_cache_malloc_in_a_step(backend, cache):
 def test_cache_malloc_without_a_step_is_cached(backend, cache):
     # Like PyTorch's allocator: a cache serves pointer requests outside any step too.
     for _ in range(3):
-        refpool.free(cache.malloc(backend, 4096))
+        refpool.malloc(backend, 4096, cache=cache).close()
     stats = cache.stats()
     assert (stats["backend_allocations"], stats["hits"]) == (1, 2)
     assert backend.stats()["outstanding_bytes"] == 4096
@@ -65,50 +67,53 @@ def test_cache_malloc_without_a_step_is_cached(backend, cache):
 
 def test_zero_bytes(backend, cache):
     with cache.step():
-        assert cache.malloc(backend, 0) == 0
-    assert refpool.malloc(backend, 0) == 0
-    refpool.free(0)  # a no-op, like free(NULL)
+        assert refpool.malloc(backend, 0, cache=cache).ptr == 0
+    assert refpool.malloc(backend, 0).ptr == 0  # a buffer of no bytes owns nothing
     assert cache.stats()["live_blocks"] == 0
     assert backend.stats()["allocation_count"] == 0
 
 
-def test_double_free_is_an_error(backend, cache):
-    address = cache.malloc(backend, 256)
-    refpool.free(address)
-    with pytest.raises(refpool.InvalidArgumentError) as raised:
-        refpool.free(address)
-    assert f"{address:x}" in str(raised.value).lower()
+def test_second_release_is_an_error(backend, cache):
+    buffer = refpool.malloc(backend, 256, cache=cache)
+    handle = buffer.handle
+    refpool._library.lib().call("refpool_release", handle)
+    with pytest.raises(refpool.InvalidHandleError, match="already released"):
+        refpool._library.lib().call("refpool_release", handle)
     stats = cache.stats()
-    assert (stats["idle_blocks"], stats["live_blocks"]) == (1, 0)  # the second free changed nothing
+    assert (stats["idle_blocks"], stats["live_blocks"]) == (1, 0)  # the second release changed nothing
+    buffer.close()  # the finalizer's release is ignored: the handle is dead
 
 
-def test_free_of_an_unknown_pointer_is_an_error(backend, cache):
-    kept = cache.malloc(backend, 256)
+def test_free_by_address_of_a_buffer_is_an_error(backend, cache):
+    # refpool_free takes what the framework allocator hands out by address; a buffer belongs to its
+    # handle, so its address is refused and the buffer stays live.
+    kept = refpool.malloc(backend, 256, cache=cache)
     foreign = ctypes.create_string_buffer(256)
-    with pytest.raises(refpool.InvalidArgumentError):
-        refpool.free(ctypes.addressof(foreign))
-    with pytest.raises(refpool.InvalidArgumentError):
-        refpool.free(kept + 16)  # inside a block, not its start
+    for address in (ctypes.addressof(foreign), kept.ptr, kept.ptr + 16):
+        with pytest.raises(refpool.InvalidArgumentError):
+            refpool._library.lib().call("refpool_free", address)
     assert cache.stats()["live_blocks"] == 1
-    refpool.free(kept)
+    kept.close()
 
 
 def test_malloc_follows_the_threads_scope(backend, cache):
     with cache.scope():
         first = refpool.malloc(backend, 512)
-        refpool.free(first)
-        assert refpool.malloc(backend, 512) == first
-        refpool.free(first)
+        address = first.ptr
+        first.close()
+        second = refpool.malloc(backend, 512)
+        assert second.ptr == address
+        second.close()
     assert cache.stats()["hits"] == 1
     before = backend.stats()["allocation_count"]
-    refpool.free(refpool.malloc(backend, 512))  # no scope: straight from the backend
+    refpool.malloc(backend, 512).close()  # no scope: straight from the backend
     assert backend.stats()["allocation_count"] == before + 1
 
 
 def test_buffer_on_a_stream(backend, cache):
     with cache.scope():
-        buffer = refpool.alloc(backend, (8, 8), 4, stream=0)  # refpool_alloc_on_stream, default stream
-        assert buffer.dims == (8, 8) and buffer.nbytes == 256
+        buffer = refpool.malloc(backend, (8, 8), "<f4", stream=0)  # the default stream
+        assert buffer.shape == (8, 8) and buffer.nbytes == 256
         buffer.record_stream(None)
         buffer.release()
     assert cache.stats()["misses"] == 1
@@ -116,12 +121,12 @@ def test_buffer_on_a_stream(backend, cache):
 
 def test_escape_from_a_step(backend, cache):
     with cache.step():
-        kept = cache.malloc(backend, 2048)
-        refpool.free(cache.malloc(backend, 64))
+        kept = refpool.malloc(backend, 2048, cache=cache)
+        refpool.malloc(backend, 64, cache=cache).close()
     stats = cache.stats()
     assert (stats["escapes"], stats["live_bytes"]) == (1, 2048)
     write_and_check(kept, 2048, 0x3C)  # an escaped block stays valid
-    refpool.free(kept)
+    kept.close()
     assert cache.stats()["live_bytes"] == 0
 
 
@@ -136,15 +141,17 @@ def test_steps_do_not_nest(cache):
 
 def test_step_ends_on_another_thread(backend, cache):
     step = cache.step().begin()
-    address = cache.malloc(backend, 128)
-    refpool.free(address)
+    first = refpool.malloc(backend, 128, cache=cache)
+    address = first.ptr
+    first.close()
     ender = threading.Thread(target=step.end)
     ender.start()
     ender.join()
     assert cache.stats()["steps"] == 1
     with cache.step():
-        assert cache.malloc(backend, 128) == address
-        refpool.free(address)
+        again = refpool.malloc(backend, 128, cache=cache)
+        assert again.ptr == address
+        again.close()
 
 
 def run_two_thread_step(cache, backend, plan, sizes):
@@ -153,24 +160,26 @@ def run_two_thread_step(cache, backend, plan, sizes):
     its own. Returns the addresses in request order."""
     handoff = queue.Queue()
     addresses = []
+    buffers = []
 
     def forward():
         for n in sizes:
-            address = cache.malloc(backend, n)
-            write_and_check(address, n, 0x11)
-            addresses.append(address)
-        handoff.put(list(addresses))
+            buffer = refpool.malloc(backend, n, cache=cache)
+            write_and_check(buffer, n, 0x11)
+            addresses.append(buffer.ptr)
+            buffers.append(buffer)
+        handoff.put(list(buffers))
 
     def backward():
-        forward_addresses = handoff.get()
+        forward_buffers = handoff.get()
         gradients = []
         for n in reversed(sizes):
-            address = cache.malloc(backend, n)
-            write_and_check(address, n, 0x22)
-            addresses.append(address)
-            gradients.append(address)
-        for address in forward_addresses + gradients:
-            refpool.free(address)
+            buffer = refpool.malloc(backend, n, cache=cache)
+            write_and_check(buffer, n, 0x22)
+            addresses.append(buffer.ptr)
+            gradients.append(buffer)
+        for buffer in forward_buffers + gradients:
+            buffer.close()
 
     with cache.step(plan=plan):
         first = threading.Thread(target=forward)
@@ -205,14 +214,14 @@ def test_planned_step_spans_two_threads(backend, cache):
 
 
 def test_reset_peaks(backend, cache):
-    big = cache.malloc(backend, 1 << 20)
-    refpool.free(big)
-    small = cache.malloc(backend, 4096)
+    big = refpool.malloc(backend, 1 << 20, cache=cache)
+    big.close()
+    small = refpool.malloc(backend, 4096, cache=cache)
     assert cache.stats()["peak_live_bytes"] == 1 << 20
     cache.reset_peaks()
     stats = cache.stats()
     assert stats["peak_live_bytes"] == 4096 and stats["peak_held_bytes"] == stats["held_bytes"]
-    refpool.free(small)
+    small.close()
 
 
 def test_planned_regions_count_as_live_and_held(backend, cache):
@@ -220,10 +229,10 @@ def test_planned_regions_count_as_live_and_held(backend, cache):
     # "allocated"), reserved_bytes = idle + live + arenas (PyTorch's "reserved"), whatever served them.
     for run in range(3):
         with cache.step(plan="p"):
-            first, second = cache.malloc(backend, 1000), cache.malloc(backend, 3000)
+            first, second = refpool.malloc(backend, 1000, cache=cache), refpool.malloc(backend, 3000, cache=cache)
             stats = cache.stats()
-            refpool.free(first)
-            refpool.free(second)
+            first.close()
+            second.close()
     assert stats["plan_hits"] >= 2  # the last run was a replay
     assert stats["plan_live_bytes"] >= 4000, stats
     assert stats["allocated_bytes"] >= 4000, stats

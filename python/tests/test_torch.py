@@ -478,3 +478,20 @@ def test_without_hooks_the_lost_features_fail_with_what_to_use_instead():
     assert "set_device_limit" in lines[1] and "wait_stream" in lines[2]
     assert lines[3] == "0"
     assert lines[4].split()[1] == "True" and lines[4].split()[0] != "OutOfMemoryError", lines[4]
+
+
+def test_patch_torch_cuda_false_leaves_torch_untouched():
+    # install(patch_torch_cuda=False): no function of torch.cuda or torch.Tensor is replaced; refpool's
+    # figures come from refpool.torch. (Added after the 2026-12-04 H200 runs: not run there yet.)
+    result = child_json("""
+        import json, torch, refpool.torch
+        before = {name: getattr(torch.cuda, name) for name in ("memory_stats", "empty_cache", "memory_summary")}
+        before["record_stream"] = torch.Tensor.record_stream
+        refpool.torch.install(patch_torch_cuda=False)
+        x = torch.ones(1024, device="cuda")
+        after = {name: getattr(torch.cuda, name) for name in ("memory_stats", "empty_cache", "memory_summary")}
+        after["record_stream"] = torch.Tensor.record_stream
+        print(json.dumps({"untouched": all(before[k] is after[k] for k in before),
+                          "allocated": refpool.torch.memory_allocated()}))
+    """)
+    assert result["untouched"] and result["allocated"] >= 4096

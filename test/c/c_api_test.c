@@ -23,7 +23,7 @@ static refpool_cache exact_cache(void) {
 
 static refpool_buffer alloc_floats(refpool_backend be, const size_t* dims, size_t rank) {
   refpool_buffer buffer = {0};
-  OK(refpool_alloc(be, dims, rank, sizeof(float), &buffer));
+  OK(refpool_alloc(be, dims, rank, sizeof(float), NULL, &buffer));
   return buffer;
 }
 
@@ -69,7 +69,7 @@ static void test_seed_case(void) {
     /* Another element type of 64 bytes. */
     const size_t eight[] = {8};
     refpool_buffer c = {0};
-    OK(refpool_alloc(be, eight, 1, sizeof(double), &c));
+    OK(refpool_alloc(be, eight, 1, sizeof(double), NULL, &c));
     CHECK(data_of(c) == first);
     OK(refpool_release(c));
 
@@ -195,7 +195,7 @@ static void test_stale_handles(void) {
   EXPECT(refpool_scope_enter(cache, &scope), REFPOOL_ERROR_INVALID_HANDLE);
   OK(refpool_backend_release(be));
   EXPECT(refpool_backend_release(be), REFPOOL_ERROR_INVALID_HANDLE);
-  EXPECT(refpool_alloc(be, flat, 1, 4, &a), REFPOOL_ERROR_INVALID_HANDLE);
+  EXPECT(refpool_alloc(be, flat, 1, 4, NULL, &a), REFPOOL_ERROR_INVALID_HANDLE);
 }
 
 static void test_stats_escapes_reclaim(void) {
@@ -262,25 +262,25 @@ static void test_errors(void) {
   OK(refpool_release(a));
 
   const size_t huge[] = {SIZE_MAX, 2};
-  EXPECT(refpool_alloc(be, huge, 2, 1, &a), REFPOOL_ERROR_SIZE);
+  EXPECT(refpool_alloc(be, huge, 2, 1, NULL, &a), REFPOOL_ERROR_SIZE);
   const size_t big[] = {SIZE_MAX / 2 + 1};
-  EXPECT(refpool_alloc(be, big, 1, 4, &a), REFPOOL_ERROR_SIZE);
-  EXPECT(refpool_alloc(be, flat, 1, 0, &a), REFPOOL_ERROR_INVALID_ARGUMENT);
-  EXPECT(refpool_alloc(be, NULL, 2, 4, &a), REFPOOL_ERROR_INVALID_ARGUMENT);
-  EXPECT(refpool_alloc(be, flat, 1, 4, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_alloc(be, big, 1, 4, NULL, &a), REFPOOL_ERROR_SIZE);
+  EXPECT(refpool_alloc(be, flat, 1, 0, NULL, &a), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_alloc(be, NULL, 2, 4, NULL, &a), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_alloc(be, flat, 1, 4, NULL, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(error_mentions("out is NULL"));
   EXPECT(refpool_cache_create(NULL, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
 
   /* Scalars and zero elements. */
   refpool_buffer scalar = {0};
-  OK(refpool_alloc(be, NULL, 0, sizeof(double), &scalar));
+  OK(refpool_alloc(be, NULL, 0, sizeof(double), NULL, &scalar));
   refpool_buffer_info info;
   OK(refpool_buffer_get_info(scalar, &info));
   CHECK(info.rank == 0 && info.element_count == 1 && info.bytes == 8);
   OK(refpool_release(scalar));
   const size_t none[] = {0, 4};
   refpool_buffer empty = {0};
-  OK(refpool_alloc(be, none, 2, 4, &empty));
+  OK(refpool_alloc(be, none, 2, 4, NULL, &empty));
   void* data = &empty;
   OK(refpool_data(empty, &data));
   CHECK(data == NULL);
@@ -302,7 +302,7 @@ static void test_errors(void) {
   const size_t fits[] = {256};
   refpool_buffer in = alloc_floats(small, fits, 1);
   const size_t more[] = {1};
-  EXPECT(refpool_alloc(small, more, 1, 4, &a), REFPOOL_ERROR_OUT_OF_MEMORY);
+  EXPECT(refpool_alloc(small, more, 1, 4, NULL, &a), REFPOOL_ERROR_OUT_OF_MEMORY);
   CHECK(error_mentions("out of memory"));
   OK(refpool_release(in));
   OK(refpool_scope_exit(scope));
@@ -461,7 +461,7 @@ static int worker(void* unused) {
       const size_t dims[] = {32, 2};
       refpool_buffer buffer = {0};
       refpool_buffer copy = {0};
-      bad |= refpool_alloc(threads_backend, dims, 2, sizeof(float), &buffer) != REFPOOL_OK;
+      bad |= refpool_alloc(threads_backend, dims, 2, sizeof(float), NULL, &buffer) != REFPOOL_OK;
       bad |= refpool_retain(buffer, &copy) != REFPOOL_OK;
       bad |= refpool_release(buffer) != REFPOOL_OK;
       bad |= refpool_release(copy) != REFPOOL_OK;

@@ -47,7 +47,7 @@ static void test_conf_strings(void) {
   OK(refpool_backend_new_host(&be));
   OK(refpool_cache_create(&options, &cache));
   OK(refpool_scope_enter(cache, &scope));
-  OK(refpool_alloc(be, dims, 1, 1, &buffer));
+  OK(refpool_alloc(be, dims, 1, 1, NULL, &buffer));
   OK(refpool_release(buffer));
   OK(refpool_scope_exit(scope));
   CHECK(stat(cache, "idle_bytes") == 512);

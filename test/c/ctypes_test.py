@@ -85,7 +85,7 @@ class Refpool:
             "refpool_cache_get_stats": [Handle, POINTER(CacheStats)],
             "refpool_scope_enter": [Handle, POINTER(Handle)],
             "refpool_scope_exit": [Handle],
-            "refpool_alloc": [Handle, size_p, c_size_t, c_size_t, POINTER(Handle)],
+            "refpool_alloc": [Handle, size_p, c_size_t, c_size_t, c_void_p, POINTER(Handle)],
             "refpool_reshape": [Handle, size_p, c_size_t, POINTER(Handle)],
             "refpool_retain": [Handle, POINTER(Handle)],
             "refpool_release": [Handle],
@@ -118,7 +118,7 @@ class Refpool:
 
     def alloc(self, backend, dims, element_size):
         array = (c_size_t * len(dims))(*dims)
-        return self.new("refpool_alloc", backend, array, len(dims), element_size)
+        return self.new("refpool_alloc", backend, array, len(dims), element_size, None)
 
     def reshape(self, buffer, dims):
         return self.new("refpool_reshape", buffer, (c_size_t * len(dims))(*dims), len(dims))

@@ -1,5 +1,6 @@
-/* The C API that frameworks and bindings use, from C11, on the host backend: raw pointers freed by
- * address (any thread, zero bytes, double and unknown frees), cache-level allocations, steps (plain
+/* The C API that frameworks and bindings use, from C11, on the host backend: refpool_alloc's options
+ * (stream, alignment, a cache without a scope), frees by address (zero bytes, double and unknown
+ * frees), cache-level allocations released on other threads, steps (plain
  * and planned, begun and ended on different threads), counters by name and peaks, the framework
  * allocator's options, and the PyTorch- and CuPy-shaped entry points called exactly as those
  * frameworks call them. GPU backends are checked to fail clearly without a GPU here; the GPU
@@ -23,35 +24,56 @@ static refpool_cache exact_cache(void) {
   return cache;
 }
 
-static void test_pointers(void) {
+/* A buffer of `bytes` bytes through refpool_alloc with `options` (NULL: the defaults). */
+static refpool_buffer bytes_buffer(refpool_backend be, size_t bytes, const refpool_alloc_options* options) {
+  refpool_buffer b = {0};
+  OK(refpool_alloc(be, &bytes, 1, 1, options, &b));
+  return b;
+}
+
+static void* data_of(refpool_buffer b) {
+  void* p = NULL;
+  OK(refpool_data(b, &p));
+  return p;
+}
+
+static void test_alloc_options(void) {
   refpool_backend be = {0};
   OK(refpool_backend_new_host(&be));
   refpool_cache cache = exact_cache();
   refpool_scope scope = {0};
   OK(refpool_scope_enter(cache, &scope));
-  void* p = NULL;
-  OK(refpool_malloc(be, 4096, NULL, &p));
+  refpool_buffer a = bytes_buffer(be, 4096, NULL);
+  void* p = data_of(a);
   CHECK(p != NULL);
   memset(p, 7, 4096);
-  OK(refpool_free(p));
-  void* q = NULL;
-  OK(refpool_malloc(be, 4096, NULL, &q));
-  CHECK(q == p); /* the scope's idle buffer, reused at once */
-  OK(refpool_free(q));
+  OK(refpool_release(a));
+  refpool_alloc_options on_default_stream = {NULL, 256, {0}}; /* explicit stream and alignment */
+  refpool_buffer b = bytes_buffer(be, 4096, &on_default_stream);
+  CHECK(data_of(b) == p); /* the scope's idle buffer, reused at once */
+  OK(refpool_release(b));
 
-  /* Misuse: a double free and a pointer refpool never handed out are errors, never UB. */
-  EXPECT(refpool_free(q), REFPOOL_ERROR_INVALID_ARGUMENT);
-  CHECK(error_mentions("double free"));
+  /* Alignment: a power of two up to the backend's (256 B); above it, or not a power of two, refused. */
+  const size_t n = 64;
+  refpool_buffer refused = {0};
+  refpool_alloc_options over_aligned = {NULL, 512, {0}};
+  EXPECT(refpool_alloc(be, &n, 1, 1, &over_aligned, &refused), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("alignment 512 is above backend"));
+  refpool_alloc_options odd = {NULL, 48, {0}};
+  EXPECT(refpool_alloc(be, &n, 1, 1, &odd, &refused), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("not a power of two"));
+  CHECK(refused.id == 0);
+
+  /* Zero bytes: a buffer that owns nothing and has no address. */
+  refpool_buffer zero = bytes_buffer(be, 0, NULL);
+  CHECK(data_of(zero) == NULL);
+  OK(refpool_release(zero));
+  OK(refpool_scope_exit(scope));
+
+  /* Free by address: NULL does nothing; a pointer refpool never handed out is an error, never UB. */
+  OK(refpool_free(NULL));
   int local = 0;
   EXPECT(refpool_free(&local), REFPOOL_ERROR_INVALID_ARGUMENT);
-  OK(refpool_free(NULL));
-
-  /* Zero bytes: NULL, nothing allocated, and freeing it is fine. */
-  void* zero = &local;
-  OK(refpool_malloc(be, 0, NULL, &zero));
-  CHECK(zero == NULL);
-  OK(refpool_free(zero));
-  OK(refpool_scope_exit(scope));
 
   refpool_cache_stats stats;
   OK(refpool_cache_get_stats(cache, &stats));
@@ -70,20 +92,21 @@ static void test_pointers(void) {
 typedef struct {
   refpool_cache cache;
   refpool_backend be;
-  void* pointers[8];
+  refpool_buffer buffers[8];
 } exchange;
 
 static int free_all(void* arg) {
   exchange* x = (exchange*)arg;
-  for (int i = 0; i < 8; ++i) OK(refpool_free(x->pointers[i]));
+  for (int i = 0; i < 8; ++i) OK(refpool_release(x->buffers[i]));
   return 0;
 }
 
 static void test_cache_level_threads(void) {
-  exchange x = {exact_cache(), {0}, {0}};
+  exchange x = {exact_cache(), {0}, {{0}}};
   OK(refpool_backend_new_host(&x.be));
+  const refpool_alloc_options through_cache = {NULL, 0, x.cache};
   for (int round = 0; round < 5; ++round) {
-    for (int i = 0; i < 8; ++i) OK(refpool_cache_malloc(x.cache, x.be, 1024 * (size_t)(i + 1), NULL, &x.pointers[i]));
+    for (int i = 0; i < 8; ++i) x.buffers[i] = bytes_buffer(x.be, 1024 * (size_t)(i + 1), &through_cache);
     thrd_t t;
     CHECK(thrd_create(&t, free_all, &x) == thrd_success);
     thrd_join(t, NULL);
@@ -109,28 +132,27 @@ static void test_steps(void) {
   refpool_cache cache = exact_cache();
   refpool_backend be = {0};
   OK(refpool_backend_new_host(&be));
-  void* kept = NULL;
+  refpool_buffer kept = {0};
+  const refpool_alloc_options through_cache = {NULL, 0, cache};
   for (int iteration = 0; iteration < 4; ++iteration) {
     step_box box = {{0}};
     refpool_scope_options planned = {0, "train"};
     OK(refpool_step_begin(cache, &planned, &box.step));
     refpool_step second = {0};
     EXPECT(refpool_step_begin(cache, NULL, &second), REFPOOL_ERROR_SCOPE); /* steps do not nest */
-    void* a = NULL;
-    void* b = NULL;
-    OK(refpool_cache_malloc(cache, be, 1 << 16, NULL, &a));
-    OK(refpool_cache_malloc(cache, be, 1 << 12, NULL, &b));
-    OK(refpool_free(a));
+    refpool_buffer a = bytes_buffer(be, 1 << 16, &through_cache);
+    refpool_buffer b = bytes_buffer(be, 1 << 12, &through_cache);
+    OK(refpool_release(a));
     if (iteration == 0) {
       kept = b; /* escapes the first step */
     } else {
-      OK(refpool_free(b));
+      OK(refpool_release(b));
     }
     thrd_t t; /* a step may end on another thread */
     CHECK(thrd_create(&t, end_step, &box) == thrd_success);
     thrd_join(t, NULL);
     EXPECT(refpool_step_end(box.step), REFPOOL_ERROR_INVALID_HANDLE); /* ended once */
-    if (iteration == 0) OK(refpool_free(kept));
+    if (iteration == 0) OK(refpool_release(kept));
   }
   CHECK(stat(cache, "steps") == 4);
   CHECK(stat(cache, "escapes") == 1);
@@ -158,18 +180,15 @@ static void test_stats_by_name(void) {
   OK(refpool_backend_new_host(&be));
   refpool_scope scope = {0};
   OK(refpool_scope_enter(cache, &scope));
-  void* big = NULL;
-  void* small = NULL;
-  OK(refpool_malloc(be, 1 << 20, NULL, &big));
-  OK(refpool_free(big));
-  OK(refpool_malloc(be, 1 << 10, NULL, &small));
+  OK(refpool_release(bytes_buffer(be, 1 << 20, NULL)));
+  refpool_buffer small = bytes_buffer(be, 1 << 10, NULL);
   CHECK(stat(cache, "peak_live_bytes") == 1 << 20);
   CHECK(stat(cache, "peak_held_bytes") == (1 << 20) + (1 << 10));
   OK(refpool_cache_reclaim(cache, 0, NULL));
   OK(refpool_cache_reset_peaks(cache));
   CHECK(stat(cache, "peak_live_bytes") == 1 << 10);
   CHECK(stat(cache, "peak_held_bytes") == 1 << 10);
-  OK(refpool_free(small));
+  OK(refpool_release(small));
   OK(refpool_scope_exit(scope));
   OK(refpool_cache_destroy(cache));
   OK(refpool_backend_release(be));
@@ -231,7 +250,7 @@ static void test_framework_allocator(void) {
   OK(refpool_allocator_alloc(3000, 0, NULL, &after_rejection)); /* a size no later request has */
   CHECK(after_rejection != NULL);
   if (after_rejection != NULL) memset(after_rejection, 1, 3000); /* host memory: the host runtime stayed */
-  OK(refpool_allocator_free(after_rejection));
+  OK(refpool_free(after_rejection));
 
   refpool_cache cache = {0};
   OK(refpool_allocator_cache(&cache));
@@ -270,8 +289,9 @@ static void test_framework_allocator(void) {
 
   void* p = NULL;
   OK(refpool_allocator_alloc(100, 0, NULL, &p));
-  OK(refpool_allocator_free(p));
-  EXPECT(refpool_allocator_free(p), REFPOOL_ERROR_INVALID_ARGUMENT);
+  OK(refpool_free(p));
+  EXPECT(refpool_free(p), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("double free"));
   OK(refpool_cache_reclaim(cache, 0, NULL));
   CHECK(stat(cache, "held_bytes") == 0);
   OK(refpool_cache_destroy(cache)); /* the handle only */
@@ -282,7 +302,7 @@ static void test_framework_allocator(void) {
 }
 
 int main(void) {
-  test_pointers();
+  test_alloc_options();
   test_cache_level_threads();
   test_steps();
   test_stats_by_name();

@@ -58,13 +58,13 @@ static void test_capture_into_a_pool(refpool_cache main_cache) {
   CHECK(pool_stat(pool, "live_bytes") == 4096);
   CHECK(stat(main_cache, "live_bytes") == 4096);
   /* Freed in capture: reused inside the pool, never by the cache. */
-  OK(refpool_allocator_free(a));
+  OK(refpool_free(a));
   void* again = alloc(4096, capturing);
   CHECK(again == a);
-  OK(refpool_allocator_free(outside));
+  OK(refpool_free(outside));
   void* from_pool = alloc(4096, capturing); /* the cache's idle block is not the pool's to take */
   CHECK(from_pool != outside && from_pool != a);
-  OK(refpool_allocator_free(from_pool));
+  OK(refpool_free(from_pool));
   OK(refpool_allocator_end_pool(0, pool));
   CHECK(refpool_allocator_routing_to_pools() == 0);
   CHECK(drops == 1); /* the route's context, dropped at its end */
@@ -73,8 +73,8 @@ static void test_capture_into_a_pool(refpool_cache main_cache) {
    * empty_cache leaves it (graphs replay into it). */
   void* after = alloc(4096, capturing);
   CHECK(after != a && after != from_pool);
-  OK(refpool_allocator_free(after));
-  OK(refpool_allocator_free(again)); /* a "graph output" freed after capture: back to the pool */
+  OK(refpool_free(after));
+  OK(refpool_free(again)); /* a "graph output" freed after capture: back to the pool */
   OK(refpool_allocator_empty_cache());
   CHECK(stat(main_cache, "idle_bytes") == 0);
   CHECK(pool_stat(pool, "idle_bytes") == 8192);
@@ -84,7 +84,7 @@ static void test_capture_into_a_pool(refpool_cache main_cache) {
   void* second = alloc(4096, capturing);
   CHECK(second == a || second == from_pool);
   void* kept = alloc(16384, capturing); /* outlives both graphs */
-  OK(refpool_allocator_free(second));
+  OK(refpool_free(second));
   OK(refpool_allocator_end_pool(0, pool));
   CHECK(pool_stat(pool, "backend_allocations") + pool_stat(pool, "segment_grows") >= 2);
 
@@ -94,7 +94,7 @@ static void test_capture_into_a_pool(refpool_cache main_cache) {
   OK(refpool_allocator_release_pool(0, pool));
   CHECK(live_pools() == 0);
   memset(kept, 1, 16384);
-  OK(refpool_allocator_free(kept));
+  OK(refpool_free(kept));
   OK(refpool_allocator_release_pool(0, pool)); /* gone: ignored, as PyTorch's MemPool needs */
   refpool_cache gone = {0};
   EXPECT(refpool_allocator_pool_cache(pool, &gone), REFPOOL_ERROR_INVALID_ARGUMENT);
@@ -133,7 +133,7 @@ static void test_device_limit(refpool_cache main_cache) {
   void* refused = &refused;
   EXPECT(refpool_allocator_alloc(64 * 1024, 0, other, &refused), REFPOOL_ERROR_OUT_OF_MEMORY);
   CHECK(strstr(refpool_last_error(), "out of memory") != NULL);
-  OK(refpool_allocator_free(a));
+  OK(refpool_free(a));
   /* 32 KiB idle + 48 KiB is past the cap: the idle block is reclaimed, then the request fits. */
   void* b = alloc(48 * 1024, other);
   CHECK(stat(main_cache, "idle_bytes") == 0);
@@ -141,7 +141,7 @@ static void test_device_limit(refpool_cache main_cache) {
   /* Private pools charge the same cap, and their idle memory is never reclaimed for a request. */
   OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
   void* in_pool = alloc(8 * 1024, capturing);
-  OK(refpool_allocator_free(in_pool));
+  OK(refpool_free(in_pool));
   EXPECT(refpool_allocator_alloc(12 * 1024, 0, capturing, &refused), REFPOOL_ERROR_OUT_OF_MEMORY);
   CHECK(strstr(refpool_last_error(), "private pool") != NULL);
   CHECK(pool_stat(pool, "idle_bytes") == 8 * 1024);
@@ -151,14 +151,14 @@ static void test_device_limit(refpool_cache main_cache) {
   EXPECT(refpool_allocator_set_device_limit(-1, 0), REFPOOL_ERROR_INVALID_ARGUMENT);
   OK(refpool_allocator_set_device_limit(0, SIZE_MAX));
   void* c = alloc(64 * 1024, other);
-  OK(refpool_allocator_free(c));
-  OK(refpool_allocator_free(b));
+  OK(refpool_free(c));
+  OK(refpool_free(b));
 }
 
 static void test_record_stream_by_pointer(void) {
   void* a = alloc(1024, other);
   OK(refpool_allocator_record_stream(a, capturing));
-  OK(refpool_allocator_free(a));
+  OK(refpool_free(a));
   EXPECT(refpool_allocator_record_stream(a, capturing), REFPOOL_ERROR_INVALID_ARGUMENT); /* freed */
   int local = 0;
   EXPECT(refpool_allocator_record_stream(&local, capturing), REFPOOL_ERROR_INVALID_ARGUMENT);

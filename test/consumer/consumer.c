@@ -25,11 +25,11 @@ int main(void) {
     const size_t flat[] = {16};
     const size_t square[] = {4, 4};
     TRY(refpool_scope_enter(cache, &scope));
-    TRY(refpool_alloc(be, flat, 1, sizeof(float), &x));
+    TRY(refpool_alloc(be, flat, 1, sizeof(float), NULL, &x));
     TRY(refpool_data(x, &data));
     if (first == NULL) first = data;
     TRY(refpool_release(x));
-    TRY(refpool_alloc(be, square, 2, sizeof(float), &y));
+    TRY(refpool_alloc(be, square, 2, sizeof(float), NULL, &y));
     TRY(refpool_data(y, &data));
     TRY(refpool_release(y));
     TRY(refpool_scope_exit(scope));

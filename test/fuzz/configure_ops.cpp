@@ -102,7 +102,7 @@ void session::op_failing_configure(int t) {
               const rp::data_ref ref = rp::pointer_ref(p);
               capacity = ref.capacity();
               kind = ref.source().kind();
-              freed = refpool_allocator_free(p);
+              freed = refpool_free(p);
             }),
          outcome::ok, "the framework allocator's C calls");
   framework_in_use = true;

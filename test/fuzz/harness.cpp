@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include <refpool/pointer.hpp>
+#include <refpool/testing.hpp>
 
 #include "session.hpp"
 

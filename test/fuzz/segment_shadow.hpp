@@ -23,6 +23,7 @@
 #include <memory>
 
 #include <refpool/refpool.hpp>
+#include <refpool/testing.hpp>
 
 namespace refpool::test::fuzz {
 

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
+#include <refpool/testing.hpp>
 
 #include "harness.hpp"
 #include "model.hpp"

@@ -10,6 +10,7 @@
 #include <refpool/refpool.hpp>
 
 #include "device_helpers.hpp"
+#include "support/gpu_modules.hpp"
 
 using namespace refpool;
 using refpool::test::download;
@@ -110,11 +111,11 @@ TEST_CASE("saxpy and a reduction on pool buffers match the host", "[cuda][kernel
     auto dy = empty<float>(be, {n}, s);
     upload(dx, x, s);
     upload(dy, y, s);
-    cuda::launch_with(kernels().function("saxpy"), grid_for(n), {256}, s, n, alpha, dx.data(), dy.data());
+    refpool::test::gpu_modules::launch_with(kernels().function("saxpy"), grid_for(n), {256}, s, n, alpha, dx.data(), dy.data());
     const unsigned blocks = 512;
     auto partial = empty<double>(be, {blocks}, s);
-    cuda::launch_with(kernels().function("partial_sums"), {blocks}, {256}, s, n, static_cast<const float*>(dy.data()),
-                      partial.data());
+    refpool::test::gpu_modules::launch_with(kernels().function("partial_sums"), {blocks}, {256}, s, n,
+                             static_cast<const float*>(dy.data()), partial.data());
     const auto got = download(dy, s);
     const auto sums = download(partial, s);
     double expected_sum = 0;
@@ -175,11 +176,12 @@ TEST_CASE("MLP forward and backward: equal byte sizes in other shapes, no driver
   const auto mm = kernels().function("matmul");
   const auto matmul = [&](std::uint32_t m, std::uint32_t n, std::uint32_t k, const array<float>& a, int ta,
                           const array<float>& b, int tb, const array<float>& c) {
-    cuda::launch_with(mm, {(n + 15) / 16, (m + 15) / 16}, {16, 16}, s, m, n, k, static_cast<const float*>(a.data()), ta,
-                      static_cast<const float*>(b.data()), tb, c.data());
+    refpool::test::gpu_modules::launch_with(mm, {(n + 15) / 16, (m + 15) / 16}, {16, 16}, s, m, n, k,
+                             static_cast<const float*>(a.data()), ta, static_cast<const float*>(b.data()), tb,
+                             c.data());
   };
   const auto elementwise = [&](const char* name, auto... args) {
-    cuda::launch_with(kernels().function(name), grid_for(B * D), {256}, s, args...);
+    refpool::test::gpu_modules::launch_with(kernels().function(name), grid_for(B * D), {256}, s, args...);
   };
   std::uint64_t driver_allocations_after_first = 0;
   std::uint64_t misses_after_first = 0;

@@ -11,16 +11,18 @@
 
 #include <refpool/refpool.hpp>
 
+#include "support/gpu_modules.hpp"
+
 namespace refpool::test {
 
 /// The PTX built from test/gpu/kernels.cu (path compiled in by Meson), loaded once on device 0.
-inline const refpool::cuda::module& kernels() {
-  static const refpool::cuda::module m = [] {
+inline const gpu_modules::cuda_module& kernels() {
+  static const gpu_modules::cuda_module m = [] {
     std::ifstream file(REFPOOL_TEST_PTX);
     if (!file) throw std::runtime_error("cannot read " REFPOOL_TEST_PTX);
     std::stringstream text;
     text << file.rdbuf();
-    return refpool::cuda::module(0, text.str());
+    return gpu_modules::cuda_module(0, text.str());
   }();
   return m;
 }
@@ -44,15 +46,15 @@ inline bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn
 
 /// Writes `value` into `n` words at `p` on `s` at once (kernel fill_u32).
 inline void fill_now(refpool::stream_ref s, std::uint32_t* p, std::uint32_t n, std::uint32_t value) {
-  refpool::cuda::launch_with(kernels().function("fill_u32"), {64}, {256}, s, p, n, value);
+  gpu_modules::launch_with(kernels().function("fill_u32"), {64}, {256}, s, p, n, value);
 }
 
 /// The same after waiting long_wait_ns on the device (kernel wait_then_fill_u32): a late write.
 inline void fill_late(refpool::stream_ref s, std::uint32_t* p, std::uint32_t n, std::uint32_t value) {
-  refpool::cuda::launch_with(kernels().function("wait_then_fill_u32"), {64}, {256}, s, p, n, value, long_wait_ns);
+  gpu_modules::launch_with(kernels().function("wait_then_fill_u32"), {64}, {256}, s, p, n, value, long_wait_ns);
 }
 
-inline refpool::cuda::dims3 grid_for(std::size_t n, unsigned block = 256) {
+inline gpu_modules::dims3 grid_for(std::size_t n, unsigned block = 256) {
   return {static_cast<unsigned>((n + block - 1) / block), 1, 1};
 }
 

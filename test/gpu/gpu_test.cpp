@@ -13,6 +13,7 @@
 #include <refpool/refpool.hpp>
 
 #include "runtime_under_test.hpp"
+#include "support/gpu_modules.hpp"
 
 using namespace refpool;
 namespace rt = refpool::test::rt;
@@ -119,7 +120,7 @@ TEST_CASE("a buffer reused on another stream sees the old stream's writes", "[gp
 
 TEST_CASE("runtime errors are backend_error with the runtime's error name and the call", "[gpu][errors]") {
   try {
-    rt::module m(0, "this is not a code object");
+    refpool::test::gpu_modules::module<rt::this_runtime> m(0, "this is not a code object");
     FAIL("no exception");
   } catch (const backend_error& e) {
     CHECK_THAT(e.what(), Catch::Contains(std::string(refpool::test::error_prefix)) &&

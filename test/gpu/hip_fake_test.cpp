@@ -17,6 +17,7 @@
 #include "fake_hip/app.hpp"
 #include "fake_hip/code_object.hpp"
 #include "runtime_under_test.hpp"
+#include "support/gpu_modules.hpp"
 
 using namespace refpool;
 using fake_hip::count_calls;
@@ -114,9 +115,9 @@ TEST_CASE("module calls run with the module's device current, whatever device th
   REQUIRE(APP_HIP(hipSetDevice)(1) == hipSuccess);  // the application works on device 1
   fake().clear_calls();
   {
-    const hip::module m(0, fill_module);
-    const hip::kernel k = m.function("fill_u8");
-    hip::launch_with(k, {1}, {64}, {}, buffer.data(), std::uint32_t{4096}, std::uint32_t{9});
+    const refpool::test::gpu_modules::hip_module m(0, fill_module);
+    const refpool::test::gpu_modules::hip_kernel k = m.function("fill_u8");
+    refpool::test::gpu_modules::launch_with(k, {1}, {64}, {}, buffer.data(), std::uint32_t{4096}, std::uint32_t{9});
   }
   std::size_t module_calls = 0;
   for (const auto& c : fake().calls())
@@ -142,7 +143,7 @@ TEST_CASE("HIP 5.2 and 5.3: a code object without code for the device is refused
   const std::string kernel = fake_hip::kernels({"fill_u8"});
   const auto refused = [](const std::string& image, const char* why) {
     try {
-      hip::module m(0, image);
+      refpool::test::gpu_modules::hip_module m(0, image);
       FAIL("loaded a code object that HIP " << hip::runtime_version() << " aborts on");
     } catch (const backend_error& e) {
       CHECK_THAT(e.what(), Catch::Contains("device 0 (gfx90a:sramecc+:xnack-)") && Catch::Contains(why));
@@ -163,14 +164,15 @@ TEST_CASE("HIP 5.2 and 5.3: a code object without code for the device is refused
         make_elf(fake_hip::elf_mach_gfx90a | fake_hip::elf_xnack_off_v4 | fake_hip::elf_sramecc_on_v4, kernel),
         make_elf(fake_hip::elf_mach_gfx90a, kernel, 1),  // code object v3: no feature settings
     };
-    for (const auto& image : images) CHECK(hip::module(0, image).function("fill_u8").function != nullptr);
+    for (const auto& image : images) CHECK(refpool::test::gpu_modules::hip_module(0, image).function("fill_u8").function != nullptr);
   }
   CHECK(fake().violations().empty());
 }
 
 TEST_CASE("HIP 5.4 and newer: the runtime itself says a code object has no code for the device", "[hip-7]") {
   try {
-    hip::module m(0, fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx1030", fake_hip::kernels({"fill_u8"})}}));
+    refpool::test::gpu_modules::hip_module m(
+        0, fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx1030", fake_hip::kernels({"fill_u8"})}}));
     FAIL("no error");
   } catch (const backend_error& e) {
     CHECK_THAT(e.what(), Catch::Contains("hipErrorNoBinaryForGpu") && Catch::Contains("hipModuleLoadData"));
@@ -200,7 +202,7 @@ TEST_CASE("HIP 7: after an error refpool handles, the application's next check s
     CHECK(get_last_error() == hipSuccess);
   }
   SECTION("an error reported as backend_error") {
-    CHECK_THROWS_AS(hip::module(0, "this is not a code object"), backend_error);
+    CHECK_THROWS_AS(refpool::test::gpu_modules::hip_module(0, "this is not a code object"), backend_error);
     CHECK(get_last_error() == hipSuccess);
   }
 }

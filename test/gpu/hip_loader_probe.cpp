@@ -19,6 +19,7 @@
 #include <refpool/refpool.hpp>
 
 #include "fake_hip/code_object.hpp"
+#include "support/gpu_modules.hpp"
 
 namespace {
 
@@ -40,7 +41,7 @@ std::vector<std::string> loaded_runtimes() {
 void exit_with_hip_objects() {
   static refpool::alloc_cache cache{refpool::cache_options{}};
   static std::optional<refpool::hip::stream> stream;
-  static std::optional<refpool::hip::module> module;
+  static std::optional<refpool::test::gpu_modules::hip_module> module;
   if (!refpool::hip::available()) return;
   stream.emplace(0);
   const std::string code = fake_hip::make_bundle({{"hipv4-amdgcn-amd-amdhsa--gfx90a", fake_hip::kernels({"fill_u8"})}});

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime_under_test.hpp"
+#include "support/gpu_modules.hpp"
 
 namespace {
 
@@ -77,8 +78,8 @@ int main() {
       {"stream()", [] { rt::stream s; }},
       {"synchronize()", [] { rt::synchronize({}); }},
       {"retire_stream()", [] { rt::retire_stream({}); }},
-      {"module()", [] { rt::module m(0, "code"); }},
-      {"launch()", [] { rt::launch({}, {1}, {1}, {}, nullptr); }},
+      {"module()", [] { refpool::test::gpu_modules::module<rt::this_runtime> m(0, "code"); }},
+      {"launch()", [] { refpool::test::gpu_modules::launch(refpool::test::gpu_modules::kernel<rt::this_runtime>{}, {1}, {1}, {}, nullptr); }},
       {"copy()", [] { rt::copy(nullptr, nullptr, 0, {}); }},
       {"fill()", [] { rt::fill(nullptr, 0, 0, {}); }},
       {"copy_peer()", [] { rt::copy_peer(nullptr, 0, nullptr, 0, 0, {}); }},

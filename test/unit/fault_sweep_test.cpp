@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
+#include <refpool/testing.hpp>
 
 using namespace refpool;
 

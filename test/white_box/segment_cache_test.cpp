@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
+#include <refpool/testing.hpp>
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"

@@ -12,6 +12,7 @@
 
 #include <refpool/adaptors.hpp>
 #include <refpool/backend.hpp>
+#include <refpool/testing.hpp>
 
 #include "segments/segment_heap.hpp"
 #include "tracking_resource.hpp"

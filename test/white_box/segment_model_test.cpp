@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <refpool/error.hpp>
+#include <refpool/testing.hpp>
 
 #include "white_box/segment_fixture.hpp"
 

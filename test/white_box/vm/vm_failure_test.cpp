@@ -16,6 +16,7 @@
 #include <string>
 
 #include <refpool/refpool.hpp>
+#include <refpool/testing.hpp>
 
 #include "access.hpp"
 #include "white_box/segment_fixture.hpp"
