@@ -81,7 +81,7 @@ TEST_CASE("a region used on another stream makes the next run of its arena wait 
   // run told refpool about B.
   const auto two_runs = [&](bool record) {
     alloc_cache cache{cache_options{}};
-    for (int i = 0; i < 2; ++i) {  // record the key and replay it once, all on A
+    for (int i = 0; i < 3; ++i) {  // the key seen twice (it becomes a plan) and replayed once, all on A
       scope sc(cache, {.plan = "k"});
       auto x = empty<std::uint32_t>(be, {words}, a);
       refpool::test::fill_now(a, x.data(), words, 0);
