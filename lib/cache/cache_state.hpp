@@ -5,8 +5,9 @@
 // close), cache_misses.cpp (steal, miss, uncached), cache_reclaim.cpp (reclaim, limits),
 // cache_stats.cpp and cache_segments.cpp (idle pieces in slots).
 //
-// Locks. `mutex_` guards the slot list, leases, steps, block homes during steals and the list
-// of segment heaps. Every thread that touches a slot it does not own (an intruder) holds mutex_
+// Locks. `mutex_` guards the slot list, leases, steps and block homes during steals; the segment
+// source keeps the list of segment heaps (segment_source.hpp), guarded by this same mutex (it
+// holds a reference to it). Every thread that touches a slot it does not own (an intruder) holds mutex_
 // first, then the slot's owner_lock; the owner never waits for mutex_ while inside its slot. A
 // segment heap's lock (cache_heap.hpp) is never taken under a slot's lock, and comes after
 // mutex_ where both are held. No backend call is made under mutex_ or a slot's lock.
@@ -160,13 +161,15 @@ class cache_state : public ref_counted<cache_state> {
   // ---- for planned runs and uncached requests -----------------------------------------------
   /// A block straight from `backend`, owned by no cache (freed on its last release). On
   /// out-of-memory this cache's idle blocks of that backend are reclaimed and the request
-  /// retried once, as for cached requests. Counted as an uncached allocation of this cache.
+  /// retried once, as for cached requests. Counted as an uncached allocation of this cache (by the
+  /// whole-block source, whole_block_source::make_uncached); it holds a reference to the cache.
   block* allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream);
   /// The out-of-memory step of the ladder, for memory the cache does not hand out itself (plan
   /// arenas, and the miss path itself): frees every idle block of `backend` (counted as
   /// reclaimed), trims its segment heaps, and counts a retry. Returns the bytes freed.
   std::size_t reclaim_for_retry(backend_state& backend);
-  /// An uncached block of this cache lost its last handle.
+  /// An uncached block of this cache lost its last handle: freed and uncounted by the whole-block
+  /// source, then the cache's reference dropped.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
   void add_escapes(std::size_t count) noexcept { counters_.extra_escapes.fetch_add(count, std::memory_order_relaxed); }
@@ -292,7 +295,8 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<std::uint64_t> next_block_id_{1};
   std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
   cache_counters counters_;  // the cache's own counters (cache_counters.hpp)
-  // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers).
+  // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers),
+  // counted by the block sources and arenas, never by the cache itself.
   reserved_counter* const reserved_;
   // The block sources (after reserved_: they count into it).
   whole_block_source whole_blocks_;
