@@ -15,7 +15,7 @@ namespace refpool::detail {
 
 void cache_state::remove_idle(slot&, block* b) noexcept {
   b->idle = false;
-  if (tracking_idle_.load(std::memory_order_relaxed)) idle_total_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  if (idle_limit_.tracking()) idle_limit_.left_idle(b->capacity);
 }
 
 block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream) {

@@ -30,6 +30,7 @@
 
 #include "cache/block.hpp"
 #include "cache/cache_counters.hpp"
+#include "cache/idle_limit.hpp"
 #include "cache/reserved_counter.hpp"
 #include "cache/segment_source.hpp"
 #include "cache/slot.hpp"
@@ -151,7 +152,7 @@ class cache_state : public ref_counted<cache_state> {
   std::size_t reclaim(std::size_t keep_bytes);
   void set_max_idle_bytes(std::size_t bytes);
   [[nodiscard]] std::size_t max_idle_bytes() const noexcept {
-    return max_idle_bytes_.load(std::memory_order_relaxed);
+    return idle_limit_.max();
   }
   [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
   [[nodiscard]] segment_policy segments() const noexcept { return segments_; }
@@ -230,8 +231,8 @@ class cache_state : public ref_counted<cache_state> {
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                       stream_ref stream);
 
-  // Idle blocks leaving the cache: taken out of their slots under mutex_ (least recently
-  // released first), then given back to their block source with no lock held, and the sources
+  // Idle blocks leaving the cache: chosen by the reclaim policy (reclaim_policy.hpp: least
+  // recently released first), taken out of their slots under mutex_, then given back to their block source with no lock held, and the sources
   // trimmed.
   struct taken_blocks {
     std::vector<block*> blocks;
@@ -272,7 +273,6 @@ class cache_state : public ref_counted<cache_state> {
   const rounding_policy rounding_;
   const segment_policy segments_;
   const bool bypass_;
-  std::atomic<std::size_t> max_idle_bytes_;
   std::atomic<bool> closed_{false};
 
   mutable std::mutex mutex_;  // see the top of this file
@@ -287,10 +287,9 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<request_router*> step_router_{nullptr};  // a counted reference; changes under router_lock_
   mutable spinlock router_lock_;                       // taken only while a step has a router
 
-  // Idle bytes over all slots, maintained only while a limit is set (so the hit path of an
-  // unlimited cache touches no shared counter). Changes under a slot.
-  std::atomic<bool> tracking_idle_{false};
-  std::atomic<std::size_t> idle_total_{0};
+  // The idle limit and the idle bytes over all slots, counted only while a limit is set (so the
+  // hit path of an unlimited cache touches no shared counter). Changes under a slot.
+  idle_limit idle_limit_;
 
   std::atomic<std::uint64_t> next_block_id_{1};
   std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
