@@ -1,6 +1,6 @@
 // A cache's own counters: the events of its slow paths and the bytes it holds, with their peaks
 // (docs/design.md, "Block sources"). What slots count (hits, misses, live bytes...) stays in each
-// slot (slot_counters), what block sources count stays in the source, and what is held from
+// slot (slot_counters), what block sources count stays in the source (uncached blocks included), and what is held from
 // backends overall in the reserved_counter; these are the rest. Relaxed atomics: any thread may
 // count, stats() reads them without a lock. Nothing here is touched by a hit or a release.
 #pragma once
@@ -23,9 +23,6 @@ struct cache_counters {
   std::atomic<std::uint64_t> scope_entries{0};
   std::atomic<std::uint64_t> uncached_entries{0};
   std::atomic<std::uint64_t> steps{0};
-  std::atomic<std::uint64_t> uncached_allocations{0};
-  std::atomic<std::size_t> uncached_live_bytes{0};
-  std::atomic<std::size_t> peak_uncached_live_bytes{0};
   std::atomic<std::uint64_t> extra_escapes{0};       ///< escapes a planned run saw
   std::atomic<std::uint64_t> extra_unsafe_frees{0};  ///< unsafe frees of regions and uncached blocks
   std::atomic<std::size_t> held_bytes{0};            ///< bytes of the cache's blocks, live and idle
@@ -36,14 +33,6 @@ struct cache_counters {
     raise_max(peak_held_bytes, held_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
   void count_left(std::size_t bytes) noexcept { held_bytes.fetch_sub(bytes, std::memory_order_relaxed); }
-  /// An uncached block of `bytes` was made for the cache (freed).
-  void count_uncached(std::size_t bytes) noexcept {
-    uncached_allocations.fetch_add(1, std::memory_order_relaxed);
-    raise_max(peak_uncached_live_bytes, uncached_live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  }
-  void count_uncached_freed(std::size_t bytes) noexcept {
-    uncached_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  }
 
   /// Adds these counters to `out` (its fields that only they fill are set).
   void add_to(cache_stats& out) const noexcept {
@@ -56,15 +45,12 @@ struct cache_counters {
     out.scope_entries = scope_entries.load();
     out.uncached_entries = uncached_entries.load();
     out.steps = steps.load();
-    out.uncached_allocations = uncached_allocations.load();
-    out.uncached_live_bytes = uncached_live_bytes.load();
     out.held_bytes = held_bytes.load();
     out.peak_held_bytes = peak_held_bytes.load();
   }
   /// Peaks start again from now.
   void reset_peaks() noexcept {
     peak_held_bytes.store(held_bytes.load());
-    peak_uncached_live_bytes.store(uncached_live_bytes.load());
   }
 };
 

@@ -1,5 +1,6 @@
 // A cache's misses: steals from other slots, then a new block from the key's block source
-// (whole_blocks.cpp, segment_source.cpp), homed here; and uncached blocks, counted by the cache.
+// (whole_blocks.cpp, segment_source.cpp), homed here; and uncached blocks (made and counted by the
+// whole-block source, each holding a reference to the cache).
 #include "cache/cache_state.hpp"
 
 #include <algorithm>
@@ -14,7 +15,7 @@ namespace refpool::detail {
 
 void cache_state::remove_idle(slot&, block* b) noexcept {
   b->idle = false;
-  if (tracking_idle_.load(std::memory_order_relaxed)) idle_total_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  if (idle_limit_.tracking()) idle_limit_.left_idle(b->capacity);
 }
 
 block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream) {
@@ -71,21 +72,15 @@ void cache_state::home_new_block(slot& s, backend_state& backend, const block_ke
 }
 
 block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
-  auto made = std::make_unique<block>();
-  void* ptr = whole_blocks_.allocate(backend, bytes, bytes, stream);
-  block* b = direct_block(made.release(), backend, ptr, bytes, stream);
+  block* b = whole_blocks_.make_uncached(backend, bytes, stream);
   b->uncached_for = this;
   retain();
-  counters_.count_uncached(bytes);
-  reserved_->add(bytes);
   return b;
 }
 
 void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
-  counters_.count_uncached_freed(b->capacity);
-  reserved_->remove(b->capacity);
   if (via_unsafe_free) counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed);
-  free_block(b);
+  whole_blocks_.take_back_uncached(b);
   release();
 }
 

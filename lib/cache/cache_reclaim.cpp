@@ -1,8 +1,10 @@
 // Idle memory leaving a cache: reclaim, the idle limit and the out-of-memory step of the ladder.
-// Idle blocks are taken out of their slots under the cache's mutex (least recently released first),
+// Which idle blocks leave is the reclaim policy's choice (reclaim_policy.hpp); they are taken out of their slots under the cache's mutex (least recently released first),
 // then given back to their block source with no lock held (whole blocks to their backend, pieces
 // to their heap), and the sources trimmed.
 #include "cache/cache_state.hpp"
+
+#include "cache/reclaim_policy.hpp"
 
 #include <algorithm>
 
@@ -31,47 +33,32 @@ std::size_t cache_state::free_blocks(const std::vector<block*>& blocks) noexcept
 cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
                                                         const std::function<bool(const block_key&)>& filter,
                                                         std::atomic<std::uint64_t>& counter) {
-  struct candidate {
-    std::uint64_t idle_since;
-    std::uint64_t idle_seq;
-    block* b;
-    slot* s;
-  };
-  std::vector<candidate> candidates;
+  lru_reclaim policy;
   taken_blocks taken;
-  std::size_t matching = 0;
   intrude_all();
   try {
     for (const auto& s : slots_) {
       s->buckets.for_each([&](const bucket& bk) {
         if (!filter(bk.key)) return;
-        for (block* b : bk.idle) {
-          candidates.push_back({b->idle_since, b->idle_seq, b, s.get()});
-          matching += b->capacity;
-        }
+        for (block* b : bk.idle) policy.offer(b, s.get());
       });
     }
-    taken.blocks.reserve(candidates.size());
+    taken.blocks.reserve(policy.offered());
   } catch (...) {
     leave_all();  // out of host memory for the list: free nothing this time
-    taken.idle_left = matching;
+    taken.idle_left = policy.offered_bytes();
     return taken;
   }
-  std::sort(candidates.begin(), candidates.end(), [](const candidate& x, const candidate& y) {
-    return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.idle_seq < y.idle_seq;
+  taken.bytes = policy.choose(keep, [&](block* b, slot* s) {
+    bucket& home = *b->home;
+    home.remove(b);
+    remove_idle(*s, b);
+    s->erase_if_unused(home);
+    s->refs.fetch_sub(1, std::memory_order_relaxed);  // it leaves; never the last: the cache is open
+    taken.blocks.push_back(b);  // reserved: never throws
   });
-  for (const candidate& c : candidates) {
-    if (matching - taken.bytes <= keep) break;
-    bucket& home = *c.b->home;
-    home.remove(c.b);
-    remove_idle(*c.s, c.b);
-    c.s->erase_if_unused(home);
-    c.s->refs.fetch_sub(1, std::memory_order_relaxed);  // it leaves; never the last: the cache is open
-    taken.bytes += c.b->capacity;
-    taken.blocks.push_back(c.b);
-  }
   leave_all();
-  taken.idle_left = matching - taken.bytes;
+  taken.idle_left = policy.offered_bytes() - taken.bytes;
   counter.fetch_add(taken.blocks.size(), std::memory_order_relaxed);
   return taken;
 }
@@ -85,7 +72,7 @@ std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>&
   std::size_t freed = free_blocks(taken.blocks);
   // Free memory the sources keep (free bytes of segments) is idle memory too: it gets what
   // `keep` leaves after idle blocks.
-  const std::size_t source_keep = keep > taken.idle_left ? keep - taken.idle_left : 0;
+  const std::size_t source_keep = lru_reclaim::source_keep(keep, taken.idle_left);
   for (block_source* source : sources()) freed += source->trim(source_keep, nullptr, false);
   return freed;
 }
@@ -111,7 +98,7 @@ void cache_state::enforce_idle_limit() noexcept {
   const std::size_t limit = max_idle_bytes();
   {
     std::lock_guard guard(mutex_);
-    if (closed_.load(std::memory_order_relaxed) || idle_total_.load(std::memory_order_relaxed) <= limit) return;
+    if (closed_.load(std::memory_order_relaxed) || idle_limit_.total() <= limit) return;
   }
   try {
     free_idle(limit, counters_.evictions);
@@ -130,9 +117,7 @@ void cache_state::set_max_idle_bytes(std::size_t bytes) {
     std::size_t idle = 0;
     for (const auto& s : slots_)
       s->buckets.for_each([&](const bucket& bk) { idle += bk.idle.size() * bk.key.bytes; });
-    max_idle_bytes_.store(bytes, std::memory_order_relaxed);
-    tracking_idle_.store(bytes != cache_options::unlimited, std::memory_order_relaxed);
-    idle_total_.store(idle, std::memory_order_relaxed);
+    idle_limit_.set(bytes, idle);
     leave_all();
   }
   if (bytes != cache_options::unlimited) enforce_idle_limit();

@@ -16,12 +16,10 @@ cache_state::cache_state(const cache_options& options, bool bypass)
     : rounding_(options.rounding),
       segments_(options.segments),
       bypass_(bypass),
-      max_idle_bytes_(options.max_idle_bytes),
+      idle_limit_(options.max_idle_bytes),
       reserved_(new reserved_counter),
       whole_blocks_(*this, *reserved_),
-      segment_pieces_(*this, mutex_, *reserved_) {
-  tracking_idle_.store(options.max_idle_bytes != cache_options::unlimited);
-}
+      segment_pieces_(*this, mutex_, *reserved_) {}
 
 cache_state::~cache_state() { reserved_->release(); }
 
@@ -177,7 +175,7 @@ void cache_state::end_step() noexcept {
 // ---- releases on other threads and after the cache is gone --------------------------------
 
 void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept {
-  if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !tracking_idle_.load(std::memory_order_relaxed)) {
+  if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !idle_limit_.tracking()) {
     // The owner (or an intruder) drains it; the block is idle from the next look at the slot.
     b->handed_off_unsafe = via_unsafe_free;
     // Steps end without draining hand-off lists: whether this release came before its step's end
@@ -264,7 +262,7 @@ void cache_state::close() noexcept {
       });
       s->refs.fetch_sub(leaving, std::memory_order_relaxed);  // never the last: ours is still held
     }
-    idle_total_.store(0, std::memory_order_relaxed);
+    idle_limit_.clear();
     leave_all();
     // The cache's own reference goes. A slot still leased or homing live blocks (also one a miss
     // in flight adds later: its lease holds it until then) stays, and needs our counters.

@@ -5,8 +5,9 @@
 // close), cache_misses.cpp (steal, miss, uncached), cache_reclaim.cpp (reclaim, limits),
 // cache_stats.cpp and cache_segments.cpp (idle pieces in slots).
 //
-// Locks. `mutex_` guards the slot list, leases, steps, block homes during steals and the list
-// of segment heaps. Every thread that touches a slot it does not own (an intruder) holds mutex_
+// Locks. `mutex_` guards the slot list, leases, steps and block homes during steals; the segment
+// source keeps the list of segment heaps (segment_source.hpp), guarded by this same mutex (it
+// holds a reference to it). Every thread that touches a slot it does not own (an intruder) holds mutex_
 // first, then the slot's owner_lock; the owner never waits for mutex_ while inside its slot. A
 // segment heap's lock (cache_heap.hpp) is never taken under a slot's lock, and comes after
 // mutex_ where both are held. No backend call is made under mutex_ or a slot's lock.
@@ -29,6 +30,7 @@
 
 #include "cache/block.hpp"
 #include "cache/cache_counters.hpp"
+#include "cache/idle_limit.hpp"
 #include "cache/reserved_counter.hpp"
 #include "cache/segment_source.hpp"
 #include "cache/slot.hpp"
@@ -150,7 +152,7 @@ class cache_state : public ref_counted<cache_state> {
   std::size_t reclaim(std::size_t keep_bytes);
   void set_max_idle_bytes(std::size_t bytes);
   [[nodiscard]] std::size_t max_idle_bytes() const noexcept {
-    return max_idle_bytes_.load(std::memory_order_relaxed);
+    return idle_limit_.max();
   }
   [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
   [[nodiscard]] segment_policy segments() const noexcept { return segments_; }
@@ -160,7 +162,8 @@ class cache_state : public ref_counted<cache_state> {
   // ---- for planned runs and uncached requests -----------------------------------------------
   /// A block straight from `backend`, owned by no cache (freed on its last release). On
   /// out-of-memory this cache's idle blocks of that backend are reclaimed and the request
-  /// retried once, as for cached requests. Counted as an uncached allocation of this cache.
+  /// retried once, as for cached requests. Counted as an uncached allocation of this cache (by the
+  /// whole-block source, whole_block_source::make_uncached); it holds a reference to the cache.
   block* allocate_uncached(backend_state& backend, std::size_t bytes, stream_ref stream);
   /// The out-of-memory step of the ladder, for memory the cache does not hand out itself (plan
   /// arenas, and the miss path itself): frees every idle block of `backend` (counted as
@@ -169,7 +172,8 @@ class cache_state : public ref_counted<cache_state> {
   /// The same without counting a retry: before a plan arena is made or grown, so that the arena
   /// takes the place of the idle memory the plain path held for the same requests.
   std::size_t reclaim_idle(backend_state& backend);
-  /// An uncached block of this cache lost its last handle.
+  /// An uncached block of this cache lost its last handle: freed and uncounted by the whole-block
+  /// source, then the cache's reference dropped.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
   void add_escapes(std::size_t count) noexcept { counters_.extra_escapes.fetch_add(count, std::memory_order_relaxed); }
@@ -230,8 +234,8 @@ class cache_state : public ref_counted<cache_state> {
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
                       stream_ref stream);
 
-  // Idle blocks leaving the cache: taken out of their slots under mutex_ (least recently
-  // released first), then given back to their block source with no lock held, and the sources
+  // Idle blocks leaving the cache: chosen by the reclaim policy (reclaim_policy.hpp: least
+  // recently released first), taken out of their slots under mutex_, then given back to their block source with no lock held, and the sources
   // trimmed.
   struct taken_blocks {
     std::vector<block*> blocks;
@@ -272,7 +276,6 @@ class cache_state : public ref_counted<cache_state> {
   const rounding_policy rounding_;
   const segment_policy segments_;
   const bool bypass_;
-  std::atomic<std::size_t> max_idle_bytes_;
   std::atomic<bool> closed_{false};
 
   mutable std::mutex mutex_;  // see the top of this file
@@ -287,15 +290,15 @@ class cache_state : public ref_counted<cache_state> {
   std::atomic<request_router*> step_router_{nullptr};  // a counted reference; changes under router_lock_
   mutable spinlock router_lock_;                       // taken only while a step has a router
 
-  // Idle bytes over all slots, maintained only while a limit is set (so the hit path of an
-  // unlimited cache touches no shared counter). Changes under a slot.
-  std::atomic<bool> tracking_idle_{false};
-  std::atomic<std::size_t> idle_total_{0};
+  // The idle limit and the idle bytes over all slots, counted only while a limit is set (so the
+  // hit path of an unlimited cache touches no shared counter). Changes under a slot.
+  idle_limit idle_limit_;
 
   std::atomic<std::uint64_t> next_block_id_{1};
   std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
   cache_counters counters_;  // the cache's own counters (cache_counters.hpp)
-  // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers).
+  // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers),
+  // counted by the block sources and arenas, never by the cache itself.
   reserved_counter* const reserved_;
   // The block sources (after reserved_: they count into it).
   whole_block_source whole_blocks_;

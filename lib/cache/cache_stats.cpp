@@ -42,7 +42,7 @@ cache_stats cache_state::stats() const {
     for (const block_source* source : sources()) source->add_counters(out);
     if (extension_) extension_->add_counters(out);
   }
-  const std::size_t uncached_peak = counters_.peak_uncached_live_bytes.load();
+  const std::size_t uncached_peak = whole_blocks_.uncached_peak();
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
@@ -57,6 +57,7 @@ void cache_state::reset_peaks() noexcept {
   for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
   leave_all();
   counters_.reset_peaks();
+  whole_blocks_.reset_peaks();
   reserved_->reset_peak();
 }
 

@@ -107,7 +107,7 @@ REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stre
   bucket* home = s.last_bucket;
   if (fast && s.handed_off.load(std::memory_order_relaxed) == nullptr && home != nullptr && home->key == key &&
       !home->idle.empty() && (!s.ambient || s.epoch == step_epoch_.load(std::memory_order_relaxed)) &&
-      !tracking_idle_.load(std::memory_order_relaxed)) [[likely]] {
+      !idle_limit_.tracking()) [[likely]] {
     block* oldest = home->idle.back();
     if (oldest->last_stream == stream && oldest->extra_streams.empty()) [[likely]] {
       home->pop_oldest();
@@ -136,7 +136,7 @@ block* cache_state::acquire(slot& s, backend_state& backend, const block_key& ke
       bucket& home = s.bucket_for(key);
       b = home.take(stream);
       if (b != nullptr) {
-        if (tracking_idle_.load(std::memory_order_relaxed)) remove_idle(s, b);
+        if (idle_limit_.tracking()) remove_idle(s, b);
         mark_live(s, home, b, true);
         other_stream = b->last_stream != stream || !b->extra_streams.empty();
         if (other_stream) s.counters.cross_stream_reuses += 1;
@@ -172,8 +172,8 @@ bool cache_state::add_idle(slot& s, block* b) noexcept {
   b->idle = true;
   b->idle_seq = ++s.releases;
   b->home->put(b);  // never reallocates: capacity was reserved when the block joined the bucket
-  if (!tracking_idle_.load(std::memory_order_relaxed)) return false;
-  return idle_total_.fetch_add(b->capacity, std::memory_order_relaxed) + b->capacity > max_idle_bytes();
+  if (!idle_limit_.tracking()) return false;
+  return idle_limit_.went_idle(b->capacity);
 }
 
 bool cache_state::release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept {
@@ -220,7 +220,7 @@ bool cache_state::drain_handed_off(slot& s) noexcept {
 REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
   if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token() ||
-      tracking_idle_.load(std::memory_order_relaxed)) [[unlikely]]
+      idle_limit_.tracking()) [[unlikely]]
     return false;
   const bool fast = s.lock.owner_enter();
   const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;

@@ -1,4 +1,5 @@
-// Whole blocks from the backend: the block source of caches without segments, and direct blocks.
+// Whole blocks from the backend: the block source of caches without segments, the cache's uncached
+// blocks, and direct blocks.
 #include "cache/whole_blocks.hpp"
 
 #include <memory>
@@ -61,6 +62,26 @@ std::size_t whole_block_source::take_back(block* b) noexcept {
 void whole_block_source::add_counters(cache_stats& out) const {
   out.backend_allocations = allocations_.load();
   out.backend_frees = frees_.load();
+  out.uncached_allocations = uncached_allocations_.load();
+  out.uncached_live_bytes = uncached_live_bytes_.load();
+}
+
+// ---- uncached blocks of the cache ---------------------------------------------------------
+
+block* whole_block_source::make_uncached(backend_state& backend, std::size_t bytes, stream_ref stream) {
+  auto made = std::make_unique<block>();
+  void* ptr = allocate(backend, bytes, bytes, stream);
+  block* b = direct_block(made.release(), backend, ptr, bytes, stream);
+  uncached_allocations_.fetch_add(1, std::memory_order_relaxed);
+  raise_max(peak_uncached_live_bytes_, uncached_live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  reserved_.add(bytes);
+  return b;
+}
+
+void whole_block_source::take_back_uncached(block* b) noexcept {
+  uncached_live_bytes_.fetch_sub(b->capacity, std::memory_order_relaxed);
+  reserved_.remove(b->capacity);
+  free_block(b);
 }
 
 // ---- direct blocks ------------------------------------------------------------------------

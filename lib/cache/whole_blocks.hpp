@@ -1,7 +1,8 @@
 // Whole blocks: the block source that allocates each block straight from its backend and frees
 // it there (docs/design.md, "Block sources"), and the direct blocks that no cache owns. All the
 // accounting of such memory is here: the backend's (backend_state::allocate and deallocate), the
-// cache's backend_allocations and backend_frees, and its reserved bytes.
+// cache's backend_allocations and backend_frees, its reserved bytes, and the uncached blocks made
+// for the cache (uncached_allocations, uncached_live_bytes and its peak).
 #pragma once
 
 #include <atomic>
@@ -33,11 +34,23 @@ class whole_block_source final : public block_source {
   /// out_of_memory (counted in the cache's ooms) says what the cache holds. Also for uncached blocks.
   void* allocate(backend_state& backend, std::size_t bytes, std::size_t requested, stream_ref stream);
 
+  /// An uncached block of `bytes` for the cache: a direct block from `backend` with the
+  /// out-of-memory ladder, counted as uncached and reserved. The cache sets its uncached_for.
+  block* make_uncached(backend_state& backend, std::size_t bytes, stream_ref stream);
+  /// An uncached block lost its last handle: uncounted, freed to its backend, deleted.
+  void take_back_uncached(block* b) noexcept;
+  /// The peak of uncached live bytes since the last reset_peaks().
+  [[nodiscard]] std::size_t uncached_peak() const noexcept { return peak_uncached_live_bytes_.load(); }
+  void reset_peaks() noexcept { peak_uncached_live_bytes_.store(uncached_live_bytes_.load()); }
+
  private:
   cache_state& cache_;
   reserved_counter& reserved_;
   std::atomic<std::uint64_t> allocations_{0};
   std::atomic<std::uint64_t> frees_{0};
+  std::atomic<std::uint64_t> uncached_allocations_{0};
+  std::atomic<std::size_t> uncached_live_bytes_{0};
+  std::atomic<std::size_t> peak_uncached_live_bytes_{0};
 };
 
 /// A block straight from `backend`, owned by no cache: freed to it on its last release.
