@@ -1,10 +1,10 @@
 // The segment heap (lib/segments/) on the host backend, alone and behind refpool's cache, side
-// by side with the allocators it replaces: RMM's random_allocations pattern (sizes uniform in [1, max], 73% allocations while
-// under a live cap, random free order) and the captured training-step traces, reporting peak
-// memory held against peak live bytes, ns per operation and backend calls. Compared with:
-// idle blocks kept per exact size (refpool's cache without splitting), the same with pow2:4 keys,
-// and malloc/free. `--sweep` adds the size-class measurements docs/segments.md cites.
-// Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [--only TEXT] [TRACE.csv...]
+// by side with the allocators it replaces: RMM's random_allocations pattern (sizes uniform in [1, max], 73% allocations
+// while under a live cap, random free order) and the captured training-step traces, reporting peak memory held against
+// peak live bytes, ns per operation and backend calls. Compared with: idle blocks kept per exact size (refpool's cache
+// without splitting), the same with pow2:4 keys, and malloc/free. `--sweep` adds the size-class measurements
+// docs/segments.md cites. Usage: segment_bench [--json FILE] [--ops N] [--cap BYTES] [--sweep] [--only TEXT]
+// [TRACE.csv...]
 #include <malloc.h>
 #include <unistd.h>
 
@@ -132,7 +132,9 @@ class cache_allocator {
   }
   handle allocate(std::size_t bytes) { return refpool::allocate(be_, bytes); }
   void deallocate(handle& h) { h.reset(); }
-  footprint measure() const { return {be_.outstanding_bytes(), be_.allocation_count() + cache_->stats().segment_grows}; }
+  footprint measure() const {
+    return {be_.outstanding_bytes(), be_.allocation_count() + cache_->stats().segment_grows};
+  }
   const std::string& label() const { return label_; }
 
  private:
@@ -180,8 +182,8 @@ struct outcome {
 // the allocator's footprint is sampled after every operation (not timed). `small_share` > 0
 // draws that share of the sizes from [1, 64 KiB] instead (a mix of small and large requests).
 template <class A>
-outcome random_allocations(A& a, std::size_t max_bytes, int ops, std::size_t live_cap, bool measure,
-                           unsigned seed = 1, double small_share = 0) {
+outcome random_allocations(A& a, std::size_t max_bytes, int ops, std::size_t live_cap, bool measure, unsigned seed = 1,
+                           double small_share = 0) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<std::size_t> large_size(1, max_bytes);
   std::uniform_int_distribution<std::size_t> small_size(1, std::size_t{64} << 10);
@@ -321,18 +323,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::string json_path = "segment_bench.json";
-  int ops = 20000;                 // as on the H200 (docs/benchmarks.md §4)
-  std::size_t cap = 8 * GiB;       // the H200 run's live cap
+  int ops = 20000;            // as on the H200 (docs/benchmarks.md §4)
+  std::size_t cap = 8 * GiB;  // the H200 run's live cap
   bool sweep = false;
   std::string only;  // rows whose label contains this, e.g. "cache"
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-    else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::stoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--cap") == 0 && i + 1 < argc) cap = std::stoull(argv[++i]);
-    else if (std::strcmp(argv[i], "--sweep") == 0) sweep = true;
-    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
-    else traces.emplace_back(argv[i]);
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+      json_path = argv[++i];
+    else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc)
+      ops = std::stoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--cap") == 0 && i + 1 < argc)
+      cap = std::stoull(argv[++i]);
+    else if (std::strcmp(argv[i], "--sweep") == 0)
+      sweep = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+      only = argv[++i];
+    else
+      traces.emplace_back(argv[i]);
   }
   // The idle-block caches "run out of memory" at 16x the live cap: about where the H200
   // (141 GB) stopped refpool's exact-key cache in the 8 GiB run.
@@ -353,9 +361,10 @@ int main(int argc, char** argv) {
     return [o, device, label] { return std::make_unique<cache_allocator>(o, device, label); };
   };
 
-  fmt::print("random allocations (RMM pattern): sizes uniform in [1, max], 73% allocations while under a {} GiB live "
-             "cap, {} operations, random free order; held/live = peak held / peak live; median of {} timed runs\n",
-             cap / GiB, ops, repeats);
+  fmt::print(
+      "random allocations (RMM pattern): sizes uniform in [1, max], 73% allocations while under a {} GiB live "
+      "cap, {} operations, random free order; held/live = peak held / peak live; median of {} timed runs\n",
+      cap / GiB, ops, repeats);
   fmt::print("{:<28} | {:>9} {:>9} {:>8} | {:>9} {:>9} {:>8}\n", "allocator", "1M ns/op", "held/live", "calls",
              "64M ns/op", "held/live", "calls");
   const auto row = [&](const std::string& label, auto make, bool new_process = false) {
@@ -364,13 +373,14 @@ int main(int argc, char** argv) {
     for (std::size_t max : {1 * MiB, 64 * MiB}) {
       std::optional<outcome> elsewhere;
       if (new_process) elsewhere = malloc_in_new_process(max, ops, cap);
-      const outcome o = run(make, [&](auto& a, bool m) { return random_allocations(a, max, ops, cap, m); }, repeats,
-                            elsewhere);
+      const outcome o = run(
+          make, [&](auto& a, bool m) { return random_allocations(a, max, ops, cap, m); }, repeats, elsewhere);
       line += fmt::format(" {:>9.0f} {:>8.3f}x {:>8} |", o.ns_per_op, o.ratio(), o.backend_calls);
-      json.add(fmt::format(R"({{"workload": "random", "max_bytes": {}, "ops": {}, "live_cap": {}, "allocator": "{}", )"
-                           R"("ns_per_op": {:.1f}, "peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
-                           R"("backend_calls": {}}})",
-                           max, ops, cap, label, o.ns_per_op, o.peak_live, o.peak_held, o.ratio(), o.backend_calls));
+      json.add(
+          fmt::format(R"({{"workload": "random", "max_bytes": {}, "ops": {}, "live_cap": {}, "allocator": "{}", )"
+                      R"("ns_per_op": {:.1f}, "peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
+                      R"("backend_calls": {}}})",
+                      max, ops, cap, label, o.ns_per_op, o.peak_live, o.peak_held, o.ratio(), o.backend_calls));
     }
     line.pop_back();
     fmt::print("{}\n", line);
@@ -383,19 +393,23 @@ int main(int argc, char** argv) {
   row("cache, segments off", make_cache(refpool::segment_policy::off, refpool::rounding_policy::exact(), "cache off"));
   row("cache, off, pow2:4 keys",
       make_cache(refpool::segment_policy::off, refpool::rounding_policy::pow2(4), "cache off pow2:4"));
-  row("malloc/free", [] { return std::make_unique<malloc_allocator>(); }, true);
+  row(
+      "malloc/free", [] { return std::make_unique<malloc_allocator>(); }, true);
 
   if (!traces.empty()) {
     const int iterations = 30;
-    fmt::print("\ntraces (bench/traces), {} steps replayed in turn; held/live = peak held / peak live; steady calls = "
-               "backend calls after every step was seen twice\n", iterations);
+    fmt::print(
+        "\ntraces (bench/traces), {} steps replayed in turn; held/live = peak held / peak live; steady calls = "
+        "backend calls after every step was seen twice\n",
+        iterations);
     fmt::print("{:<16} {:<28} | {:>9} {:>9} {:>12}\n", "trace", "allocator", "ns/req", "held/live", "steady calls");
     for (const std::string& path : traces) {
       const auto steps = read_trace(path);
       const std::string name = path.substr(path.find_last_of('/') + 1);
       const auto trace_row = [&](const std::string& label, auto make) {
         if (!only.empty() && label.find(only) == std::string::npos) return;
-        const outcome o = run(make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, repeats);
+        const outcome o = run(
+            make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, repeats);
         fmt::print("{:<16} {:<28} | {:>9.0f} {:>8.3f}x {:>12}\n", name, label, o.ns_per_op, o.ratio(), o.backend_calls);
         json.add(fmt::format(R"({{"workload": "trace", "trace": "{}", "allocator": "{}", "ns_per_request": {:.1f}, )"
                              R"("peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
@@ -407,7 +421,8 @@ int main(int argc, char** argv) {
       trace_row("idle blocks, exact keys", make_idle(refpool::rounding_policy::exact(), "exact"));
       trace_row("idle blocks, pow2:4 keys", make_idle(refpool::rounding_policy::pow2(4), "pow2:4"));
       trace_row("cache, segments on", make_cache(refpool::segment_policy::on, refpool::rounding_policy::exact(), "on"));
-      trace_row("cache, segments off", make_cache(refpool::segment_policy::off, refpool::rounding_policy::exact(), "off"));
+      trace_row("cache, segments off",
+                make_cache(refpool::segment_policy::off, refpool::rounding_policy::exact(), "off"));
     }
   }
 
@@ -416,7 +431,8 @@ int main(int argc, char** argv) {
     // at most 64 KiB, half up to 64 MiB), and the traces, under each change of one option.
     const int seeds = 5;
     std::vector<std::pair<std::string, std::vector<step>>> loaded;
-    for (const std::string& path : traces) loaded.emplace_back(path.substr(path.find_last_of('/') + 1), read_trace(path));
+    for (const std::string& path : traces)
+      loaded.emplace_back(path.substr(path.find_last_of('/') + 1), read_trace(path));
     fmt::print("\nsize classes: held/live under one changed option (random: mean of {} seeds)\n", seeds);
     std::string header = fmt::format("{:<36} | {:>8} {:>8} {:>8}", "heap, option", "1M", "64M", "mixed");
     for (const auto& [name, steps] : loaded) header += fmt::format(" {:>14}", name);

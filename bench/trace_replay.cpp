@@ -62,8 +62,8 @@ double thread_seconds() {
 
 using event = refpool::bench::trace_event;
 using step = refpool::bench::trace_step;
-using refpool::bench::read_trace;
 using refpool::bench::peak_live;
+using refpool::bench::read_trace;
 
 // The trace's steps as `count` sequences: sizes scaled by (count + v) / count, rounded up to 256 B.
 std::vector<step> variants(const std::vector<step>& steps, int count) {
@@ -112,8 +112,8 @@ enum class request_path { scope, planned_scope, step, planned_step };
 
 // One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
 // requests), on a cache with `options`.
-result replay(const refpool::backend& be, const std::vector<step>& steps, int iterations, refpool::cache_options options,
-              request_path how) {
+result replay(const refpool::backend& be, const std::vector<step>& steps, int iterations,
+              refpool::cache_options options, request_path how) {
   result out;
   {
     refpool::alloc_cache cache{options};
@@ -224,10 +224,11 @@ int main(int argc, char** argv) {
     segments.segments = refpool::segment_policy::on;
     refpool::cache_options defaults;  // what alloc_cache{} gives (segments automatic: on for GPU memory)
     if (!use_cuda) defaults.segments = refpool::segment_policy::on;  // as a GPU gets them
-    for (const config& c : {config{"default", defaults, request_path::step}, config{"cache exact", exact, request_path::scope},
-                            config{"cache pow2:4", pow2, request_path::scope}, config{"cache segments", segments, request_path::scope},
-                            config{"planned", defaults, request_path::planned_scope},
-                            config{"auto", defaults, request_path::planned_step}}) {
+    for (const config& c :
+         {config{"default", defaults, request_path::step}, config{"cache exact", exact, request_path::scope},
+          config{"cache pow2:4", pow2, request_path::scope}, config{"cache segments", segments, request_path::scope},
+          config{"planned", defaults, request_path::planned_scope},
+          config{"auto", defaults, request_path::planned_step}}) {
       if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
@@ -235,18 +236,19 @@ int main(int argc, char** argv) {
       const result r = replay(be, steps, runs, c.options, c.how);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
       const std::size_t reserved = r.stats.peak_reserved_bytes;
-      fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>14} {:>10} {:>10}\n", name, c.label,
-                 requests / steps.size(), live / 1e6, reserved / 1e6, static_cast<double>(reserved) / live,
+      fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>14} {:>10} {:>10}\n", name,
+                 c.label, requests / steps.size(), live / 1e6, reserved / 1e6, static_cast<double>(reserved) / live,
                  r.ns_per_request, r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
-      json.add(fmt::format(R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
-                           R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
-                           R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, )"
-                           R"("peak_reserved_bytes": {}, "peak_reserved_over_live": {:.4f}, "segment_grows": {}, "hits": {}, )"
-                           R"("misses": {}, "measured_steps": {}}})",
-                           name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
-                           r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses,
-                           r.stats.arena_bytes, reserved, static_cast<double>(reserved) / live, r.stats.segment_grows,
-                           r.stats.hits, r.stats.misses, runs - static_cast<int>(2 * steps.size())));
+      json.add(fmt::format(
+          R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
+          R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
+          R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, )"
+          R"("peak_reserved_bytes": {}, "peak_reserved_over_live": {:.4f}, "segment_grows": {}, "hits": {}, )"
+          R"("misses": {}, "measured_steps": {}}})",
+          name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
+          r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes,
+          reserved, static_cast<double>(reserved) / live, r.stats.segment_grows, r.stats.hits, r.stats.misses,
+          runs - static_cast<int>(2 * steps.size())));
     }
   }
   json.write(json_path);

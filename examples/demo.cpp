@@ -27,14 +27,14 @@ void fill(const device_context& ctx, void* p, unsigned char value, std::size_t b
 // One "training step": temporaries of equal byte sizes in rotating shapes and element types.
 void step(const device_context& ctx) {
   using refpool::empty;
-  auto a = empty<float>(ctx.be, {16}, ctx.stream);            // 64 B
+  auto a = empty<float>(ctx.be, {16}, ctx.stream);  // 64 B
   fill(ctx, a.data(), 1, a.bytes());
-  a.unsafe_free();                                            // released early: reusable at once
-  auto b = empty<float>(ctx.be, {4, 4}, ctx.stream);          // 64 B, a's buffer as 4x4
-  auto c = empty<double>(ctx.be, {8}, ctx.stream);            // 64 B, another element type
-  auto m = empty<float>(ctx.be, {1024, 1024}, ctx.stream);    // 4 MiB
+  a.unsafe_free();                                          // released early: reusable at once
+  auto b = empty<float>(ctx.be, {4, 4}, ctx.stream);        // 64 B, a's buffer as 4x4
+  auto c = empty<double>(ctx.be, {8}, ctx.stream);          // 64 B, another element type
+  auto m = empty<float>(ctx.be, {1024, 1024}, ctx.stream);  // 4 MiB
   fill(ctx, m.data(), 0, m.bytes());
-  auto flat = m.reshape({1048576});                           // same buffer, another shape
+  auto flat = m.reshape({1048576});  // same buffer, another shape
   m = {};
   auto wide = empty<float>(ctx.be, {512, 2048}, ctx.stream);  // 4 MiB while flat is live
   fill(ctx, wide.data(), 2, wide.bytes());

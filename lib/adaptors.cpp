@@ -76,4 +76,3 @@ void limiting_resource::deallocate(void* ptr, std::size_t bytes, stream_ref stre
 }
 
 }  // namespace refpool
-

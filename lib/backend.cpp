@@ -74,13 +74,9 @@ std::string_view backend::name() const noexcept { return state_ ? state_->res().
 device_id backend::device() const noexcept { return state_ ? state_->device() : -1; }
 memory_kind backend::kind() const noexcept { return state_ ? state_->kind() : memory_kind::host; }
 std::size_t backend::alignment() const noexcept { return state_ ? state_->alignment() : 0; }
-std::size_t backend::outstanding_bytes() const noexcept {
-  return state_ ? state_->outstanding_bytes() : 0;
-}
+std::size_t backend::outstanding_bytes() const noexcept { return state_ ? state_->outstanding_bytes() : 0; }
 std::uint64_t backend::allocation_count() const noexcept { return state_ ? state_->allocations() : 0; }
-std::uint64_t backend::deallocation_count() const noexcept {
-  return state_ ? state_->deallocations() : 0;
-}
+std::uint64_t backend::deallocation_count() const noexcept { return state_ ? state_->deallocations() : 0; }
 resource& backend::underlying() const noexcept { return state_->res(); }
 
 backend host_backend() {

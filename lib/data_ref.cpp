@@ -15,8 +15,8 @@ namespace refpool {
 
 void data_ref::throw_freed(const char* what) const {
   throw use_after_free(fmt::format(
-      "refpool: use after unsafe_free: {} through a handle whose buffer {} ({} B) it released with unsafe_free()",
-      what, freed_ptr_, freed_bytes_));
+      "refpool: use after unsafe_free: {} through a handle whose buffer {} ({} B) it released with unsafe_free()", what,
+      freed_ptr_, freed_bytes_));
 }
 
 data_ref& data_ref::operator=(const data_ref& other) {

@@ -199,16 +199,17 @@ shard& shard_of(std::uintptr_t address) noexcept {
 }
 
 [[noreturn]] void throw_unknown(const void* ptr, const char* what) {
-  throw invalid_argument(fmt::format(
-      "refpool: {} of pointer {}: refpool keeps no buffer under it (never handed out by refpool, or "
-      "already freed: a double free)",
-      what, ptr));
+  throw invalid_argument(
+      fmt::format("refpool: {} of pointer {}: refpool keeps no buffer under it (never handed out by refpool, or "
+                  "already freed: a double free)",
+                  what, ptr));
 }
 
 /// `b`'s node, made on its first hand-over. May throw std::bad_alloc.
 pointer_node& node_of(block& b, std::uintptr_t address) {
   pointer_node* seen = b.pointer.load(std::memory_order_acquire);
-  if (seen != nullptr && seen->owner.load(std::memory_order_relaxed) == &b) [[likely]] return *seen;
+  if (seen != nullptr && seen->owner.load(std::memory_order_relaxed) == &b) [[likely]]
+    return *seen;
   shard& s = shard_of(address);
   std::lock_guard guard(s.lock);
   if (pointer_node* n = b.pointer.load(std::memory_order_relaxed)) return *n;  // another handle made it
@@ -307,8 +308,8 @@ void* to_pointer(data_ref&& ref) {
   std::uint64_t before = n.counts.load(std::memory_order_relaxed);
   do {
     if (detail::hand_overs(before) == UINT32_MAX)
-      throw invalid_argument(fmt::format("refpool: to_pointer: buffer {} is handed over {} times already", address,
-                                         UINT32_MAX));
+      throw invalid_argument(
+          fmt::format("refpool: to_pointer: buffer {} is handed over {} times already", address, UINT32_MAX));
   } while (!n.counts.compare_exchange_weak(before, before + detail::one_hand_over, std::memory_order_acq_rel,
                                            std::memory_order_relaxed));
   if (before == 0) {

@@ -47,9 +47,9 @@ class uncached_router final : public request_router, public ref_counted<uncached
 /// What a step owns.
 struct step_state {
   explicit step_state(cache_state& c) : cache(c) {}
-  cache_state& cache;                    ///< retained while open
-  plan_run* run = nullptr;               ///< a reference to the router of a planned step
-  uncached_router* uncached = nullptr;   ///< a reference to the router of a warm-up step
+  cache_state& cache;                   ///< retained while open
+  plan_run* run = nullptr;              ///< a reference to the router of a planned step
+  uncached_router* uncached = nullptr;  ///< a reference to the router of a warm-up step
   std::atomic<bool> open{true};
 
   /// Drops the step's references to its routers.
@@ -73,10 +73,10 @@ void pop(scope_frame& frame, std::string_view what) {
   if (current_frame != &frame) {
     bool on_this_thread = false;
     for (const scope_frame* f = current_frame; f != nullptr; f = f->previous) on_this_thread |= f == &frame;
-    throw scope_error(fmt::format(
-        "refpool: {} closed out of order: {}", what,
-        on_this_thread ? "a scope or guard opened after it on this thread is still open; close that first"
-                       : "it is not open on this thread (scopes must end on the thread that opened them)"));
+    throw scope_error(
+        fmt::format("refpool: {} closed out of order: {}", what,
+                    on_this_thread ? "a scope or guard opened after it on this thread is still open; close that first"
+                                   : "it is not open on this thread (scopes must end on the thread that opened them)"));
   }
   current_frame = frame.previous;
   frame.open = false;
@@ -178,8 +178,7 @@ uncached_guard::~uncached_guard() {
 
 void uncached_guard::close() { detail::pop(state_->frame, "a refpool uncached_guard was"); }
 
-step::step(alloc_cache& cache, scope_options options)
-    : state_(new detail::step_state(detail::access::state(cache))) {
+step::step(alloc_cache& cache, scope_options options) : state_(new detail::step_state(detail::access::state(cache))) {
   detail::cache_state& state = state_->cache;
   try {
     detail::environment();  // a bad REFPOOL_CONF fails here
@@ -209,7 +208,7 @@ void step::end() noexcept {
   if (!state_->open.exchange(false)) return;
   state_->cache.end_step();
   if (state_->run != nullptr) state_->run->finish();  // late requests go to the plain cache
-  state_->release_routers();  // requests in flight hold their own references
+  state_->release_routers();                          // requests in flight hold their own references
   state_->cache.release();
 }
 

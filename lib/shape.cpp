@@ -35,23 +35,22 @@ namespace detail {
 std::size_t checked_bytes(const shape& dims, std::size_t element_size) {
   std::size_t bytes = 0;
   if (multiply_overflows(dims.element_count(), element_size, bytes))
-    throw size_error(fmt::format("refpool: dims {} of {}-byte elements overflow size_t bytes",
-                                 dims.to_string(), element_size));
+    throw size_error(
+        fmt::format("refpool: dims {} of {}-byte elements overflow size_t bytes", dims.to_string(), element_size));
   return bytes;
 }
 
-std::size_t checked_view(const shape& dims, std::size_t element_size, std::size_t offset,
-                         std::size_t buffer_bytes) {
+std::size_t checked_view(const shape& dims, std::size_t element_size, std::size_t offset, std::size_t buffer_bytes) {
   const std::size_t count = checked_bytes(dims, element_size) / element_size;
   if (count == 0) return 0;
   std::size_t end = 0;
   std::size_t end_bytes = 0;
   if (__builtin_add_overflow(offset, count, &end) || multiply_overflows(end, element_size, end_bytes) ||
       end_bytes > buffer_bytes)
-    throw shape_error(fmt::format(
-        "refpool: a view of dims {} ({}-byte elements) at element offset {} does not fit a buffer "
-        "of {} B",
-        dims.to_string(), element_size, offset, buffer_bytes));
+    throw shape_error(
+        fmt::format("refpool: a view of dims {} ({}-byte elements) at element offset {} does not fit a buffer "
+                    "of {} B",
+                    dims.to_string(), element_size, offset, buffer_bytes));
   return count;
 }
 
@@ -63,17 +62,17 @@ void throw_reshape_error(const shape& from, std::size_t from_elem, const shape& 
       return "overflowing size_t";
     }
   };
-  throw shape_error(fmt::format(
-      "refpool: cannot reshape {} of {}-byte elements ({}) to {} of {}-byte elements ({}): the byte "
-      "size must stay the same",
-      from.to_string(), from_elem, bytes(from, from_elem), to.to_string(), to_elem, bytes(to, to_elem)));
+  throw shape_error(
+      fmt::format("refpool: cannot reshape {} of {}-byte elements ({}) to {} of {}-byte elements ({}): the byte "
+                  "size must stay the same",
+                  from.to_string(), from_elem, bytes(from, from_elem), to.to_string(), to_elem, bytes(to, to_elem)));
 }
 
 void throw_offset_error(std::size_t byte_offset, std::size_t to_elem) {
-  throw shape_error(fmt::format(
-      "refpool: cannot reinterpret a view starting at byte {} as {}-byte elements: the start is not "
-      "a multiple of the element size",
-      byte_offset, to_elem));
+  throw shape_error(
+      fmt::format("refpool: cannot reinterpret a view starting at byte {} as {}-byte elements: the start is not "
+                  "a multiple of the element size",
+                  byte_offset, to_elem));
 }
 
 }  // namespace detail

@@ -47,7 +47,9 @@ class refpool_allocator {
  public:
   using handle = data_ref;
   explicit refpool_allocator(cache_options options = {}, std::string label = "refpool")
-      : be_(cuda::device(0)), cache_(std::make_unique<alloc_cache>(options)), label_(std::move(label)),
+      : be_(cuda::device(0)),
+        cache_(std::make_unique<alloc_cache>(options)),
+        label_(std::move(label)),
         first_allocation_count_(be_.allocation_count()) {}
   [[nodiscard]] const std::string& name() const { return label_; }
   handle allocate(std::size_t bytes, CUstream s) { return refpool::allocate(be_, bytes, {s}); }
@@ -151,7 +153,8 @@ class cub_allocator {
   [[nodiscard]] std::string name() const { return "CUB caching"; }
   handle allocate(std::size_t bytes, CUstream s) {
     void* p = nullptr;
-    if (cub_.DeviceAllocate(&p, bytes, reinterpret_cast<cudaStream_t>(s)) != cudaSuccess) throw std::runtime_error("CUB allocation failed");
+    if (cub_.DeviceAllocate(&p, bytes, reinterpret_cast<cudaStream_t>(s)) != cudaSuccess)
+      throw std::runtime_error("CUB allocation failed");
     return {p, bytes};
   }
   void deallocate(handle&& h, CUstream) { cub_.DeviceFree(h.ptr); }
@@ -186,7 +189,8 @@ class torch_allocator {
   [[nodiscard]] counters report() const {
     const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
     // Index 0 of each stat array is the aggregate over pools.
-    return {static_cast<std::uint64_t>(st.num_device_alloc), {}, {}, static_cast<std::size_t>(st.reserved_bytes[0].peak)};
+    return {
+        static_cast<std::uint64_t>(st.num_device_alloc), {}, {}, static_cast<std::size_t>(st.reserved_bytes[0].peak)};
   }
   ~torch_allocator() { c10::cuda::CUDACachingAllocator::emptyCache(); }
 };

@@ -14,7 +14,6 @@
 
 #include "workloads.hpp"
 
-
 using namespace refpool::bench;
 using refpool::cache_options;
 using refpool::rounding_policy;
@@ -30,7 +29,8 @@ std::string json_optional(const std::optional<std::uint64_t>& v) { return v ? fm
 // The cheapest of several repeated allocations is slow for the raw driver: fewer operations there.
 template <class A>
 std::size_t scaled(std::size_t ops, std::size_t bytes = 0) {
-  if constexpr (std::is_same_v<A, driver_allocator>) return std::max<std::size_t>(ops / (bytes >= (32u << 20) ? 2000 : 200), 50);
+  if constexpr (std::is_same_v<A, driver_allocator>)
+    return std::max<std::size_t>(ops / (bytes >= (32u << 20) ? 2000 : 200), 50);
   return ops;
 }
 
@@ -81,7 +81,8 @@ struct runner {
       fmt::print("{:<16}", name);
       for (std::size_t i = 0; i < sizes.size(); ++i) {
         const double ns = rows[name][i];
-        fmt::print(" {:>14}", name == "refpool" ? fmt::format("{:.1f}", ns) : fmt::format("{:.0f} ({:.0f}x)", ns, ns / ours[i]));
+        fmt::print(" {:>14}",
+                   name == "refpool" ? fmt::format("{:.1f}", ns) : fmt::format("{:.0f} ({:.0f}x)", ns, ns / ours[i]));
       }
       fmt::print("\n");
     }
@@ -100,10 +101,11 @@ struct runner {
       const auto c = a.report();
       fmt::print("{:<16} {:>12.1f} {:>9.1f}x {:>8} {:>8} {:>18}\n", a.name(), ns, ns / ours, optional_text(c.hits),
                  optional_text(c.misses), optional_text(c.driver_allocations));
-      json.add(fmt::format(R"({{"workload": "reshape", "allocator": "{}", "iterations": {}, "requests_per_iteration": {}, )"
-                           R"("ns_per_request": {:.1f}, "hits": {}, "misses": {}, "driver_allocations": {}}})",
-                           a.name(), iterations, requests, ns, json_optional(c.hits), json_optional(c.misses),
-                           json_optional(c.driver_allocations)));
+      json.add(
+          fmt::format(R"({{"workload": "reshape", "allocator": "{}", "iterations": {}, "requests_per_iteration": {}, )"
+                      R"("ns_per_request": {:.1f}, "hits": {}, "misses": {}, "driver_allocations": {}}})",
+                      a.name(), iterations, requests, ns, json_optional(c.hits), json_optional(c.misses),
+                      json_optional(c.driver_allocations)));
     });
   }
 
@@ -119,15 +121,17 @@ struct runner {
       if (a.name() == "refpool") ours = r.us_per_iteration;
       const auto [lo, hi] = std::minmax_element(r.used_bytes.begin(), r.used_bytes.end());
       const double mib = 1 << 20;
-      fmt::print("{:<16} {:>10} {:>12.2f} {:>9.1f}x {:>22} {:>16.1f} {:>14}\n", a.name(), iterations, r.us_per_iteration,
-                 r.us_per_iteration / ours, r.driver_count_known ? fmt::format("{}", r.steady_driver_allocations) : "n/a",
+      fmt::print("{:<16} {:>10} {:>12.2f} {:>9.1f}x {:>22} {:>16.1f} {:>14}\n", a.name(), iterations,
+                 r.us_per_iteration, r.us_per_iteration / ours,
+                 r.driver_count_known ? fmt::format("{}", r.steady_driver_allocations) : "n/a",
                  r.used_bytes.empty() ? 0.0 : *hi / mib,
                  r.used_bytes.empty() ? "-" : fmt::format("{:.0f}..{:.0f}", *lo / mib, *hi / mib));
-      json.add(fmt::format(R"({{"workload": "training", "allocator": "{}", "iterations": {}, "us_per_iteration": {:.3f}, )"
-                           R"("steady_driver_allocations": {}, "used_bytes_every_100": [{}]}})",
-                           a.name(), iterations, r.us_per_iteration,
-                           r.driver_count_known ? fmt::format("{}", r.steady_driver_allocations) : "null",
-                           fmt::join(r.used_bytes, ", ")));
+      json.add(
+          fmt::format(R"({{"workload": "training", "allocator": "{}", "iterations": {}, "us_per_iteration": {:.3f}, )"
+                      R"("steady_driver_allocations": {}, "used_bytes_every_100": [{}]}})",
+                      a.name(), iterations, r.us_per_iteration,
+                      r.driver_count_known ? fmt::format("{}", r.steady_driver_allocations) : "null",
+                      fmt::join(r.used_bytes, ", ")));
     });
   }
 
@@ -136,16 +140,20 @@ struct runner {
     const auto r = random_allocations(a, max_bytes, ops, std::size_t{8} << 30, s());
     const auto c = a.report();
     if (ours == 0) ours = r.ns_per_op;
-    const double held_ratio = c.peak_reserved_bytes ? static_cast<double>(*c.peak_reserved_bytes) / r.peak_live_bytes : 0;
+    const double held_ratio =
+        c.peak_reserved_bytes ? static_cast<double>(*c.peak_reserved_bytes) / r.peak_live_bytes : 0;
     const std::string hit_rate =
-        c.hits ? fmt::format("{:.1f}%", 100.0 * static_cast<double>(*c.hits) / static_cast<double>(*c.hits + *c.misses)) : "n/a";
-    fmt::print("{:<18} {:>10} {:>10.0f} {:>9.1f}x {:>10} {:>14} {:>12}\n", a.name(), fmt::format("{} MiB", max_bytes >> 20),
-               r.ns_per_op, r.ns_per_op / ours, hit_rate, optional_bytes(c.peak_reserved_bytes),
+        c.hits ? fmt::format("{:.1f}%", 100.0 * static_cast<double>(*c.hits) / static_cast<double>(*c.hits + *c.misses))
+               : "n/a";
+    fmt::print("{:<18} {:>10} {:>10.0f} {:>9.1f}x {:>10} {:>14} {:>12}\n", a.name(),
+               fmt::format("{} MiB", max_bytes >> 20), r.ns_per_op, r.ns_per_op / ours, hit_rate,
+               optional_bytes(c.peak_reserved_bytes),
                c.peak_reserved_bytes ? fmt::format("{:.2f}x", held_ratio) : "n/a");
-    json.add(fmt::format(R"({{"workload": "random", "allocator": "{}", "max_bytes": {}, "ops": {}, "ns_per_op": {:.1f}, )"
-                         R"("hits": {}, "misses": {}, "peak_live_bytes": {}, "peak_reserved_bytes": {}}})",
-                         a.name(), max_bytes, ops, r.ns_per_op, json_optional(c.hits), json_optional(c.misses),
-                         r.peak_live_bytes, json_optional(c.peak_reserved_bytes)));
+    json.add(
+        fmt::format(R"({{"workload": "random", "allocator": "{}", "max_bytes": {}, "ops": {}, "ns_per_op": {:.1f}, )"
+                    R"("hits": {}, "misses": {}, "peak_live_bytes": {}, "peak_reserved_bytes": {}}})",
+                    a.name(), max_bytes, ops, r.ns_per_op, json_optional(c.hits), json_optional(c.misses),
+                    r.peak_live_bytes, json_optional(c.peak_reserved_bytes)));
   }
 
   void random() {
@@ -174,13 +182,25 @@ struct runner {
         refpool_allocator a(o, "refpool segments");
         random_row(a, max_bytes, ops, ours);
       }
-      { driver_allocator a; random_row(a, max_bytes, ops / 10, ours); }
-      { async_pool_allocator a; random_row(a, max_bytes, ops, ours); }
+      {
+        driver_allocator a;
+        random_row(a, max_bytes, ops / 10, ours);
+      }
+      {
+        async_pool_allocator a;
+        random_row(a, max_bytes, ops, ours);
+      }
 #if REFPOOL_BENCH_CUB
-      { cub_allocator a; random_row(a, max_bytes, ops, ours); }
+      {
+        cub_allocator a;
+        random_row(a, max_bytes, ops, ours);
+      }
 #endif
 #if REFPOOL_BENCH_TORCH
-      { torch_allocator a; random_row(a, max_bytes, ops, ours); }
+      {
+        torch_allocator a;
+        random_row(a, max_bytes, ops, ours);
+      }
 #endif
     }
   }
@@ -198,8 +218,9 @@ struct runner {
         const double rate = threaded_pairs(a, t, 64u << 10, pairs);
         if (t == 1) single = rate;
         fmt::print("{:<16} {:>8} {:>16.2f} {:>17.1f}x\n", a.name(), t, rate / 1e6, rate / single);
-        json.add(fmt::format(R"({{"workload": "threads", "allocator": "{}", "threads": {}, "pairs_per_second": {:.0f}}})",
-                             a.name(), t, rate));
+        json.add(
+            fmt::format(R"({{"workload": "threads", "allocator": "{}", "threads": {}, "pairs_per_second": {:.0f}}})",
+                        a.name(), t, rate));
       }
     });
   }
@@ -226,13 +247,14 @@ int main(int argc, char** argv) {
   std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  fmt::print("refpool GPU benchmarks on {} (CUDA driver {}), {}\n", refpool::cuda::device_name(0), refpool::cuda::driver_version(), date);
+  fmt::print("refpool GPU benchmarks on {} (CUDA driver {}), {}\n", refpool::cuda::device_name(0),
+             refpool::cuda::driver_version(), date);
   fmt::print("anchors built in: cuMemAlloc, cuMemAllocAsync{}{}\n", REFPOOL_BENCH_CUB ? ", CUB" : " (CUB: not built)",
              REFPOOL_BENCH_TORCH ? ", PyTorch c10" : " (PyTorch: not built)");
   use_device_0();
   runner r;
-  r.json.add(fmt::format(R"({{"workload": "machine", "gpu": "{}", "driver": {}, "date": "{}"}})", refpool::cuda::device_name(0),
-                         refpool::cuda::driver_version(), date));
+  r.json.add(fmt::format(R"({{"workload": "machine", "gpu": "{}", "driver": {}, "date": "{}"}})",
+                         refpool::cuda::device_name(0), refpool::cuda::driver_version(), date));
   if (want("hit_path")) r.hit_path();
   if (want("reshape")) r.reshape();
   if (want("training")) r.training();

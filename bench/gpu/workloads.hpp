@@ -112,7 +112,7 @@ std::pair<double, int> reshape_reuse(A& a, int iterations, CUstream s) {
 struct training_result {
   double us_per_iteration = 0;
   int requests_per_iteration = 0;
-  std::vector<std::size_t> used_bytes;  ///< device memory in use above the start, every sample_every
+  std::vector<std::size_t> used_bytes;          ///< device memory in use above the start, every sample_every
   std::uint64_t steady_driver_allocations = 0;  ///< after iteration 1 (where the allocator tells)
   bool driver_count_known = false;
 };

@@ -19,7 +19,7 @@ REFPOOL_API std::size_t checked_bytes(const shape& dims, std::size_t element_siz
 REFPOOL_API std::size_t checked_view(const shape& dims, std::size_t element_size, std::size_t offset,
                                      std::size_t buffer_bytes);
 [[noreturn]] REFPOOL_API void throw_reshape_error(const shape& from, std::size_t from_elem, const shape& to,
-                                                 std::size_t to_elem);
+                                                  std::size_t to_elem);
 [[noreturn]] REFPOOL_API void throw_offset_error(std::size_t byte_offset, std::size_t to_elem);
 }  // namespace detail
 

@@ -17,13 +17,13 @@
 #ifndef REFPOOL_CACHE_OPTION_FIELDS_H
 #define REFPOOL_CACHE_OPTION_FIELDS_H
 
-#define REFPOOL_CACHE_OPTIONS(X)                                                                         \
-  X(rounding_policy, rounding, "exact", "how request sizes become block sizes (and so cache keys)")     \
-  X(byte_limit, max_idle_bytes, "unlimited",                                                            \
-    "when idle bytes exceed this, least recently released idle blocks are freed to the backend")        \
-  X(segment_policy, segments, "auto",                                                                   \
+#define REFPOOL_CACHE_OPTIONS(X)                                                                       \
+  X(rounding_policy, rounding, "exact", "how request sizes become block sizes (and so cache keys)")    \
+  X(byte_limit, max_idle_bytes, "unlimited",                                                           \
+    "when idle bytes exceed this, least recently released idle blocks are freed to the backend")       \
+  X(segment_policy, segments, "auto",                                                                  \
     "serve misses by carving pieces out of segments (on), by one backend allocation per block (off), " \
-    "or on for device memory with virtual memory and off for the rest (auto)")                        \
+    "or on for device memory with virtual memory and off for the rest (auto)")                         \
   /* New options go above this line: each row ends with a backslash, so adding one adds one line. */
 
 #endif

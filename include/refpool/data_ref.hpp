@@ -95,7 +95,8 @@ class REFPOOL_API data_ref {
   }
   /// The block (maybe null); throws use_after_free naming `what` after unsafe_free().
   [[nodiscard]] detail::block_header* live(const char* what) const {
-    if (is_freed()) [[unlikely]] throw_freed(what);
+    if (is_freed()) [[unlikely]]
+      throw_freed(what);
     return block_;
   }
   [[noreturn]] void throw_freed(const char* what) const;

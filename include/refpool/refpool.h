@@ -341,7 +341,7 @@ REFPOOL_C_API refpool_status refpool_scope_enter(refpool_cache cache, refpool_sc
 /// As refpool_scope_enter, with options (warm-up entries, a plan key); `options` NULL is a plain
 /// scope. Errors: as refpool_scope_enter, and CONFIG (bad REFPOOL_CONF).
 REFPOOL_C_API refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
-                                                refpool_scope* out);
+                                                              refpool_scope* out);
 
 /// Ends a scope. Buffers it handed out that are still referenced are counted as escapes and
 /// stay valid. Errors: INVALID_ARGUMENT, INVALID_HANDLE (already exited), SCOPE (not the
@@ -404,7 +404,7 @@ REFPOOL_C_API const char* refpool_stat_description(size_t index);
 /// *count receives refpool_stat_count() (so a caller can size its array first with capacity 0).
 /// Errors: INVALID_ARGUMENT (count NULL, values NULL with capacity > 0), INVALID_HANDLE.
 REFPOOL_C_API refpool_status refpool_cache_get_stat_values(refpool_cache cache, uint64_t* values, size_t capacity,
-                                                          size_t* count);
+                                                           size_t* count);
 /// Restarts the cache's peaks (peak_held_bytes, peak_live_bytes) from the current values.
 REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
 
@@ -468,8 +468,9 @@ typedef int (*refpool_stream_filter)(void* context, void* stream);
 /// it calls `drop_context(context)` (if not NULL) once the route ends. Thread-safe.
 /// Errors: INVALID_ARGUMENT (null filter, pool {0, 0}, a pool already routed to on `device`),
 /// CONFIG, BACKEND_UNAVAILABLE.
-REFPOOL_C_API refpool_status refpool_allocator_begin_pool(int device, refpool_pool_id pool, refpool_stream_filter filter,
-                                                          void* context, void (*drop_context)(void*));
+REFPOOL_C_API refpool_status refpool_allocator_begin_pool(int device, refpool_pool_id pool,
+                                                          refpool_stream_filter filter, void* context,
+                                                          void (*drop_context)(void*));
 
 /// Ends the route begun for `pool` on `device`; the pool stays. Errors: INVALID_ARGUMENT (no such
 /// route).
@@ -507,7 +508,7 @@ REFPOOL_C_API refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, 
  * requests are made for the device's default (legacy) stream, which orders against CuPy's
  * blocking streams; `param` is unused (pass 0). On failure refpool_cupy_malloc returns NULL and
  * sets refpool_last_error. */
-REFPOOL_C_API void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream);  /* ssize_t on Linux */
+REFPOOL_C_API void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream); /* ssize_t on Linux */
 REFPOOL_C_API void refpool_torch_free(void* ptr, ptrdiff_t size, int device, void* stream);
 REFPOOL_C_API void* refpool_cupy_malloc(void* param, size_t size, int device);
 REFPOOL_C_API void refpool_cupy_free(void* param, void* ptr, int device);
@@ -520,19 +521,21 @@ REFPOOL_C_API void refpool_cupy_free(void* param, void* ptr, int device);
 /// directly from `backend`. With options->cache set: through that cache from any thread, with no
 /// scope (refpool::alloc_cache::allocate; the request belongs to the cache's open step).
 /// options->stream: the stream the buffer is used on (reuse of an idle buffer last used on another
-/// stream makes it wait for that stream). options->alignment: see refpool_alloc_options. rank 0 is a scalar (dims may be NULL); a zero dim gives a buffer of
-/// zero elements that owns no memory. The caller owns *out and releases it with refpool_release.
-/// Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0, an
+/// stream makes it wait for that stream). options->alignment: see refpool_alloc_options. rank 0 is a scalar (dims may
+/// be NULL); a zero dim gives a buffer of zero elements that owns no memory. The caller owns *out and releases it with
+/// refpool_release. Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0, an
 /// alignment that is not a power of two or is above the backend's), INVALID_HANDLE (backend or
 /// cache), SIZE (overflow), OUT_OF_MEMORY, BACKEND, CONFIG (bad REFPOOL_CONF).
-REFPOOL_C_API refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
-                                           const refpool_alloc_options* options, refpool_buffer* out);
+REFPOOL_C_API refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank,
+                                           size_t element_size, const refpool_alloc_options* options,
+                                           refpool_buffer* out);
 
 /// A new handle viewing the same buffer with other dims and the same element size; the element
 /// count must not change. The buffer is shared (its use count grows by one); the caller owns
 /// *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE, SHAPE (element count differs),
 /// SIZE (overflow), USE_AFTER_FREE.
-REFPOOL_C_API refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank, refpool_buffer* out);
+REFPOOL_C_API refpool_status refpool_reshape(refpool_buffer buffer, const size_t* dims, size_t rank,
+                                             refpool_buffer* out);
 
 /// A new handle sharing the buffer, with the same dims (a refcount increment). The caller owns
 /// *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE, USE_AFTER_FREE.

@@ -23,9 +23,7 @@ class REFPOOL_API rounding_policy {
   static rounding_policy pow2(unsigned divisions = 1);
 
   /// `bytes` rounded up. Throws `size_error` if the result overflows std::size_t.
-  [[nodiscard]] std::size_t round(std::size_t bytes) const {
-    return mode_ == mode::exact ? bytes : round_up(bytes);
-  }
+  [[nodiscard]] std::size_t round(std::size_t bytes) const { return mode_ == mode::exact ? bytes : round_up(bytes); }
 
   [[nodiscard]] mode policy_mode() const noexcept { return mode_; }
   /// Step bytes (step mode) or divisions (pow2 mode); 1 for exact.

@@ -12,10 +12,10 @@ using device_id = int;
 /// What kind of memory a backend hands out. Part of every cache key: blocks of different
 /// kinds are never exchanged.
 enum class memory_kind : std::uint8_t {
-  host,           ///< pageable host memory
-  device,         ///< device memory (cuMemAlloc / hipMalloc)
-  device_async,   ///< stream-ordered device memory (cuMemAllocAsync / hipMallocAsync)
-  pinned_host,    ///< page-locked host memory (cuMemHostAlloc / hipHostMalloc)
+  host,          ///< pageable host memory
+  device,        ///< device memory (cuMemAlloc / hipMalloc)
+  device_async,  ///< stream-ordered device memory (cuMemAllocAsync / hipMallocAsync)
+  pinned_host,   ///< page-locked host memory (cuMemHostAlloc / hipHostMalloc)
 };
 
 /// Name of a memory kind, for messages.

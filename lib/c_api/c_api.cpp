@@ -7,7 +7,6 @@
 
 using namespace refpool::c_api;
 
-
 extern "C" {
 
 // ---- errors and version -------------------------------------------------------------------
@@ -47,7 +46,8 @@ refpool_status refpool_backend_new_host(refpool_backend* out) {
 refpool_status refpool_backend_new_host_limited(size_t capacity_bytes, refpool_backend* out) {
   return backend_handle(
       [&] {
-        return refpool::backend(std::make_shared<refpool::limiting_resource>(refpool::make_host_resource(), capacity_bytes));
+        return refpool::backend(
+            std::make_shared<refpool::limiting_resource>(refpool::make_host_resource(), capacity_bytes));
       },
       out, "refpool_backend_new_host_limited");
 }
@@ -209,7 +209,8 @@ refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity
     if (dims == nullptr) return;
     if (capacity < shape.rank())
       fail(REFPOOL_ERROR_INVALID_ARGUMENT,
-           fmt::format("refpool: refpool_dims: the buffer has rank {} but dims has room for {}", shape.rank(), capacity));
+           fmt::format("refpool: refpool_dims: the buffer has rank {} but dims has room for {}", shape.rank(),
+                       capacity));
     std::copy(shape.begin(), shape.end(), dims);
   });
 }

@@ -98,7 +98,8 @@ refpool_status refpool_cache_get_stat_values(refpool_cache cache, uint64_t* valu
   return guarded([&] {
     std::size_t& total = required(count, "refpool_cache_get_stat_values", "count");
     if (values == nullptr && capacity > 0)
-      fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_cache_get_stat_values: values is NULL but capacity is not 0");
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+           "refpool: refpool_cache_get_stat_values: values is NULL but capacity is not 0");
     const refpool::cache_stats s = lookup<cache_object>(cache, "refpool_cache_get_stat_values")->cache.stats();
     for (std::size_t i = 0; i < refpool::stat_count() && i < capacity; ++i) values[i] = refpool::stat_value(s, i);
     total = refpool::stat_count();

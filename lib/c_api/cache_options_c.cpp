@@ -25,13 +25,13 @@ typename Kind::type field_from_c(const char* name, const typename detail::option
 }
 
 constexpr std::array option_infos{
-#define REFPOOL_OPTION_INFO(kind, name, default_text, description)                                            \
-  refpool_option_info{#name,                                                                                  \
-                      #kind,                                                                                  \
-                      offsetof(refpool_cache_options, name),                                                  \
-                      sizeof(refpool_cache_options::name),                                                    \
-                      default_text,                                                                           \
-                      detail::option_traits<detail::option_kind::kind>::allowed.data(),                      \
+#define REFPOOL_OPTION_INFO(kind, name, default_text, description)                      \
+  refpool_option_info{#name,                                                            \
+                      #kind,                                                            \
+                      offsetof(refpool_cache_options, name),                            \
+                      sizeof(refpool_cache_options::name),                              \
+                      default_text,                                                     \
+                      detail::option_traits<detail::option_kind::kind>::allowed.data(), \
                       description},
     REFPOOL_CACHE_OPTIONS(REFPOOL_OPTION_INFO)
 #undef REFPOOL_OPTION_INFO

@@ -40,16 +40,17 @@ class framework_allocator {
            "by an allocation or by refpool_allocator_cache); configure it before either");
     if (options.runtime != REFPOOL_RUNTIME_CUDA && options.runtime != REFPOOL_RUNTIME_HIP &&
         options.runtime != REFPOOL_RUNTIME_HOST)
-      fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.runtime is {}; allowed: "
-                                             "REFPOOL_RUNTIME_CUDA (0), REFPOOL_RUNTIME_HIP (1), REFPOOL_RUNTIME_HOST (2)",
-                                             static_cast<int>(options.runtime)));
+      fail(REFPOOL_ERROR_CONFIG,
+           fmt::format("refpool: refpool_allocator_options.runtime is {}; allowed: "
+                       "REFPOOL_RUNTIME_CUDA (0), REFPOOL_RUNTIME_HIP (1), REFPOOL_RUNTIME_HOST (2)",
+                       static_cast<int>(options.runtime)));
     if (options.runtime != REFPOOL_RUNTIME_HOST && options.kind != REFPOOL_MEMORY_DEVICE &&
         options.kind != REFPOOL_MEMORY_DEVICE_ASYNC)
       fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.kind is {}; allowed: "
                                              "REFPOOL_MEMORY_DEVICE (1), REFPOOL_MEMORY_DEVICE_ASYNC (2)",
                                              static_cast<int>(options.kind)));
     refpool::cache_options checked = from_c(options.cache);  // throws config_error for a bad rounding or segments
-    options_ = options;  // nothing below throws
+    options_ = options;                                      // nothing below throws
     cache_options_ = checked;
     configured_ = true;
   }
@@ -90,7 +91,8 @@ class framework_allocator {
     if (made != nullptr) made->reclaim(0);
   }
 
-  void begin_pool(int device, private_pools::id pool, refpool_stream_filter filter, void* context, void (*drop)(void*)) {
+  void begin_pool(int device, private_pools::id pool, refpool_stream_filter filter, void* context,
+                  void (*drop)(void*)) {
     refpool::cache_options options;
     try {
       (void)cache();  // fixes the configuration: pools take the cache's options
@@ -101,8 +103,8 @@ class framework_allocator {
       throw;
     }
     pools_.begin(device, pool, filter, context, drop, options, [this](int d, private_pools::id p) {
-      return refpool::backend(std::make_shared<pool_resource>(
-          backend_for(d), fmt::format("private pool ({}, {})", p.first, p.second)));
+      return refpool::backend(
+          std::make_shared<pool_resource>(backend_for(d), fmt::format("private pool ({}, {})", p.first, p.second)));
     });
   }
 
@@ -119,17 +121,18 @@ class framework_allocator {
 
   const refpool::backend& make_backend(int device) {
     if (device < 0 || device >= max_devices)  // a refpool::error: it may reach PyTorch (see refpool_torch_malloc)
-      throw refpool::invalid_argument(fmt::format(
-          "refpool: the framework allocator was asked for device {}; devices 0 to {} are supported", device,
-          max_devices - 1));
+      throw refpool::invalid_argument(
+          fmt::format("refpool: the framework allocator was asked for device {}; devices 0 to {} are supported", device,
+                      max_devices - 1));
     std::lock_guard guard(mutex_);
     auto& slot = backends_[static_cast<std::size_t>(device)];
     if (const refpool::backend* known = slot.load(std::memory_order_relaxed)) return *known;
-    const refpool::memory_kind kind =
-        options_.kind == REFPOOL_MEMORY_DEVICE_ASYNC ? refpool::memory_kind::device_async : refpool::memory_kind::device;
-    auto runtime = std::make_shared<refpool::backend>(options_.runtime == REFPOOL_RUNTIME_HOST  ? refpool::host_backend()
-                                                      : options_.runtime == REFPOOL_RUNTIME_HIP ? refpool::hip::device(device, kind)
-                                                                                               : refpool::cuda::device(device, kind));
+    const refpool::memory_kind kind = options_.kind == REFPOOL_MEMORY_DEVICE_ASYNC ? refpool::memory_kind::device_async
+                                                                                   : refpool::memory_kind::device;
+    auto runtime = std::make_shared<refpool::backend>(options_.runtime == REFPOOL_RUNTIME_HOST ? refpool::host_backend()
+                                                      : options_.runtime == REFPOOL_RUNTIME_HIP
+                                                          ? refpool::hip::device(device, kind)
+                                                          : refpool::cuda::device(device, kind));
     // Under a budget (no cap until refpool_allocator_set_device_limit), charged by the cache and
     // the private pools alike. The aliasing pointer keeps the runtime's backend alive.
     auto budget = std::make_shared<refpool::byte_budget>(refpool::cache_options::unlimited);
@@ -167,9 +170,8 @@ refpool_status refpool_allocator_options_init(refpool_allocator_options* options
 }
 
 refpool_status refpool_allocator_configure(const refpool_allocator_options* options) {
-  return guarded([&] {
-    framework_allocator::instance().configure(required(options, "refpool_allocator_configure", "options"));
-  });
+  return guarded(
+      [&] { framework_allocator::instance().configure(required(options, "refpool_allocator_configure", "options")); });
 }
 
 refpool_status refpool_allocator_cache(refpool_cache* out) {
@@ -203,7 +205,8 @@ refpool_status refpool_allocator_record_stream(void* ptr, void* stream) {
 
 refpool_status refpool_allocator_begin_pool(int device, refpool_pool_id pool, refpool_stream_filter filter,
                                             void* context, void (*drop_context)(void*)) {
-  return guarded([&] { framework_allocator::instance().begin_pool(device, pool_id(pool), filter, context, drop_context); });
+  return guarded(
+      [&] { framework_allocator::instance().begin_pool(device, pool_id(pool), filter, context, drop_context); });
 }
 
 refpool_status refpool_allocator_end_pool(int device, refpool_pool_id pool) {
@@ -232,15 +235,14 @@ refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, refpool_cache*
     refpool_cache& result = required(out, "refpool_allocator_pool_cache", "out");
     std::shared_ptr<refpool::alloc_cache> cache = framework_allocator::instance().pools().cache_of(pool_id(pool));
     if (cache == nullptr)
-      fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_pool_cache: no private pool ({}, {})",
-                                                       pool.first, pool.second));
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+           fmt::format("refpool: refpool_allocator_pool_cache: no private pool ({}, {})", pool.first, pool.second));
     result = make_handle<refpool_cache>(std::make_shared<cache_object>(std::move(cache)));
   });
 }
 
 void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream) {
-  if (size < 0)
-    throw refpool::size_error(fmt::format("refpool: refpool_torch_malloc was asked for {} bytes", size));
+  if (size < 0) throw refpool::size_error(fmt::format("refpool: refpool_torch_malloc was asked for {} bytes", size));
   return framework_allocator::instance().allocate(static_cast<std::size_t>(size), device, refpool::stream_ref{stream});
 }
 
@@ -252,7 +254,8 @@ void refpool_torch_free(void* ptr, ptrdiff_t, int, void*) {
 
 void* refpool_cupy_malloc(void*, size_t size, int device) {
   void* result = nullptr;
-  if (guarded([&] { result = framework_allocator::instance().allocate(size, device, {}); }) != REFPOOL_OK) return nullptr;
+  if (guarded([&] { result = framework_allocator::instance().allocate(size, device, {}); }) != REFPOOL_OK)
+    return nullptr;
   return result;
 }
 

@@ -22,7 +22,8 @@ private_pools::~private_pools() {
 void private_pools::begin(int device, id pool_id, refpool_stream_filter filter, void* context, void (*drop)(void*),
                           const cache_options& options, const backend_maker& make_backend) {
   try {
-    if (filter == nullptr) fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_allocator_begin_pool: filter is NULL");
+    if (filter == nullptr)
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_allocator_begin_pool: filter is NULL");
     if (pool_id == id{0, 0})
       fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_allocator_begin_pool: pool {0, 0} names no pool");
     backend be = make_backend(device, pool_id);  // before the lock: it may load a driver
@@ -30,7 +31,8 @@ void private_pools::begin(int device, id pool_id, refpool_stream_filter filter, 
     for (const active_route& r : active_)
       if (r.device == device && r.pool == pool_id)
         fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_begin_pool: requests of device {} "
-                                                         "are already routed to {}", device, name_of(pool_id)));
+                                                         "are already routed to {}",
+                                                         device, name_of(pool_id)));
     active_.reserve(active_.size() + 1);  // nothing below throws once the pool exists
     auto found = pools_.find(pool_id);
     if (found == pools_.end()) {
@@ -59,7 +61,8 @@ void private_pools::end(int device, id pool_id) {
                            [&](const active_route& r) { return r.device == device && r.pool == pool_id; });
     if (it == active_.end())
       fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_end_pool: no requests of device {} "
-                                                       "are routed to {}", device, name_of(pool_id)));
+                                                       "are routed to {}",
+                                                       device, name_of(pool_id)));
     ended = *it;
     active_.erase(it);
     routes_.fetch_sub(1, std::memory_order_release);
@@ -76,7 +79,8 @@ void private_pools::release(int device, id pool_id) {
     for (const active_route& r : active_)
       if (r.pool == pool_id)
         fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_release_pool: requests of device "
-                                                         "{} are still routed to {}", r.device, name_of(pool_id)));
+                                                         "{} are still routed to {}",
+                                                         r.device, name_of(pool_id)));
     (void)device;  // PyTorch names the capture's device; the pool's uses span every device
     if (--found->second.uses > 0) return;
     last = std::move(found->second.cache);

@@ -20,7 +20,6 @@
 
 namespace refpool::c_api {
 
-
 // ---- errors -------------------------------------------------------------------------------
 
 // The last error of this thread. TLS stays small on purpose: the core's initial-exec TLS makes
@@ -47,7 +46,9 @@ struct api_error {
   std::string message;
 };
 
-[[noreturn]] inline void fail(refpool_status status, std::string message) { throw api_error{status, std::move(message)}; }
+[[noreturn]] inline void fail(refpool_status status, std::string message) {
+  throw api_error{status, std::move(message)};
+}
 
 /// Runs `body` (which returns nothing and reports failures by throwing) and maps what it throws
 /// to a status. The only place exceptions stop: every API function's body runs inside it.
@@ -185,8 +186,9 @@ class handle_table {
     const std::uint64_t generation = (id >> index_bits) & generation_mask;
     const std::uint64_t index = id & index_mask;
     if (id_tag != tag())
-      fail(REFPOOL_ERROR_INVALID_HANDLE, fmt::format("refpool: {}: handle {:#x} is not a {} handle ({})", function,
-                                                     id, name, id_tag <= static_cast<std::uint64_t>(kind::step) ? kind_name(id_tag) : "corrupt"));
+      fail(REFPOOL_ERROR_INVALID_HANDLE,
+           fmt::format("refpool: {}: handle {:#x} is not a {} handle ({})", function, id, name,
+                       id_tag <= static_cast<std::uint64_t>(kind::step) ? kind_name(id_tag) : "corrupt"));
     if (index >= slots_.size() || generation == 0 || generation > slots_[index].generation)
       fail(REFPOOL_ERROR_INVALID_HANDLE, fmt::format("refpool: {}: {} handle {:#x} was never handed out (an "
                                                      "uninitialised or corrupted handle)",
@@ -217,7 +219,8 @@ struct cache_object {
 };
 
 struct step_object {
-  step_object(refpool::alloc_cache& cache, const refpool::scope_options& options, std::shared_ptr<refpool::alloc_cache> keep)
+  step_object(refpool::alloc_cache& cache, const refpool::scope_options& options,
+              std::shared_ptr<refpool::alloc_cache> keep)
       : keep_cache(std::move(keep)), step(cache, options) {}
   std::shared_ptr<refpool::alloc_cache> keep_cache;  // outlives the step
   refpool::step step;
@@ -286,7 +289,7 @@ inline refpool::shape dims_from(const std::size_t* dims, std::size_t rank, const
 
 /// A new buffer handle viewing `ref` with `dims` (already checked against it).
 inline refpool_buffer new_buffer(refpool::data_ref ref, refpool::shape dims, std::size_t element_size,
-                          std::size_t element_count) {
+                                 std::size_t element_count) {
   auto object = std::make_shared<buffer_object>();
   object->ref = std::move(ref);
   object->dims = std::move(dims);

@@ -1,6 +1,7 @@
 // A block: one buffer as the cache and data_refs see it (a backend allocation, a piece of a
-// segment: piece_block.hpp, or a region of a plan's arena). It holds what every block has. Each block has exactly one owner, named by its origin, and the release path is
-// one switch on that origin (hit_path.cpp). Glossary: docs/design.md.
+// segment: piece_block.hpp, or a region of a plan's arena). It holds what every block has. Each block has exactly one
+// owner, named by its origin, and the release path is one switch on that origin (hit_path.cpp). Glossary:
+// docs/design.md.
 #pragma once
 
 #include <atomic>
@@ -60,18 +61,18 @@ struct alignas(64) block : block_header {
   block_origin origin = block_origin::direct;
   bool idle = false;  ///< cached blocks: in an idle list now
   union {
-    bucket* home;              ///< cached: the bucket it returns to (changes only while idle)
-    region_owner* region;      ///< region: its plan
-    cache_state* uncached_for; ///< direct: the cache whose scope asked for it, or null (counting)
+    bucket* home;               ///< cached: the bucket it returns to (changes only while idle)
+    region_owner* region;       ///< region: its plan
+    cache_state* uncached_for;  ///< direct: the cache whose scope asked for it, or null (counting)
   };
   release_observer* observer = nullptr;  ///< planned runs: sees the release first
   std::uint32_t observer_index = 0;      ///< the observer's number for this block
   std::uint32_t region_index = 0;        ///< region: its request in the plan
   stream_ref last_stream;
-  std::uint64_t id = 0;          ///< cached: creation number; lower ids are handed out first
-  std::uint64_t epoch = 0;       ///< cached: its slot's epoch when handed out (escape counting)
-  std::uint64_t idle_since = 0;  ///< cached: cache clock when it went idle (least recently used first)
-  std::uint64_t idle_seq = 0;    ///< cached: its slot's release count then (orders within a tick)
+  std::uint64_t id = 0;              ///< cached: creation number; lower ids are handed out first
+  std::uint64_t epoch = 0;           ///< cached: its slot's epoch when handed out (escape counting)
+  std::uint64_t idle_since = 0;      ///< cached: cache clock when it went idle (least recently used first)
+  std::uint64_t idle_seq = 0;        ///< cached: its slot's release count then (orders within a tick)
   block* next_handed_off = nullptr;  ///< link in a slot's hand-off list (released on another thread)
   bool handed_off_unsafe = false;    ///< ... and whether that release was an unsafe_free
   bool handed_off_in_epoch = false;  ///< ... and whether the step it was handed out in was still open

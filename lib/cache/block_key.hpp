@@ -29,8 +29,8 @@ struct block_key_hash {
     // Sizes dominate: mix them well, fold the rest in.
     std::uint64_t h = k.bytes * 0x9E3779B97F4A7C15ull;
     h ^= reinterpret_cast<std::uintptr_t>(k.backend) + (h << 6) + (h >> 2);
-    h ^= (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.device)) << 8 |
-          static_cast<std::uint64_t>(k.kind)) + (h << 6) + (h >> 2);
+    h ^= (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.device)) << 8 | static_cast<std::uint64_t>(k.kind)) +
+         (h << 6) + (h >> 2);
     h ^= k.alignment + (h << 6) + (h >> 2);
     return static_cast<std::size_t>(h ^ (h >> 29));
   }

@@ -49,9 +49,7 @@ struct cache_counters {
     out.peak_held_bytes = peak_held_bytes.load();
   }
   /// Peaks start again from now.
-  void reset_peaks() noexcept {
-    peak_held_bytes.store(held_bytes.load());
-  }
+  void reset_peaks() noexcept { peak_held_bytes.store(held_bytes.load()); }
 };
 
 }  // namespace refpool::detail

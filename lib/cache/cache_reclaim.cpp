@@ -1,7 +1,7 @@
 // Idle memory leaving a cache: reclaim, the idle limit and the out-of-memory step of the ladder.
-// Which idle blocks leave is the reclaim policy's choice (reclaim_policy.hpp); they are taken out of their slots under the cache's mutex (least recently released first),
-// then given back to their block source with no lock held (whole blocks to their backend, pieces
-// to their heap), and the sources trimmed.
+// Which idle blocks leave is the reclaim policy's choice (reclaim_policy.hpp); they are taken out of their slots under
+// the cache's mutex (least recently released first), then given back to their block source with no lock held (whole
+// blocks to their backend, pieces to their heap), and the sources trimmed.
 #include "cache/cache_state.hpp"
 
 #include "cache/reclaim_policy.hpp"
@@ -55,7 +55,7 @@ cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
     remove_idle(*s, b);
     s->erase_if_unused(home);
     s->refs.fetch_sub(1, std::memory_order_relaxed);  // it leaves; never the last: the cache is open
-    taken.blocks.push_back(b);  // reserved: never throws
+    taken.blocks.push_back(b);                        // reserved: never throws
   });
   leave_all();
   taken.idle_left = policy.offered_bytes() - taken.bytes;
@@ -67,7 +67,8 @@ std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>&
   taken_blocks taken;
   {
     std::lock_guard guard(mutex_);
-    taken = take_idle_locked(keep, [](const block_key&) { return true; }, counter);
+    taken = take_idle_locked(
+        keep, [](const block_key&) { return true; }, counter);
   }
   std::size_t freed = free_blocks(taken.blocks);
   // Free memory the sources keep (free bytes of segments) is idle memory too: it gets what
@@ -86,7 +87,8 @@ std::size_t cache_state::reclaim_idle(backend_state& backend) {
   taken_blocks taken;
   {
     std::lock_guard guard(mutex_);
-    taken = take_idle_locked(0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
+    taken = take_idle_locked(
+        0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
   }
   std::size_t freed = free_blocks(taken.blocks);
   // An out-of-memory path: a failed trim only means less memory.
@@ -115,8 +117,7 @@ void cache_state::set_max_idle_bytes(std::size_t bytes) {
     // With every slot held, no idle count is in flight: start tracking from the exact sum.
     intrude_all();
     std::size_t idle = 0;
-    for (const auto& s : slots_)
-      s->buckets.for_each([&](const bucket& bk) { idle += bk.idle.size() * bk.key.bytes; });
+    for (const auto& s : slots_) s->buckets.for_each([&](const bucket& bk) { idle += bk.idle.size() * bk.key.bytes; });
     idle_limit_.set(bytes, idle);
     leave_all();
   }

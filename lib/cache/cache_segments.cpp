@@ -29,13 +29,14 @@ void collect_idle(const slot& s, const cache_heap& h, std::size_t bytes, std::ve
 }  // namespace
 
 void cache_state::throw_piece_rounding_overflow(std::size_t bytes, std::size_t unit) {
-  throw size_error(fmt::format("refpool: a request rounded to {} B cannot be rounded up to the segment piece unit "
-                               "of {} B without overflowing size_t",
-                               bytes, unit));
+  throw size_error(
+      fmt::format("refpool: a request rounded to {} B cannot be rounded up to the segment piece unit "
+                  "of {} B without overflowing size_t",
+                  bytes, unit));
 }
 
 std::size_t cache_state::give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes) {
-  std::lock_guard guard(mutex_);  // no intruder touches our slot while we take from it
+  std::lock_guard guard(mutex_);               // no intruder touches our slot while we take from it
   std::vector<block*>& pieces = giving_back_;  // keeps its capacity from miss to miss
   pieces.clear();
   {
@@ -71,7 +72,7 @@ void cache_state::detach_idle(slot& s, const std::vector<block*>& pieces, std::s
     bucket& home = *b->home;
     home.remove(b);
     remove_idle(s, b);
-    s.erase_if_unused(home);  // a bucket per size ever seen would make every later scan slower
+    s.erase_if_unused(home);                         // a bucket per size ever seen would make every later scan slower
     s.refs.fetch_sub(1, std::memory_order_relaxed);  // it leaves; never the last: the cache is open
   }
 }
@@ -114,7 +115,8 @@ void cache_state::check_segments() const {
       in_blocks += (bk.live + bk.idle.size()) * bk.key.bytes;
       for (const block* idle : bk.idle) {
         const piece_block* b = as_piece(idle);  // the bucket has a piece list: its blocks are pieces
-        if (b->source != &segment_pieces_ || b->heap == nullptr || b->piece.bytes != b->capacity || b->piece.address != b->ptr)
+        if (b->source != &segment_pieces_ || b->heap == nullptr || b->piece.bytes != b->capacity ||
+            b->piece.address != b->ptr)
           fail(fmt::format("refpool: idle block at {} of {} B is no piece of its heap", b->ptr, b->capacity));
         if (b->heap->heap.small(b->capacity) != bk.pieces->small)
           fail(fmt::format("refpool: idle piece at {} of {} B is listed in the wrong pool", b->ptr, b->capacity));
@@ -122,7 +124,8 @@ void cache_state::check_segments() const {
       }
     });
     if (listed != idle_pieces - idle_before)
-      fail(fmt::format("refpool: idle piece lists hold {} blocks, their buckets {}", listed, idle_pieces - idle_before));
+      fail(
+          fmt::format("refpool: idle piece lists hold {} blocks, their buckets {}", listed, idle_pieces - idle_before));
   }
   self.leave_all();
   std::size_t in_heaps = 0;
@@ -132,9 +135,10 @@ void cache_state::check_segments() const {
   // are no longer listed, so only the inequality holds.
   const bool exact = !closed();
   if ((exact && in_heaps != in_blocks) || in_heaps < in_blocks || pieces_out < idle_pieces)
-    throw std::logic_error(fmt::format("refpool: segment heaps have {} B in {} pieces out, the cache's blocks of "
-                                       "segmented backends {} B ({} idle pieces)",
-                                       in_heaps, pieces_out, in_blocks, idle_pieces));
+    throw std::logic_error(
+        fmt::format("refpool: segment heaps have {} B in {} pieces out, the cache's blocks of "
+                    "segmented backends {} B ({} idle pieces)",
+                    in_heaps, pieces_out, in_blocks, idle_pieces));
 }
 
 }  // namespace refpool::detail

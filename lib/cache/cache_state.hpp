@@ -109,7 +109,8 @@ class cache_state : public ref_counted<cache_state> {
   /// The router of the open step (planned or warm-up), if any, with a reference held for the
   /// caller: cache-level allocations go through it, and may still do so after the step ended.
   [[nodiscard]] router_ref step_router() const noexcept {
-    if (step_router_.load(std::memory_order_relaxed) == nullptr) [[likely]] return {};
+    if (step_router_.load(std::memory_order_relaxed) == nullptr) [[likely]]
+      return {};
     return retain_step_router();
   }
   /// Steps begun so far.
@@ -151,9 +152,7 @@ class cache_state : public ref_counted<cache_state> {
   void reset_peaks() noexcept;
   std::size_t reclaim(std::size_t keep_bytes);
   void set_max_idle_bytes(std::size_t bytes);
-  [[nodiscard]] std::size_t max_idle_bytes() const noexcept {
-    return idle_limit_.max();
-  }
+  [[nodiscard]] std::size_t max_idle_bytes() const noexcept { return idle_limit_.max(); }
   [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
   [[nodiscard]] segment_policy segments() const noexcept { return segments_; }
   /// REFPOOL_NO_CACHING=1 was set when the cache was made: every request goes to the backend.
@@ -211,7 +210,7 @@ class cache_state : public ref_counted<cache_state> {
   // Hit-path helpers (caller holds s).
   void mark_live(slot& s, bucket& home, block* b, bool hit) noexcept;
   bool release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept;  // true: over the idle limit
-  bool drain_handed_off(slot& s) noexcept;  // true when over the idle limit afterwards
+  bool drain_handed_off(slot& s) noexcept;                                 // true when over the idle limit afterwards
   bool drain_list(slot& s, block* newest) noexcept;
   bool add_idle(slot& s, block* b) noexcept;  // true when over the idle limit
   void remove_idle(slot& s, block* b) noexcept;
@@ -221,7 +220,8 @@ class cache_state : public ref_counted<cache_state> {
   void catch_up_with_steps(slot& s) noexcept {
     if (!s.ambient) return;
     const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
-    if (epoch != s.epoch) [[unlikely]] roll_epoch(s, epoch);
+    if (epoch != s.epoch) [[unlikely]]
+      roll_epoch(s, epoch);
   }
 
   // Slow paths.
@@ -231,16 +231,15 @@ class cache_state : public ref_counted<cache_state> {
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
   void leave_all() noexcept;
   block* steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream);
-  block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
-                      stream_ref stream);
+  block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested, stream_ref stream);
 
   // Idle blocks leaving the cache: chosen by the reclaim policy (reclaim_policy.hpp: least
-  // recently released first), taken out of their slots under mutex_, then given back to their block source with no lock held, and the sources
-  // trimmed.
+  // recently released first), taken out of their slots under mutex_, then given back to their block source with no lock
+  // held, and the sources trimmed.
   struct taken_blocks {
     std::vector<block*> blocks;
-    std::size_t bytes = 0;       ///< their capacities
-    std::size_t idle_left = 0;   ///< idle bytes of matching blocks left in the cache
+    std::size_t bytes = 0;      ///< their capacities
+    std::size_t idle_left = 0;  ///< idle bytes of matching blocks left in the cache
   };
   taken_blocks take_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
                                 std::atomic<std::uint64_t>& counter);
@@ -296,7 +295,7 @@ class cache_state : public ref_counted<cache_state> {
 
   std::atomic<std::uint64_t> next_block_id_{1};
   std::atomic<std::uint64_t> clock_{1};  // ticks at each scope exit: the LRU time base
-  cache_counters counters_;  // the cache's own counters (cache_counters.hpp)
+  cache_counters counters_;              // the cache's own counters (cache_counters.hpp)
   // Everything held from backends (plain blocks, committed segments, arenas, uncached buffers),
   // counted by the block sources and arenas, never by the cache itself.
   reserved_counter* const reserved_;

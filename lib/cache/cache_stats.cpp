@@ -45,7 +45,8 @@ cache_stats cache_state::stats() const {
   const std::size_t uncached_peak = whole_blocks_.uncached_peak();
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
-  out.peak_allocated_bytes = std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
+  out.peak_allocated_bytes =
+      std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
   // Exact: every kind of held memory is counted in one place as it changes (reserved_counter).
   out.peak_reserved_bytes = std::max(reserved_->peak(), out.reserved_bytes);
   return out;

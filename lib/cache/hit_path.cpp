@@ -46,7 +46,8 @@ thread_local thread_leases leases_of_this_thread;
 }  // namespace
 
 slot* cache_state::ambient_slot() {
-  if (ambient_cache == this) [[likely]] return ambient_lease;
+  if (ambient_cache == this) [[likely]]
+    return ambient_lease;
   auto& mine = leases_of_this_thread.leases;
   for (const auto& [cache, s] : mine) {
     if (cache == this) {
@@ -219,8 +220,7 @@ bool cache_state::drain_handed_off(slot& s) noexcept {
 
 REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
-  if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token() ||
-      idle_limit_.tracking()) [[unlikely]]
+  if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token() || idle_limit_.tracking()) [[unlikely]]
     return false;
   const bool fast = s.lock.owner_enter();
   const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;
@@ -297,7 +297,8 @@ data_ref alloc_cache::allocate(const backend& be, std::size_t bytes, stream_ref 
   } else {
     const detail::block_key key = cache.key_of(*backend, bytes);
     b = cache.try_hit(*s, key, stream);
-    if (b == nullptr) [[unlikely]] b = cache.acquire(*s, *backend, key, bytes, stream);
+    if (b == nullptr) [[unlikely]]
+      b = cache.acquire(*s, *backend, key, bytes, stream);
     b->requested = bytes;
     b->refs.reset(1);
   }
@@ -320,7 +321,8 @@ data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream) {
     detail::cache_state& cache = *f->cache;
     const detail::block_key key = cache.key_of(*backend, bytes);
     b = cache.try_hit(*f->lease, key, stream);
-    if (b == nullptr) [[unlikely]] b = cache.acquire(*f->lease, *backend, key, bytes, stream);
+    if (b == nullptr) [[unlikely]]
+      b = cache.acquire(*f->lease, *backend, key, bytes, stream);
     b->requested = bytes;
     b->refs.reset(1);
   } else {

@@ -33,7 +33,8 @@ class owner_lock {
       } else {
         std::atomic_signal_fence(std::memory_order_seq_cst);  // the intruder's membarrier is the fence
       }
-      if (!intruding_.load(std::memory_order_acquire)) [[likely]] return true;
+      if (!intruding_.load(std::memory_order_acquire)) [[likely]]
+        return true;
       busy_.store(false, std::memory_order_release);
     }
     gate_.lock();
@@ -70,9 +71,9 @@ class owner_lock {
  private:
   static const mode owner_lock_mode;
 
-  spinlock gate_;                     // serialises intruders (and the owner's slow path)
+  spinlock gate_;  // serialises intruders (and the owner's slow path)
   std::atomic<bool> intruding_{false};
-  std::atomic<bool> busy_{false};     // the owner is inside
+  std::atomic<bool> busy_{false};  // the owner is inside
 };
 
 /// Owner-side RAII.

@@ -13,8 +13,7 @@ namespace refpool::detail {
 /// Raises `peak` to `value` if that is higher (another thread may raise it meanwhile).
 inline void raise_max(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
   std::size_t seen = peak.load(std::memory_order_relaxed);
-  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
+  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {}
 }
 
 class reserved_counter : public ref_counted<reserved_counter> {

@@ -10,10 +10,10 @@ struct slot;
 /// One entry of a thread's stack of active scopes and guards.
 struct scope_frame {
   scope_frame* previous = nullptr;
-  cache_state* cache = nullptr;       ///< null: an uncached guard (allocations go to the backend)
-  slot* lease = nullptr;              ///< the slot this frame allocates from; null: uncached
-  request_router* router = nullptr;   ///< the planned run this frame allocates through, if any
-  bool owns_lease = false;            ///< false when an outer frame on this thread holds the lease
+  cache_state* cache = nullptr;      ///< null: an uncached guard (allocations go to the backend)
+  slot* lease = nullptr;             ///< the slot this frame allocates from; null: uncached
+  request_router* router = nullptr;  ///< the planned run this frame allocates through, if any
+  bool owns_lease = false;           ///< false when an outer frame on this thread holds the lease
   bool open = false;
 };
 

@@ -247,8 +247,8 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
                   "free range {} B) and {} B in {} pieces; the cache now holds {} B live in {} blocks and {} B "
                   "idle; the backend has {} B outstanding",
                   backend.res().name(), bytes, requested, backend.device(), freed, st.committed_bytes, st.segments,
-                  st.free_bytes, st.largest_free_bytes, st.used_bytes, st.pieces_out, now.live_bytes,
-                  now.live_blocks, now.idle_bytes, backend.outstanding_bytes()),
+                  st.free_bytes, st.largest_free_bytes, st.used_bytes, st.pieces_out, now.live_bytes, now.live_blocks,
+                  now.idle_bytes, backend.outstanding_bytes()),
       bytes, backend.device());
 }
 

@@ -30,8 +30,7 @@ class segment_source final : public block_source {
   segment_source(const segment_source&) = delete;
   segment_source& operator=(const segment_source&) = delete;
 
-  block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
-              stream_ref stream) override;
+  block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested, stream_ref stream) override;
   std::size_t take_back(block* b) noexcept override;
   std::size_t trim(std::size_t keep, const backend_state* only, bool quiet) override;
   void close() noexcept override;

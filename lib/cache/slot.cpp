@@ -27,7 +27,9 @@ block* bucket::take(stream_ref stream) noexcept {
   return pop_oldest();
 }
 
-void bucket::insert_in_order(block* b) noexcept { idle.insert(std::upper_bound(idle.begin(), idle.end(), b, newer), b); }
+void bucket::insert_in_order(block* b) noexcept {
+  idle.insert(std::upper_bound(idle.begin(), idle.end(), b, newer), b);
+}
 
 void bucket::remove(block* b) noexcept {
   auto it = std::lower_bound(idle.begin(), idle.end(), b, newer);
@@ -39,7 +41,7 @@ void bucket::remove(block* b) noexcept {
 
 piece_list* slot::pieces_for(const block_key& key) {
   if (key.backend->piece_unit(cache->segments()) == 1) return nullptr;  // plain blocks
-  const bool small = key.bytes <= segment_heap_options{}.small_max;    // the cache's heaps use the defaults
+  const bool small = key.bytes <= segment_heap_options{}.small_max;     // the cache's heaps use the defaults
   if (piece_list* found = find_pieces(key.backend, small)) return found;
   piece_lists.reserve(piece_lists.size() + 1);
   auto made = std::make_unique<piece_list>();

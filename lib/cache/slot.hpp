@@ -31,9 +31,9 @@ struct line_allocator {
   template <class U>
   line_allocator(const line_allocator<U>&) noexcept {}  // NOLINT: rebinding is implicit
   T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new((n * sizeof(T) + line - 1) / line * line, std::align_val_t{line}));
+    return static_cast<T*>(::operator new ((n * sizeof(T) + line - 1) / line * line, std::align_val_t{line}));
   }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{line}); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete (p, std::align_val_t{line}); }
   friend bool operator==(const line_allocator&, const line_allocator&) { return true; }
 };
 
@@ -153,7 +153,7 @@ struct alignas(64) slot {
   std::uint64_t live_in_epoch = 0;
   std::uint64_t releases = 0;  ///< idle_seq source
 
-  bool ambient = false;     ///< serves a thread's cache-level allocations (not a scope)
+  bool ambient = false;               ///< serves a thread's cache-level allocations (not a scope)
   const void* last_thread = nullptr;  ///< prefer giving the slot back to the thread that used it last
 
   /// What keeps the slot (docs/design.md, "Lifetimes"): one reference for its cache while the

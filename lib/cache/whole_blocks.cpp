@@ -24,13 +24,12 @@ void* whole_block_source::allocate(backend_state& backend, std::size_t bytes, st
   if (ptr != nullptr) return ptr;
   cache_.count_oom();
   const cache_stats now = cache_.stats();
-  throw out_of_memory(
-      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, "
-                  "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
-                  "blocks and {} B idle; the backend has {} B outstanding",
-                  backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes, now.live_blocks,
-                  now.idle_bytes, backend.outstanding_bytes()),
-      bytes, backend.device());
+  throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, "
+                                  "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
+                                  "blocks and {} B idle; the backend has {} B outstanding",
+                                  backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes,
+                                  now.live_blocks, now.idle_bytes, backend.outstanding_bytes()),
+                      bytes, backend.device());
 }
 
 block* whole_block_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,

@@ -22,8 +22,7 @@ class whole_block_source final : public block_source {
   whole_block_source(const whole_block_source&) = delete;
   whole_block_source& operator=(const whole_block_source&) = delete;
 
-  block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
-              stream_ref stream) override;
+  block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested, stream_ref stream) override;
   std::size_t take_back(block* b) noexcept override;
   std::size_t trim(std::size_t, const backend_state*, bool) override { return 0; }  // keeps nothing outside blocks
   void close() noexcept override {}

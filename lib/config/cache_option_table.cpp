@@ -22,8 +22,8 @@ template <class Kind>
 typename Kind::type parse_or_throw(std::string_view what, std::string_view key, std::string_view text) {
   auto value = option_traits<Kind>::parse(text);
   if (!value)
-    throw config_error(fmt::format("refpool: {} '{}' has value '{}'; allowed: {}", what, key, text,
-                                   option_traits<Kind>::allowed));
+    throw config_error(
+        fmt::format("refpool: {} '{}' has value '{}'; allowed: {}", what, key, text, option_traits<Kind>::allowed));
   return *value;
 }
 
@@ -49,10 +49,10 @@ bool is_cache_option(std::string_view key) noexcept {
 }
 
 void set_cache_option(cache_options& options, std::string_view key, std::string_view value, std::string_view what) {
-#define REFPOOL_OPTION_SET(kind, name, default_text, description)                  \
-  if (key == #name) {                                                             \
-    options.name = parse_or_throw<option_kind::kind>(what, key, value);           \
-    return;                                                                       \
+#define REFPOOL_OPTION_SET(kind, name, default_text, description)       \
+  if (key == #name) {                                                   \
+    options.name = parse_or_throw<option_kind::kind>(what, key, value); \
+    return;                                                             \
   }
   REFPOOL_CACHE_OPTIONS(REFPOOL_OPTION_SET)
 #undef REFPOOL_OPTION_SET
@@ -101,7 +101,7 @@ void cache_options::set(std::string_view key, std::string_view value) {
 std::string cache_options::to_string() const {
   std::string out;
 #define REFPOOL_OPTION_TEXT(kind, name, default_text, description) \
-  out += fmt::format("{}" #name ":{}", out.empty() ? "" : ",",        \
+  out += fmt::format("{}" #name ":{}", out.empty() ? "" : ",",     \
                      detail::option_traits<detail::option_kind::kind>::format(name));
   REFPOOL_CACHE_OPTIONS(REFPOOL_OPTION_TEXT)
 #undef REFPOOL_OPTION_TEXT

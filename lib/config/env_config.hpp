@@ -11,10 +11,10 @@ namespace refpool::detail {
 class alloc_log;
 
 struct env_config {
-  bool no_caching = false;      ///< REFPOOL_NO_CACHING=1: every scope runs uncached
-  cache_options cache;          ///< the defaults with REFPOOL_CONF's cache options applied
-  std::string log_path;         ///< REFPOOL_CONF log:<file>
-  bool stats_at_exit = false;   ///< REFPOOL_CONF stats_at_exit:1
+  bool no_caching = false;     ///< REFPOOL_NO_CACHING=1: every scope runs uncached
+  cache_options cache;         ///< the defaults with REFPOOL_CONF's cache options applied
+  std::string log_path;        ///< REFPOOL_CONF log:<file>
+  bool stats_at_exit = false;  ///< REFPOOL_CONF stats_at_exit:1
 };
 
 /// Parses REFPOOL_CONF's text ("key:value,key:value"): the cache options

@@ -38,8 +38,7 @@ std::optional<rounding_policy> option_traits<option_kind::rounding_policy>::pars
   try {  // the factories check the parameter (and throw config_error for a bad one)
     if (mode == "step") return rounding_policy::step(*number);
     if (mode == "pow2" && *number <= 64) return rounding_policy::pow2(static_cast<unsigned>(*number));
-  } catch (const config_error&) {
-  }
+  } catch (const config_error&) {}
   return std::nullopt;
 }
 

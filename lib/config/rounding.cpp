@@ -15,8 +15,8 @@ rounding_policy rounding_policy::step(std::size_t bytes) {
 
 rounding_policy rounding_policy::pow2(unsigned divisions) {
   if (divisions == 0 || divisions > 64 || !std::has_single_bit(divisions))
-    throw config_error(fmt::format(
-        "refpool: pow2 rounding divisions must be a power of two from 1 to 64, not {}", divisions));
+    throw config_error(
+        fmt::format("refpool: pow2 rounding divisions must be a power of two from 1 to 64, not {}", divisions));
   return {mode::pow2_divisions, divisions};
 }
 

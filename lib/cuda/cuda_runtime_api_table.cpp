@@ -17,7 +17,7 @@ CUstream as_stream(handle h) { return static_cast<CUstream>(h); }
 CUdeviceptr as_device_ptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 std::string kind_unavailable(memory_kind) { return {}; }  // CUDA 12 serves every kind
-bool torn_down() noexcept { return false; }  // the driver reports calls after its teardown as errors
+bool torn_down() noexcept { return false; }               // the driver reports calls after its teardown as errors
 bool context_gone(status code) noexcept {
   return code == CUDA_ERROR_DEINITIALIZED || code == CUDA_ERROR_CONTEXT_IS_DESTROYED;
 }
@@ -225,8 +225,7 @@ const char* error_string(status code) {
 }  // namespace
 
 const gpu::runtime_api& table() {
-  static const gpu::runtime_api instance =
-      REFPOOL_GPU_TABLE("CUDA", "cuda", CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY);
+  static const gpu::runtime_api instance = REFPOOL_GPU_TABLE("CUDA", "cuda", CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY);
   return instance;
 }
 

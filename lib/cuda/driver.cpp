@@ -59,17 +59,17 @@ loaded load() {
     return out;
   }
   const int version = std::min(CUDA_VERSION, api.version);
-#define REFPOOL_CUDA_RESOLVE(name)                                                                         \
-  if (!resolve(#name, reinterpret_cast<void**>(&api.name), version)) {                                      \
-    out.failure = fmt::format("the NVIDIA driver (CUDA {}.{}) lacks {}", api.version / 1000,                \
-                              api.version % 1000 / 10, #name);                                              \
-    return out;                                                                                            \
+#define REFPOOL_CUDA_RESOLVE(name)                                                                                  \
+  if (!resolve(#name, reinterpret_cast<void**>(&api.name), version)) {                                              \
+    out.failure =                                                                                                   \
+        fmt::format("the NVIDIA driver (CUDA {}.{}) lacks {}", api.version / 1000, api.version % 1000 / 10, #name); \
+    return out;                                                                                                     \
   }
   REFPOOL_CUDA_DRIVER_SYMBOLS(REFPOOL_CUDA_RESOLVE)
 #undef REFPOOL_CUDA_RESOLVE
   const CUresult init = api.cuInit(0);
-  if (init == CUDA_ERROR_NO_DEVICE || (init == CUDA_SUCCESS && api.cuDeviceGetCount(&api.device_count) == CUDA_SUCCESS &&
-                                       api.device_count == 0)) {
+  if (init == CUDA_ERROR_NO_DEVICE ||
+      (init == CUDA_SUCCESS && api.cuDeviceGetCount(&api.device_count) == CUDA_SUCCESS && api.device_count == 0)) {
     out.failure = "the NVIDIA driver is installed but there is no CUDA device";
     return out;
   }

@@ -14,9 +14,10 @@ namespace refpool::detail::gpu {
 
 backend shared_backend(const runtime_api& api, int device, memory_kind kind) {
   if (kind == memory_kind::host)
-    throw backend_unavailable(fmt::format("refpool: the {} backend has device, device_async and pinned_host memory; "
-                                          "pageable host memory is refpool::host_backend()",
-                                          api.name));
+    throw backend_unavailable(
+        fmt::format("refpool: the {} backend has device, device_async and pinned_host memory; "
+                    "pageable host memory is refpool::host_backend()",
+                    api.name));
   // Leaked on purpose: blocks may be freed by static destructors after this map would be gone.
   static auto* backends = new std::map<std::tuple<const runtime_api*, int, memory_kind>, backend>;
   static std::mutex mutex;

@@ -20,8 +20,7 @@ void fill(runtime r, void* dst, unsigned char value, std::size_t bytes, stream_r
   internal::check(api, api.fill(dst, value, bytes, s.handle), api.fill.name, fmt::format("{} B at {}", bytes, dst));
 }
 
-void copy_peer(runtime r, void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
-               stream_ref s) {
+void copy_peer(runtime r, void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, stream_ref s) {
   const internal::runtime_api& api = internal::usable(r);
   internal::check_device(api, src_device);
   internal::device_guard guard(api, dst_device);

@@ -35,12 +35,18 @@ class gpu_resource final : public resource {
     status code = api_.success;
     std::string_view call;
     switch (kind_) {
-      case memory_kind::device: code = api_.mem_alloc(&ptr, bytes); call = api_.mem_alloc.name; break;
+      case memory_kind::device:
+        code = api_.mem_alloc(&ptr, bytes);
+        call = api_.mem_alloc.name;
+        break;
       case memory_kind::device_async:
         code = api_.mem_alloc_async(&ptr, bytes, stream.handle);
         call = api_.mem_alloc_async.name;
         break;
-      case memory_kind::pinned_host: code = api_.host_alloc(&ptr, bytes); call = api_.host_alloc.name; break;
+      case memory_kind::pinned_host:
+        code = api_.host_alloc(&ptr, bytes);
+        call = api_.host_alloc.name;
+        break;
       case memory_kind::host: throw backend_error("refpool: a GPU resource cannot hand out pageable host memory", -1);
     }
     if (code == api_.out_of_memory) return nullptr;
@@ -55,14 +61,20 @@ class gpu_resource final : public resource {
       status code = api_.success;
       std::string_view call;
       switch (kind_) {
-        case memory_kind::device: code = api_.mem_free(ptr); call = api_.mem_free.name; break;
+        case memory_kind::device:
+          code = api_.mem_free(ptr);
+          call = api_.mem_free.name;
+          break;
         case memory_kind::device_async: {  // a destroyed last stream was synchronised: free on the default one
           const retirement_lock streams;
           code = api_.mem_free_async(ptr, streams.retired(stream.handle) ? nullptr : stream.handle);
           call = api_.mem_free_async.name;
           break;
         }
-        case memory_kind::pinned_host: code = api_.host_free(ptr); call = api_.host_free.name; break;
+        case memory_kind::pinned_host:
+          code = api_.host_free(ptr);
+          call = api_.host_free.name;
+          break;
         case memory_kind::host: break;
       }
       check(api_, code, call, fmt::format("{} B at {} on device {}", bytes, ptr, device_));

@@ -49,56 +49,54 @@ struct entry<status (*)(Args...)> {
 ///   device has it, the minimum granularity, address ranges reserved and freed, physical
 ///   allocations created and released, mapped (at offset 0, whole) and unmapped, and made
 ///   readable and writable by `device`.
-#define REFPOOL_GPU_ENTRIES(X)                                                                          \
-  X(activate, status (*)(int device, handle* saved))                                                   \
-  X(restore, status (*)(handle saved))                                                                 \
-  X(driver_version, status (*)(int* version))                                                          \
-  X(device_name, status (*)(int device, char* name, std::size_t size))                                 \
-  X(memory_info, status (*)(std::size_t* free, std::size_t* total))                                    \
-  X(keep_pool_memory, status (*)(int device))                                                          \
-  X(mem_alloc, status (*)(void** ptr, std::size_t bytes))                                              \
-  X(mem_free, status (*)(void* ptr))                                                                   \
-  X(mem_alloc_async, status (*)(void** ptr, std::size_t bytes, handle stream))                         \
-  X(mem_free_async, status (*)(void* ptr, handle stream))                                              \
-  X(host_alloc, status (*)(void** ptr, std::size_t bytes))                                             \
-  X(host_free, status (*)(void* ptr))                                                                  \
-  X(event_create, status (*)(handle* event))                                                           \
-  X(event_destroy, status (*)(handle event))                                                           \
-  X(event_record, status (*)(handle event, handle stream))                                             \
-  X(stream_wait_event, status (*)(handle stream, handle event))                                        \
-  X(stream_create, status (*)(handle* stream))                                                         \
-  X(stream_destroy, status (*)(handle stream))                                                         \
-  X(stream_synchronize, status (*)(handle stream))                                                     \
-  X(device_synchronize, status (*)())                                                                  \
-  X(module_load, status (*)(handle* module, int device, std::string_view image, std::string* details)) \
-  X(module_unload, status (*)(handle module))                                                          \
-  X(module_function, status (*)(handle* function, handle module, const char* name))                    \
-  X(launch, status (*)(handle function, dims3 grid, dims3 block, unsigned shared_bytes, handle stream, \
-                       void** args))                                                                   \
-  X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                    \
-  X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                \
-  X(copy_peer, status (*)(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, \
-                          handle stream))                                                                 \
-  X(vm_supported, status (*)(int device, bool* supported))                                             \
-  X(vm_granularity, status (*)(int device, std::size_t* granularity))                                  \
-  X(vm_reserve, status (*)(void** ptr, std::size_t bytes, std::size_t alignment))                      \
-  X(vm_free, status (*)(void* ptr, std::size_t bytes))                                                 \
-  X(vm_create, status (*)(handle* physical, std::size_t bytes, int device))                            \
-  X(vm_release, status (*)(handle physical))                                                           \
-  X(vm_map, status (*)(void* ptr, std::size_t bytes, handle physical))                                 \
-  X(vm_unmap, status (*)(void* ptr, std::size_t bytes))                                                \
+#define REFPOOL_GPU_ENTRIES(X)                                                                                       \
+  X(activate, status (*)(int device, handle* saved))                                                                 \
+  X(restore, status (*)(handle saved))                                                                               \
+  X(driver_version, status (*)(int* version))                                                                        \
+  X(device_name, status (*)(int device, char* name, std::size_t size))                                               \
+  X(memory_info, status (*)(std::size_t * free, std::size_t * total))                                                \
+  X(keep_pool_memory, status (*)(int device))                                                                        \
+  X(mem_alloc, status (*)(void** ptr, std::size_t bytes))                                                            \
+  X(mem_free, status (*)(void* ptr))                                                                                 \
+  X(mem_alloc_async, status (*)(void** ptr, std::size_t bytes, handle stream))                                       \
+  X(mem_free_async, status (*)(void* ptr, handle stream))                                                            \
+  X(host_alloc, status (*)(void** ptr, std::size_t bytes))                                                           \
+  X(host_free, status (*)(void* ptr))                                                                                \
+  X(event_create, status (*)(handle * event))                                                                        \
+  X(event_destroy, status (*)(handle event))                                                                         \
+  X(event_record, status (*)(handle event, handle stream))                                                           \
+  X(stream_wait_event, status (*)(handle stream, handle event))                                                      \
+  X(stream_create, status (*)(handle * stream))                                                                      \
+  X(stream_destroy, status (*)(handle stream))                                                                       \
+  X(stream_synchronize, status (*)(handle stream))                                                                   \
+  X(device_synchronize, status (*)())                                                                                \
+  X(module_load, status (*)(handle * module, int device, std::string_view image, std::string* details))              \
+  X(module_unload, status (*)(handle module))                                                                        \
+  X(module_function, status (*)(handle * function, handle module, const char* name))                                 \
+  X(launch, status (*)(handle function, dims3 grid, dims3 block, unsigned shared_bytes, handle stream, void** args)) \
+  X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                                  \
+  X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                              \
+  X(copy_peer,                                                                                                       \
+    status (*)(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, handle stream))        \
+  X(vm_supported, status (*)(int device, bool* supported))                                                           \
+  X(vm_granularity, status (*)(int device, std::size_t* granularity))                                                \
+  X(vm_reserve, status (*)(void** ptr, std::size_t bytes, std::size_t alignment))                                    \
+  X(vm_free, status (*)(void* ptr, std::size_t bytes))                                                               \
+  X(vm_create, status (*)(handle * physical, std::size_t bytes, int device))                                         \
+  X(vm_release, status (*)(handle physical))                                                                         \
+  X(vm_map, status (*)(void* ptr, std::size_t bytes, handle physical))                                               \
+  X(vm_unmap, status (*)(void* ptr, std::size_t bytes))                                                              \
   X(vm_set_access, status (*)(void* ptr, std::size_t bytes, int device))
 
 /// A runtime's table, from the functions it defines with the names of the fields below and of
 /// the entries above (and the entries' `<name>_call` constants): a runtime lacking one does not
 /// compile. NAME is "CUDA", PREFIX "cuda", SUCCESS and OUT_OF_MEMORY the runtime's codes.
-#define REFPOOL_GPU_TABLE(NAME, PREFIX, SUCCESS, OUT_OF_MEMORY)                                                 \
-  {                                                                                                             \
-    .name = NAME, .prefix = PREFIX, .success = SUCCESS, .out_of_memory = OUT_OF_MEMORY, .failure = failure,     \
-    .device_count = device_count, .version = version, .kind_unavailable = kind_unavailable,                     \
-    .torn_down = torn_down, .context_gone = context_gone,                                                       \
-    REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,                                       \
-    .error_string = error_string                                                                                \
+#define REFPOOL_GPU_TABLE(NAME, PREFIX, SUCCESS, OUT_OF_MEMORY)                                                     \
+  {                                                                                                                 \
+    .name = NAME, .prefix = PREFIX, .success = SUCCESS, .out_of_memory = OUT_OF_MEMORY, .failure = failure,         \
+    .device_count = device_count, .version = version, .kind_unavailable = kind_unavailable, .torn_down = torn_down, \
+    .context_gone = context_gone, REFPOOL_GPU_ENTRIES(REFPOOL_GPU_TABLE_ENTRY).error_name = error_name,             \
+    .error_string = error_string                                                                                    \
   }
 #define REFPOOL_GPU_TABLE_ENTRY(name, ...) .name = {name, name##_call},
 

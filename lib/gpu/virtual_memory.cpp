@@ -197,7 +197,9 @@ class gpu_virtual_memory final : public virtual_memory {
       it = give_back_piece(it);
       if (pieces_.count(stale) != 0)
         throw backend_error(fmt::format("refpool: device {} still refuses to give back the physical allocation "
-                                        "at {:#x} that a commit needs the range of", device_, stale), -1);
+                                        "at {:#x} that a commit needs the range of",
+                                        device_, stale),
+                            -1);
     }
   }
 
@@ -205,8 +207,7 @@ class gpu_virtual_memory final : public virtual_memory {
     try {
       const std::string where = fmt::format("{} B at {} on device {} (kept, to retry)", p.bytes, ptr, device_);
       std::fprintf(stderr, "%s\n", error_text(code, call, where).c_str());
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   std::string error_text(status code, std::string_view call, const std::string& where) const {

@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-
 namespace refpool::detail::hip {
 
 namespace {
@@ -86,7 +85,10 @@ std::optional<std::vector<std::string>> elf_targets(std::string_view image) {
 
 std::optional<std::vector<std::string>> code_object_targets(std::string_view image) {
   if (image.substr(0, 24) == "__CLANG_OFFLOAD_BUNDLE__") return bundle_targets(image);
-  if (image.substr(0, 4) == "\x7f" "ELF") return elf_targets(image);
+  if (image.substr(0, 4) ==
+      "\x7f"
+      "ELF")
+    return elf_targets(image);
   return std::nullopt;
 }
 
@@ -106,8 +108,8 @@ hipError_t check_code_object(int ordinal, std::string_view image, std::string* w
   const runtime_api& api = runtime();
   const std::string version = version_text(api.version);
   if (api.hipGetDeviceProperties == nullptr) {
-    *why = fmt::format("refpool cannot check code objects on HIP {}: the runtime lacks hipGetDeviceProperties",
-                       version);
+    *why =
+        fmt::format("refpool cannot check code objects on HIP {}: the runtime lacks hipGetDeviceProperties", version);
     return hipErrorNotSupported;
   }
   device_properties_5 properties{};
@@ -117,14 +119,16 @@ hipError_t check_code_object(int ordinal, std::string_view image, std::string* w
     return r;
   }
   const std::string_view device(properties.gcnArchName, strnlen(properties.gcnArchName, sizeof properties.gcnArchName));
-  const std::string aborts = fmt::format("HIP {} aborts the process on a code object without code for the device, so "
-                                         "refpool checks first; HIP {} and newer report it",
-                                         version, version_text(minimum_checked_load_version));
+  const std::string aborts = fmt::format(
+      "HIP {} aborts the process on a code object without code for the device, so "
+      "refpool checks first; HIP {} and newer report it",
+      version, version_text(minimum_checked_load_version));
   const auto targets = code_object_targets(image);
   if (!targets) {
-    *why = fmt::format("refpool cannot read what device {} ({}) would run: the image is neither a clang offload "
-                       "bundle nor an AMDGPU ELF ({})",
-                       ordinal, device, aborts);
+    *why = fmt::format(
+        "refpool cannot read what device {} ({}) would run: the image is neither a clang offload "
+        "bundle nor an AMDGPU ELF ({})",
+        ordinal, device, aborts);
     return hipErrorInvalidImage;
   }
   for (const std::string& target : *targets)

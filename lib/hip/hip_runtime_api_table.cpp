@@ -59,16 +59,15 @@ status keep_pool_memory(int device) {
 
 // Once the process is exiting, the runtime may be gone (runtime.hpp, process_exiting).
 bool torn_down() noexcept { return process_exiting(); }
-bool context_gone(status code) noexcept {
-  return code == hipErrorDeinitialized || code == hipErrorContextIsDestroyed;
-}
+bool context_gone(status code) noexcept { return code == hipErrorDeinitialized || code == hipErrorContextIsDestroyed; }
 
 // HIP 5.2's hipMallocAsync and hipFreeAsync crash on the default stream (docs/hip.md, finding 1).
 std::string kind_unavailable(memory_kind kind) {
   if (kind != memory_kind::device_async || runtime().version >= minimum_async_version) return {};
-  return fmt::format("HIP stream-ordered memory (memory_kind::device_async) needs HIP {} or newer: the HIP {} of {} "
-                     "crashes in hipMallocAsync on the default stream; use memory_kind::device",
-                     version_text(minimum_async_version), version_text(runtime().version), runtime().library);
+  return fmt::format(
+      "HIP stream-ordered memory (memory_kind::device_async) needs HIP {} or newer: the HIP {} of {} "
+      "crashes in hipMallocAsync on the default stream; use memory_kind::device",
+      version_text(minimum_async_version), version_text(runtime().version), runtime().library);
 }
 
 constexpr std::string_view mem_alloc_call = "hipMalloc";

@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-
 #include "../gpu/loaded_runtime.hpp"
 
 namespace refpool::detail::hip {
@@ -19,7 +18,6 @@ namespace refpool::detail::hip {
 namespace {
 
 using loaded = gpu::loaded_runtime<runtime_api>;
-
 
 // "5, 6 and 7"
 std::string reviewed_text() {
@@ -36,9 +34,10 @@ std::string refusal(const runtime_api& api, library_name name) {
     return fmt::format("the HIP runtime {} is HIP {}, not HIP {} as its name says", api.library,
                        version_text(api.version), name.major);
   if (std::find(std::begin(reviewed_majors), std::end(reviewed_majors), major) == std::end(reviewed_majors))
-    return fmt::format("the HIP runtime {} is HIP {}: refpool supports HIP {} (the releases it was reviewed against, "
-                       "docs/hip.md)",
-                       api.library, version_text(api.version), reviewed_text());
+    return fmt::format(
+        "the HIP runtime {} is HIP {}: refpool supports HIP {} (the releases it was reviewed against, "
+        "docs/hip.md)",
+        api.library, version_text(api.version), reviewed_text());
   if (api.version < minimum_runtime_version)
     return fmt::format("the HIP runtime {} is too old: HIP {}, refpool needs {} or newer", api.library,
                        version_text(api.version), version_text(minimum_runtime_version));
@@ -65,9 +64,10 @@ loaded use(void* library, library_name name, bool already_loaded) {
   } else if (std::string why = refusal(api, name); !why.empty()) {
     out.failure = std::move(why);
     if (already_loaded)
-      out.failure += fmt::format(" (this process already has {} loaded: refpool uses that runtime or none, since a "
-                                 "second one would know nothing of the application's streams and pointers)",
-                                 api.library);
+      out.failure += fmt::format(
+          " (this process already has {} loaded: refpool uses that runtime or none, since a "
+          "second one would know nothing of the application's streams and pointers)",
+          api.library);
   }
   if (!out.failure.empty()) return out;
 #define REFPOOL_HIP_RESOLVE(symbol) \
@@ -117,9 +117,10 @@ loaded load() {
     errors += fmt::format("{}{}", errors.empty() ? "" : "; ", why != nullptr ? why : name.name);
   }
   loaded out;
-  out.failure = fmt::format("the HIP runtime library could not be loaded (is libamdhip64 installed: Debian's "
-                            "libamdhip64-5, or ROCm?): {}",
-                            errors);
+  out.failure = fmt::format(
+      "the HIP runtime library could not be loaded (is libamdhip64 installed: Debian's "
+      "libamdhip64-5, or ROCm?): {}",
+      errors);
   return out;
 }
 

@@ -14,7 +14,6 @@
 #include <string>
 #include <utility>
 
-
 namespace refpool::detail::hip {
 
 // The C entry points of names the header also overloads in C++ (hipMallocAsync with a pool).
@@ -22,17 +21,16 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
 
 // X(name) takes the type of the header's declaration; TYPED(name, type) names the type of an
 // overloaded name's C entry point.
-#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                       \
-  X(hipRuntimeGetVersion) X(hipDriverGetVersion) X(hipGetDeviceCount) X(hipGetDevice)              \
-  X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) X(hipMemGetInfo)                             \
-  X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t)                               \
-  X(hipFreeAsync) X(hipHostMalloc) X(hipHostFree)                                                  \
-  X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute)                                          \
-  X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipDeviceSynchronize)    \
-  X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)            \
-  X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync)                                        \
-  X(hipModuleLoadData) X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel)         \
-  X(hipGetErrorName) X(hipGetErrorString) X(hipGetLastError)
+#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                                     \
+  X(hipRuntimeGetVersion)                                                                                         \
+  X(hipDriverGetVersion) X(hipGetDeviceCount) X(hipGetDevice) X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) \
+      X(hipMemGetInfo) X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t) X(hipFreeAsync)          \
+          X(hipHostMalloc) X(hipHostFree) X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute)                 \
+              X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipDeviceSynchronize)     \
+                  X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)           \
+                      X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync) X(hipModuleLoadData)              \
+                          X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipGetErrorName)  \
+                              X(hipGetErrorString) X(hipGetLastError)
 
 // The hipDeviceProp_t of HIP 5.2 and 5.3 (the same in both: 792 bytes, gcnArchName at 396, read
 // from their headers), which their hipGetDeviceProperties fills. Declared here, not taken from the
@@ -70,11 +68,11 @@ inline constexpr int attribute_virtual_memory = 89;  // hipDeviceAttribute_t fro
 // Entry points refpool uses only on some releases or where present; null where absent.
 // hipGetDeviceProperties reads the device's target before HIP 5.4 (code_object.hpp); the others
 // are virtual memory.
-#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED)                                                                  \
-  TYPED(hipGetDeviceProperties, get_device_properties_5_t)                                                     \
-  X(hipDeviceGetAttribute) TYPED(hipMemGetAllocationGranularity, mem_granularity_53_t) X(hipMemAddressReserve) \
-  X(hipMemAddressFree) TYPED(hipMemCreate, mem_create_53_t) X(hipMemRelease) X(hipMemMap) X(hipMemUnmap)       \
-  X(hipMemSetAccess)
+#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED)                                                             \
+  TYPED(hipGetDeviceProperties, get_device_properties_5_t)                                                 \
+  X(hipDeviceGetAttribute)                                                                                 \
+  TYPED(hipMemGetAllocationGranularity, mem_granularity_53_t) X(hipMemAddressReserve) X(hipMemAddressFree) \
+      TYPED(hipMemCreate, mem_create_53_t) X(hipMemRelease) X(hipMemMap) X(hipMemUnmap) X(hipMemSetAccess)
 
 struct runtime_api {
 #define REFPOOL_HIP_DECLARE(name) decltype(&::name) name = nullptr;
@@ -83,10 +81,10 @@ struct runtime_api {
   REFPOOL_HIP_OPTIONAL_SYMBOLS(REFPOOL_HIP_DECLARE, REFPOOL_HIP_DECLARE_TYPED)
 #undef REFPOOL_HIP_DECLARE
 #undef REFPOOL_HIP_DECLARE_TYPED
-  std::string library;   ///< the name that loaded ("libamdhip64.so.5")
+  std::string library;          ///< the name that loaded ("libamdhip64.so.5")
   bool already_loaded = false;  ///< the process had loaded it before refpool
-  int version = 0;       ///< hipRuntimeGetVersion: major * 10'000'000 + minor * 100'000 + patch
-  int device_count = 0;  ///< at least 1 once loaded
+  int version = 0;              ///< hipRuntimeGetVersion: major * 10'000'000 + minor * 100'000 + patch
+  int device_count = 0;         ///< at least 1 once loaded
 };
 
 // A TYPED entry must name the type of one of the header's declarations (else the cast fails).

@@ -24,10 +24,10 @@ class host_resource final : public resource {
     // No object is larger than PTRDIFF_MAX. Above it libstdc++'s aligned new may wrap: it rounds
     // the size up to the alignment unchecked, so SIZE_MAX "succeeded" as a 0-byte allocation.
     if (bytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max())) return nullptr;
-    return ::operator new(bytes, std::align_val_t{host_alignment}, std::nothrow);
+    return ::operator new (bytes, std::align_val_t{host_alignment}, std::nothrow);
   }
   void deallocate(void* ptr, std::size_t, stream_ref) noexcept override {
-    ::operator delete(ptr, std::align_val_t{host_alignment});
+    ::operator delete (ptr, std::align_val_t{host_alignment});
   }
   virtual_memory* address_space() noexcept override { return &address_space_; }
 

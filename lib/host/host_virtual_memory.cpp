@@ -33,7 +33,9 @@ bool granule_aligned(const void* addr, std::size_t bytes) noexcept {
 void* host_virtual_memory::reserve(std::size_t bytes) {
   if (bytes == 0 || bytes % g != 0)
     throw backend_error(fmt::format("refpool: host virtual memory: cannot reserve {} B (not a positive multiple "
-                                    "of the {} B granularity)", bytes, g), EINVAL);
+                                    "of the {} B granularity)",
+                                    bytes, g),
+                        EINVAL);
   if (bytes > SIZE_MAX - g) return nullptr;  // no address space is that large
   // Over-reserve by one granule and cut both ends, so the range starts at a multiple of g. No
   // MAP_NORESERVE: an inaccessible mapping is not charged anyway, and without the flag making
@@ -42,8 +44,8 @@ void* host_virtual_memory::reserve(std::size_t bytes) {
   void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
     if (errno == ENOMEM) return nullptr;
-    throw backend_error(fmt::format("refpool: host virtual memory: mmap of {} B failed: {}", span,
-                                    std::strerror(errno)), errno);
+    throw backend_error(
+        fmt::format("refpool: host virtual memory: mmap of {} B failed: {}", span, std::strerror(errno)), errno);
   }
   const auto start = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = (start + g - 1) / g * g;
@@ -56,11 +58,14 @@ void* host_virtual_memory::reserve(std::size_t bytes) {
 bool host_virtual_memory::commit(void* addr, std::size_t bytes) {
   if (!granule_aligned(addr, bytes))
     throw backend_error(fmt::format("refpool: host virtual memory: cannot commit {} B at {} (not granule "
-                                    "aligned, granule {} B)", bytes, addr, g), EINVAL);
+                                    "aligned, granule {} B)",
+                                    bytes, addr, g),
+                        EINVAL);
   if (::mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0) return true;
   if (errno == ENOMEM) return false;
-  throw backend_error(fmt::format("refpool: host virtual memory: mprotect of {} B at {} failed: {}", bytes, addr,
-                                  std::strerror(errno)), errno);
+  throw backend_error(
+      fmt::format("refpool: host virtual memory: mprotect of {} B at {} failed: {}", bytes, addr, std::strerror(errno)),
+      errno);
 }
 
 void host_virtual_memory::decommit(void* addr, std::size_t bytes) noexcept {

@@ -119,7 +119,8 @@ void arena::free_memory() noexcept {
 bool arena::claim(const void* run, const void* key) noexcept {
   if (retired()) return false;
   const void* none = nullptr;
-  if (!claimed_by_.compare_exchange_strong(none, run, std::memory_order_acquire, std::memory_order_relaxed)) return false;
+  if (!claimed_by_.compare_exchange_strong(none, run, std::memory_order_acquire, std::memory_order_relaxed))
+    return false;
   if (retired()) {  // retired while we claimed: give it back
     unclaim();
     return false;

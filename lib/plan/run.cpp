@@ -68,7 +68,8 @@ block* plan_run::replay_one(slot* lease, backend_state& backend, std::size_t byt
 
 block* plan_run::take_region(std::uint64_t at, stream_ref stream) {
   plan& p = *current_;
-  if (arena_->waits_pending()) [[unlikely]] arena_->wait_for_pending(stream);
+  if (arena_->waits_pending()) [[unlikely]]
+    arena_->wait_for_pending(stream);
   if (at >= due_processed_) {
     // Regions the recording had released by now: one this run still holds is overdue.
     for (const std::uint32_t* d = p.due_begin(at); d != p.due_end(at); ++d)
@@ -77,10 +78,12 @@ block* plan_run::take_region(std::uint64_t at, stream_ref stream) {
     due_processed_ = at + 1;
   }
   region_state& st = p.state(at);
-  if ((st.state.load(std::memory_order_acquire) & region_state::live) != 0) [[unlikely]] return nullptr;
+  if ((st.state.load(std::memory_order_acquire) & region_state::live) != 0) [[unlikely]]
+    return nullptr;
   // Only an overdue region of this run or a live region of another can share bytes with this one:
   // every other live region was recorded alive together with it, and placed apart.
-  if ((!overdue_.empty() || !foreign_.empty()) && blocked(at)) [[unlikely]] return nullptr;
+  if ((!overdue_.empty() || !foreign_.empty()) && blocked(at)) [[unlikely]]
+    return nullptr;
   region_block& r = p.region_at(at);
   r.thread = thread_;
   r.refs.reset(1);
@@ -192,7 +195,8 @@ bool plan_run::switch_to(const planned_request& request, std::uint64_t at) {
     // The regions this run holds of the plan it leaves may share bytes with the new plan's.
     const std::uint64_t held = region_state::live_in(generation_);
     std::size_t live = 0;
-    for (std::uint64_t p = segment_from_; p < at; ++p) live += current_->state(p).state.load(std::memory_order_acquire) == held;
+    for (std::uint64_t p = segment_from_; p < at; ++p)
+      live += current_->state(p).state.load(std::memory_order_acquire) == held;
     foreign_.reserve(foreign_.size() + live);
     segments_.reserve(segments_.size() + 1);
     for (std::uint64_t p = segment_from_; p < at; ++p) {
@@ -276,7 +280,8 @@ void plan_run::finish_locked() noexcept {
   if (was == mode::replay) replayed_to_ = end;
   const bool complete = was == mode::replay && end == current_->size();
   if (was == mode::replay && !complete) misses.store(misses.load(std::memory_order_relaxed) + 1);  // a shorter run
-  const bool record = may_record_ && end != 0 && (was == mode::record || (was == mode::replay && (!complete || stale_)));
+  const bool record =
+      may_record_ && end != 0 && (was == mode::record || (was == mode::replay && (!complete || stale_)));
   std::vector<lifetime> region_lifetimes;
   bool recordable = record;
   try {

@@ -97,7 +97,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   plan_store& store_;
   key_state* key_ = nullptr;
   const bool shared_;
-  std::mutex match_mutex_;  // shared runs: one request (and the end) at a time
+  std::mutex match_mutex_;    // shared runs: one request (and the end) at a time
   const void* const thread_;  ///< the serving thread of a scope's run; null for steps
 
   mode mode_ = mode::start;
@@ -105,17 +105,17 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   bool stale_ = false;
   bool busy_ = false;
   bool busy_other_key_ = false;
-  std::vector<plan*> candidates_;  ///< the key's plans at the start, most recently used first (retained)
-  plan* current_ = nullptr;        ///< replay: the plan matched so far
-  arena* arena_ = nullptr;         ///< its arena, claimed by this run until it ends
-  std::uint64_t generation_ = 0;   ///< this run's number in arena_
-  std::vector<segment> segments_;  ///< earlier plans of this run (after switches)
-  std::uint64_t segment_from_ = 0; ///< current_ serves from this position
-  std::uint64_t replayed_to_ = 0;  ///< positions below came from plans (replay), later ones were recorded
-  std::uint64_t due_processed_ = 0;  ///< due lists of current_ below this position were checked
-  std::vector<std::uint32_t> overdue_;         ///< regions of current_ this run still holds past their recorded release
-  std::vector<foreign_region> foreign_;        ///< live regions of other runs or plans in arena_
-  std::atomic<std::uint64_t> position_{0};     ///< requests served so far (written by the serving thread)
+  std::vector<plan*> candidates_;           ///< the key's plans at the start, most recently used first (retained)
+  plan* current_ = nullptr;                 ///< replay: the plan matched so far
+  arena* arena_ = nullptr;                  ///< its arena, claimed by this run until it ends
+  std::uint64_t generation_ = 0;            ///< this run's number in arena_
+  std::vector<segment> segments_;           ///< earlier plans of this run (after switches)
+  std::uint64_t segment_from_ = 0;          ///< current_ serves from this position
+  std::uint64_t replayed_to_ = 0;           ///< positions below came from plans (replay), later ones were recorded
+  std::uint64_t due_processed_ = 0;         ///< due lists of current_ below this position were checked
+  std::vector<std::uint32_t> overdue_;      ///< regions of current_ this run still holds past their recorded release
+  std::vector<foreign_region> foreign_;     ///< live regions of other runs or plans in arena_
+  std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
 
   mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
   std::vector<tracked> tracked_;

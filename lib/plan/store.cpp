@@ -11,9 +11,8 @@ namespace refpool::detail {
 plan_store::~plan_store() { close(); }
 
 plan_store& plan_store::of(cache_state& cache) {
-  return static_cast<plan_store&>(cache.extension([](cache_state& c) -> std::unique_ptr<cache_extension> {
-    return std::make_unique<plan_store>(c);
-  }));
+  return static_cast<plan_store&>(cache.extension(
+      [](cache_state& c) -> std::unique_ptr<cache_extension> { return std::make_unique<plan_store>(c); }));
 }
 
 // ---- runs ---------------------------------------------------------------------------------

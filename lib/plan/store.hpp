@@ -26,25 +26,25 @@ class plan_run;
 /// A plan key and its plans. Fields are guarded by the store's mutex.
 struct key_state {
   std::string name;
-  std::vector<plan*> plans;                 ///< retained by the store
-  std::vector<std::uint64_t> last_used;     ///< per plan: the store's clock at its last complete run
+  std::vector<plan*> plans;              ///< retained by the store
+  std::vector<std::uint64_t> last_used;  ///< per plan: the store's clock at its last complete run
   /// Recordings of sequences seen once (retained, no arena yet), oldest first: a sequence becomes
   /// a plan only when it comes again, and then every pending one of the key does too.
   std::vector<recording*> pending;  ///< owned
-  bool own_arena = false;                   ///< its runs met another key's run on a shared arena
-  std::uint64_t runs = 0;                   ///< runs ended
-  std::uint32_t rerecordings = 0;           ///< bit i: the run i runs ago re-recorded
-  std::uint64_t paused_until = 0;           ///< no recording while runs < paused_until
-  std::uint64_t next_pause = 0;             ///< length of the next pause, in runs
+  bool own_arena = false;           ///< its runs met another key's run on a shared arena
+  std::uint64_t runs = 0;           ///< runs ended
+  std::uint32_t rerecordings = 0;   ///< bit i: the run i runs ago re-recorded
+  std::uint64_t paused_until = 0;   ///< no recording while runs < paused_until
+  std::uint64_t next_pause = 0;     ///< length of the next pause, in runs
 };
 
 /// What a run did, handed to the store at its end.
 struct run_outcome {
-  plan* used = nullptr;       ///< the plan it replayed to its end (becomes the most recently used)
-  recording* made = nullptr;  ///< its recording, not yet placed (owned: the store adopts it)
-  bool busy = false;          ///< its arena was held by another run
-  bool busy_other_key = false;///< ... of another key
-  bool unrecorded = false;    ///< served by the plain cache, unrecorded, because its key was paused
+  plan* used = nullptr;         ///< the plan it replayed to its end (becomes the most recently used)
+  recording* made = nullptr;    ///< its recording, not yet placed (owned: the store adopts it)
+  bool busy = false;            ///< its arena was held by another run
+  bool busy_other_key = false;  ///< ... of another key
+  bool unrecorded = false;      ///< served by the plain cache, unrecorded, because its key was paused
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
 };
@@ -86,17 +86,17 @@ class plan_store final : public cache_extension {
     const key_state* owner;  ///< null: shared by every key without an arena of its own
     arena* memory;           ///< retained
   };
-  /// A run's recording (adopted; placed only when it becomes a plan): a plan at once when the key has a plan of its sequence (a
-  /// re-recording), pending when the sequence is new, and when it is pending already (it came
-  /// again) it and every pending recording of the key become plans, largest first. True when it
-  /// replaced or dropped one (a re-recording; dropping the oldest pending one counts too).
-  /// Caller holds growth_mutex_ only.
+  /// A run's recording (adopted; placed only when it becomes a plan): a plan at once when the key has a plan of its
+  /// sequence (a re-recording), pending when the sequence is new, and when it is pending already (it came again) it and
+  /// every pending recording of the key become plans, largest first. True when it replaced or dropped one (a
+  /// re-recording; dropping the oldest pending one counts too). Caller holds growth_mutex_ only.
   bool adopt(key_state& key, recording* made) noexcept;
   /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
   /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).
   /// Caller holds growth_mutex_ only.
   bool add_plan(key_state& key, plan* made) noexcept;
-  void grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed, std::vector<plan*>& dropped) noexcept;
+  void grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed,
+                        std::vector<plan*>& dropped) noexcept;
   void install(key_state& key, plan* made) noexcept;  // caller holds mutex_, room reserved
   void move_to_own_arena(key_state& key) noexcept;
   arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;

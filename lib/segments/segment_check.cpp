@@ -114,13 +114,15 @@ void segment_heap::check() const {
     if (run + 1 != runs.size() || expected != seg.base + runs.back().second)
       fail(fmt::format("segment {}: ranges end at {:#x}, its commits at {:#x}", seg.id, expected,
                        seg.base + runs.back().second));
-    if (seg_pieces != seg.pieces) fail(fmt::format("segment {}: {} pieces counted as {}", seg.id, seg_pieces, seg.pieces));
+    if (seg_pieces != seg.pieces)
+      fail(fmt::format("segment {}: {} pieces counted as {}", seg.id, seg_pieces, seg.pieces));
     pieces += seg_pieces;
   }
   for (std::size_t i = 0; i < 2; ++i)
     if (pools_[i].free.size() != free_ranges[i])
       fail(fmt::format("pool {} indexes {} free ranges, segments have {}", i, pools_[i].free.size(), free_ranges[i]));
-  if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ || physical != physical_)
+  if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ ||
+      physical != physical_)
     fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces {}/{}, physical {}/{}", reserved,
                      reserved_, committed, committed_, used, used_, pieces, pieces_out_, physical, physical_));
 }

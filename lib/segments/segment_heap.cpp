@@ -42,8 +42,10 @@ segment_heap::segment_heap(backend be, segment_heap_options options)
 
 segment_heap::~segment_heap() {
   if (pieces_out_ != 0)
-    fmt::print(stderr, "refpool: segment heap of {} destroyed with {} pieces ({} B) still out; their segments are "
-               "left allocated\n", backend_.name(), pieces_out_, used_);
+    fmt::print(stderr,
+               "refpool: segment heap of {} destroyed with {} pieces ({} B) still out; their segments are "
+               "left allocated\n",
+               backend_.name(), pieces_out_, used_);
   // Whole free segments go back. Those holding pieces keep their memory, so that the pieces
   // stay valid (a caller bug, reported above); only their records go.
   for (std::size_t i = segments_.size(); i-- > 0;) {
@@ -69,8 +71,7 @@ segment_heap::pool_state& segment_heap::pool_for(std::size_t bytes) noexcept {
   return pools_[static_cast<std::size_t>(bytes <= options_.small_max ? pool_id::small : pool_id::large)];
 }
 
-std::optional<std::size_t> segment_heap::offset_in(const range& r, std::size_t bytes,
-                                                   placement where) const noexcept {
+std::optional<std::size_t> segment_heap::offset_in(const range& r, std::size_t bytes, placement where) const noexcept {
   if (r.bytes < bytes) return std::nullopt;
   const segment& seg = *r.owner;
   if (where == placement::anywhere || !seg.virtual_memory()) return 0;
@@ -148,8 +149,7 @@ segment_heap::carved segment_heap::take(pool_state& pool, fit f, std::size_t byt
   return carved{piece{reinterpret_cast<void*>(start), bytes, seg.id, p}, old_streams.without(stream)};
 }
 
-std::optional<segment_heap::carved> segment_heap::carve_free(std::size_t bytes, stream_ref stream,
-                                                             placement where) {
+std::optional<segment_heap::carved> segment_heap::carve_free(std::size_t bytes, stream_ref stream, placement where) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
   prepare_carve(pool);
@@ -167,14 +167,14 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
   range* r = grow(pool, id, n, where, stream);
   if (r == nullptr) return std::nullopt;
   const auto offset = offset_in(*r, n, where);
-  if (!offset) throw std::logic_error("refpool: segment heap grew a range that cannot hold the piece (a bug in refpool)");
+  if (!offset)
+    throw std::logic_error("refpool: segment heap grew a range that cannot hold the piece (a bug in refpool)");
   return take(pool, fit{r, *offset}, n, stream);
 }
 
 std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
   range* r = p.node;
-  assert(r != nullptr && !r->free && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
-         r->bytes == p.bytes);
+  assert(r != nullptr && !r->free && r->address == reinterpret_cast<std::uintptr_t>(p.address) && r->bytes == p.bytes);
   segment& seg = *r->owner;
   pool_state& pool = pools_[static_cast<std::size_t>(seg.pool)];
   r->free = true;

@@ -42,13 +42,13 @@ struct segment_heap_stats {
   std::size_t pieces_out = 0;
   std::size_t physical_allocations = 0;  ///< backend allocations + live commits
   std::uint64_t carves = 0;
-  std::uint64_t splits = 0;          ///< carves that left a free remainder
-  std::uint64_t merges = 0;          ///< free neighbours joined by give_back
-  std::uint64_t grows = 0;           ///< commits into an existing segment (its tail or a hole)
+  std::uint64_t splits = 0;  ///< carves that left a free remainder
+  std::uint64_t merges = 0;  ///< free neighbours joined by give_back
+  std::uint64_t grows = 0;   ///< commits into an existing segment (its tail or a hole)
   std::uint64_t segments_made = 0;
   std::uint64_t segments_released = 0;
-  std::uint64_t decommits = 0;       ///< commits given back by trim (whole segments included)
-  std::uint64_t trimmed_bytes = 0;   ///< bytes trim gave back to the backend, in total
+  std::uint64_t decommits = 0;      ///< commits given back by trim (whole segments included)
+  std::uint64_t trimmed_bytes = 0;  ///< bytes trim gave back to the backend, in total
 };
 
 /// One backend's segments and the pieces carved from them.
@@ -156,8 +156,7 @@ class segment_heap {
 
   pool_state& pool_for(std::size_t bytes) noexcept;
   [[nodiscard]] std::optional<fit> find_fit(pool_state& pool, std::size_t bytes, placement where) const noexcept;
-  [[nodiscard]] std::optional<std::size_t> offset_in(const range& r, std::size_t bytes,
-                                                     placement where) const noexcept;
+  [[nodiscard]] std::optional<std::size_t> offset_in(const range& r, std::size_t bytes, placement where) const noexcept;
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
   void prepare_carve(pool_state& pool);
 
@@ -177,12 +176,12 @@ class segment_heap {
   // commits or after the last one, with the ranges around it.
   struct hole {
     segment* seg;
-    std::size_t start, end;   ///< offsets from the segment's base
-    range* prev;              ///< the range ending at `start` (any state), or null
-    range* next;              ///< the range starting at `end` (any state), or null
-    std::size_t commit_at;    ///< where the request's commit would go (an offset)
-    std::size_t commit_bytes; ///< what the request needs committed there
-    bool growable_tail;       ///< the tail of the pool's growable segment: it grows by steps
+    std::size_t start, end;    ///< offsets from the segment's base
+    range* prev;               ///< the range ending at `start` (any state), or null
+    range* next;               ///< the range starting at `end` (any state), or null
+    std::size_t commit_at;     ///< where the request's commit would go (an offset)
+    std::size_t commit_bytes;  ///< what the request needs committed there
+    bool growable_tail;        ///< the tail of the pool's growable segment: it grows by steps
   };
   [[nodiscard]] std::optional<hole> best_hole(pool_id id, std::size_t bytes, placement where) const;
   void consider_holes(const segment& seg, std::size_t bytes, placement where, std::optional<hole>& best) const;

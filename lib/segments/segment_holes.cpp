@@ -76,8 +76,8 @@ range* segment_heap::fill_hole(pool_state& pool, const hole& h) {
   if (h.growable_tail) {
     // The growable segment's tail grows by a step in proportion to the segment (growth_divisor),
     // where the reservation has room for it.
-    const std::size_t step = round_up(std::min(seg.committed() / options_.growth_divisor, options_.max_growth_step),
-                                      seg.vm.granularity());
+    const std::size_t step =
+        round_up(std::min(seg.committed() / options_.growth_divisor, options_.max_growth_step), seg.vm.granularity());
     if (step > size && h.commit_at + step <= h.end) size = step;
   }
   range* before = h.prev != nullptr && h.prev->free && h.commit_at == h.start ? h.prev : nullptr;

@@ -73,7 +73,7 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
   for (std::size_t i = last; i-- > first && committed_ - used_ > keep_bytes;) {
     const vm_region::commit_record c = commits[i];
     if (host_visible_) unpoison_bytes(seg.base + c.offset, c.bytes);  // the next mapping reuses them
-    seg.vm.decommit(i);  // one physical allocation, whole
+    seg.vm.decommit(i);                                               // one physical allocation, whole
     hole_start = c.offset;
     committed_ -= c.bytes;
     given += c.bytes;
@@ -116,7 +116,7 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
 void segment_heap::release_all() {
   if (pieces_out_ != 0)
     throw invalid_argument(fmt::format("refpool: cannot release the segments of {}: {} pieces ({} B) are still out",
-                            backend_.name(), pieces_out_, used_));
+                                       backend_.name(), pieces_out_, used_));
   while (!segments_.empty()) release_segment(*segments_.back());
 }
 

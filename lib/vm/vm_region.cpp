@@ -23,7 +23,8 @@ vm_region vm_region::reserve(backend_state& backend, virtual_memory& vm, std::si
   if (reinterpret_cast<std::uintptr_t>(at) % granularity != 0) {
     vm.release(at, bytes);
     throw backend_error(fmt::format("refpool: {} reserved address space at {}, not aligned to its {} B granularity",
-                                    backend.res().name(), at, granularity), -1);
+                                    backend.res().name(), at, granularity),
+                        -1);
   }
   region.backend_ = &backend;
   region.vm_ = &vm;
@@ -49,18 +50,20 @@ vm_region& vm_region::operator=(vm_region&& other) noexcept {
 }
 
 std::size_t vm_region::first_ending_after(std::size_t offset) const noexcept {
-  const auto it = std::partition_point(commits_.begin(), commits_.end(),
-                                       [&](const commit_record& c) { return c.end() <= offset; });
+  const auto it =
+      std::partition_point(commits_.begin(), commits_.end(), [&](const commit_record& c) { return c.end() <= offset; });
   return static_cast<std::size_t>(it - commits_.begin());
 }
 
 bool vm_region::commit(std::size_t offset, std::size_t bytes) {
   const std::size_t at = first_ending_after(offset);
   const bool overlaps = at < commits_.size() && commits_[at].offset < offset + bytes;
-  if (vm_ == nullptr || bytes == 0 || offset % granularity_ != 0 || bytes % granularity_ != 0 ||
-      offset > reserved_ || bytes > reserved_ - offset || overlaps)
-    throw std::logic_error(fmt::format("refpool: cannot commit {} B at offset {} of a region of {} B (a bug in "
-                                       "refpool)", bytes, offset, reserved_));
+  if (vm_ == nullptr || bytes == 0 || offset % granularity_ != 0 || bytes % granularity_ != 0 || offset > reserved_ ||
+      bytes > reserved_ - offset || overlaps)
+    throw std::logic_error(
+        fmt::format("refpool: cannot commit {} B at offset {} of a region of {} B (a bug in "
+                    "refpool)",
+                    bytes, offset, reserved_));
   commits_.reserve(commits_.size() + 1);  // so that recording a commit cannot fail after it
   if (!vm_->commit(reinterpret_cast<void*>(base_ + offset), bytes)) return false;
   commits_.insert(commits_.begin() + static_cast<std::ptrdiff_t>(at), commit_record{offset, bytes});

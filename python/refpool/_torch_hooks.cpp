@@ -149,7 +149,8 @@ void refpool_torch_hooks_begin_allocate_to_pool(int device, c10::cuda::MempoolId
 
 /// set_end_allocate_to_pool_fn: the capture ended.
 void refpool_torch_hooks_end_allocate_to_pool(int device, c10::cuda::MempoolId_t pool) {
-  if (const int status = api.end_pool(device, to_refpool(pool)); status != refpool_ok) fail(status, "endAllocateToPool");
+  if (const int status = api.end_pool(device, to_refpool(pool)); status != refpool_ok)
+    fail(status, "endAllocateToPool");
 }
 
 /// set_release_pool: a graph using the pool is gone. Called from CUDAGraph's destructor: reports,
@@ -172,9 +173,10 @@ static_assert(std::is_same_v<decltype(&refpool_torch_hooks_set_memory_fraction),
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_empty_cache), void (*)()>);
 #ifdef REFPOOL_HAVE_PLUGGABLE_HEADER
 using pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
-static_assert(std::is_invocable_v<decltype(&pluggable::set_begin_allocate_to_pool), pluggable&, std::function<pool_hook>>);
-static_assert(std::is_invocable_v<decltype(&pluggable::set_end_allocate_to_pool_fn), pluggable&,
-                                  std::function<pool_end_hook>>);
+static_assert(
+    std::is_invocable_v<decltype(&pluggable::set_begin_allocate_to_pool), pluggable&, std::function<pool_hook>>);
+static_assert(
+    std::is_invocable_v<decltype(&pluggable::set_end_allocate_to_pool_fn), pluggable&, std::function<pool_end_hook>>);
 static_assert(std::is_invocable_v<decltype(&pluggable::set_release_pool), pluggable&, std::function<pool_end_hook>>);
 #endif
 }  // namespace

@@ -11,8 +11,6 @@
 #include <string.h>
 #include <threads.h>
 
-
-
 static refpool_cache exact_cache(void) {
   refpool_cache_options options;
   refpool_cache cache = {0};
@@ -116,17 +114,17 @@ static void test_use_after_unsafe_free(void) {
   void* data = NULL;
   EXPECT(refpool_data(a, &data), REFPOOL_ERROR_USE_AFTER_FREE);
   CHECK(error_mentions("unsafe_free"));
-  CHECK(data == NULL);  /* out-parameters are untouched on failure */
+  CHECK(data == NULL); /* out-parameters are untouched on failure */
   refpool_buffer copy = {0};
   EXPECT(refpool_retain(a, &copy), REFPOOL_ERROR_USE_AFTER_FREE);
   const size_t square[] = {4, 4};
   EXPECT(refpool_reshape(a, square, 2, &copy), REFPOOL_ERROR_USE_AFTER_FREE);
   CHECK(copy.id == 0);
-  OK(refpool_unsafe_free(a));  /* idempotent */
+  OK(refpool_unsafe_free(a)); /* idempotent */
   refpool_buffer_info info;
   OK(refpool_buffer_get_info(a, &info));
   CHECK(info.is_freed == 1 && info.rank == 1 && info.element_count == 16);
-  OK(refpool_release(shared));  /* the last reference: back to the cache, not via unsafe_free */
+  OK(refpool_release(shared)); /* the last reference: back to the cache, not via unsafe_free */
 
   /* unsafe_free of the only handle: the buffer is reusable at once, and the freed handle can
    * never reach the buffer handed out next. */
@@ -208,7 +206,7 @@ static void test_stats_escapes_reclaim(void) {
   refpool_buffer kept = alloc_floats(be, dims, 1);
   refpool_buffer dropped = alloc_floats(be, dims, 1);
   OK(refpool_release(dropped));
-  OK(refpool_scope_exit(scope));  /* `kept` escapes */
+  OK(refpool_scope_exit(scope)); /* `kept` escapes */
 
   refpool_cache_stats stats;
   OK(refpool_cache_get_stats(cache, &stats));
@@ -216,7 +214,7 @@ static void test_stats_escapes_reclaim(void) {
   CHECK(stats.live_blocks == 1 && stats.live_bytes == 1024);
   CHECK(stats.idle_blocks == 1 && stats.idle_bytes == 1024);
   CHECK(stats.held_bytes == 2048 && stats.peak_held_bytes == 2048);
-  CHECK(data_of(kept) != NULL);  /* an escaped buffer stays valid */
+  CHECK(data_of(kept) != NULL); /* an escaped buffer stays valid */
   OK(refpool_release(kept));
 
   size_t freed = 0;
@@ -289,7 +287,7 @@ static void test_errors(void) {
   size_t rank = 0;
   size_t one_dim[1];
   EXPECT(refpool_dims(empty, one_dim, 1, &rank), REFPOOL_ERROR_INVALID_ARGUMENT);
-  CHECK(rank == 2);  /* set even when the array is too small */
+  CHECK(rank == 2); /* set even when the array is too small */
   OK(refpool_dims(empty, NULL, 0, &rank));
   OK(refpool_release(empty));
 
@@ -379,7 +377,7 @@ static void test_scope_options(void) {
     refpool_scope scope = {0};
     OK(refpool_scope_enter_with_options(cache, &planned, &scope));
     refpool_buffer a = alloc_floats(be, flat, 1);
-    refpool_buffer b = alloc_floats(be, square, 2);  /* both live: two regions */
+    refpool_buffer b = alloc_floats(be, square, 2); /* both live: two regions */
     CHECK(data_of(a) != data_of(b));
     OK(refpool_release(a));
     OK(refpool_release(b));
@@ -393,7 +391,7 @@ static void test_scope_options(void) {
   refpool_scope scope = {0};
   EXPECT(refpool_scope_enter_with_options(cache, &planned, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(error_mentions("refpool_scope_enter_with_options"));
-  OK(refpool_scope_enter_with_options(cache, NULL, &scope));  /* NULL options: a plain scope */
+  OK(refpool_scope_enter_with_options(cache, NULL, &scope)); /* NULL options: a plain scope */
   OK(refpool_scope_exit(scope));
   OK(refpool_cache_destroy(cache));
   OK(refpool_backend_release(be));
@@ -426,7 +424,7 @@ static void test_scope_order(void) {
   CHECK(thrd_create(&thread, exit_shared_scope, NULL) == thrd_success);
   CHECK(thrd_join(thread, NULL) == thrd_success);
   CHECK(other_thread_status == REFPOOL_ERROR_SCOPE);
-  OK(refpool_scope_exit(shared_scope));  /* still active here */
+  OK(refpool_scope_exit(shared_scope)); /* still active here */
 
   /* A cache destroyed under an active scope: the scope runs on, uncached, until it exits. */
   refpool_backend be = {0};

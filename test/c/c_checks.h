@@ -12,23 +12,23 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                            \
-    }                                                                        \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
 /* Checks that `call` returns `expected`; prints the status and last error otherwise. */
-#define EXPECT(call, expected)                                                                     \
-  do {                                                                                             \
-    const refpool_status got_ = (call);                                                            \
-    if (got_ != (expected)) {                                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, \
-              #call, refpool_status_name(got_), refpool_status_name(expected), refpool_last_error()); \
-      ++failures;                                                                                  \
-    }                                                                                              \
+#define EXPECT(call, expected)                                                                            \
+  do {                                                                                                    \
+    const refpool_status got_ = (call);                                                                   \
+    if (got_ != (expected)) {                                                                             \
+      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, #call, \
+              refpool_status_name(got_), refpool_status_name(expected), refpool_last_error());            \
+      ++failures;                                                                                         \
+    }                                                                                                     \
   } while (0)
 
 #define OK(call) EXPECT(call, REFPOOL_OK)

@@ -14,8 +14,6 @@
 #include <string.h>
 #include <threads.h>
 
-
-
 static refpool_cache exact_cache(void) {
   refpool_cache_options options;
   refpool_cache cache = {0};

@@ -112,7 +112,7 @@ static void test_pool_misuse(void) {
   CHECK(live_pools() == 0);
   OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, drop));
   EXPECT(refpool_allocator_begin_pool(0, pool, captures, (void*)context, drop), REFPOOL_ERROR_INVALID_ARGUMENT);
-  CHECK(drops == 4); /* the refused context too */
+  CHECK(drops == 4);                                                               /* the refused context too */
   EXPECT(refpool_allocator_release_pool(0, pool), REFPOOL_ERROR_INVALID_ARGUMENT); /* still routed to */
   EXPECT(refpool_allocator_end_pool(1, pool), REFPOOL_ERROR_INVALID_ARGUMENT);     /* not on device 1 */
   OK(refpool_allocator_end_pool(0, pool));

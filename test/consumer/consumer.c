@@ -4,12 +4,12 @@
 
 #include <stdio.h>
 
-#define TRY(call)                                                                              \
-  do {                                                                                         \
-    if ((call) != REFPOOL_OK) {                                                                \
-      fprintf(stderr, "%s failed: %s\n", #call, refpool_last_error());                         \
-      return 1;                                                                                \
-    }                                                                                          \
+#define TRY(call)                                                      \
+  do {                                                                 \
+    if ((call) != REFPOOL_OK) {                                        \
+      fprintf(stderr, "%s failed: %s\n", #call, refpool_last_error()); \
+      return 1;                                                        \
+    }                                                                  \
   } while (0)
 
 int main(void) {

@@ -53,9 +53,10 @@ void session::op_failing_configure(int t) {
               }),
            outcome::ok, "refpool_cache_create");
     if (status != REFPOOL_ERROR_CONFIG || made.id != 0 || error.find(bad.names) == std::string::npos)
-      fail(fmt::format("refpool_cache_create with bad {}: status {}, cache id {}, error \"{}\"; the model expected "
-                       "REFPOOL_ERROR_CONFIG naming it, and no cache",
-                       bad.names, static_cast<int>(status), made.id, error));
+      fail(
+          fmt::format("refpool_cache_create with bad {}: status {}, cache id {}, error \"{}\"; the model expected "
+                      "REFPOOL_ERROR_CONFIG naming it, and no cache",
+                      bad.names, static_cast<int>(status), made.id, error));
     all.configure_failures += 1;
     return;
   }
@@ -108,15 +109,16 @@ void session::op_failing_configure(int t) {
   framework_in_use = true;
   if (configured != REFPOOL_OK) fail(fmt::format("refpool_allocator_configure of a host runtime failed: {}", error));
   if (rejected_status != REFPOOL_ERROR_CONFIG || error.find(names) == std::string::npos)
-    fail(fmt::format("refpool_allocator_configure with a bad {}: status {}, error \"{}\"; the model expected "
-                     "REFPOOL_ERROR_CONFIG naming it",
-                     names, static_cast<int>(rejected_status), error));
+    fail(
+        fmt::format("refpool_allocator_configure with a bad {}: status {}, error \"{}\"; the model expected "
+                    "REFPOOL_ERROR_CONFIG naming it",
+                    names, static_cast<int>(rejected_status), error));
   if (allocated != REFPOOL_OK || kind != rp::memory_kind::host || capacity != framework_step || freed != REFPOOL_OK)
-    fail(fmt::format("after a rejected refpool_allocator_configure, a framework allocation of {} B gave status {} "
-                     "(free: {}), memory kind {}, capacity {} B; the model expected host memory rounded to {} B: the "
-                     "rejected call changed the configuration",
-                     bytes, static_cast<int>(allocated), static_cast<int>(freed), static_cast<int>(kind), capacity,
-                     framework_step));
+    fail(fmt::format(
+        "after a rejected refpool_allocator_configure, a framework allocation of {} B gave status {} "
+        "(free: {}), memory kind {}, capacity {} B; the model expected host memory rounded to {} B: the "
+        "rejected call changed the configuration",
+        bytes, static_cast<int>(allocated), static_cast<int>(freed), static_cast<int>(kind), capacity, framework_step));
   all.configure_failures += 1;
 }
 

@@ -97,9 +97,10 @@ void session::verify_block(std::uint64_t gid, const char* when) {
   const auto* p = static_cast<const std::uint8_t*>(b.ptr);
   for (std::size_t i = 0; i < b.requested; ++i) {
     if (p[i] != pattern(b.stamp, i)) {
-      fail(fmt::format("{}: buffer {} ({} B, block {}) lost its owner's pattern at byte {}: another owner wrote it "
-                       "(found {:#04x}, expected {:#04x})",
-                       when, b.ptr, b.requested, gid, i, p[i], pattern(b.stamp, i)));
+      fail(
+          fmt::format("{}: buffer {} ({} B, block {}) lost its owner's pattern at byte {}: another owner wrote it "
+                      "(found {:#04x}, expected {:#04x})",
+                      when, b.ptr, b.requested, gid, i, p[i], pattern(b.stamp, i)));
     }
   }
 }
@@ -157,19 +158,22 @@ void session::check_handle(int i) {
             if (!m.freed && b != nullptr &&
                 (x.data() != b->ptr || x.bytes() != b->requested || x.capacity() != b->capacity ||
                  x.stream().handle != b->last_stream || x.source() != be_[b->backend]))
-              fail(fmt::format("handle {}: data_ref reports {} {} B (capacity {} B, stream {}), the model expected {} "
-                               "{} B (capacity {} B, stream {})",
-                               i, x.data(), x.bytes(), x.capacity(), x.stream().handle, b->ptr, b->requested,
-                               b->capacity, b->last_stream));
+              fail(
+                  fmt::format("handle {}: data_ref reports {} {} B (capacity {} B, stream {}), the model expected {} "
+                              "{} B (capacity {} B, stream {})",
+                              i, x.data(), x.bytes(), x.capacity(), x.stream().handle, b->ptr, b->requested,
+                              b->capacity, b->last_stream));
           } else {
             using T = typename X::value_type;
             const std::vector<std::size_t> dims(x.dims().begin(), x.dims().end());
             if (x.size() != m.size || x.offset() != m.offset || dims != m.dims || x.bytes() != m.size * sizeof(T))
-              fail(fmt::format("handle {}: array of {} elements at offset {} dims {}, the model expected {} at {} dims "
-                               "{}",
-                               i, x.size(), x.offset(), dims, m.size, m.offset, m.dims));
+              fail(
+                  fmt::format("handle {}: array of {} elements at offset {} dims {}, the model expected {} at {} dims "
+                              "{}",
+                              i, x.size(), x.offset(), dims, m.size, m.offset, m.dims));
             if (!m.freed) {
-              const void* want = b != nullptr && m.size != 0 ? static_cast<char*>(b->ptr) + m.offset * sizeof(T) : nullptr;
+              const void* want =
+                  b != nullptr && m.size != 0 ? static_cast<char*>(b->ptr) + m.offset * sizeof(T) : nullptr;
               if (x.data() != want)
                 fail(fmt::format("handle {}: data() is {}, the model expected {}", i, fmt::ptr(x.data()), want));
             }
@@ -240,9 +244,10 @@ void session::check_all() {
     const std::size_t real = be_[b].outstanding_bytes();
     if (real != m_.be[b].outstanding || real != m_.allocated_bytes(b) || real != limited_[b]->used() ||
         failing_[b]->calls() != m_.be[b].calls)
-      fail(fmt::format("backend {}: {} B outstanding (limit adaptor {} B, {} calls since arm), the model expected {} B "
-                       "({} calls)",
-                       b, real, limited_[b]->used(), failing_[b]->calls(), m_.be[b].outstanding, m_.be[b].calls));
+      fail(
+          fmt::format("backend {}: {} B outstanding (limit adaptor {} B, {} calls since arm), the model expected {} B "
+                      "({} calls)",
+                      b, real, limited_[b]->used(), failing_[b]->calls(), m_.be[b].outstanding, m_.be[b].calls));
     outstanding += real;
   }
   // ... plus arenas of plans.
@@ -276,7 +281,10 @@ rp::cache_options session::decode_options(int t, model_rounding& rounding) {
   const std::size_t choice = in_.below(12);
   rounding = {};
   switch (choice) {
-    case 0: case 1: case 2: case 3: break;
+    case 0:
+    case 1:
+    case 2:
+    case 3: break;
     case 4: rounding = {model_rounding::mode::step, 8}; break;
     case 5: rounding = {model_rounding::mode::step, 64}; break;
     case 6: rounding = {model_rounding::mode::step, 100}; break;
@@ -376,10 +384,11 @@ void session::op_alloc_misuse(int t) {
   if (kind == 0) {
     trace("allocate(0 B)");
     bool null_handle = false;
-    expect(on(t, [&] {
-             const rp::data_ref zero = rp::allocate(be_[b], 0);
-             null_handle = !zero && zero.data() == nullptr && zero.bytes() == 0 && zero.use_count() == 0;
-           }),
+    expect(on(t,
+              [&] {
+                const rp::data_ref zero = rp::allocate(be_[b], 0);
+                null_handle = !zero && zero.data() == nullptr && zero.bytes() == 0 && zero.use_count() == 0;
+              }),
            outcome::ok, "allocate(0 bytes)");
     if (!null_handle) fail("allocate(0 bytes) did not give a null handle");
   } else if (kind == 1) {
@@ -579,7 +588,8 @@ void session::op_view(int t) {
   } else {
     dims = overflow_dims();
   }
-  trace("handle {} = array<{}>({}handle {}, {}, offset {})", b, type_name[to], by_move ? "move of " : "", a, dims, offset);
+  trace("handle {} = array<{}>({}handle {}, {}, offset {})", b, type_name[to], by_move ? "move of " : "", a, dims,
+        offset);
   pre_drop_verify(b);
   if (by_move) pre_drop_verify(a);
   const result r = on(t, [&] {
@@ -648,7 +658,14 @@ void session::op_access(int t) {
   const model_handle m = mh_[hi];
   if (!m.freed) {
     // Live handles: data() and friends from this thread (check_handle compares the values).
-    expect(on(t, [&] { std::visit([](const auto& x) { if constexpr (!std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) (void)x.data(); }, h_[hi]); }),
+    expect(on(t,
+              [&] {
+                std::visit(
+                    [](const auto& x) {
+                      if constexpr (!std::is_same_v<std::decay_t<decltype(x)>, std::monostate>) (void)x.data();
+                    },
+                    h_[hi]);
+              }),
            outcome::ok, "data() on a live handle");
     return;
   }
@@ -665,20 +682,37 @@ void session::op_access(int t) {
               case 2: (void)x.capacity(); break;
               case 3: (void)x.source(); break;
               case 4: (void)x.stream(); break;
-              case 5: { rp::data_ref copy(x); break; }
-              case 6: { rp::data_ref target; target = x; break; }
+              case 5: {
+                rp::data_ref copy(x);
+                break;
+              }
+              case 6: {
+                rp::data_ref target;
+                target = x;
+                break;
+              }
               default: x.record_stream({}); break;
             }
           } else if constexpr (!std::is_same_v<X, std::monostate>) {
             switch (way) {
               case 0: (void)x.data(); break;
               case 1: (void)x.reshape(x.dims()); break;
-              case 2: { X copy(x); break; }
+              case 2: {
+                X copy(x);
+                break;
+              }
               case 3: (void)x.template reinterpret<std::uint8_t>(); break;
               case 4: x.record_stream({}); break;
               case 5: (void)x.ref().data(); break;
-              case 6: { X view(x.ref(), x.dims(), x.offset()); break; }
-              default: { X target; target = x; break; }
+              case 6: {
+                X view(x.ref(), x.dims(), x.offset());
+                break;
+              }
+              default: {
+                X target;
+                target = x;
+                break;
+              }
             }
           }
         },
@@ -967,18 +1001,53 @@ void session::op_repeat(int) {
 
 void session::step() {
   static constexpr op table[] = {
-      &session::op_alloc,        &session::op_alloc,         &session::op_alloc,        &session::op_alloc,
-      &session::op_alloc,        &session::op_alloc,         &session::op_alloc_raw,    &session::op_alloc_misuse,
-      &session::op_drop,         &session::op_drop,          &session::op_drop,         &session::op_copy,
-      &session::op_copy,         &session::op_move,          &session::op_ref_out,      &session::op_reshape,
-      &session::op_reinterpret,  &session::op_view,          &session::op_unsafe_free,  &session::op_unsafe_free,
-      &session::op_access,       &session::op_write,         &session::op_record_stream, &session::op_scope,
-      &session::op_scope,        &session::op_guard,         &session::op_close,        &session::op_close,
-      &session::op_close_misuse, &session::op_reclaim,       &session::op_set_limit,    &session::op_arm,
-      &session::op_recreate,     &session::op_verify,        &session::op_repeat,       &session::op_repeat,
-      &session::op_in_flight,    &session::op_step,          &session::op_cache_alloc,  &session::op_cache_alloc,
-      &session::op_planned_loop, &session::op_planned_loop, &session::op_plan_sweep,    &session::op_to_pointer,
-      &session::op_free_pointer, &session::op_racing_frees,  &session::op_failing_configure,
+      &session::op_alloc,
+      &session::op_alloc,
+      &session::op_alloc,
+      &session::op_alloc,
+      &session::op_alloc,
+      &session::op_alloc,
+      &session::op_alloc_raw,
+      &session::op_alloc_misuse,
+      &session::op_drop,
+      &session::op_drop,
+      &session::op_drop,
+      &session::op_copy,
+      &session::op_copy,
+      &session::op_move,
+      &session::op_ref_out,
+      &session::op_reshape,
+      &session::op_reinterpret,
+      &session::op_view,
+      &session::op_unsafe_free,
+      &session::op_unsafe_free,
+      &session::op_access,
+      &session::op_write,
+      &session::op_record_stream,
+      &session::op_scope,
+      &session::op_scope,
+      &session::op_guard,
+      &session::op_close,
+      &session::op_close,
+      &session::op_close_misuse,
+      &session::op_reclaim,
+      &session::op_set_limit,
+      &session::op_arm,
+      &session::op_recreate,
+      &session::op_verify,
+      &session::op_repeat,
+      &session::op_repeat,
+      &session::op_in_flight,
+      &session::op_step,
+      &session::op_cache_alloc,
+      &session::op_cache_alloc,
+      &session::op_planned_loop,
+      &session::op_planned_loop,
+      &session::op_plan_sweep,
+      &session::op_to_pointer,
+      &session::op_free_pointer,
+      &session::op_racing_frees,
+      &session::op_failing_configure,
   };
   const std::uint8_t code = in_.byte();
   const int t = code >> 6 == 3 ? 1 : 0;  // a quarter of the operations run on the helper
@@ -1002,10 +1071,10 @@ void session::run_op(op f, int t, std::size_t code) {
 // thread, so that the loop's runs repeat their sequences (and plans replay).
 void session::loop_step(int t, bool perturbed) {
   static constexpr op table[] = {
-      &session::op_alloc,        &session::op_alloc,       &session::op_alloc,       &session::op_alloc,
-      &session::op_alloc,        &session::op_alloc,       &session::op_alloc_raw,   &session::op_alloc_raw,
-      &session::op_drop,         &session::op_drop,        &session::op_drop,        &session::op_drop,
-      &session::op_unsafe_free,  &session::op_copy,        &session::op_move,        &session::op_write,
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc,         &session::op_alloc,
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc_raw,     &session::op_alloc_raw,
+      &session::op_drop,         &session::op_drop,        &session::op_drop,          &session::op_drop,
+      &session::op_unsafe_free,  &session::op_copy,        &session::op_move,          &session::op_write,
       &session::op_cache_alloc,  &session::op_cache_alloc, &session::op_record_stream, &session::op_arm,
       &session::op_alloc_misuse, &session::op_access,
   };
@@ -1029,11 +1098,7 @@ void session::keep_one(int t) {
   if (m.gid == 0 || m.freed) return;
   trace("keep a reference to handle {} (block {})", hi, m.gid);
   rp::data_ref ref;
-  expect(on(t,
-            [&] {
-              ref = ref_of(h_[hi]);
-            }),
-         outcome::ok, "keep a reference");
+  expect(on(t, [&] { ref = ref_of(h_[hi]); }), outcome::ok, "keep a reference");
   m_.add_ref(m.gid);
   kept_.emplace_back(std::move(ref), m.gid);
 }
@@ -1071,7 +1136,8 @@ void session::op_plan_sweep(int t) {
       rp::data_ref ref = rp::allocate(be_[0], bytes);
       got = ref.data();
       fill(got, 0, bytes, stamp);
-      for (std::size_t k = 0; k < bytes; ++k) intact = intact && static_cast<std::uint8_t*>(got)[k] == pattern(stamp, k);
+      for (std::size_t k = 0; k < bytes; ++k)
+        intact = intact && static_cast<std::uint8_t*>(got)[k] == pattern(stamp, k);
     });
     m_.enter_scope(t, cur_[c], 0, "sweep");
     std::uint64_t gid = 0;
@@ -1108,7 +1174,8 @@ void session::op_planned_loop(int t) {
   const bool perturbing = in_.below(2) == 0;
   const std::size_t place = in_.below(16);  // mostly backend 0, no stream
   loop_backend_ = place == 15 ? 1 : 0;
-  loop_stream_ = place >= 12 && place < 15 ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(place - 11) << 12) : nullptr;
+  loop_stream_ =
+      place >= 12 && place < 15 ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(place - 11) << 12) : nullptr;
   loop_cache_ = as_step ? c : -1;
   const reader start = in_;
   perturb_ = splitmix(seed_ ^ (static_cast<std::uint64_t>(body) << 8 | rounds) ^ steps_);
@@ -1120,7 +1187,10 @@ void session::op_planned_loop(int t) {
     if (as_step) {
       if (!open_steps_[c]) {
         std::unique_ptr<rp::step> made;
-        expect(on(t, [&] { made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{0, key}); }),
+        expect(on(t,
+                  [&] {
+                    made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{0, key});
+                  }),
                m_.open_step(cur_[c], 0, key), "a loop's step");
         open_steps_[c] = std::move(made);
         step_cache_[c] = cur_[c];
@@ -1263,7 +1333,6 @@ void session::run() {
   cleanup();
   all.inputs += 1;
 }
-
 
 void fail(const std::string& what) {
   const std::string where = in_cleanup ? "cleanup" : fmt::format("operation {} (code {})", op_index, op_code);

@@ -18,8 +18,8 @@ struct totals {
   std::uint64_t operations = 0;       ///< decoded operations executed and checked
   std::uint64_t injected_faults = 0;  ///< failing_resource failures (out of memory or backend_error)
   std::uint64_t limit_failures = 0;   ///< limiting_resource refusals (real out of memory)
-  std::uint64_t hits = 0, misses = 0, steals = 0, escapes = 0, unsafe_frees = 0, evictions = 0,
-                reclaimed = 0, oom_retries = 0, expected_errors = 0;
+  std::uint64_t hits = 0, misses = 0, steals = 0, escapes = 0, unsafe_frees = 0, evictions = 0, reclaimed = 0,
+                oom_retries = 0, expected_errors = 0;
   /// Planned scopes and steps, from the model: runs, requests served by a region, conflicts
   /// (fell back), divergences, recordings, escapes of runs, busy runs, pauses, arenas made/freed.
   std::uint64_t plan_runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, run_escapes = 0,

@@ -132,8 +132,8 @@ model::backend_result model::backend_allocate(int backend, std::size_t bytes, vo
 void model::backend_free(const model_block& b) {
   const backend_event& e = next_event("deallocate");
   if (e.what != backend_event::kind::deallocate || e.backend != b.backend || e.ptr != b.ptr || e.bytes != b.capacity)
-    fail(fmt::format("model expected deallocate({}, {} B) on backend {} (block {}), refpool made {}", b.ptr,
-                     b.capacity, b.backend, b.gid, describe(e)));
+    fail(fmt::format("model expected deallocate({}, {} B) on backend {} (block {}), refpool made {}", b.ptr, b.capacity,
+                     b.backend, b.gid, describe(e)));
   be[b.backend].outstanding -= b.capacity;
 }
 
@@ -314,8 +314,8 @@ void model::wait_for_streams(model_block& b, void* stream) {
   b.extra_streams.clear();
 }
 
-model_block& model::add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested,
-                                   int backend, void* stream) {
+model_block& model::add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested, int backend,
+                                   void* stream) {
   model_block b;
   b.gid = next_gid++;
   b.kind = kind;
@@ -495,7 +495,8 @@ void model::add_ref(std::uint64_t gid) { blocks.at(gid).refs += 1; }
 
 void model::record_stream(std::uint64_t gid, void* stream) {
   model_block& b = blocks.at(gid);
-  if (stream != b.last_stream && std::find(b.extra_streams.begin(), b.extra_streams.end(), stream) == b.extra_streams.end())
+  if (stream != b.last_stream &&
+      std::find(b.extra_streams.begin(), b.extra_streams.end(), stream) == b.extra_streams.end())
     b.extra_streams.push_back(stream);
 }
 
@@ -574,7 +575,9 @@ std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_
   std::size_t freed = 0;
   for (std::size_t i = 0; i < candidates.size();) {
     std::size_t j = i;
-    while (j < candidates.size() && candidates[j].since == candidates[i].since && candidates[j].seq == candidates[i].seq) ++j;
+    while (j < candidates.size() && candidates[j].since == candidates[i].since &&
+           candidates[j].seq == candidates[i].seq)
+      ++j;
     // Blocks released at the same moment in different slots: the cache may free them in any
     // order, so the log says which came first.
     std::vector<candidate> group(candidates.begin() + static_cast<std::ptrdiff_t>(i),
@@ -589,8 +592,9 @@ std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_
         for (std::size_t k = 0; e != nullptr && k < group.size(); ++k)
           if (e->what == backend_event::kind::deallocate && e->ptr == blocks.at(group[k].gid).ptr) pick = k;
         if (pick == group.size())
-          fail(fmt::format("reclaim/eviction: expected one of {} equally old idle blocks to be freed next, refpool made {}",
-                           group.size(), e != nullptr ? describe(*e) : std::string("no call")));
+          fail(fmt::format(
+              "reclaim/eviction: expected one of {} equally old idle blocks to be freed next, refpool made {}",
+              group.size(), e != nullptr ? describe(*e) : std::string("no call")));
       }
       const candidate chosen = group[pick];
       group.erase(group.begin() + static_cast<std::ptrdiff_t>(pick));

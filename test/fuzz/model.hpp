@@ -28,13 +28,22 @@ namespace refpool::test::fuzz {
 
 /// What an operation gave: success or the type of exception it threw.
 enum class outcome : std::uint8_t {
-  ok, size_error, shape_error, use_after_free, out_of_memory, backend_error, scope_error,
-  config_error, invalid_argument, error, other,
+  ok,
+  size_error,
+  shape_error,
+  use_after_free,
+  out_of_memory,
+  backend_error,
+  scope_error,
+  config_error,
+  invalid_argument,
+  error,
+  other,
 };
 const char* to_string(outcome o) noexcept;
 
 constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-constexpr int threads = 2;   // 0: the main thread, 1: the helper
+constexpr int threads = 2;  // 0: the main thread, 1: the helper
 constexpr int backends = 2;
 
 /// Rounding as documented in include/refpool/rounding.hpp.
@@ -59,14 +68,14 @@ struct model_block {
   int uncached_for = -1;  ///< uncached: the cache that counts it
   int plan = -1;          ///< region: its plan (model id) and request
   std::size_t region = 0;
-  int run = -1;           ///< tracked by a planned run (a recording or a fallback): the run and entry
+  int run = -1;  ///< tracked by a planned run (a recording or a fallback): the run and entry
   std::size_t tracked = 0;
   void* ptr = nullptr;
   std::size_t capacity = 0;
   std::size_t requested = 0;
   int backend = 0;
-  int cache = -1;  ///< model cache index (cached blocks), else -1
-  int slot = -1;   ///< home slot in that cache
+  int cache = -1;        ///< model cache index (cached blocks), else -1
+  int slot = -1;         ///< home slot in that cache
   std::uint64_t id = 0;  ///< creation number in its cache
   bool idle = false;
   std::uint64_t idle_since = 0, idle_seq = 0, epoch = 0;
@@ -104,8 +113,8 @@ struct model_cache {
   std::vector<model_slot> slots;  ///< in creation order, as the cache iterates them
   std::vector<int> free_slots;
   std::uint64_t next_id = 1, clock = 1;
-  std::uint64_t backend_allocations = 0, backend_frees = 0, evictions = 0, reclaimed = 0,
-                oom_retries = 0, scope_entries = 0, uncached_entries = 0;
+  std::uint64_t backend_allocations = 0, backend_frees = 0, evictions = 0, reclaimed = 0, oom_retries = 0,
+                scope_entries = 0, uncached_entries = 0;
   std::size_t held = 0, peak = 0;
 };
 
@@ -115,7 +124,7 @@ struct model_frame {
   int cache = -1;  ///< model cache index (scopes)
   int lease = -1;  ///< slot index, -1: uncached
   bool owns = false;
-  int run = -1;    ///< a planned scope's run (shared with nested scopes on the same cache)
+  int run = -1;  ///< a planned scope's run (shared with nested scopes on the same cache)
   bool owns_run = false;
 };
 
@@ -183,16 +192,16 @@ class model {
   std::vector<model_plan> plans;
   std::vector<model_arena> arenas;
   std::vector<model_run> runs;
-  std::vector<int> active_runs;     ///< runs begun and not ended
-  std::size_t first_live_arena = 0; ///< arenas below are all freed
+  std::vector<int> active_runs;      ///< runs begun and not ended
+  std::size_t first_live_arena = 0;  ///< arenas below are all freed
   model_plan_totals plan_totals;
 
  private:
   // (backend_result is public: plan_model uses it)
   backend_result backend_allocate(int backend, std::size_t bytes, void*& ptr);
   // A new block of `kind` with one handle (cached, direct, uncached, region), numbered and kept.
-  model_block& add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested,
-                              int backend, void* stream);
+  model_block& add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested, int backend,
+                              void* stream);
   void backend_free(const model_block& b);
   const backend_event& next_event(const char* expected);
 
@@ -227,7 +236,8 @@ class model {
   void move_to_own_arena(int c, int key);
   void install(model_plan_store& store, int key, int plan);
   void drop_plan(model_plan_store& store, int key, std::size_t i);
-  int make_plan(int c, std::vector<model_request> requests, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life);
+  int make_plan(int c, std::vector<model_request> requests,
+                const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life);
   int copy_plan(int plan, int arena);
   bool new_arena(int c, int backend, void* stream, std::size_t bytes, int& arena);
   void release_region(model_block& b, bool via_unsafe_free);

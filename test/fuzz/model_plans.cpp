@@ -50,8 +50,8 @@ bool overlap(std::size_t a, std::size_t an, std::size_t b, std::size_t bn) { ret
 // Greedy by size: largest first (ties: first used first), each at the lowest offset where it
 // overlaps no request alive at the same time that is placed already. The lowest such offset is 0
 // or the end of one of those requests.
-std::pair<std::vector<std::size_t>, std::size_t> place(const std::vector<std::size_t>& spans,
-                                                        const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life) {
+std::pair<std::vector<std::size_t>, std::size_t> place(
+    const std::vector<std::size_t>& spans, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life) {
   const std::size_t n = spans.size();
   std::vector<std::size_t> order(n);
   for (std::size_t i = 0; i < n; ++i) order[i] = i;
@@ -184,8 +184,9 @@ void model::settle_arenas(bool at_end_of_operation) {
       for (std::size_t i = 0; i < 4 && log_.peek_pending(i) != nullptr; ++i)
         pending += fmt::format(" [{} {} {} B]", static_cast<int>(log_.peek_pending(i)->what), log_.peek_pending(i)->ptr,
                                log_.peek_pending(i)->bytes);
-      fail(fmt::format("arena {} at {} ({} B) is still allocated, but no plan, run or region can reach it; next calls:{}",
-                       a, arenas[a].base, arenas[a].bytes, pending.empty() ? " none" : pending));
+      fail(fmt::format(
+          "arena {} at {} ({} B) is still allocated, but no plan, run or region can reach it; next calls:{}", a,
+          arenas[a].base, arenas[a].bytes, pending.empty() ? " none" : pending));
     }
 }
 
@@ -247,8 +248,9 @@ void model::observe_release(const model_block& b) {
 outcome model::fallback(int run, int lease, const model_request& request, bool tracked, std::uint64_t& gid,
                         std::size_t& oom_bytes) {
   model_run& r = runs[static_cast<std::size_t>(run)];
-  const outcome o = lease >= 0 ? slot_acquire(r.cache, lease, request.backend, request.bytes, request.stream, gid, oom_bytes)
-                               : uncached_acquire(r.cache, request.backend, request.bytes, request.stream, gid, oom_bytes);
+  const outcome o = lease >= 0
+                        ? slot_acquire(r.cache, lease, request.backend, request.bytes, request.stream, gid, oom_bytes)
+                        : uncached_acquire(r.cache, request.backend, request.bytes, request.stream, gid, oom_bytes);
   if (o == outcome::ok && tracked) track(runs[static_cast<std::size_t>(run)], run, gid, request, r.position);
   return o;
 }
@@ -357,7 +359,8 @@ outcome model::replay_one(int run, int lease, const model_request& request, std:
     if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
         e.consumer != request.stream)
       fail(fmt::format("model expected order_streams({} -> {}) before a region of arena {}, refpool made {}", s,
-                       request.stream, r.arena, e.what == backend_event::kind::allocate ? "an allocation" : "another call"));
+                       request.stream, r.arena,
+                       e.what == backend_event::kind::allocate ? "an allocation" : "another call"));
   }
   a.waits.clear();
   // May a live handle reach a byte of this region?
@@ -434,7 +437,8 @@ void model::finish_run(int run) {
   if (was == mode::replay) r.replayed_to = end;
   const bool complete = was == mode::replay && end == plans[static_cast<std::size_t>(r.current)].requests.size();
   if (was == mode::replay && !complete) r.misses += 1;  // it ended before its plan did
-  const bool record = r.may_record && end != 0 && (was == mode::record || (was == mode::replay && (!complete || r.stale)));
+  const bool record =
+      r.may_record && end != 0 && (was == mode::record || (was == mode::replay && (!complete || r.stale)));
   // Its regions still live are pinned (escapes); the others' lifetimes are the recording's.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> life(end, {0, 0});
   std::vector<model_request> sequence(end);
@@ -534,7 +538,9 @@ bool model::adopt(int ci, int key, int made) {
   model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
   if (store.closed) return false;
   model_key& k = store.keys[static_cast<std::size_t>(key)];
-  const auto same = [&](int p) { return plans[static_cast<std::size_t>(p)].requests == plans[static_cast<std::size_t>(made)].requests; };
+  const auto same = [&](int p) {
+    return plans[static_cast<std::size_t>(p)].requests == plans[static_cast<std::size_t>(made)].requests;
+  };
   if (std::any_of(k.plans.begin(), k.plans.end(), same)) return add_plan(ci, key, made);
   auto again = std::find_if(k.pending.begin(), k.pending.end(), same);
   if (again == k.pending.end()) {
@@ -575,8 +581,9 @@ bool model::add_plan(int ci, int key, int made) {
       drop_plan(store, key, static_cast<std::size_t>(same - k.plans.begin()));
       rerecorded = true;
     } else if (k.plans.size() >= plans_per_key) {
-      drop_plan(store, key, static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) -
-                                                      k.last_used.begin()));
+      drop_plan(
+          store, key,
+          static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) - k.last_used.begin()));
       rerecorded = true;
     }
   }
@@ -597,7 +604,8 @@ bool model::add_plan(int ci, int key, int made) {
     old = g->arena;
     for (const model_key& k : store.keys)
       for (int p : k.plans)
-        if (plans[static_cast<std::size_t>(p)].arena == old) needed = std::max(needed, plans[static_cast<std::size_t>(p)].bytes_needed);
+        if (plans[static_cast<std::size_t>(p)].arena == old)
+          needed = std::max(needed, plans[static_cast<std::size_t>(p)].bytes_needed);
   }
   grow_and_install(ci, key, made, old, needed);
   return rerecorded;
@@ -615,7 +623,8 @@ void model::grow_and_install(int ci, int key, int made, int old, std::size_t nee
     model_arena& o = arenas[static_cast<std::size_t>(old)];
     bool pinned = false;
     for (int p : o.plans)
-      for (const model_region& reg : plans[static_cast<std::size_t>(p)].regions) pinned = pinned || (reg.live && reg.pinned);
+      for (const model_region& reg : plans[static_cast<std::size_t>(p)].regions)
+        pinned = pinned || (reg.live && reg.pinned);
     if (o.claimed_by < 0 && !o.retired && !pinned) {
       const backend_event& e = next_event("deallocate (an arena freed before its replacement)");
       if (e.what != backend_event::kind::deallocate || e.ptr != o.base || e.bytes != o.bytes)
@@ -638,7 +647,8 @@ void model::grow_and_install(int ci, int key, int made, int old, std::size_t nee
     if (old_freed) {  // its plans have no memory now
       for (std::size_t k = 0; k < store.keys.size(); ++k)
         for (std::size_t i = store.keys[k].plans.size(); i-- > 0;)
-          if (plans[static_cast<std::size_t>(store.keys[k].plans[i])].arena == old) drop_plan(store, static_cast<int>(k), i);
+          if (plans[static_cast<std::size_t>(store.keys[k].plans[i])].arena == old)
+            drop_plan(store, static_cast<int>(k), i);
       arenas[static_cast<std::size_t>(old)].in_group = false;
       *g = store.groups.back();
       store.groups.pop_back();

@@ -21,10 +21,10 @@ struct model_request {
 
 struct model_region {
   bool live = false;
-  bool pinned = false;           ///< live past its run's end: keeps its plan alive
-  std::uint64_t generation = 0;  ///< the arena run that handed it out last (0: never)
-  std::uint64_t released_at = 0; ///< the arena's position at its last release
-  std::uint64_t gid = 0;         ///< the live block
+  bool pinned = false;            ///< live past its run's end: keeps its plan alive
+  std::uint64_t generation = 0;   ///< the arena run that handed it out last (0: never)
+  std::uint64_t released_at = 0;  ///< the arena's position at its last release
+  std::uint64_t gid = 0;          ///< the live block
 };
 
 struct model_plan {
@@ -32,8 +32,8 @@ struct model_plan {
   int arena = -1;
   std::vector<model_request> requests;
   std::vector<std::size_t> offsets;
-  std::vector<std::size_t> spans;         ///< bytes rounded up to 256
-  std::vector<std::uint64_t> released_at; ///< the recording's release position of each request
+  std::vector<std::size_t> spans;          ///< bytes rounded up to 256
+  std::vector<std::uint64_t> released_at;  ///< the recording's release position of each request
   std::size_t bytes_needed = 0;
   std::size_t peak = 0;
   std::vector<model_region> regions;
@@ -46,11 +46,11 @@ struct model_arena {
   void* stream = nullptr;
   void* base = nullptr;
   std::size_t bytes = 0;
-  bool memory = false;   ///< allocated and not freed yet
-  bool retired = false;  ///< replaced: no run claims it any more
-  bool in_group = false; ///< a store's arena for its (backend, stream, key) now
-  int claimed_by = -1;   ///< the run that holds it
-  int claimed_key = -1;  ///< that run's key (the last claimer's)
+  bool memory = false;    ///< allocated and not freed yet
+  bool retired = false;   ///< replaced: no run claims it any more
+  bool in_group = false;  ///< a store's arena for its (backend, stream, key) now
+  int claimed_by = -1;    ///< the run that holds it
+  int claimed_key = -1;   ///< that run's key (the last claimer's)
   std::uint64_t generation = 0;
   std::uint64_t position = 0;
   std::vector<void*> waits;  ///< streams recorded on released regions: the next hand-out waits
@@ -82,8 +82,8 @@ struct model_plan_store {
   std::uint64_t clock = 0;
   std::vector<model_key> keys;
   std::vector<model_group> groups;
-  std::uint64_t hits = 0, misses = 0, recordings = 0, evictions = 0, pauses = 0, unrecorded = 0, busy = 0,
-                growths = 0, replacements = 0;
+  std::uint64_t hits = 0, misses = 0, recordings = 0, evictions = 0, pauses = 0, unrecorded = 0, busy = 0, growths = 0,
+                replacements = 0;
 };
 
 /// A block of a run that is not a region (a recording's, or a fallback).
@@ -107,7 +107,7 @@ struct model_run {
   bool shared = false;
   mode how = mode::start;
   bool may_record = true, stale = false, busy = false, busy_other_key = false;
-  std::vector<int> candidates;  ///< the key's plans at its start, most recently used first
+  std::vector<int> candidates;     ///< the key's plans at its start, most recently used first
   std::vector<int> foreign_plans;  ///< plans whose regions it may still reference (until its end)
   int current = -1;
   int arena = -1;
@@ -121,8 +121,8 @@ struct model_run {
 
 /// Totals over all inputs, for the fuzzer's summary line.
 struct model_plan_totals {
-  std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0,
-                busy = 0, pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0;
+  std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0, busy = 0,
+                pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0;
 };
 
 }  // namespace refpool::test::fuzz

@@ -27,7 +27,8 @@ void session::hand_over(int t, int a) {
     return;
   }
   if (got != m_.blocks.at(source.gid).ptr)
-    fail(fmt::format("to_pointer gave {}, the model's block {} is at {}", got, source.gid, m_.blocks.at(source.gid).ptr));
+    fail(fmt::format("to_pointer gave {}, the model's block {} is at {}", got, source.gid,
+                     m_.blocks.at(source.gid).ptr));
   if (!kept(source.gid)) m_.add_ref(source.gid);
   pointers_.push_back({got, source.gid});
 }
@@ -77,7 +78,8 @@ void session::stale_free(int t) {
       break;
     }
   }
-  const auto now = std::find_if(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.ptr == ptr; });
+  const auto now =
+      std::find_if(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.ptr == ptr; });
   if (now != pointers_.end()) {
     trace("free_pointer({}) late: the address was handed out again", ptr);
     all.stale_frees_rehanded += 1;
@@ -104,7 +106,8 @@ void session::op_free_pointer(int t) {
   free_kept(t, i);
   if (in_.below(4) != 0) return;
   // Again: a double free, unless another hand-over of the buffer is kept.
-  const auto other = std::find_if(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.ptr == ptr; });
+  const auto other =
+      std::find_if(pointers_.begin(), pointers_.end(), [&](const kept_pointer& k) { return k.ptr == ptr; });
   if (other != pointers_.end()) {
     free_kept(t, static_cast<std::size_t>(other - pointers_.begin()));
   } else {

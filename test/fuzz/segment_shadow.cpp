@@ -24,9 +24,9 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 /// The shadow backend's memory: small enough that the out-of-memory ladder runs often.
 constexpr std::size_t capacity = 24 * MiB;
 /// Sizes: mostly small (the small pool, exact-key hits), some large, a few that fill the limit.
-constexpr std::size_t sizes[] = {1,        100,      512,      513,       1000,      4096,     4096,
-                                 10000,    64 * KiB, 64 * KiB, 100 * KiB, 600 * KiB, MiB,      MiB + 1,
-                                 2 * MiB,  3 * MiB,  5 * MiB,  7 * MiB,   11 * MiB,  20 * MiB, 30 * MiB};
+constexpr std::size_t sizes[] = {1,       100,      512,      513,       1000,      4096,     4096,
+                                 10000,   64 * KiB, 64 * KiB, 100 * KiB, 600 * KiB, MiB,      MiB + 1,
+                                 2 * MiB, 3 * MiB,  5 * MiB,  7 * MiB,   11 * MiB,  20 * MiB, 30 * MiB};
 constexpr std::size_t keeps[] = {0, 4 * KiB, MiB, 4 * MiB, rp::cache_options::unlimited};
 constexpr std::size_t limits[] = {rp::cache_options::unlimited, 0, 64 * KiB, 2 * MiB, 8 * MiB};
 
@@ -88,9 +88,10 @@ void segment_shadow::verify(const piece& p, const char* when) const {
     std::uint64_t v = 0;
     std::memcpy(&v, bytes + off, sizeof v);
     if (v != p.stamp + off)
-      fail(fmt::format("segments: the piece at {} ({} B) lost its owner's stamp at offset {} ({}): another owner "
-                       "wrote it",
-                       p.ref.data(), n, off, when));
+      fail(
+          fmt::format("segments: the piece at {} ({} B) lost its owner's stamp at offset {} ({}): another owner "
+                      "wrote it",
+                      p.ref.data(), n, off, when));
   }
 }
 
@@ -115,8 +116,11 @@ void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
       error = e.what();
     }
   });
-  if (bad) fail(fmt::format("segments: a request of {} B threw something else than out of memory or the injected "
-                            "backend_error: {}", bytes, error));
+  if (bad)
+    fail(
+        fmt::format("segments: a request of {} B threw something else than out of memory or the injected "
+                    "backend_error: {}",
+                    bytes, error));
   if (!made.ref) return;
   if (made.ref.bytes() != bytes || made.ref.capacity() < bytes || made.ref.capacity() % 512 != 0)
     fail(fmt::format("segments: a request of {} B got {} B in a block of {} B", bytes, made.ref.bytes(),
@@ -140,23 +144,35 @@ void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
   const std::size_t slot = h % slots;
   piece& p = pieces_[slot];
   switch (op) {
-    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 7:  // allocations
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+    case 4:
+    case 5:
+    case 6:
+    case 7:  // allocations
       allocate(t, slot, h >> 4);
       break;
-    case 8: case 9: case 10:  // drops, on either thread
+    case 8:
+    case 9:
+    case 10:  // drops, on either thread
       if (p.ref) {
         verify(p, "before its last handle went");
         run_on_(t, [&] { p = piece{}; });
       }
       break;
-    case 11: case 12: case 13: {  // hand a piece to another slot
+    case 11:
+    case 12:
+    case 13: {  // hand a piece to another slot
       const std::size_t to = (slot + 1 + (h >> 20) % (slots - 1)) % slots;
       drop(to, "before it was replaced");
       pieces_[to] = std::move(p);
       p = piece{};
       break;
     }
-    case 18: case 19:  // unsafe_free
+    case 18:
+    case 19:  // unsafe_free
       if (p.ref) {
         verify(p, "before unsafe_free");
         run_on_(t, [&] { p.ref.unsafe_free(); });
@@ -170,7 +186,8 @@ void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
         p = piece{};
       }
       break;
-    case 20: case 21:  // a new owner's pattern
+    case 20:
+    case 21:  // a new owner's pattern
       if (p.ref) {
         p.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
         stamp(p);
@@ -179,18 +196,18 @@ void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
     case 22:
       if (p.ref) p.ref.record_stream(stream_of(h >> 12));
       break;
-    case 23: case 24:
+    case 23:
+    case 24:
       if (!step_) step_ = std::make_unique<rp::step>(*cache_);
       break;
-    case 26: case 27: case 28:
+    case 26:
+    case 27:
+    case 28:
       if (step_) run_on_(t, [&] { step_.reset(); });
       break;
-    case 25: case 29:
-      run_on_(t, [&] { cache_->reclaim(keeps[(h >> 16) % std::size(keeps)]); });
-      break;
-    case 30:
-      run_on_(t, [&] { cache_->set_max_idle_bytes(limits[(h >> 16) % std::size(limits)]); });
-      break;
+    case 25:
+    case 29: run_on_(t, [&] { cache_->reclaim(keeps[(h >> 16) % std::size(keeps)]); }); break;
+    case 30: run_on_(t, [&] { cache_->set_max_idle_bytes(limits[(h >> 16) % std::size(limits)]); }); break;
     case 31: {
       const auto how = (h >> 16) % 3 == 0 ? rp::failing_resource::failure::backend_error
                                           : rp::failing_resource::failure::out_of_memory;
@@ -204,7 +221,8 @@ void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
         ++totals.orphaned_caches;
       }
       break;
-    case 34: case 35:  // a short loop of one size: exact-key hits on the same piece
+    case 34:
+    case 35:  // a short loop of one size: exact-key hits on the same piece
       for (int i = 0; i < 4; ++i) {
         allocate(t, slot, h >> 4);
         drop(slot, "in a loop");

@@ -81,26 +81,26 @@ void with_type(int type, F&& f) {
   }
 }
 
-
 // ---- tunables -----------------------------------------------------------------------------
 
-constexpr int handle_count = 12;          // handle slots shared by both threads
-constexpr std::size_t max_depth = 8;      // scopes and guards per thread
+constexpr int handle_count = 12;              // handle slots shared by both threads
+constexpr std::size_t max_depth = 8;          // scopes and guards per thread
 constexpr std::size_t max_operations = 4096;  // per input
 constexpr std::size_t backend0_capacity = std::size_t{1} << 20;
 // Element counts: few distinct byte sizes over 7 element types, so requests meet idle blocks often.
 constexpr std::size_t counts[] = {16, 16, 16, 16, 64, 64, 64, 256, 0, 1, 2, 4, 8, 32, 128, 512, 3, 12, 24, 100};
 constexpr std::size_t raw_sizes[] = {8, 16, 24, 32, 48, 64, 96, 100, 128, 256, 512, 1000, 1024, 4096};
 constexpr std::size_t keeps[] = {0, 256, 1024, 4096, 16384, unlimited};
-constexpr std::size_t limits[] = {unlimited, unlimited, unlimited, unlimited, unlimited, unlimited, unlimited, unlimited,
-                                  unlimited, unlimited, unlimited, unlimited, 0, 1024, 4096, 16384};
+constexpr std::size_t limits[] = {unlimited, unlimited, unlimited, unlimited, unlimited, unlimited,
+                                  unlimited, unlimited, unlimited, unlimited, unlimited, unlimited,
+                                  0,         1024,      4096,      16384};
 constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
 
 // ---- reporting ----------------------------------------------------------------------------
 
 extern totals all;
-extern bool tracing;  // REFPOOL_FUZZ_TRACE: print every operation
-extern int op_thread; // the thread of the operation running now, for reports
+extern bool tracing;   // REFPOOL_FUZZ_TRACE: print every operation
+extern int op_thread;  // the thread of the operation running now, for reports
 
 template <class... Args>
 inline void trace(fmt::format_string<Args...> format, Args&&... args) {
@@ -179,7 +179,6 @@ class helper_thread {
 /// The one helper thread of the process (thread 1 of every input).
 helper_thread& helper();
 
-
 // ---- running one call and classifying what it threw ---------------------------------------
 
 struct result {
@@ -245,7 +244,8 @@ class reader {
 };
 
 // Element count of dims and their bytes, as shape.hpp and array.hpp document them.
-inline outcome checked_bytes(const std::vector<std::size_t>& dims, std::size_t elem, std::size_t& count, std::size_t& bytes) {
+inline outcome checked_bytes(const std::vector<std::size_t>& dims, std::size_t elem, std::size_t& count,
+                             std::size_t& bytes) {
   count = 1;
   if (std::find(dims.begin(), dims.end(), std::size_t{0}) != dims.end()) {
     count = bytes = 0;
@@ -257,7 +257,9 @@ inline outcome checked_bytes(const std::vector<std::size_t>& dims, std::size_t e
   return outcome::ok;
 }
 
-inline rp::shape to_shape(const std::vector<std::size_t>& dims) { return rp::shape(std::span<const std::size_t>(dims)); }
+inline rp::shape to_shape(const std::vector<std::size_t>& dims) {
+  return rp::shape(std::span<const std::size_t>(dims));
+}
 
 struct model_handle {
   int kind = 0;  ///< variant index
@@ -377,7 +379,7 @@ class session {
   rp::backend be_[backends];
   std::unique_ptr<rp::alloc_cache> cache_[2];
   std::unique_ptr<rp::step> open_steps_[2];  // an open step per cache slot (it may outlive its cache)
-  int step_cache_[2] = {-1, -1};        // the model cache it belongs to
+  int step_cache_[2] = {-1, -1};             // the model cache it belongs to
   std::vector<std::pair<std::unique_ptr<rp::step>, int>> old_steps_;  // steps of destroyed caches
   // Extra references a planned loop takes and drops in rounds after the first, so that buffers
   // live longer than the recording said (late releases) or past their run (escapes).

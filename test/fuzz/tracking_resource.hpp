@@ -19,8 +19,8 @@ struct backend_event {
   kind what = kind::allocate;
   int backend = 0;
   std::size_t bytes = 0;
-  void* ptr = nullptr;   ///< allocate: the result (null: out of memory); deallocate: the pointer
-  bool threw = false;    ///< allocate threw (backend_error)
+  void* ptr = nullptr;       ///< allocate: the result (null: out of memory); deallocate: the pointer
+  bool threw = false;        ///< allocate threw (backend_error)
   void* producer = nullptr;  ///< order_streams
   void* consumer = nullptr;
 };
@@ -32,9 +32,7 @@ class event_log {
  public:
   void push(const backend_event& e) { events_.push_back(e); }
   /// The next event the model has not consumed yet, or null.
-  [[nodiscard]] const backend_event* next() noexcept {
-    return read_ < events_.size() ? &events_[read_++] : nullptr;
-  }
+  [[nodiscard]] const backend_event* next() noexcept { return read_ < events_.size() ? &events_[read_++] : nullptr; }
   [[nodiscard]] std::size_t pending() const noexcept { return events_.size() - read_; }
   [[nodiscard]] const backend_event* peek_pending(std::size_t i) const noexcept {
     return read_ + i < events_.size() ? &events_[read_ + i] : nullptr;

@@ -16,8 +16,8 @@ using namespace refpool;
 using refpool::test::download;
 using refpool::test::grid_for;
 using refpool::test::kernels;
-using refpool::test::words;
 using refpool::test::upload;
+using refpool::test::words;
 
 namespace {
 
@@ -111,11 +111,12 @@ TEST_CASE("saxpy and a reduction on pool buffers match the host", "[cuda][kernel
     auto dy = empty<float>(be, {n}, s);
     upload(dx, x, s);
     upload(dy, y, s);
-    refpool::test::gpu_modules::launch_with(kernels().function("saxpy"), grid_for(n), {256}, s, n, alpha, dx.data(), dy.data());
+    refpool::test::gpu_modules::launch_with(kernels().function("saxpy"), grid_for(n), {256}, s, n, alpha, dx.data(),
+                                            dy.data());
     const unsigned blocks = 512;
     auto partial = empty<double>(be, {blocks}, s);
     refpool::test::gpu_modules::launch_with(kernels().function("partial_sums"), {blocks}, {256}, s, n,
-                             static_cast<const float*>(dy.data()), partial.data());
+                                            static_cast<const float*>(dy.data()), partial.data());
     const auto got = download(dy, s);
     const auto sums = download(partial, s);
     double expected_sum = 0;
@@ -138,7 +139,8 @@ std::vector<float> host_matmul(std::size_t m, std::size_t n, std::size_t k, cons
   for (std::size_t row = 0; row < m; ++row)
     for (std::size_t col = 0; col < n; ++col) {
       float acc = 0;
-      for (std::size_t i = 0; i < k; ++i) acc += (ta ? a[i * m + row] : a[row * k + i]) * (tb ? b[col * k + i] : b[i * n + col]);
+      for (std::size_t i = 0; i < k; ++i)
+        acc += (ta ? a[i * m + row] : a[row * k + i]) * (tb ? b[col * k + i] : b[i * n + col]);
       c[row * n + col] = acc;
     }
   return c;
@@ -177,8 +179,8 @@ TEST_CASE("MLP forward and backward: equal byte sizes in other shapes, no driver
   const auto matmul = [&](std::uint32_t m, std::uint32_t n, std::uint32_t k, const array<float>& a, int ta,
                           const array<float>& b, int tb, const array<float>& c) {
     refpool::test::gpu_modules::launch_with(mm, {(n + 15) / 16, (m + 15) / 16}, {16, 16}, s, m, n, k,
-                             static_cast<const float*>(a.data()), ta, static_cast<const float*>(b.data()), tb,
-                             c.data());
+                                            static_cast<const float*>(a.data()), ta,
+                                            static_cast<const float*>(b.data()), tb, c.data());
   };
   const auto elementwise = [&](const char* name, auto... args) {
     refpool::test::gpu_modules::launch_with(kernels().function(name), grid_for(B * D), {256}, s, args...);
@@ -240,7 +242,7 @@ TEST_CASE("MLP forward and backward: equal byte sizes in other shapes, no driver
   CHECK(be.allocation_count() == driver_allocations_after_first);
   const auto st = cache.stats();
   CHECK(st.escapes == 0);
-  CHECK(st.hits + st.misses == 4 * 10);       // ten requests a step
-  CHECK(st.misses == misses_after_first);     // steps 2..4: every request a hit
-  CHECK(st.misses < 10);                      // released temporaries were reused inside step 1
+  CHECK(st.hits + st.misses == 4 * 10);    // ten requests a step
+  CHECK(st.misses == misses_after_first);  // steps 2..4: every request a hit
+  CHECK(st.misses < 10);                   // released temporaries were reused inside step 1
 }

@@ -118,11 +118,11 @@ struct runtime_state {
   const bool sticky = env_int("REFPOOL_FAKE_HIP_STICKY", version >= 70'000'000) != 0;
   const bool vmm = env_int("REFPOOL_FAKE_HIP_VMM", 1) != 0 && version >= 50'300'000;
   const bool fatal = env_int("REFPOOL_FAKE_HIP_FATAL", 0) != 0;
-  const std::string arch = std::getenv("REFPOOL_FAKE_HIP_ARCH") ? std::getenv("REFPOOL_FAKE_HIP_ARCH")
-                                                                : "gfx90a:sramecc+:xnack-";
+  const std::string arch =
+      std::getenv("REFPOOL_FAKE_HIP_ARCH") ? std::getenv("REFPOOL_FAKE_HIP_ARCH") : "gfx90a:sramecc+:xnack-";
   std::atomic<bool> torn_down{false};
   std::vector<std::size_t> used = std::vector<std::size_t>(static_cast<std::size_t>(std::max(devices, 0)));
-  std::map<std::uintptr_t, region> regions;          // allocations and mapped pieces
+  std::map<std::uintptr_t, region> regions;            // allocations and mapped pieces
   std::map<std::uintptr_t, std::size_t> reservations;  // virtual address ranges
   std::set<const void*> streams, events, modules, functions, physicals;
   std::map<std::string, std::pair<hipError_t, int>> faults;  // entry point -> (error, calls left)
@@ -379,9 +379,12 @@ FAKE_API hipError_t get_device_properties_5(device_properties_5* prop, int devic
 FAKE_API hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attribute, int device) {
   entry e("hipDeviceGetAttribute");
   if (!e.device_ok(device)) return e.done(hipErrorInvalidDevice);
-  if (attribute == attribute_memory_pools) *value = 1;
-  else if (attribute == attribute_vmm && e.s.version >= 50'300'000) *value = e.s.vmm ? 1 : 0;
-  else return e.done(hipErrorInvalidValue);  // 5.2 has no attribute 89
+  if (attribute == attribute_memory_pools)
+    *value = 1;
+  else if (attribute == attribute_vmm && e.s.version >= 50'300'000)
+    *value = e.s.vmm ? 1 : 0;
+  else
+    return e.done(hipErrorInvalidValue);  // 5.2 has no attribute 89
   return e.done(hipSuccess);
 }
 
@@ -572,7 +575,10 @@ FAKE_API hipError_t hipModuleLoadData(hipModule_t* module, const void* image) {
   std::vector<std::string> targets;  // each target the image has code for
   std::string payload;
   bool found = false;
-  if (std::memcmp(bytes, "\x7f" "ELF", 4) == 0) {
+  if (std::memcmp(bytes,
+                  "\x7f"
+                  "ELF",
+                  4) == 0) {
     unsigned flags = 0;
     for (int i = 3; i >= 0; --i) flags = (flags << 8) | static_cast<unsigned char>(bytes[48 + i]);
     targets.push_back(elf_target(flags));

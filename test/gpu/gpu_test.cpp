@@ -43,7 +43,8 @@ TEST_CASE("the runtime loads and backends are process-wide per device and kind",
   CHECK(a.kind() == memory_kind::device);
   CHECK(a.name() == backend_name("device"));
   CHECK(rt::device(0, memory_kind::pinned_host) != a);
-  if (refpool::test::async_supported()) CHECK(rt::device(0, memory_kind::device_async).kind() == memory_kind::device_async);
+  if (refpool::test::async_supported())
+    CHECK(rt::device(0, memory_kind::device_async).kind() == memory_kind::device_async);
   CHECK_THROWS_AS(rt::device(rt::device_count()), backend_unavailable);
   CHECK_THROWS_AS(rt::device(0, memory_kind::host), backend_unavailable);
 }
@@ -256,13 +257,13 @@ TEST_CASE("virtual memory of device memory: reserve, commit, use, decommit, reco
   auto* base = static_cast<std::uint8_t*>(vm->reserve(8 * g));
   REQUIRE(base != nullptr);
   CHECK(reinterpret_cast<std::uintptr_t>(base) % g == 0);
-  REQUIRE(vm->commit(base, 2 * g));      // two physical allocations, contiguous in addresses
+  REQUIRE(vm->commit(base, 2 * g));  // two physical allocations, contiguous in addresses
   REQUIRE(vm->commit(base + 2 * g, g));
   rt::stream s;
   const auto written = pattern(3 * g, 1);
   rt::copy(base, written.data(), written.size(), s);
   CHECK(same_start(download(base, 3 * g, s), written, 3 * g));  // one copy across both
-  rt::fill(base + g, 7, 2 * g, s);              // one fill across both
+  rt::fill(base + g, 7, 2 * g, s);                              // one fill across both
   const auto filled = download(base + g, 2 * g, s);
   CHECK(std::all_of(filled.begin(), filled.end(), [](std::uint8_t v) { return v == 7; }));
 

@@ -164,7 +164,8 @@ TEST_CASE("HIP 5.2 and 5.3: a code object without code for the device is refused
         make_elf(fake_hip::elf_mach_gfx90a | fake_hip::elf_xnack_off_v4 | fake_hip::elf_sramecc_on_v4, kernel),
         make_elf(fake_hip::elf_mach_gfx90a, kernel, 1),  // code object v3: no feature settings
     };
-    for (const auto& image : images) CHECK(refpool::test::gpu_modules::hip_module(0, image).function("fill_u8").function != nullptr);
+    for (const auto& image : images)
+      CHECK(refpool::test::gpu_modules::hip_module(0, image).function("fill_u8").function != nullptr);
   }
   CHECK(fake().violations().empty());
 }
@@ -325,8 +326,7 @@ TEST_CASE("segments: bytes last used on more than eight streams wait for the who
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("virtual memory on HIP 7: out of memory in a commit is false, and the application sees no error",
-          "[hip-7]") {
+TEST_CASE("virtual memory on HIP 7: out of memory in a commit is false, and the application sees no error", "[hip-7]") {
   virtual_memory* vm = hip::device(0).underlying().address_space();
   REQUIRE(vm != nullptr);
   const std::size_t g = vm->granularity();
@@ -338,8 +338,7 @@ TEST_CASE("virtual memory on HIP 7: out of memory in a commit is false, and the 
   vm->release(range, bytes);
 }
 
-TEST_CASE("HIP 5.2: no virtual memory (no attribute says whether a device has it, and another layout)",
-          "[hip-5.2]") {
+TEST_CASE("HIP 5.2: no virtual memory (no attribute says whether a device has it, and another layout)", "[hip-5.2]") {
   CHECK(hip::device(0).underlying().address_space() == nullptr);
   CHECK(fake().violations().empty());
 }

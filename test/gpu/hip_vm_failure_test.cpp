@@ -139,8 +139,7 @@ TEST_CASE("hipMemAddressFree refused at release: reported, and the process goes 
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("a cache with segments when every reservation is refused: segments are hipMalloc allocations",
-          "[hip-7]") {
+TEST_CASE("a cache with segments when every reservation is refused: segments are hipMalloc allocations", "[hip-7]") {
   faults_cleared guard;
   const backend be = hip::device(0);
   const std::size_t before = fake().device_bytes_in_use(0);
@@ -161,8 +160,7 @@ TEST_CASE("a cache with segments when every reservation is refused: segments are
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("a cache with segments when a commit fails with an error: backend_error, and nothing is held",
-          "[hip-7]") {
+TEST_CASE("a cache with segments when a commit fails with an error: backend_error, and nothing is held", "[hip-7]") {
   faults_cleared guard;
   const backend be = hip::device(0);
   const std::size_t before = fake().device_bytes_in_use(0);

@@ -15,7 +15,7 @@ namespace refpool::test {
 namespace rt = refpool::hip;
 inline constexpr bool compiled_in = REFPOOL_HAS_HIP;
 inline constexpr std::string_view runtime_name = "HIP";
-inline constexpr std::string_view backend_prefix = "hip";      ///< backend names: "hip:0 device"
+inline constexpr std::string_view backend_prefix = "hip";  ///< backend names: "hip:0 device"
 inline constexpr std::string_view error_prefix = "HIP error hipError";
 inline constexpr std::string_view module_load_call = "hipModuleLoadData";
 /// HIP 5.2, the oldest runtime refpool accepts.

@@ -79,7 +79,11 @@ int main() {
       {"synchronize()", [] { rt::synchronize({}); }},
       {"retire_stream()", [] { rt::retire_stream({}); }},
       {"module()", [] { refpool::test::gpu_modules::module<rt::this_runtime> m(0, "code"); }},
-      {"launch()", [] { refpool::test::gpu_modules::launch(refpool::test::gpu_modules::kernel<rt::this_runtime>{}, {1}, {1}, {}, nullptr); }},
+      {"launch()",
+       [] {
+         refpool::test::gpu_modules::launch(refpool::test::gpu_modules::kernel<rt::this_runtime>{}, {1}, {1}, {},
+                                            nullptr);
+       }},
       {"copy()", [] { rt::copy(nullptr, nullptr, 0, {}); }},
       {"fill()", [] { rt::fill(nullptr, 0, 0, {}); }},
       {"copy_peer()", [] { rt::copy_peer(nullptr, 0, nullptr, 0, 0, {}); }},

@@ -63,7 +63,7 @@ struct current_cache {
 /// its own handle until both frees were tried, so the address cannot be handed out again before.
 struct race_slot {
   std::mutex mutex;
-  void* ptr = nullptr;   // null: free for an owner
+  void* ptr = nullptr;    // null: free for an owner
   int frees_claimed = 0;  // of 2
   int frees_tried = 0;
   int frees_accepted = 0;
@@ -104,11 +104,14 @@ class worker {
 
   void one_operation() {
     switch (rng_() % 13) {
-      case 0: case 1: case 2:  // through the thread's scope, whose cache may be gone by now
+      case 0:
+      case 1:
+      case 2:  // through the thread's scope, whose cache may be gone by now
         mine_.add(empty<std::uint64_t>(be_, {std::size_t{1} << (rng_() % 8)}));
         out_.scope_allocations += 1;
         break;
-      case 3: case 4: {  // cache-level: the thread's slot, or the open step's router
+      case 3:
+      case 4: {  // cache-level: the thread's slot, or the open step's router
         const std::size_t words = std::size_t{1} << (rng_() % 8);
         data_ref r;
         {
@@ -128,10 +131,13 @@ class worker {
       }
       case 6: publish_or_finish_race(); break;
       case 10:
-        if (rng_() % 16 == 0) replace_cache();
-        else if (rng_() % 4 == 0) next_step();
+        if (rng_() % 16 == 0)
+          replace_cache();
+        else if (rng_() % 4 == 0)
+          next_step();
         break;
-      case 7: case 8: try_a_free(races_[rng_() % race_slots]); break;
+      case 7:
+      case 8: try_a_free(races_[rng_() % race_slots]); break;
       case 9: take_handles(races_[rng_() % race_slots]); break;
       default:
         if (!mine_.empty()) check(mine_.drop(rng_() % mine_.size(), rng_() % 8 == 0), "a buffer lost its stamp");
@@ -200,8 +206,7 @@ class worker {
     try {
       free_pointer(p);
       accepted = true;
-    } catch (const invalid_argument&) {
-    }
+    } catch (const invalid_argument&) {}
     std::lock_guard lock(slot.mutex);
     slot.frees_tried += 1;
     slot.frees_accepted += accepted;
@@ -276,8 +281,10 @@ int main(int argc, char** argv) {
   std::uint64_t ops = 20000;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
-    if (arg == "--threads") thread_count = std::atoi(argv[i + 1]);
-    else if (arg == "--ops") ops = std::strtoull(argv[i + 1], nullptr, 10);
+    if (arg == "--threads")
+      thread_count = std::atoi(argv[i + 1]);
+    else if (arg == "--ops")
+      ops = std::strtoull(argv[i + 1], nullptr, 10);
   }
   if (const char* env = std::getenv("REFPOOL_LIFETIME_STRESS_OPS")) ops = std::strtoull(env, nullptr, 10);
   const auto start = std::chrono::steady_clock::now();
@@ -288,8 +295,7 @@ int main(int argc, char** argv) {
     race_slot races[race_slots];
     std::vector<std::thread> workers;
     for (int t = 0; t < thread_count; ++t) {
-      workers.emplace_back(
-          [&, t] { worker(shared, races, be, t, per_thread[static_cast<std::size_t>(t)]).run(ops); });
+      workers.emplace_back([&, t] { worker(shared, races, be, t, per_thread[static_cast<std::size_t>(t)]).run(ops); });
     }
     for (auto& w : workers) w.join();
     shared.open_step.reset();
@@ -310,10 +316,11 @@ int main(int argc, char** argv) {
   check(sum.ops == ops * static_cast<std::uint64_t>(thread_count), "a worker did not finish its operations");
   check(sum.caches_destroyed > 0 && sum.steps > 0 && sum.races > 0, "a kind of lifetime event never happened");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("lifetime stress: {} threads x {} operations in {:.2f} s; {} scope and {} cache-level allocations; {} "
-             "caches destroyed under them, {} steps ended under them; {} racing double frees by pointer ({} "
-             "accepted), {} handles taken by address meanwhile; {} failures\n",
-             thread_count, ops, seconds, sum.scope_allocations, sum.cache_level, sum.caches_destroyed, sum.steps,
-             sum.races, sum.frees_accepted, sum.handles_taken, failures.load());
+  fmt::print(
+      "lifetime stress: {} threads x {} operations in {:.2f} s; {} scope and {} cache-level allocations; {} "
+      "caches destroyed under them, {} steps ended under them; {} racing double frees by pointer ({} "
+      "accepted), {} handles taken by address meanwhile; {} failures\n",
+      thread_count, ops, seconds, sum.scope_allocations, sum.cache_level, sum.caches_destroyed, sum.steps, sum.races,
+      sum.frees_accepted, sum.handles_taken, failures.load());
   return failures.load() == 0 ? 0 : 1;
 }

@@ -258,13 +258,11 @@ TEST_CASE("a double free racing pointer_ref: exactly one of the two frees is acc
     }
     for (int f = 0; f < 2; ++f) {
       threads.emplace_back([&] {
-        while (looking.load() < 2) {
-        }
+        while (looking.load() < 2) {}
         try {
           free_pointer(p);
           accepted.fetch_add(1);
-        } catch (const invalid_argument&) {
-        }
+        } catch (const invalid_argument&) {}
       });
     }
     for (auto& t : threads) t.join();
@@ -281,7 +279,8 @@ TEST_CASE("a cache destroyed while four threads allocate in their scopes: every 
           "[lifetime][threads]") {
   const backend be = make_host_backend();
   for (int trial = 0; trial < 20; ++trial) {
-    auto cache = std::make_unique<alloc_cache>(with_segments(trial % 2 == 0 ? segment_policy::off : segment_policy::on));
+    auto cache =
+        std::make_unique<alloc_cache>(with_segments(trial % 2 == 0 ? segment_policy::off : segment_policy::on));
     std::atomic<int> running{0};
     std::atomic<bool> stop{false};
     std::atomic<int> damaged{0};

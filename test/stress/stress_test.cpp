@@ -67,9 +67,11 @@ void worker(alloc_cache& cache, const backend& be, mailbox& box, int tid, std::u
     const std::uint64_t body = 1 + rng() % 64;
     for (std::uint64_t k = 0; k < body && op < ops; ++k, ++op) {
       switch (rng() % 16) {
-        case 0: case 1: case 2: case 3: case 4:
-          mine.adopt(fresh());
-          break;
+        case 0:
+        case 1:
+        case 2:
+        case 3:
+        case 4: mine.adopt(fresh()); break;
         case 5: {  // other views of the same buffer see the same stamp
           if (mine.empty()) break;
           const stamped_buffer& o = mine[rng() % mine.size()];
@@ -82,7 +84,8 @@ void worker(alloc_cache& cache, const backend& be, mailbox& box, int tid, std::u
                 "reinterpret does not see the stamp");
           break;
         }
-        case 6: case 7: {  // hand a buffer to another thread: a shared copy or the handle itself
+        case 6:
+        case 7: {  // hand a buffer to another thread: a shared copy or the handle itself
           if (mine.empty()) break;
           std::lock_guard guard(box.mutex);
           if (box.items.size() >= mailbox::capacity) break;
@@ -136,8 +139,7 @@ void worker(alloc_cache& cache, const backend& be, mailbox& box, int tid, std::u
           if (rng() % 4 == 0) mine.adopt(std::move(x));
           break;
         }
-        default:
-          drop_one();
+        default: drop_one();
       }
       if (mine.size() > 24) drop_one();
     }
@@ -178,8 +180,10 @@ int main(int argc, char** argv) {
   std::uint64_t ops = 1000000;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
-    if (arg == "--threads") thread_count = std::atoi(argv[i + 1]);
-    else if (arg == "--ops") ops = std::strtoull(argv[i + 1], nullptr, 10);
+    if (arg == "--threads")
+      thread_count = std::atoi(argv[i + 1]);
+    else if (arg == "--ops")
+      ops = std::strtoull(argv[i + 1], nullptr, 10);
   }
   if (const char* env = std::getenv("REFPOOL_STRESS_OPS")) ops = std::strtoull(env, nullptr, 10);
   const auto start = std::chrono::steady_clock::now();
@@ -222,11 +226,11 @@ int main(int argc, char** argv) {
   check(sum.ops == ops * static_cast<std::uint64_t>(thread_count), "a worker did not finish its operations");
   check(sum.use_after_free_seen == sum.unsafe_frees, "an access after unsafe_free did not throw");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("stress: {} threads x {} operations = {} in {:.2f} s; {} allocations (hits {}, misses {}, steals {}), "
-             "{} handoffs ({} shared), {} unsafe frees, {} escapes, {} evictions, {} reclaimed; reclaimer: {} "
-             "operations; {} failures\n",
-             thread_count, ops, sum.ops, seconds, sum.allocations, st.hits, st.misses, st.steals, sum.handoffs,
-             sum.shared, sum.unsafe_frees, st.escapes, st.evictions, st.reclaimed_blocks, sum.reclaimer_ops,
-             failures.load());
+  fmt::print(
+      "stress: {} threads x {} operations = {} in {:.2f} s; {} allocations (hits {}, misses {}, steals {}), "
+      "{} handoffs ({} shared), {} unsafe frees, {} escapes, {} evictions, {} reclaimed; reclaimer: {} "
+      "operations; {} failures\n",
+      thread_count, ops, sum.ops, seconds, sum.allocations, st.hits, st.misses, st.steals, sum.handoffs, sum.shared,
+      sum.unsafe_frees, st.escapes, st.evictions, st.reclaimed_blocks, sum.reclaimer_ops, failures.load());
   return failures.load() == 0 ? 0 : 1;
 }

@@ -46,9 +46,9 @@ TEST_CASE("8 threads x 100k operations on one shared cache: no aliasing, no leak
           const int body = 1 + static_cast<int>(rng() % 64);
           for (int k = 0; k < body && op < ops_per_thread; ++k, ++op) {
             switch (rng() % 8) {
-              case 0: case 1: case 2:
-                mine.add(empty<std::uint64_t>(be, {std::size_t{1} << (rng() % 8)}));
-                break;
+              case 0:
+              case 1:
+              case 2: mine.add(empty<std::uint64_t>(be, {std::size_t{1} << (rng() % 8)})); break;
               case 3: {  // another shape of the same buffer: same owner, same stamp
                 if (mine.empty()) break;
                 auto& o = mine[rng() % mine.size()];
@@ -67,8 +67,7 @@ TEST_CASE("8 threads x 100k operations on one shared cache: no aliasing, no leak
                 mine.adopt(mailbox.take(mailbox.size() - 1));
                 break;
               }
-              default:
-                drop_one();
+              default: drop_one();
             }
             if (mine.size() > 32) drop_one();
           }

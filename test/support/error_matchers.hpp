@@ -53,8 +53,6 @@ class oom_matcher final : public Catch::MatcherBase<refpool::error> {
 };
 
 /// An out_of_memory for a request of `requested_bytes` on `device` (-1: host).
-[[nodiscard]] inline oom_matcher oom_for(std::size_t requested_bytes, int device) {
-  return {requested_bytes, device};
-}
+[[nodiscard]] inline oom_matcher oom_for(std::size_t requested_bytes, int device) { return {requested_bytes, device}; }
 
 }  // namespace refpool::test

@@ -45,8 +45,8 @@ struct stamped_buffer {
     return fmt::format(
         "buffer {} ({} B, stamp {:#x}) holds {:#04x} at byte {} where its owner wrote {:#04x}: another owner "
         "wrote it",
-        static_cast<const void*>(a.data()), a.bytes(), stamp,
-        reinterpret_cast<const unsigned char*>(a.data())[*i], *i, stamp_byte(stamp, *i));
+        static_cast<const void*>(a.data()), a.bytes(), stamp, reinterpret_cast<const unsigned char*>(a.data())[*i], *i,
+        stamp_byte(stamp, *i));
   }
 };
 

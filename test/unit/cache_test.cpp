@@ -241,10 +241,10 @@ TEST_CASE("max_idle_bytes evicts least recently released blocks", "[cache][limit
   void* released_last = nullptr;
   {
     scope s(cache);
-    auto third = allocate(be, 1000);   // the two idle blocks
+    auto third = allocate(be, 1000);  // the two idle blocks
     auto fourth = allocate(be, 1000);
-    auto fifth = allocate(be, 1000);   // a new one
-    released_last = third.data();      // locals go in reverse: fifth, fourth, then third
+    auto fifth = allocate(be, 1000);  // a new one
+    released_last = third.data();     // locals go in reverse: fifth, fourth, then third
   }
   // Three 1000 B blocks went idle: over the limit by one, and one evicted.
   const auto st = cache.stats();
@@ -333,7 +333,10 @@ TEST_CASE_METHOD(host_fixture, "stable addresses: iteration n gets the same buff
 }
 
 TEST_CASE_METHOD(host_fixture, "the stats formatter prints every counter", "[cache][stats]") {
-  { scope s(cache); auto a = allocate(be, 10); }
+  {
+    scope s(cache);
+    auto a = allocate(be, 10);
+  }
   const cache_stats st = cache.stats();
   const std::string table = fmt::format("{}", st);
   REQUIRE(stat_count() > 25);

@@ -21,8 +21,8 @@ enum class thrown { nothing, out_of_memory, backend_error, other };
 
 struct run_result {
   thrown outcome[2] = {thrown::nothing, thrown::nothing};
-  cache_stats stats;               ///< after the escaped handles went, before the cache did
-  std::size_t outstanding = 0;     ///< backend bytes at that moment
+  cache_stats stats;                  ///< after the escaped handles went, before the cache did
+  std::size_t outstanding = 0;        ///< backend bytes at that moment
   std::size_t outstanding_after = 0;  ///< backend bytes once the cache was destroyed
 };
 
@@ -88,9 +88,7 @@ run_result run_scenario(const backend& be) {
   return r;
 }
 
-int count(const run_result& r, thrown what) {
-  return (r.outcome[0] == what ? 1 : 0) + (r.outcome[1] == what ? 1 : 0);
-}
+int count(const run_result& r, thrown what) { return (r.outcome[0] == what ? 1 : 0) + (r.outcome[1] == what ? 1 : 0); }
 
 void check_consistent(const run_result& r) {
   CHECK(r.outcome[0] != thrown::other);
@@ -160,13 +158,14 @@ TEST_CASE("the Nth backend allocation fails, for every N, in a two-thread multi-
   failing->disarm();
   const std::uint64_t injected = failing->injected() - injected_before;
   CHECK(injected >= 3 * sweeps * calls);
-  std::printf("fault sweep: %llu runs, %d times N = 1..%llu (a clean run makes up to %llu backend calls), %llu faults "
-              "injected: %llu answered by reclaim and retry, %llu out_of_memory and %llu backend_error thrown; "
-              "every run left the cache consistent and nothing leaked\n",
-              static_cast<unsigned long long>(runs), sweeps, static_cast<unsigned long long>(sweep),
-              static_cast<unsigned long long>(calls), static_cast<unsigned long long>(injected),
-              static_cast<unsigned long long>(retried), static_cast<unsigned long long>(oom_thrown),
-              static_cast<unsigned long long>(error_thrown));
+  std::printf(
+      "fault sweep: %llu runs, %d times N = 1..%llu (a clean run makes up to %llu backend calls), %llu faults "
+      "injected: %llu answered by reclaim and retry, %llu out_of_memory and %llu backend_error thrown; "
+      "every run left the cache consistent and nothing leaked\n",
+      static_cast<unsigned long long>(runs), sweeps, static_cast<unsigned long long>(sweep),
+      static_cast<unsigned long long>(calls), static_cast<unsigned long long>(injected),
+      static_cast<unsigned long long>(retried), static_cast<unsigned long long>(oom_thrown),
+      static_cast<unsigned long long>(error_thrown));
 }
 
 TEST_CASE("real out of memory under a byte limit, two threads: retry or a clean out_of_memory", "[faults]") {
@@ -197,8 +196,9 @@ TEST_CASE("real out of memory under a byte limit, two threads: retry or a clean 
   CHECK(retried > 0);
   CHECK(oom_thrown > 0);
   CHECK(finished > 0);
-  std::printf("byte limits: %zu limits x %d runs x 2 threads: %llu retries, %llu out_of_memory, %llu threads "
-              "finished; every run left the cache consistent and nothing leaked\n",
-              std::size(limits), repeats, static_cast<unsigned long long>(retried),
-              static_cast<unsigned long long>(oom_thrown), static_cast<unsigned long long>(finished));
+  std::printf(
+      "byte limits: %zu limits x %d runs x 2 threads: %llu retries, %llu out_of_memory, %llu threads "
+      "finished; every run left the cache consistent and nothing leaked\n",
+      std::size(limits), repeats, static_cast<unsigned long long>(retried), static_cast<unsigned long long>(oom_thrown),
+      static_cast<unsigned long long>(finished));
 }

@@ -125,9 +125,9 @@ TEST_CASE_METHOD(host_fixture, "steps do not nest, end once, and may end on anot
   step first(cache);
   CHECK_THROWS_MATCHES(step(cache), scope_error, what(Contains("a step is already open on this cache")));
   std::thread([&] { first.end(); }).join();
-  first.end();  // idempotent
+  first.end();         // idempotent
   step second(cache);  // the first is over
-  first.end();  // ended once already: this does not end the second
+  first.end();         // ended once already: this does not end the second
   CHECK_THROWS_AS(step(cache), scope_error);
   second.end();
   step third(cache);
@@ -234,13 +234,13 @@ TEST_CASE("free by pointer in planned steps whose keys share one arena", "[frame
   CHECK(st.plans == 2);
   CHECK(st.plan_busy_runs == 0);
   CHECK(st.plan_hits == 5 * 2 * 3);  // rounds 2..6 replayed both keys, 3 requests each
-  CHECK(std::any_of(seen[0].begin(), seen[0].end(), [&](void* p) {
-    return std::find(seen[1].begin(), seen[1].end(), p) != seen[1].end();
-  }));
+  CHECK(std::any_of(seen[0].begin(), seen[0].end(),
+                    [&](void* p) { return std::find(seen[1].begin(), seen[1].end(), p) != seen[1].end(); }));
   CHECK(st.live_blocks == 0);
 }
 
-TEST_CASE_METHOD(host_fixture, "two threads freeing one pointer at once: one frees it, the other is told of a double free",
+TEST_CASE_METHOD(host_fixture,
+                 "two threads freeing one pointer at once: one frees it, the other is told of a double free",
                  "[framework][pointer][threads]") {
   constexpr int rounds = 5000;
   std::atomic<void*> shared{nullptr};
@@ -318,8 +318,7 @@ TEST_CASE_METHOD(host_fixture, "pointers freed on other threads while the owners
   CHECK(st.hits > st.misses);  // released blocks came back to their owners and were reused
 }
 
-TEST_CASE("a cache destroyed while threads hold their parts: buffers stay valid, nothing leaks",
-          "[framework]") {
+TEST_CASE("a cache destroyed while threads hold their parts: buffers stay valid, nothing leaks", "[framework]") {
   std::atomic<bool> destroyed{false};
   std::atomic<bool> resource_gone{false};
   {

@@ -204,7 +204,7 @@ TEST_CASE("an arena grows in place when the backend has virtual memory", "[plan]
   CHECK(stats.arena_bytes % 4096 == 0);
   CHECK(res->vm.commits == 2);
   CHECK(res->vm.committed == stats.arena_bytes);
-  CHECK(be.outstanding_bytes() == stats.arena_bytes);  // the recordings were freed; the arena is all
+  CHECK(be.outstanding_bytes() == stats.arena_bytes);       // the recordings were freed; the arena is all
   CHECK(run_step(cache, be, 8, "small") == region_before);  // nothing moved
   CHECK(cache.stats().plan_hits == 5 + 5 + 5 + 5);
 }
@@ -225,7 +225,7 @@ TEST_CASE("without virtual memory an arena grows by replacement; the old one goe
   CHECK(stats.plans == 2);
   CHECK(be.outstanding_bytes() == small_arena + stats.arena_bytes);  // old (pinned) and new
   escaped = {};
-  CHECK(be.outstanding_bytes() == stats.arena_bytes);  // the old arena went with its last region
+  CHECK(be.outstanding_bytes() == stats.arena_bytes);           // the old arena went with its last region
   for (int i = 0; i < 2; ++i) run_step(cache, be, 4, "small");  // the small key moved to the new arena
   stats = cache.stats();
   CHECK(stats.plan_hits == 5 + 5 + 5 + 10);

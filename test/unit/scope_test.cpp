@@ -61,9 +61,9 @@ TEST_CASE_METHOD(host_fixture, "warm-up entries run uncached and are counted", "
 TEST_CASE_METHOD(host_fixture, "closing a scope out of order throws scope_error and keeps it open", "[scope][errors]") {
   scope outer(cache);
   auto inner = std::make_unique<scope>(cache);
-  CHECK_THROWS_MATCHES(outer.close(), scope_error,
-                       what(Contains("scope was closed out of order") &&
-                            Contains("opened after it on this thread is still open")));
+  CHECK_THROWS_MATCHES(
+      outer.close(), scope_error,
+      what(Contains("scope was closed out of order") && Contains("opened after it on this thread is still open")));
   CHECK(caching_active());
   inner.reset();
   outer.close();

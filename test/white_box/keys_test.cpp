@@ -21,11 +21,11 @@ TEST_CASE("keys whose hashes collide map to distinct values", "[keys]") {
   const auto* backend_b = reinterpret_cast<const backend_state*>(0x2000);
   const block_key keys[] = {
       {backend_a, 0, refpool::memory_kind::device, 256, 1024},
-      {backend_b, 0, refpool::memory_kind::device, 256, 1024},  // another backend
-      {backend_a, 1, refpool::memory_kind::device, 256, 1024},  // another device
+      {backend_b, 0, refpool::memory_kind::device, 256, 1024},       // another backend
+      {backend_a, 1, refpool::memory_kind::device, 256, 1024},       // another device
       {backend_a, 0, refpool::memory_kind::pinned_host, 256, 1024},  // another kind
-      {backend_a, 0, refpool::memory_kind::device, 512, 1024},  // another alignment
-      {backend_a, 0, refpool::memory_kind::device, 256, 2048},  // another size
+      {backend_a, 0, refpool::memory_kind::device, 512, 1024},       // another alignment
+      {backend_a, 0, refpool::memory_kind::device, 256, 2048},       // another size
   };
   int tag = 0;
   for (const block_key& k : keys) {

@@ -57,7 +57,6 @@ class flagged_resource final : public resource {
   std::atomic<bool>& destroyed_;
 };
 
-
 [[maybe_unused]] stream_ref fake_stream(std::uintptr_t n) { return stream_ref{reinterpret_cast<void*>(n << 12)}; }
 
 [[maybe_unused]] bool disjoint(const void* a, std::size_t an, const void* b, std::size_t bn) {
@@ -94,7 +93,8 @@ TEST_CASE("#1: an arena that cannot be allocated at the end of a recording is re
   CHECK(cache.stats().plans == 1);
 }
 
-TEST_CASE("#2: threads running one key with several plans (find sorts while runs finish)", "[plan][regression][threads]") {
+TEST_CASE("#2: threads running one key with several plans (find sorts while runs finish)",
+          "[plan][regression][threads]") {
   // Four sequences under one key, so find() sorts four plans by last use while runs of other
   // threads finish and mark theirs used: short runs, so that happens all the time. Crashed (an
   // out-of-bounds read in std::sort's insertion step) in under a second on 2 cores.
@@ -189,7 +189,7 @@ TEST_CASE("#4: plans of one key on two streams never share bytes without orderin
     out.push_back({x.data(), x.capacity()});
     out.push_back({y.data(), y.capacity()});
   };
-  std::vector<seen> recordings;  // the plain cache's (it orders streams itself): not checked
+  std::vector<seen> recordings;                    // the plain cache's (it orders streams itself): not checked
   for (int i = 0; i < 2; ++i) run(a, recordings);  // pending, then recorded on A
   for (int i = 0; i < 2; ++i) run(a, on_a);
   for (int i = 0; i < 2; ++i) run(b, recordings);  // pending, then recorded on B

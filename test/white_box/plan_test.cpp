@@ -17,8 +17,7 @@ using namespace refpool;
 
 namespace {
 
-TEST_CASE("peak reserved bytes are exact: a recording's cached buffers and the arena never coexist",
-          "[plan][stats]") {
+TEST_CASE("peak reserved bytes are exact: a recording's cached buffers and the arena never coexist", "[plan][stats]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
   const scope_options planned{.plan = "step"};

@@ -162,14 +162,14 @@ TEST_CASE("segments: a large miss gives idle large pieces back first, so best fi
   scope s(cache);
   auto a = allocate(f.be, 8 * MiB);
   auto separator = allocate(f.be, 2 * MiB);
-  auto g = allocate(f.be, 15 * MiB);    // in a commit of 16 MiB
+  auto g = allocate(f.be, 15 * MiB);   // in a commit of 16 MiB
   auto end = allocate(f.be, 2 * MiB);  // its first MiB in g's commit, so that commit is never free whole
   const std::uintptr_t at_a = at(a);
   CHECK(at(g) == at_a + 10 * MiB);
   g.reset();
   CHECK(cache.reclaim(8 * MiB) == 0);  // g's piece goes back: a free 15 MiB range, in the middle: nothing trimmed
   CHECK(cache.stats().segment_free_bytes == 16 * MiB);  // and 1 MiB after end
-  a.reset();  // idle: 8 MiB at the start
+  a.reset();                                            // idle: 8 MiB at the start
   // A free range holds 7 MiB, but a's 8 MiB fit better: a goes back first, and best fit takes it.
   auto c = allocate(f.be, 7 * MiB);
   CHECK(at(c) == at_a);
@@ -302,8 +302,8 @@ TEST_CASE("segments: bytes used on more streams than a set holds make the next u
   auto filler = allocate(f.be, MiB, stream(100));  // two fillers: both in the small pool (up to 1 MiB)
   auto filler2 = allocate(f.be, MiB - 11 * 64 * KiB, stream(100));
   CHECK(cache.stats().segment_free_bytes == 0);
-  tenth.reset();                       // released first: given back first, alone
-  for (auto& p : nine) p.reset();      // then the nine, which coalesce
+  tenth.reset();                   // released first: given back first, alone
+  for (auto& p : nine) p.reset();  // then the nine, which coalesce
   f.tracker->clear_orders();
   auto wide = allocate(f.be, 9 * 64 * KiB, stream(50));
   CHECK(f.tracker->synchronizations() == 1);  // nine streams: "any", so the whole device
@@ -576,8 +576,9 @@ TEST_CASE("segments under threads: stamped pieces never overlap, across hand-off
   heap_fixture f(std::size_t{1} << 32);
   alloc_cache cache{with_segments()};
   constexpr int workers = 4;
-  const int ops = std::getenv("REFPOOL_SEGMENT_STRESS_OPS") != nullptr ? std::atoi(std::getenv("REFPOOL_SEGMENT_STRESS_OPS"))
-                                                                         : 4000;
+  const int ops = std::getenv("REFPOOL_SEGMENT_STRESS_OPS") != nullptr
+                      ? std::atoi(std::getenv("REFPOOL_SEGMENT_STRESS_OPS"))
+                      : 4000;
   struct stamped {
     data_ref ref;
     std::uint64_t stamp = 0;

@@ -25,8 +25,7 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 struct heap_fixture {
   /// `kind`: the memory kind the backend reports (the memory stays host memory); `vm`: whether it
   /// offers the host's virtual memory.
-  explicit heap_fixture(std::size_t limit = std::size_t{1} << 30, std::optional<memory_kind> kind = {},
-                        bool vm = true)
+  explicit heap_fixture(std::size_t limit = std::size_t{1} << 30, std::optional<memory_kind> kind = {}, bool vm = true)
       : limited(std::make_shared<limiting_resource>(make_host_resource(), limit)),
         tracker(std::make_shared<tracking_resource>(limited, kind, vm)),
         failing(std::make_shared<failing_resource>(tracker)),

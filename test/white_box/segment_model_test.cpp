@@ -19,12 +19,12 @@
 #include "white_box/segment_fixture.hpp"
 
 using namespace refpool;
-using refpool::test::heap_fixture;
-using refpool::test::KiB;
-using refpool::test::MiB;
 using detail::placement;
 using detail::segment_heap;
 using detail::stream_set;
+using refpool::test::heap_fixture;
+using refpool::test::KiB;
+using refpool::test::MiB;
 
 namespace {
 
@@ -92,9 +92,7 @@ std::size_t random_size(std::mt19937_64& rng) {
 }
 
 // Streams 0..3 most of the time, sometimes 4..13, so that ranges also pass the set's bound.
-std::uintptr_t random_stream(std::mt19937_64& rng) {
-  return rng() % 10 == 0 ? 4 + rng() % 10 : rng() % 4;
-}
+std::uintptr_t random_stream(std::mt19937_64& rng) { return rng() % 10 == 0 ? 4 + rng() % 10 : rng() % 4; }
 
 stream_ref as_stream(std::uintptr_t n) { return test::stream(n); }
 
@@ -168,7 +166,8 @@ TEST_CASE("random carves, give-backs, trims and faults against a model", "[segme
           // Holes: two ranges of one segment in a row that do not touch (trim decommitted between).
           const auto after = heap.ranges();
           for (std::size_t k = 1; k < after.size(); ++k)
-            if (after[k].segment == after[k - 1].segment && after[k].address != after[k - 1].address + after[k - 1].bytes)
+            if (after[k].segment == after[k - 1].segment &&
+                after[k].address != after[k - 1].address + after[k - 1].bytes)
               ++holes_seen;
         } else if (what < 7) {
           heap.forget_streams();

@@ -18,6 +18,9 @@
 #include "segments/poison.hpp"
 
 using namespace refpool;
+using detail::placement;
+using detail::segment_heap;
+using detail::stream_set;
 using refpool::test::addr;
 using refpool::test::heap_fixture;
 using refpool::test::KiB;
@@ -27,9 +30,6 @@ using refpool::test::stamp;
 using refpool::test::stamped;
 using refpool::test::stream;
 using refpool::test::vm_options;
-using detail::placement;
-using detail::segment_heap;
-using detail::stream_set;
 
 namespace {
 
@@ -111,8 +111,8 @@ TEST_CASE("best fit takes the smallest free range that holds the request, the lo
   const auto d = must_carve(heap, 256 * KiB);
   const auto e = must_carve(heap, 64 * KiB);
   CHECK(addr(e) == base + 512 * KiB);  // packed in order
-  heap.give_back(b, {});  // hole of 128 KiB at 64 KiB
-  heap.give_back(d, {});  // hole of 256 KiB at 256 KiB; the tail [576 KiB, 2 MiB) is free too
+  heap.give_back(b, {});               // hole of 128 KiB at 64 KiB
+  heap.give_back(d, {});               // hole of 256 KiB at 256 KiB; the tail [576 KiB, 2 MiB) is free too
   const auto x = must_carve(heap, 100 * KiB);
   CHECK(addr(x) == base + 64 * KiB);
   const auto y = must_carve(heap, 200 * KiB);
@@ -271,7 +271,7 @@ TEST_CASE("free ranges keep every stream that used them, through splitting and c
     REQUIRE(any);
     CHECK(any->waits.any());
     heap.give_back(any->p, s1);  // joins the 'any' range again
-    heap.forget_streams();      // the caller waited for the whole device
+    heap.forget_streams();       // the caller waited for the whole device
     auto clean = heap.carve(64 * KiB, s1);
     REQUIRE(clean);
     CHECK(clean->waits.empty());
@@ -280,8 +280,7 @@ TEST_CASE("free ranges keep every stream that used them, through splitting and c
   heap.check();
 }
 
-TEST_CASE("with virtual memory a segment grows in place: contiguous addresses, no new segment",
-          "[segments][vm]") {
+TEST_CASE("with virtual memory a segment grows in place: contiguous addresses, no new segment", "[segments][vm]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options());
   REQUIRE(heap.uses_virtual_memory());
@@ -331,7 +330,7 @@ TEST_CASE("growing in place keeps the streams of the free tail it extends", "[se
   segment_heap heap(f.be, vm_options());
   const auto a = must_carve(heap, 2 * MiB, stream(1));
   const auto b = must_carve(heap, 2 * MiB, stream(1));
-  heap.give_back(b, stream(2));  // the free tail [2, 4) MiB was last used on stream 2
+  heap.give_back(b, stream(2));             // the free tail [2, 4) MiB was last used on stream 2
   auto c = heap.carve(3 * MiB, stream(3));  // extends it by a commit of 2 MiB
   REQUIRE(c);
   CHECK(addr(c->p) == addr(a) + 2 * MiB);
@@ -348,7 +347,8 @@ TEST_CASE("small requests grow their own pool in place, 2 MiB at a time", "[segm
   segment_heap heap(f.be, vm_options());
   std::vector<segment_heap::piece> p;
   for (int i = 0; i < 5; ++i) p.push_back(must_carve(heap, 512 * KiB));
-  for (int i = 1; i < 5; ++i) CHECK(addr(p[static_cast<std::size_t>(i)]) == addr(p[0]) + static_cast<std::size_t>(i) * 512 * KiB);
+  for (int i = 1; i < 5; ++i)
+    CHECK(addr(p[static_cast<std::size_t>(i)]) == addr(p[0]) + static_cast<std::size_t>(i) * 512 * KiB);
   const auto big = must_carve(heap, 4 * MiB);  // the large pool: another segment
   CHECK(heap.stats().segments == 2);
   CHECK(heap.stats().committed_bytes == 4 * MiB + 4 * MiB);
@@ -574,8 +574,8 @@ TEST_CASE("out of memory and backend errors leave the heap unchanged", "[segment
     segment_heap heap(f.be, vm_options());
     // A refused reservation (out of memory) is no failure: a smaller one serves ("a refused
     // reservation falls back", below).
-    for (const auto& [n, h] : {std::pair{1, how::backend_error}, std::pair{2, how::out_of_memory},
-                               std::pair{2, how::backend_error}}) {
+    for (const auto& [n, h] :
+         {std::pair{1, how::backend_error}, std::pair{2, how::out_of_memory}, std::pair{2, how::backend_error}}) {
       f.failing->arm(static_cast<std::uint64_t>(n), 1, h);
       if (h == how::out_of_memory)
         CHECK_FALSE(heap.carve(64 * KiB, {}).has_value());

@@ -57,8 +57,10 @@ class tracking_resource final : public resource {
       upstream_.release(addr, bytes);
       std::lock_guard guard(owner_.mutex_);
       auto it = owner_.reservations_.find(addr);
-      if (it == owner_.reservations_.end() || it->second != bytes) ++owner_.bad_releases_;
-      else owner_.reservations_.erase(it);
+      if (it == owner_.reservations_.end() || it->second != bytes)
+        ++owner_.bad_releases_;
+      else
+        owner_.reservations_.erase(it);
       owner_.reserved_ -= bytes;
     }
 
@@ -113,21 +115,60 @@ class tracking_resource final : public resource {
     std::lock_guard guard(mutex_);
     return allocated_ + committed_;
   }
-  std::size_t allocated() const { std::lock_guard guard(mutex_); return allocated_; }
-  std::size_t committed() const { std::lock_guard guard(mutex_); return committed_; }
-  std::size_t reserved() const { std::lock_guard guard(mutex_); return reserved_; }
-  std::size_t reservations() const { std::lock_guard guard(mutex_); return reservations_.size(); }
-  std::size_t commits() const { std::lock_guard guard(mutex_); return commits_; }
-  std::size_t decommits() const { std::lock_guard guard(mutex_); return decommits_; }
-  std::size_t allocations() const { std::lock_guard guard(mutex_); return allocations_; }
-  std::size_t deallocations() const { std::lock_guard guard(mutex_); return deallocations_; }
+  std::size_t allocated() const {
+    std::lock_guard guard(mutex_);
+    return allocated_;
+  }
+  std::size_t committed() const {
+    std::lock_guard guard(mutex_);
+    return committed_;
+  }
+  std::size_t reserved() const {
+    std::lock_guard guard(mutex_);
+    return reserved_;
+  }
+  std::size_t reservations() const {
+    std::lock_guard guard(mutex_);
+    return reservations_.size();
+  }
+  std::size_t commits() const {
+    std::lock_guard guard(mutex_);
+    return commits_;
+  }
+  std::size_t decommits() const {
+    std::lock_guard guard(mutex_);
+    return decommits_;
+  }
+  std::size_t allocations() const {
+    std::lock_guard guard(mutex_);
+    return allocations_;
+  }
+  std::size_t deallocations() const {
+    std::lock_guard guard(mutex_);
+    return deallocations_;
+  }
   /// Requests the upstream answered with "out of memory" / "no address space".
-  std::size_t refusals() const { std::lock_guard guard(mutex_); return refusals_; }
-  std::size_t bad_releases() const { std::lock_guard guard(mutex_); return bad_releases_; }
+  std::size_t refusals() const {
+    std::lock_guard guard(mutex_);
+    return refusals_;
+  }
+  std::size_t bad_releases() const {
+    std::lock_guard guard(mutex_);
+    return bad_releases_;
+  }
   /// Every order_streams(producer, consumer) so far, in order.
-  std::vector<std::pair<stream_ref, stream_ref>> orders() const { std::lock_guard guard(mutex_); return orders_; }
-  void clear_orders() { std::lock_guard guard(mutex_); orders_.clear(); }
-  std::size_t synchronizations() const { std::lock_guard guard(mutex_); return synchronizations_; }
+  std::vector<std::pair<stream_ref, stream_ref>> orders() const {
+    std::lock_guard guard(mutex_);
+    return orders_;
+  }
+  void clear_orders() {
+    std::lock_guard guard(mutex_);
+    orders_.clear();
+  }
+  std::size_t synchronizations() const {
+    std::lock_guard guard(mutex_);
+    return synchronizations_;
+  }
 
  private:
   std::shared_ptr<resource> upstream_;

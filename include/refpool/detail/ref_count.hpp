@@ -26,9 +26,7 @@ class ref_count {
 
   /// Drops one owner held by a handle the caller alone can see: when the count is 1 no other
   /// thread can make a new owner, so a plain acquire load replaces the read-modify-write.
-  [[nodiscard]] bool decrement_from_handle() noexcept {
-    return only_owner() || decrement();
-  }
+  [[nodiscard]] bool decrement_from_handle() noexcept { return only_owner() || decrement(); }
 
   [[nodiscard]] std::uint32_t load() const noexcept { return count_.load(std::memory_order_relaxed); }
   /// True when the caller's owner is the only one. Acquire, as decrement_from_handle: whatever

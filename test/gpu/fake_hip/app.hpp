@@ -35,7 +35,8 @@ inline const control& fake() { return *symbol<const control*()>("refpool_fake_hi
 
 /// How many of `calls` went to entry point `name` ("hipMalloc").
 inline std::size_t count_calls(const std::vector<call>& calls, std::string_view name) {
-  return static_cast<std::size_t>(std::count_if(calls.begin(), calls.end(), [&](const call& c) { return c.name == name; }));
+  return static_cast<std::size_t>(
+      std::count_if(calls.begin(), calls.end(), [&](const call& c) { return c.name == name; }));
 }
 
 }  // namespace fake_hip

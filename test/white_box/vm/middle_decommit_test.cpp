@@ -15,14 +15,14 @@
 #include "white_box/segment_fixture.hpp"
 
 using namespace refpool;
+using detail::placement;
+using detail::segment_heap;
 using refpool::test::addr;
 using refpool::test::heap_fixture;
 using refpool::test::MiB;
 using refpool::test::stamp;
 using refpool::test::stamped;
 using refpool::test::vm_options;
-using detail::placement;
-using detail::segment_heap;
 
 namespace {
 
@@ -158,8 +158,8 @@ TEST_CASE("trim(keep) decommits only until keep is met, the highest free commit 
   CHECK(heap.trim(2 * MiB) == 2 * MiB);
   heap.check();
   // p[3]'s commit went (the highest), p[1]'s stayed: keep was met.
-  CHECK(heap.commits() == commit_list{{addr(p[0]), 2 * MiB}, {addr(p[1]), 2 * MiB}, {addr(p[2]), 2 * MiB},
-                                      {addr(p[4]), 2 * MiB}});
+  CHECK(heap.commits() ==
+        commit_list{{addr(p[0]), 2 * MiB}, {addr(p[1]), 2 * MiB}, {addr(p[2]), 2 * MiB}, {addr(p[4]), 2 * MiB}});
   CHECK(heap.stats().free_bytes == 2 * MiB);
   CHECK(heap.trim(0) == 2 * MiB);
   heap.check();  // after a trim that gave back all it could: no free whole commit is left

@@ -28,10 +28,10 @@ class aligned_resource final : public test::forwarding_resource {
   std::string_view name() const noexcept override { return "host (aligned)"; }
   std::size_t alignment() const noexcept override { return alignment_; }
   void* allocate(std::size_t bytes, stream_ref) override {
-    return ::operator new(bytes, std::align_val_t{alignment_}, std::nothrow);
+    return ::operator new (bytes, std::align_val_t{alignment_}, std::nothrow);
   }
   void deallocate(void* ptr, std::size_t, stream_ref) noexcept override {
-    ::operator delete(ptr, std::align_val_t{alignment_});
+    ::operator delete (ptr, std::align_val_t{alignment_});
   }
   virtual_memory* address_space() noexcept override { return upstream_->address_space(); }
 

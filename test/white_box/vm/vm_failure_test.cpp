@@ -24,12 +24,12 @@
 #include "vm/vm_region.hpp"
 
 using namespace refpool;
+using detail::segment_heap;
+using detail::vm_region;
 using refpool::test::heap_fixture;
 using refpool::test::KiB;
 using refpool::test::MiB;
 using refpool::test::vm_options;
-using detail::segment_heap;
-using detail::vm_region;
 using how = fault_schedule::failure;
 
 namespace {
@@ -86,14 +86,17 @@ std::string vm_flags(const void* addr) {
     const std::string first = line.substr(0, line.find(' '));
     const std::size_t dash = first.find('-');
     if (dash != std::string::npos && first.find_first_not_of("0123456789abcdef-") == std::string::npos)
-      inside = std::stoul(first.substr(0, dash), nullptr, 16) <= at && at < std::stoul(first.substr(dash + 1), nullptr, 16);
+      inside =
+          std::stoul(first.substr(0, dash), nullptr, 16) <= at && at < std::stoul(first.substr(dash + 1), nullptr, 16);
     else if (inside && line.rfind("VmFlags:", 0) == 0)
       return line.substr(8) + " ";
   }
   return {};
 }
 
-bool has_flag(const std::string& flags, const char* flag) { return flags.find(std::string(" ") + flag + " ") != std::string::npos; }
+bool has_flag(const std::string& flags, const char* flag) {
+  return flags.find(std::string(" ") + flag + " ") != std::string::npos;
+}
 
 cache_options with_segments() {
   cache_options o;
@@ -105,8 +108,7 @@ cache_options with_segments() {
 
 // ---- row 9: host commits are charged ---------------------------------------------------------
 
-TEST_CASE("row 9: a host commit is refused where a plain allocation is, instead of being handed out",
-          "[vm][host]") {
+TEST_CASE("row 9: a host commit is refused where a plain allocation is, instead of being handed out", "[vm][host]") {
   const auto res = make_host_resource();
   virtual_memory& vm = *res->address_space();
   const std::size_t bytes = beyond_ram_and_swap();
@@ -114,7 +116,7 @@ TEST_CASE("row 9: a host commit is refused where a plain allocation is, instead 
   const int mode = overcommit_mode();
   INFO("overcommit_memory " << mode << ", " << bytes / GiB << " GiB");
   if (mode == 0 || mode == 2) REQUIRE(refused);  // so the check below can fail
-  void* range = vm.reserve(bytes);  // address space only: granted
+  void* range = vm.reserve(bytes);               // address space only: granted
   REQUIRE(range != nullptr);
   const bool committed = vm.commit(range, bytes);
   CHECK(committed == !refused);
@@ -203,8 +205,7 @@ TEST_CASE("row 6: with every reservation refused, segments are backend allocatio
   CHECK(f.be.outstanding_bytes() == 0);
 }
 
-TEST_CASE("row 6: under an address-space limit (ulimit -v) a cache with segments still allocates",
-          "[vm][segments]") {
+TEST_CASE("row 6: under an address-space limit (ulimit -v) a cache with segments still allocates", "[vm][segments]") {
   if (sanitized) {
     WARN("not under a sanitizer: its shadow memory does not fit an address-space limit");
     return;
@@ -247,8 +248,7 @@ void planned_runs(alloc_cache& cache, const backend& be) {
 
 }  // namespace
 
-TEST_CASE("row 8: an arena whose first commit throws holds nothing, and the cache closes cleanly",
-          "[vm][plan]") {
+TEST_CASE("row 8: an arena whose first commit throws holds nothing, and the cache closes cleanly", "[vm][plan]") {
   const auto [aborted, output] = refpool::test::in_child([] {
     auto failing = std::make_shared<failing_resource>(make_host_resource());
     const backend be(failing);
@@ -267,8 +267,7 @@ TEST_CASE("row 8: an arena whose first commit throws holds nothing, and the cach
   CHECK_THAT(output, Catch::Contains("closed with 0 B out"));
 }
 
-TEST_CASE("plan arenas: a reservation or commit that fails either way costs one plan, never a leak",
-          "[vm][plan]") {
+TEST_CASE("plan arenas: a reservation or commit that fails either way costs one plan, never a leak", "[vm][plan]") {
   for (const unsigned kind : {fault_schedule::reservations, fault_schedule::commits}) {
     for (const how h : {how::out_of_memory, how::backend_error}) {
       CAPTURE(kind, static_cast<int>(h));
