@@ -252,7 +252,7 @@ REFPOOL_C_API const char* refpool_last_error(void);
 /// Static storage. Thread-safe.
 REFPOOL_C_API const char* refpool_status_name(refpool_status status);
 
-/// The library's version ("0.1.0"). Static storage. Thread-safe.
+/// The library's version (the project version in meson.build). Static storage. Thread-safe.
 REFPOOL_C_API const char* refpool_version(void);
 
 /* ---- backends ---------------------------------------------------------------------------- */
