@@ -22,9 +22,14 @@ py_result python-pip-install $? "$py_dir/install.log"
 # stay out of the environment it is installed into.
 strays=$(find "$py_dir/venv" \( -path '*/include/refpool*' -o -name 'refpool.pc' -o -name 'librefpool.so.*' \) 2>/dev/null)
 echo "$strays" >"$py_dir/contents.log"
-[ -z "$strays" ] && [ -n "$(find "$py_dir/venv" -path '*/refpool/librefpool.so')" ]
+# Every module of python/refpool/ is installed (meson.build lists them by hand).
+installed=$(dirname "$(find "$py_dir/venv" -path '*/refpool/librefpool.so' | head -n 1)")
+for source in python/refpool/*.py python/refpool/*.cpp; do
+  [ -f "$installed/$(basename "$source")" ] || echo "not installed: $source" >>"$py_dir/contents.log"
+done
+[ -z "$strays" ] && [ -n "$(find "$py_dir/venv" -path '*/refpool/librefpool.so')" ] && ! grep -q "not installed" "$py_dir/contents.log"
 py_result python-package-contents $? "$py_dir/contents.log"
 (cd "$py_dir" && env -u REFPOOL_LIBRARY -u PYTHONPATH "$py_dir/venv/bin/python" -m pytest -v -p no:cacheprovider \
-  "$OLDPWD"/python/tests/test_{core,arguments,options,steps,entry_points,plot}.py) >"$py_dir/pytest.log" 2>&1
+  "$OLDPWD"/python/tests/test_{core,arguments,options,steps,entry_points,plot,buffer}.py) >"$py_dir/pytest.log" 2>&1
 py_result python-installed-package $? "$py_dir/pytest.log"
 logs+=("$py_log")
