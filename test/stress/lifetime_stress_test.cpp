@@ -35,6 +35,7 @@
 #include <refpool/refpool.hpp>
 
 #include "support/stamped.hpp"
+#include "support/stress_args.hpp"
 
 using namespace refpool;
 using refpool::test::stamped_buffer;
@@ -277,16 +278,10 @@ class worker {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int thread_count = 6;
-  std::uint64_t ops = 20000;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string arg = argv[i];
-    if (arg == "--threads")
-      thread_count = std::atoi(argv[i + 1]);
-    else if (arg == "--ops")
-      ops = std::strtoull(argv[i + 1], nullptr, 10);
-  }
-  if (const char* env = std::getenv("REFPOOL_LIFETIME_STRESS_OPS")) ops = std::strtoull(env, nullptr, 10);
+  const refpool::test::stress_args args =
+      refpool::test::parse_stress_args(argc, argv, {6, 20000}, "REFPOOL_LIFETIME_STRESS_OPS");
+  const int thread_count = args.threads;
+  const std::uint64_t ops = args.ops;
   const auto start = std::chrono::steady_clock::now();
   const backend be = make_host_backend();
   std::vector<counts> per_thread(static_cast<std::size_t>(thread_count));
