@@ -123,6 +123,7 @@ void session::drop_model(int i) {
 
 void session::accept_block(std::uint64_t gid, void* got, std::uint64_t stamp, const char* what) {
   model_block& b = m_.blocks.at(gid);
+  trace("  -> {} (model: block {} at {})", got, gid, b.ptr);
   if (got != b.ptr) {
     std::string whose = "no block the model knows";
     for (const auto& [g, other] : m_.blocks) {

@@ -516,7 +516,10 @@ void model::drop_ref(std::uint64_t gid, bool via_unsafe_free) {
   model_block& b = blocks.at(gid);
   if (b.refs <= 0) fail(fmt::format("model: block {} released with no references", gid));
   if (--b.refs > 0) return;
-  if (b.run >= 0) observe_release(b);  // a planned run learns the lifetime first
+  if (b.run >= 0) {  // a planned run learns the lifetime first, once: a cached block is handed out again
+    observe_release(b);
+    b.run = -1;
+  }
   switch (b.kind) {
     case block_kind::region: release_region(b, via_unsafe_free); return;
     case block_kind::direct:

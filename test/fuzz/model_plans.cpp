@@ -103,6 +103,9 @@ int model::make_plan(int ci, std::vector<model_request> requests,
   p.regions.resize(n);
   plans.push_back(std::move(p));
   trace("plan {} made: {} requests, {} B", plans.size() - 1, n, plans.back().bytes_needed);
+  for (std::size_t i = 0; i < n; ++i)
+    trace("  request {}: {} B at {}, alive [{}, {})", i, plans.back().requests[i].bytes, plans.back().offsets[i],
+          life[i].first, life[i].second);
   return static_cast<int>(plans.size()) - 1;
 }
 
