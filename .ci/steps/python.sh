@@ -30,6 +30,6 @@ done
 [ -z "$strays" ] && [ -n "$(find "$py_dir/venv" -path '*/refpool/librefpool.so')" ] && ! grep -q "not installed" "$py_dir/contents.log"
 py_result python-package-contents $? "$py_dir/contents.log"
 (cd "$py_dir" && env -u REFPOOL_LIBRARY -u PYTHONPATH "$py_dir/venv/bin/python" -m pytest -v -p no:cacheprovider \
-  "$OLDPWD"/python/tests/test_{core,arguments,options,steps,entry_points,plot,buffer}.py) >"$py_dir/pytest.log" 2>&1
+  "$OLDPWD"/test/python/test_{core,arguments,options,steps,entry_points,plot,buffer}.py) >"$py_dir/pytest.log" 2>&1
 py_result python-installed-package $? "$py_dir/pytest.log"
 logs+=("$py_log")

@@ -34,7 +34,7 @@ if [ "$part" = all ] || [[ " $part " == *" bench "* ]]; then
 fi
 if [ "$part" = all ] || [[ " $part " == *" tests "* ]]; then
   timeout ${TEST_SECONDS:-300} python3 -m pytest -v -rs -s -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
-    python/tests/test_arguments.py python/tests/test_entry_points.py python/tests/test_torch.py \
+    test/python/test_arguments.py test/python/test_entry_points.py test/python/test_torch.py \
     >"$out/tests.txt" 2>&1
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$out/tests.txt" | grep -v "test_arguments.py::" | tail -40
 fi

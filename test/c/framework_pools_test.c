@@ -2,7 +2,7 @@
  * through the C API on the host runtime, called as PyTorch's hooks call them during CUDA graph
  * capture (a process of its own: the framework allocator is process-wide). The "capturing" stream
  * is a made-up address; the filter accepts it, as PyTorch's accepts a stream capturing into the
- * graph. The GPU half (real captures through PyTorch) is python/tests/test_torch.py.
+ * graph. The GPU half (real captures through PyTorch) is test/python/test_torch.py.
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
