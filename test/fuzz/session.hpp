@@ -1,8 +1,12 @@
-// One fuzz input and what runs it (the session), shared by the files that define its
-// operations: harness.cpp (requests, handles, scopes, steps, planned loops, checks),
-// in_flight.cpp (a request held in the backend while the other thread acts), pointer_ops.cpp
-// (free by pointer: re-hand-outs, stale and racing frees) and configure_ops.cpp (configure calls
-// that fail). Internal to the fuzzer.
+// One fuzz input and what runs it (the session), shared by the files that define it:
+// setup.cpp (backends, caches, options, the operation loop), op_table.cpp (which byte runs which
+// operation), checks.cpp (refpool against the model after every operation), cleanup.cpp (the
+// input's end, its counts), and the operations: alloc_ops.cpp (requests), handle_ops.cpp (what
+// owners do with handles), scope_ops.cpp (scopes, guards, steps), cache_ops.cpp (reclaim, limits,
+// faults, a cache made again), plan_loop_ops.cpp (planned loops and sweeps), in_flight.cpp (a
+// request held in the backend while the other thread acts), pointer_ops.cpp (free by pointer:
+// re-hand-outs, stale and racing frees) and configure_ops.cpp (configure calls that fail).
+// harness.cpp runs an input and reports a mismatch. Internal to the fuzzer.
 #pragma once
 
 #include <algorithm>
@@ -101,6 +105,10 @@ constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
 extern totals all;
 extern bool tracing;   // REFPOOL_FUZZ_TRACE: print every operation
 extern int op_thread;  // the thread of the operation running now, for reports
+// Where the input is, for fail()'s report: set by run_op, cleanup and run_input.
+extern std::uint64_t op_index;
+extern std::size_t op_code;  // which operation of the table; -1: setup and cleanup
+extern bool in_cleanup;
 
 template <class... Args>
 inline void trace(fmt::format_string<Args...> format, Args&&... args) {

@@ -1,0 +1,181 @@
+// Planned scopes and steps as training loops use them: rounds of one body under a key (recorded,
+// then replayed, perturbed by kept references and the other thread), and sweeps over more
+// sequences than a key keeps plans for.
+#include "session.hpp"
+
+namespace refpool::test::fuzz {
+
+// One operation of a planned loop's body: requests, releases and faults, mostly on the loop's
+// thread, so that the loop's runs repeat their sequences (and plans replay).
+void session::loop_step(int t, bool perturbed) {
+  static constexpr op table[] = {
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc,         &session::op_alloc,
+      &session::op_alloc,        &session::op_alloc,       &session::op_alloc_raw,     &session::op_alloc_raw,
+      &session::op_drop,         &session::op_drop,        &session::op_drop,          &session::op_drop,
+      &session::op_unsafe_free,  &session::op_copy,        &session::op_move,          &session::op_write,
+      &session::op_cache_alloc,  &session::op_cache_alloc, &session::op_record_stream, &session::op_arm,
+      &session::op_alloc_misuse, &session::op_access,
+  };
+  const std::uint8_t code = in_.byte();
+  const int thread = code >> 5 == 7 ? 1 - t : t;  // an eighth on the other thread
+  const std::size_t which = (code & 0x1f) % std::size(table);
+  op f = table[which];
+  // A loop of steps: its requests are cache-level (a step serves alloc_cache::allocate).
+  if (loop_cache_ >= 0 && (f == &session::op_alloc || f == &session::op_alloc_raw)) f = &session::op_cache_alloc;
+  run_op(f, thread, 100 + which);
+  if (!perturbed) return;
+  const std::uint64_t r = splitmix(++perturb_);
+  if (r % 4 == 0) keep_one(t);
+  if (r % 4 == 1 && !kept_.empty()) release_kept(t, kept_.size() - 1);
+}
+
+// Takes one more reference to a live buffer (a handle's), kept until release_kept.
+void session::keep_one(int t) {
+  const int hi = static_cast<int>(splitmix(++perturb_) % handle_count);
+  const model_handle& m = mh_[hi];
+  if (m.gid == 0 || m.freed) return;
+  trace("keep a reference to handle {} (block {})", hi, m.gid);
+  rp::data_ref ref;
+  expect(on(t, [&] { ref = ref_of(h_[hi]); }), outcome::ok, "keep a reference");
+  m_.add_ref(m.gid);
+  kept_.emplace_back(std::move(ref), m.gid);
+}
+
+// Drops kept references until `keep` are left (oldest first).
+void session::release_kept(int t, std::size_t keep) {
+  while (kept_.size() > keep) {
+    const std::uint64_t gid = kept_.front().second;
+    trace("drop a kept reference (block {})", gid);
+    if (m_.blocks.at(gid).refs == 1) verify_block(gid, "before its last (kept) reference went");
+    expect(on(t, [&] { kept_.erase(kept_.begin()); }), outcome::ok, "drop a kept reference");
+    m_.drop_ref(gid, false);
+    check_all();
+  }
+}
+
+// More sequences under one key than it keeps plans for (16): short planned runs of 17 to 24
+// distinct sizes, then a second pass in an order from the input, so plans are dropped and which
+// ones survive (least recently used first) decides what replays.
+void session::op_plan_sweep(int t) {
+  if (frames_[t].size() >= max_depth) return;
+  const int c = in_.byte() & 1;
+  const std::size_t n = 17 + in_.below(8);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) order.push_back(i);
+  for (std::size_t i = 0; i < n; ++i) order.push_back(in_.below(n));
+  trace("thread {}: plan sweep on cache {}: {} sizes under key 'sweep'", t, c, n);
+  for (std::size_t i : order) {
+    const std::size_t bytes = 64 * (1 + i);
+    const std::uint64_t stamp = next_stamp();
+    void* got = nullptr;
+    bool intact = true;
+    const result r = on(t, [&] {
+      rp::scope s(*cache_[c], rp::scope_options{0, "sweep"});
+      rp::data_ref ref = rp::allocate(be_[0], bytes);
+      got = ref.data();
+      fill(got, 0, bytes, stamp);
+      for (std::size_t k = 0; k < bytes; ++k)
+        intact = intact && static_cast<std::uint8_t*>(got)[k] == pattern(stamp, k);
+    });
+    m_.enter_scope(t, cur_[c], 0, "sweep");
+    std::uint64_t gid = 0;
+    std::size_t oom = 0;
+    const outcome want = m_.allocate(t, 0, bytes, nullptr, gid, oom);
+    expect(r, want, "a sweep's request");
+    if (want == outcome::ok) {
+      accept_block(gid, got, stamp, "a sweep's request");
+      if (!intact) fail("a sweep's buffer lost its pattern while its run held it");
+      m_.drop_ref(gid, false);
+    }
+    if (m_.close_frame(t, t, m_.frames[t].size() - 1) != outcome::ok) fail("model: closing a sweep's scope failed");
+    check_all();
+  }
+}
+
+// A training loop: a few rounds of one body, each inside a planned scope (or a planned step)
+// under one key. The rounds repeat the body's requests, so the key records, then replays; the
+// body's releases, escapes, unsafe frees, faults and requests on the other thread perturb it.
+void session::op_planned_loop(int t) {
+  if (repeating_) return;
+  const int c = in_.byte() & 1;
+  const bool as_step = in_.below(4) == 0;
+  const std::size_t k = in_.below(10);
+  const std::string key = fmt::format("key{}", k < 5 ? 0 : k < 8 ? 1 : 2);  // key0 often: many plans per key
+  const std::size_t body = 4 + in_.below(13);
+  const std::size_t rounds = 2 + in_.below(4);
+  // Sometimes the other thread runs a planned scope of its own at the same time (its runs then
+  // meet this loop's on a shared arena).
+  const int other = 1 - t;
+  const std::string rival = in_.below(3) == 0 ? fmt::format("key{}", in_.below(3)) : std::string();
+  trace("thread {}: planned loop on cache {} ({}, key {}): {} rounds of {} operations{}{}", t, c,
+        as_step ? "steps" : "scopes", key, rounds, body, rival.empty() ? "" : "; rival key ", rival);
+  const bool perturbing = in_.below(2) == 0;
+  const std::size_t place = in_.below(16);  // mostly backend 0, no stream
+  loop_backend_ = place == 15 ? 1 : 0;
+  loop_stream_ =
+      place >= 12 && place < 15 ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(place - 11) << 12) : nullptr;
+  loop_cache_ = as_step ? c : -1;
+  const reader start = in_;
+  perturb_ = splitmix(seed_ ^ (static_cast<std::uint64_t>(body) << 8 | rounds) ^ steps_);
+  repeating_ = true;
+  for (std::size_t round = 0; round < rounds && steps_ < max_operations; ++round) {
+    in_ = start;
+    const std::size_t depth = frames_[t].size();
+    bool opened = false;
+    if (as_step) {
+      if (!open_steps_[c]) {
+        std::unique_ptr<rp::step> made;
+        expect(on(t,
+                  [&] {
+                    made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{0, key});
+                  }),
+               m_.open_step(cur_[c], 0, key), "a loop's step");
+        open_steps_[c] = std::move(made);
+        step_cache_[c] = cur_[c];
+        opened = true;
+      }
+    } else if (depth < max_depth) {
+      expect(on(t,
+                [&] {
+                  real_frame f;
+                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
+                  frames_[t].push_back(std::move(f));
+                }),
+             outcome::ok, "a loop's scope");
+      m_.enter_scope(t, cur_[c], 0, key);
+      opened = true;
+    }
+    const std::size_t other_depth = frames_[other].size();
+    if (!rival.empty() && other_depth < max_depth) {
+      expect(on(other,
+                [&] {
+                  real_frame f;
+                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, rival});
+                  frames_[other].push_back(std::move(f));
+                }),
+             outcome::ok, "a rival's scope");
+      m_.enter_scope(other, cur_[c], 0, rival);
+    }
+    for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k)
+      loop_step(t, perturbing && round > 0);
+    while (frames_[other].size() > other_depth) op_close(other);
+    if (!opened) continue;
+    if (as_step) {
+      if (open_steps_[c] && step_cache_[c] == cur_[c]) {
+        expect(on(t, [&] { open_steps_[c].reset(); }), outcome::ok, "the end of a loop's step");
+        m_.end_step(step_cache_[c]);
+        step_cache_[c] = -1;
+      }
+    } else {
+      while (frames_[t].size() > depth) op_close(t);
+    }
+    check_all();
+    release_kept(t, kept_.size() / 2);  // the others live on into the next round: escapes
+  }
+  release_kept(t, 0);
+  loop_backend_ = -1;
+  loop_cache_ = -1;
+  repeating_ = false;
+}
+
+}  // namespace refpool::test::fuzz
