@@ -41,6 +41,8 @@ enum class outcome : std::uint8_t {
   other,
 };
 const char* to_string(outcome o) noexcept;
+/// A backend call, as mismatch reports print it.
+std::string describe(const backend_event& e);
 
 constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
 constexpr int threads = 2;  // 0: the main thread, 1: the helper
@@ -217,7 +219,7 @@ class model {
   int ambient_slot(model_cache& c, int thread);
   void roll_epoch(model_slot& s, std::uint64_t epoch);
 
-  // Planned runs (model_plans.cpp).
+  // Planned runs (model_plans.cpp, model_plan_store.cpp).
   int begin_run(int c, const std::string& key, bool shared);
   outcome run_acquire(int run, int lease, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
                       std::size_t& oom_bytes);

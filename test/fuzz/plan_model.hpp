@@ -1,6 +1,6 @@
 // The reference model's view of planned scopes and steps, written from docs/design.md ("Planned
 // scopes"): keys and their plans, arenas, runs and the policy. The rules themselves are in
-// model_plans.cpp; model.hpp holds the rest of the model.
+// model_plans.cpp and model_plan_store.cpp; model.hpp holds the rest of the model.
 #pragma once
 
 #include <cstddef>

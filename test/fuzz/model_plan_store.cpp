@@ -1,0 +1,330 @@
+// The reference model's rules for planned scopes and steps, continued (the rules themselves are
+// listed in model_plans.cpp): what a run's end records, pins and pauses, and the store of each key's
+// plans and pending recordings, with the arenas they go to.
+#include <algorithm>
+#include <bit>
+
+#include <fmt/format.h>
+
+#include "model.hpp"
+#include "model_trace.hpp"
+
+namespace refpool::test::fuzz {
+
+namespace {
+
+constexpr std::size_t plans_per_key = 16;
+constexpr unsigned thrash_window = 16;
+constexpr unsigned thrash_rerecordings = 4;
+constexpr std::uint64_t longest_pause = 4096;
+
+}  // namespace
+
+// ---- the end of a run -----------------------------------------------------------------------
+
+void model::finish_run(int run) {
+  using mode = model_run::mode;
+  model_run& r = runs[static_cast<std::size_t>(run)];
+  if (r.how == mode::finished) return;
+  const mode was = r.how;
+  std::erase(active_runs, run);
+  model_trace("run {} ends at {} (mode {}, plan {}, arena {})", run, r.position, static_cast<int>(was), r.current,
+              r.arena);
+  r.how = mode::finished;
+  const std::uint64_t end = r.position;
+  if (was == mode::replay) r.replayed_to = end;
+  const bool complete = was == mode::replay && end == plans[static_cast<std::size_t>(r.current)].requests.size();
+  if (was == mode::replay && !complete) r.misses += 1;  // it ended before its plan did
+  const bool record =
+      r.may_record && end != 0 && (was == mode::record || (was == mode::replay && (!complete || r.stale)));
+  // Its regions still live are pinned (escapes); the others' lifetimes are the recording's.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> life(end, {0, 0});
+  std::vector<model_request> sequence(end);
+  std::vector<bool> known(end, false);
+  std::size_t escapes = 0;
+  if (r.arena >= 0) {
+    r.segments.push_back({r.current, r.segment_from, std::min(end, r.replayed_to)});
+    for (const model_segment& s : r.segments) {
+      model_plan& p = plans[static_cast<std::size_t>(s.plan)];
+      for (std::uint64_t q = s.from; q < s.to; ++q) {
+        model_region& reg = p.regions[q];
+        if (reg.generation != r.generation) continue;  // not handed out by this run
+        sequence[q] = p.requests[q];
+        known[q] = true;
+        if (reg.live) {
+          reg.pinned = true;
+          escapes += 1;
+          life[q] = {q, end + 1};
+        } else {
+          life[q] = {q, reg.released_at};
+        }
+      }
+    }
+    arenas[static_cast<std::size_t>(r.arena)].claimed_by = -1;
+  }
+  for (const model_tracked& t : r.tracked) {
+    if (t.position >= end) continue;
+    sequence[t.position] = t.request;
+    life[t.position] = {t.position, t.live ? end + 1 : t.released_at};
+    known[t.position] = true;
+  }
+  model_cache& c = caches[static_cast<std::size_t>(r.cache)];
+  c.extra_escapes += escapes + r.uncached_live;
+  plan_totals.escapes += escapes + r.uncached_live;
+  int made = -1;
+  if (record) {
+    bool plannable = true;
+    for (std::uint64_t q = 0; q < end && plannable; ++q) {
+      plannable = known[q] && sequence[q].stream == sequence[0].stream && sequence[q].backend == sequence[0].backend;
+      life[q].second = std::clamp<std::uint64_t>(life[q].second, q + 1, end + 1);
+    }
+    if (plannable) made = make_plan(r.cache, sequence, life);
+  }
+  // The store's part: counters, the plan used, the recording, the policy.
+  model_plan_store& store = c.plans;
+  store.hits += r.hits;
+  store.misses += r.misses;
+  store.busy += r.busy ? 1 : 0;
+  const bool unrecorded = !r.may_record && !r.busy && was == mode::plain;
+  store.unrecorded += unrecorded ? 1 : 0;
+  model_key& k = store.keys[static_cast<std::size_t>(r.key)];
+  k.runs += 1;
+  if (complete) {
+    auto it = std::find(k.plans.begin(), k.plans.end(), r.current);
+    if (it != k.plans.end()) k.last_used[static_cast<std::size_t>(it - k.plans.begin())] = ++store.clock;
+  }
+  bool rerecorded = false;
+  if (made >= 0) {
+    plan_totals.recordings += 1;
+    rerecorded = adopt(r.cache, r.key, made);
+  }
+  if (r.busy_other_key) move_to_own_arena(r.cache, r.key);
+  model_key& key = c.plans.keys[static_cast<std::size_t>(runs[static_cast<std::size_t>(run)].key)];
+  key.rerecordings = (key.rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  if (static_cast<unsigned>(std::popcount(key.rerecordings)) >= thrash_rerecordings) {
+    key.paused_until = key.runs + key.next_pause;
+    key.next_pause = std::min(key.next_pause * 2, longest_pause);
+    key.rerecordings = 0;
+    c.plans.pauses += 1;
+    plan_totals.pauses += 1;
+  }
+}
+
+// ---- the store ------------------------------------------------------------------------------
+
+void model::install(model_plan_store& store, int key, int plan) {
+  model_trace("plan {} joins key {} in arena {}", plan, key, plans[static_cast<std::size_t>(plan)].arena);
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  k.plans.push_back(plan);
+  k.last_used.push_back(++store.clock);
+  plans[static_cast<std::size_t>(plan)].in_store = true;
+  store.recordings += 1;
+}
+
+void model::drop_plan(model_plan_store& store, int key, std::size_t i) {
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  plans[static_cast<std::size_t>(k.plans[i])].in_store = false;
+  k.plans.erase(k.plans.begin() + static_cast<std::ptrdiff_t>(i));
+  k.last_used.erase(k.last_used.begin() + static_cast<std::ptrdiff_t>(i));
+  store.evictions += 1;
+  plan_totals.evictions += 1;
+}
+
+// A run's recording: a plan at once if the key has one of its sequence; pending if new; if
+// pending already, it and the key's pending recordings become plans, largest first.
+bool model::adopt(int ci, int key, int made) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  if (store.closed) return false;
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  const auto same = [&](int p) {
+    return plans[static_cast<std::size_t>(p)].requests == plans[static_cast<std::size_t>(made)].requests;
+  };
+  if (std::any_of(k.plans.begin(), k.plans.end(), same)) return add_plan(ci, key, made);
+  auto again = std::find_if(k.pending.begin(), k.pending.end(), same);
+  if (again == k.pending.end()) {
+    bool rerecorded = false;
+    if (k.pending.size() >= plans_per_key) {
+      k.pending.erase(k.pending.begin());
+      rerecorded = true;
+    }
+    k.pending.push_back(made);
+    model_trace("plan {} pending for key {}", made, key);
+    return rerecorded;
+  }
+  k.pending.erase(again);
+  std::vector<int> now = std::move(k.pending);
+  k.pending.clear();
+  now.push_back(made);
+  std::stable_sort(now.begin(), now.end(), [&](int a, int b) {
+    return plans[static_cast<std::size_t>(a)].bytes_needed > plans[static_cast<std::size_t>(b)].bytes_needed;
+  });
+  model_trace("key {} repeats: {} recordings become plans", key, now.size());
+  bool rerecorded = false;
+  for (int p : now) rerecorded = add_plan(ci, key, p) || rerecorded;
+  return rerecorded;
+}
+
+// A recording joins its key: it replaces the plan of its sequence, or the least recently used one
+// beyond 16 (either is a re-recording), then goes to its (backend, stream) arena.
+bool model::add_plan(int ci, int key, int made) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  if (store.closed) return false;
+  bool rerecorded = false;
+  {
+    model_key& k = store.keys[static_cast<std::size_t>(key)];
+    const model_plan& m = plans[static_cast<std::size_t>(made)];
+    auto same = std::find_if(k.plans.begin(), k.plans.end(),
+                             [&](int p) { return plans[static_cast<std::size_t>(p)].requests == m.requests; });
+    if (same != k.plans.end()) {
+      drop_plan(store, key, static_cast<std::size_t>(same - k.plans.begin()));
+      rerecorded = true;
+    } else if (k.plans.size() >= plans_per_key) {
+      drop_plan(
+          store, key,
+          static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) - k.last_used.begin()));
+      rerecorded = true;
+    }
+  }
+  const model_plan& m = plans[static_cast<std::size_t>(made)];
+  const int owner = store.keys[static_cast<std::size_t>(key)].own_arena ? key : -1;
+  auto g = std::find_if(store.groups.begin(), store.groups.end(), [&](const model_group& x) {
+    return x.backend == m.requests[0].backend && x.stream == m.requests[0].stream && x.owner == owner;
+  });
+  if (g != store.groups.end() && arenas[static_cast<std::size_t>(g->arena)].bytes >= m.bytes_needed) {
+    plans[static_cast<std::size_t>(made)].arena = g->arena;
+    arenas[static_cast<std::size_t>(g->arena)].plans.push_back(made);
+    install(store, key, made);
+    return rerecorded;
+  }
+  std::size_t needed = m.bytes_needed;
+  int old = -1;
+  if (g != store.groups.end()) {
+    old = g->arena;
+    for (const model_key& k : store.keys)
+      for (int p : k.plans)
+        if (plans[static_cast<std::size_t>(p)].arena == old)
+          needed = std::max(needed, plans[static_cast<std::size_t>(p)].bytes_needed);
+  }
+  grow_and_install(ci, key, made, old, needed);
+  return rerecorded;
+}
+
+// No virtual memory here: a larger arena replaces the group's. The old one is freed first when
+// no run holds it and no region of it is pinned; its plans move (as copies) to the new one.
+void model::grow_and_install(int ci, int key, int made, int old, std::size_t needed) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  const model_request first = plans[static_cast<std::size_t>(made)].requests[0];
+  // The plain path's idle memory of the backend goes first: the arena takes its place.
+  free_idle(ci, 0, first.backend, caches[static_cast<std::size_t>(ci)].reclaimed);
+  bool old_freed = false;
+  if (old >= 0) {
+    model_arena& o = arenas[static_cast<std::size_t>(old)];
+    bool pinned = false;
+    for (int p : o.plans)
+      for (const model_region& reg : plans[static_cast<std::size_t>(p)].regions)
+        pinned = pinned || (reg.live && reg.pinned);
+    if (o.claimed_by < 0 && !o.retired && !pinned) {
+      const backend_event& e = next_event("deallocate (an arena freed before its replacement)");
+      if (e.what != backend_event::kind::deallocate || e.ptr != o.base || e.bytes != o.bytes)
+        fail(fmt::format("model expected arena {} ({}, {} B) to be freed before its replacement is allocated", old,
+                         o.base, o.bytes));
+      o.memory = false;
+      o.retired = true;
+      be[o.backend].outstanding -= o.bytes;
+      old_freed = true;
+      plan_totals.arena_frees += 1;
+    }
+  }
+  int fresh = -1;
+  const bool allocated = new_arena(ci, first.backend, first.stream, needed, fresh);
+  const int owner = store.keys[static_cast<std::size_t>(key)].own_arena ? key : -1;
+  auto g = std::find_if(store.groups.begin(), store.groups.end(), [&](const model_group& x) {
+    return x.backend == first.backend && x.stream == first.stream && x.owner == owner;
+  });
+  if (!allocated) {
+    if (old_freed) {  // its plans have no memory now
+      for (std::size_t k = 0; k < store.keys.size(); ++k)
+        for (std::size_t i = store.keys[k].plans.size(); i-- > 0;)
+          if (plans[static_cast<std::size_t>(store.keys[k].plans[i])].arena == old)
+            drop_plan(store, static_cast<int>(k), i);
+      arenas[static_cast<std::size_t>(old)].in_group = false;
+      *g = store.groups.back();
+      store.groups.pop_back();
+    }
+    return;
+  }
+  if (old >= 0) {
+    for (model_key& k : store.keys) {
+      for (std::size_t i = k.plans.size(); i-- > 0;) {
+        if (plans[static_cast<std::size_t>(k.plans[i])].arena != old) continue;
+        const int moved = copy_plan(k.plans[i], fresh);
+        plans[static_cast<std::size_t>(k.plans[i])].in_store = false;
+        plans[static_cast<std::size_t>(moved)].in_store = true;
+        k.plans[i] = moved;
+      }
+    }
+    arenas[static_cast<std::size_t>(old)].retired = true;
+    arenas[static_cast<std::size_t>(old)].in_group = false;
+    store.replacements += 1;
+  }
+  plans[static_cast<std::size_t>(made)].arena = fresh;
+  arenas[static_cast<std::size_t>(fresh)].plans.push_back(made);
+  install(store, key, made);
+  arenas[static_cast<std::size_t>(fresh)].in_group = true;
+  if (g != store.groups.end()) {
+    g->arena = fresh;
+  } else {
+    store.groups.push_back({first.backend, first.stream, owner, fresh});
+  }
+}
+
+// A run found its arena held by another key's run: the key's plans move to arenas of their own.
+void model::move_to_own_arena(int ci, int key) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  if (store.closed || store.keys[static_cast<std::size_t>(key)].own_arena) return;
+  store.keys[static_cast<std::size_t>(key)].own_arena = true;
+  std::vector<std::pair<int, void*>> places;
+  for (int p : store.keys[static_cast<std::size_t>(key)].plans) {
+    const std::pair<int, void*> at{plans[static_cast<std::size_t>(p)].requests[0].backend,
+                                   plans[static_cast<std::size_t>(p)].requests[0].stream};
+    if (std::find(places.begin(), places.end(), at) == places.end()) places.push_back(at);
+  }
+  for (const auto& [backend, stream] : places) {
+    std::size_t needed = 0;
+    for (int p : store.keys[static_cast<std::size_t>(key)].plans) {
+      const model_plan& plan = plans[static_cast<std::size_t>(p)];
+      if (plan.requests[0].backend == backend && plan.requests[0].stream == stream)
+        needed = std::max(needed, plan.bytes_needed);
+    }
+    int fresh = -1;
+    if (!new_arena(ci, backend, stream, needed, fresh)) continue;  // they stay where they are
+    store.groups.push_back({backend, stream, key, fresh});
+    arenas[static_cast<std::size_t>(fresh)].in_group = true;
+    model_key& k = store.keys[static_cast<std::size_t>(key)];
+    for (std::size_t i = k.plans.size(); i-- > 0;) {
+      const model_plan& plan = plans[static_cast<std::size_t>(k.plans[i])];
+      if (plan.requests[0].backend != backend || plan.requests[0].stream != stream) continue;
+      const int moved = copy_plan(k.plans[i], fresh);
+      plans[static_cast<std::size_t>(k.plans[i])].in_store = false;
+      plans[static_cast<std::size_t>(moved)].in_store = true;
+      k.plans[i] = moved;
+    }
+  }
+}
+
+// The cache is destroyed: its store lets every plan and arena go; what runs and pinned regions
+// still hold goes with them.
+void model::close_plans(int ci) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  store.closed = true;
+  for (model_key& k : store.keys) {
+    for (int p : k.plans) plans[static_cast<std::size_t>(p)].in_store = false;
+    k.plans.clear();
+    k.pending.clear();
+    k.last_used.clear();
+  }
+  for (const model_group& g : store.groups) arenas[static_cast<std::size_t>(g.arena)].in_group = false;
+  store.groups.clear();
+}
+
+}  // namespace refpool::test::fuzz
