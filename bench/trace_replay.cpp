@@ -5,12 +5,11 @@
 // trace runs at least 3 x its steps after a warm-up that sees each step twice.
 //
 // Rows: "default" is a default-constructed cache (on the host with segments on, as a GPU gets them
-// by default) whose requests are cache-level requests inside a plain step, the path frameworks
-// take; "cache ..." are plain scopes with the options named; "planned" a planned scope on the
-// default row's cache (what planned mode is on alloc_cache{}: what a run does not replay goes to
-// that cache); "auto" the default row's plain step given one fixed key ("auto"): what automatic
-// plans would give a plain step, the key standing in for the recognition by content (a planned
-// step: cache-level requests, matched under the run's mutex, any thread).
+// by default) whose requests are cache-level requests inside a step opened without a key, the path
+// frameworks take: planned by the cache's own key (auto_plans, on by default), so a sequence that
+// repeats replays from an arena; "plain step" the same with auto_plans off (the default before
+// automatic plans: segments alone); "cache ..." are plain scopes with the options named;
+// "planned" a planned scope under a key on the default row's cache.
 //
 // Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
@@ -22,7 +21,7 @@
 //   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
 //                 of the GPT step are a 3,115-request step)
 //   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "cache segments",
-//                 "default", "planned", "auto"), e.g.
+//                 "default", "plain step", "planned"), e.g.
 //                 under callgrind: valgrind --tool=callgrind --instr-atstart=no trace_replay ...
 //                 counts only the steady-state iterations (instructions per request = Ir / the
 //                 request count printed).
@@ -108,7 +107,7 @@ struct result {
   refpool::cache_stats stats;
 };
 
-enum class request_path { scope, planned_scope, step, planned_step };
+enum class request_path { scope, planned_scope, step };
 
 // One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
 // requests), on a cache with `options`.
@@ -132,9 +131,9 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
       {
         std::optional<refpool::scope> in_scope;
         std::optional<refpool::step> in_step;
-        const bool in_a_step = how == request_path::step || how == request_path::planned_step;
+        const bool in_a_step = how == request_path::step;
         if (in_a_step) {
-          in_step.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_step ? "auto" : ""});
+          in_step.emplace(cache);  // no key: the cache's options decide (auto_plans)
         } else {
           in_scope.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_scope ? "trace" : ""});
         }
@@ -224,11 +223,13 @@ int main(int argc, char** argv) {
     segments.segments = refpool::segment_policy::on;
     refpool::cache_options defaults;  // what alloc_cache{} gives (segments automatic: on for GPU memory)
     if (!use_cuda) defaults.segments = refpool::segment_policy::on;  // as a GPU gets them
+    refpool::cache_options plain_step = defaults;
+    plain_step.auto_plans = false;
     for (const config& c :
-         {config{"default", defaults, request_path::step}, config{"cache exact", exact, request_path::scope},
-          config{"cache pow2:4", pow2, request_path::scope}, config{"cache segments", segments, request_path::scope},
-          config{"planned", defaults, request_path::planned_scope},
-          config{"auto", defaults, request_path::planned_step}}) {
+         {config{"default", defaults, request_path::step}, config{"plain step", plain_step, request_path::step},
+          config{"cache exact", exact, request_path::scope}, config{"cache pow2:4", pow2, request_path::scope},
+          config{"cache segments", segments, request_path::scope},
+          config{"planned", defaults, request_path::planned_scope}}) {
       if (!only.empty() && only != c.label) continue;
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();

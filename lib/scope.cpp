@@ -186,8 +186,8 @@ step::step(alloc_cache& cache, scope_options options) : state_(new detail::step_
     if (state.steps_begun() < options.uncached_warmup_entries) {
       state_->uncached = new detail::uncached_router(state);
       router = state_->uncached;
-    } else if (!options.plan.empty()) {
-      state_->run = new detail::plan_run(state, options.plan, /*shared=*/true);  // any thread may serve a step
+    } else if (const std::string_view key = state.step_plan_key(options.plan); !key.empty()) {
+      state_->run = new detail::plan_run(state, key, /*shared=*/true);  // any thread may serve a step
       router = state_->run;
     }
     state.begin_step(router);

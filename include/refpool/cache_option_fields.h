@@ -10,6 +10,7 @@
  *   rounding_policy   exact, step:<bytes>, pow2, pow2:<divisions>  refpool_rounding_policy   refpool::rounding_policy
  *   byte_limit        <bytes>[K|M|G|T], unlimited                  refpool_byte_limit        std::size_t
  *   segment_policy    off, on, auto                                refpool_segment_policy    refpool::segment_policy
+ *   on_off            on, off                                      refpool_on_off            bool
  * `default_text` is the default, spelled that way. A new option of one of these kinds is one line
  * here (docs/design.md, "Configuration"); a new kind also needs its C type in refpool.h, its tag
  * and parse_option in refpool/cache_options.hpp, its conversions in lib/config/option_kinds.cpp
@@ -24,6 +25,9 @@
   X(segment_policy, segments, "auto",                                                                  \
     "serve misses by carving pieces out of segments (on), by one backend allocation per block (off), " \
     "or on for device memory with virtual memory and off for the rest (auto)")                         \
+  X(on_off, auto_plans, "on",                                                                         \
+    "a step opened without a plan key plans under the cache's own key: request sequences that "      \
+    "repeat are recognised by their content and replayed from packed arenas")                         \
   /* New options go above this line: each row ends with a backslash, so adding one adds one line. */
 
 #endif

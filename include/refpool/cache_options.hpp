@@ -47,6 +47,10 @@ struct byte_limit {
 struct segment_policy {
   using type = refpool::segment_policy;
 };
+/// A switch, spelled `on` or `off`.
+struct on_off {
+  using type = bool;
+};
 }  // namespace detail::option_kind
 
 namespace detail {
@@ -58,10 +62,12 @@ namespace detail {
                                                    std::string_view text);
 [[nodiscard]] REFPOOL_API segment_policy parse_option(option_kind::segment_policy, std::string_view key,
                                                       std::string_view text);
+[[nodiscard]] REFPOOL_API bool parse_option(option_kind::on_off, std::string_view key, std::string_view text);
 }  // namespace detail
 
 /// Tunables of one cache: one field per option of refpool/cache_option_fields.h, which says what
-/// each does and its default (`rounding`: exact, `max_idle_bytes`: unlimited, `segments`: auto).
+/// each does and its default (`rounding`: exact, `max_idle_bytes`: unlimited, `segments`: auto,
+/// `auto_plans`: on).
 /// A plain aggregate: `cache_options{.segments = segment_policy::off}` works.
 ///
 /// Text form: "key:value" entries separated by commas, the keys and spellings of REFPOOL_CONF

@@ -155,11 +155,17 @@ typedef enum refpool_segment_policy REFPOOL_ENUM_BASE {
   REFPOOL_SEGMENTS_ON = 2
 } refpool_segment_policy;
 
+/// A switch (kind on_off; bool in C++).
+typedef enum refpool_on_off REFPOOL_ENUM_BASE {
+  REFPOOL_OFF = 0,  ///< "off"
+  REFPOOL_ON = 1    ///< "on"
+} refpool_on_off;
+
 /// refpool_byte_limit value for "no limit" (spelled `unlimited`).
 #define REFPOOL_UNLIMITED SIZE_MAX
 
 /// Tunables of a cache (refpool::cache_options): one field per option of
-/// refpool/cache_option_fields.h (rounding, max_idle_bytes, segments), of its kind's C type. Fill
+/// refpool/cache_option_fields.h (rounding, max_idle_bytes, segments, auto_plans), of its kind's C type. Fill
 /// with refpool_cache_options_init or refpool_cache_options_from_environment, then change fields
 /// or apply a conf string with refpool_cache_options_parse.
 typedef struct refpool_cache_options {
@@ -172,7 +178,7 @@ typedef struct refpool_cache_options {
 /// its keywords (refpool_cache_option_info). Every string is static and NUL-terminated.
 typedef struct refpool_option_info {
   const char* name;          ///< "rounding": the field, the REFPOOL_CONF key, the Python keyword
-  const char* kind;          ///< "rounding_policy", "byte_limit" or "segment_policy"
+  const char* kind;          ///< "rounding_policy", "byte_limit", "segment_policy" or "on_off"
   size_t offset;             ///< offsetof(refpool_cache_options, <name>)
   size_t size;               ///< sizeof that field
   const char* default_text;  ///< the default, spelled as in REFPOOL_CONF ("exact")
@@ -381,9 +387,9 @@ REFPOOL_C_API refpool_status refpool_free(void* ptr);
 
 /// Opens a step on `cache` (refpool::step): every request made through the cache without a scope
 /// (refpool_alloc with options->cache, the framework allocator when `cache` is its cache), on any
-/// thread, belongs
-/// to it until refpool_step_end; with options->plan set it is planned. `options` NULL: a plain
-/// step. The caller owns *out; it may be ended on any thread. Errors: INVALID_ARGUMENT,
+/// thread, belongs to it until refpool_step_end. It is planned under options->plan when set, else
+/// under the cache's own key when the cache's auto_plans option is on (the default), else plain
+/// (`options` NULL: no key). The caller owns *out; it may be ended on any thread. Errors: INVALID_ARGUMENT,
 /// INVALID_HANDLE, SCOPE (a step is already open on the cache), CONFIG, OUT_OF_MEMORY.
 REFPOOL_C_API refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options,
                                                 refpool_step* out);

@@ -76,7 +76,8 @@ class REFPOOL_API uncached_guard {
 /// its autograd thread; data loaders and communication threads allocate too). While a step is
 /// open, every request made through `alloc_cache::allocate` (and the C framework entry points)
 /// on any thread belongs to it: buffers still referenced when it ends are counted as escapes,
-/// and with `options.plan` set the step is planned: its requests, in the order they arrive from
+/// and the step is planned (under `options.plan`, or with no key under the cache's own key when
+/// its `auto_plans` option is on, the default): its requests, in the order they arrive from
 /// all threads, are recorded and replayed like a planned scope's (a fixed order, such as forward
 /// on one thread then backward on another, replays; an order that varies diverges and falls back
 /// to the cache). Requests made inside a thread's own `scope` go to that scope, not the step.

@@ -15,6 +15,7 @@ namespace refpool::detail {
 cache_state::cache_state(const cache_options& options, bool bypass)
     : rounding_(options.rounding),
       segments_(options.segments),
+      auto_plans_(options.auto_plans),
       bypass_(bypass),
       idle_limit_(options.max_idle_bytes),
       reserved_(new reserved_counter),
@@ -22,6 +23,11 @@ cache_state::cache_state(const cache_options& options, bool bypass)
       segment_pieces_(*this, mutex_, *reserved_) {}
 
 cache_state::~cache_state() { reserved_->release(); }
+
+std::string_view cache_state::step_plan_key(std::string_view explicit_key) const noexcept {
+  static constexpr std::string_view automatic{"\0step", 5};  // no user spells it by accident
+  return explicit_key.empty() && auto_plans_ ? automatic : explicit_key;
+}
 
 // ---- holding other threads' slots -----------------------------------------------------------
 

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -155,6 +156,9 @@ class cache_state : public ref_counted<cache_state> {
   [[nodiscard]] std::size_t max_idle_bytes() const noexcept { return idle_limit_.max(); }
   [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
   [[nodiscard]] segment_policy segments() const noexcept { return segments_; }
+  /// The plan key of a step: `explicit_key` when set, else the cache's own key when auto_plans
+  /// is on, else empty (a plain step).
+  [[nodiscard]] std::string_view step_plan_key(std::string_view explicit_key) const noexcept;
   /// REFPOOL_NO_CACHING=1 was set when the cache was made: every request goes to the backend.
   [[nodiscard]] bool bypassed() const noexcept { return bypass_; }
 
@@ -274,6 +278,7 @@ class cache_state : public ref_counted<cache_state> {
 
   const rounding_policy rounding_;
   const segment_policy segments_;
+  const bool auto_plans_;
   const bool bypass_;
   std::atomic<bool> closed_{false};
 

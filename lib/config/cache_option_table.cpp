@@ -71,6 +71,10 @@ segment_policy parse_option(option_kind::segment_policy, std::string_view key, s
   return parse_or_throw<option_kind::segment_policy>("cache option", key, text);
 }
 
+bool parse_option(option_kind::on_off, std::string_view key, std::string_view text) {
+  return parse_or_throw<option_kind::on_off>("cache option", key, text);
+}
+
 }  // namespace detail
 
 cache_options cache_options::from_environment() { return detail::environment().cache; }

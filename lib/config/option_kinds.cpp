@@ -127,4 +127,20 @@ std::string option_traits<option_kind::segment_policy>::c_text(refpool_segment_p
   return fmt::format("{}", static_cast<int>(value));  // no such policy: parse rejects it
 }
 
+// ---- on_off: on, off ----------------------------------------------------------------------------
+
+std::optional<bool> option_traits<option_kind::on_off>::parse(std::string_view text) {
+  if (text == "on") return true;
+  if (text == "off") return false;
+  return std::nullopt;
+}
+
+std::string option_traits<option_kind::on_off>::c_text(refpool_on_off value) {
+  switch (value) {
+    case REFPOOL_OFF: return "off";
+    case REFPOOL_ON: return "on";
+  }
+  return fmt::format("{}", static_cast<int>(value));  // neither: parse rejects it
+}
+
 }  // namespace refpool::detail

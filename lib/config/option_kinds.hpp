@@ -61,4 +61,16 @@ struct option_traits<option_kind::segment_policy> {
   static std::string c_text(c_type value);
 };
 
+template <>
+struct option_traits<option_kind::on_off> {
+  using type = bool;
+  using c_type = refpool_on_off;
+  static constexpr std::string_view allowed = "on, off";
+  static constexpr std::string_view allowed_c = "REFPOOL_OFF (0), REFPOOL_ON (1)";
+  static std::optional<type> parse(std::string_view text);
+  static std::string format(type value) { return value ? "on" : "off"; }
+  static c_type to_c(type value) { return value ? REFPOOL_ON : REFPOOL_OFF; }
+  static std::string c_text(c_type value);
+};
+
 }  // namespace refpool::detail

@@ -24,7 +24,7 @@ class RoundingPolicy(Structure):
 
 
 # refpool_option_info.kind -> the ctypes type of the kind's C type (refpool.h; C enums are ints).
-KIND_CTYPES = {"rounding_policy": RoundingPolicy, "byte_limit": c_size_t, "segment_policy": c_int}
+KIND_CTYPES = {"rounding_policy": RoundingPolicy, "byte_limit": c_size_t, "segment_policy": c_int, "on_off": c_int}
 
 Option = namedtuple("Option", "name kind ctype offset size default allowed description")
 

@@ -53,7 +53,9 @@ def cache():
 def step(plan=None, uncached_warmup_entries=0):
     """A step on the allocator's cache (a context manager). It covers every allocation the framework
     makes through refpool while it is open, on any thread (PyTorch's backward runs on its autograd
-    thread). With `plan`, a planned step: the first run under a key records, the next ones replay."""
+    thread). It is planned: under `plan` when given, else under the cache's own key unless the cache
+    was configured with auto_plans="off". A sequence of requests that comes again replays from one
+    arena; the others are served by the cache."""
     return cache().step(plan, uncached_warmup_entries)
 
 

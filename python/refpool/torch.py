@@ -138,8 +138,9 @@ def mem_pool(use_on_oom=False, hooks=True):
 
 def step(plan=None, uncached_warmup_entries=0):
     """A step on the allocator's cache (a context manager) around one iteration: forward, backward
-    (which PyTorch runs on its autograd thread) and the optimizer. With `plan` (a str), a planned
-    step: the first iteration under the key records, the next ones are served from one arena."""
+    (which PyTorch runs on its autograd thread) and the optimizer. Planned by default (auto_plans):
+    an iteration whose requests repeat an earlier one's is served from one arena; `plan` (a str)
+    keeps the plans of one kind of iteration apart from the others'."""
     _require_installed("step()")
     torch = _torch()
     if torch.backends.cudnn.benchmark:

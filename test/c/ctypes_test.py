@@ -32,7 +32,7 @@ class RoundingPolicy(Structure):
 
 
 # The C type of each kind of option (refpool/cache_option_fields.h); C enums are ints.
-OPTION_KINDS = {"rounding_policy": RoundingPolicy, "byte_limit": c_size_t, "segment_policy": c_int}
+OPTION_KINDS = {"rounding_policy": RoundingPolicy, "byte_limit": c_size_t, "segment_policy": c_int, "on_off": c_int}
 
 
 def cache_options_type(lib):

@@ -260,7 +260,7 @@ static void test_framework_allocator(void) {
   /* PyTorch: malloc(size, device, stream), free(ptr, size, device, stream); 0 bytes is NULL. */
   CHECK(refpool_torch_malloc(0, 0, NULL) == NULL);
   refpool_torch_free(NULL, 0, 0, NULL);
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 4; ++step) {
     refpool_step begun = {0};
     OK(refpool_step_begin(cache, NULL, &begun));
     torch_step s;
@@ -272,16 +272,22 @@ static void test_framework_allocator(void) {
     for (int i = 0; i < 4; ++i) refpool_torch_free(s.own[i], 4096 * (i + 1), 0, NULL);
     OK(refpool_step_end(begun));
   }
-  /* 8 distinct buffers in the first step, none after: every later request was a hit. */
+  /* Steps without a key plan by themselves (auto_plans): 8 distinct buffers in the first step,
+   * hits in the second, whose end saw the sequence repeat and packed it into one arena (the idle
+   * buffers went back), and regions of that arena in the last two. */
   CHECK(stat(cache, "backend_allocations") - allocations_before == 8);
-  CHECK(stat(cache, "hits") == 16);
+  CHECK(stat(cache, "arena_bytes") == 4 * 8192 + 4096 * (1 + 2 + 3 + 4)); /* the peak: main's and backward's */
+  CHECK(stat(cache, "hits") == 8);
+  CHECK(stat(cache, "plans") == 1 && stat(cache, "plan_hits") == 16 && stat(cache, "plan_misses") == 0);
   CHECK(stat(cache, "live_blocks") == 0 && stat(cache, "escapes") == 0);
 
-  /* CuPy: malloc(param, size, device), free(param, ptr, device). */
-  void* c = refpool_cupy_malloc(NULL, 8192, 0);
-  CHECK(c != NULL);
-  refpool_cupy_free(NULL, c, 0);
-  CHECK(stat(cache, "backend_allocations") - allocations_before == 8); /* CuPy's request hit PyTorch's idle buffer */
+  /* CuPy: malloc(param, size, device), free(param, ptr, device). Outside a step: the plain cache. */
+  for (int i = 0; i < 2; ++i) {
+    void* c = refpool_cupy_malloc(NULL, 8192, 0);
+    CHECK(c != NULL);
+    refpool_cupy_free(NULL, c, 0);
+  }
+  CHECK(stat(cache, "backend_allocations") - allocations_before == 9); /* the second CuPy request hit the first's */
   void* bad = refpool_cupy_malloc(NULL, 16, -1);
   CHECK(bad == NULL && error_mentions("device -1"));
 
@@ -295,7 +301,7 @@ static void test_framework_allocator(void) {
   OK(refpool_cache_destroy(cache)); /* the handle only */
   refpool_cache again = {0};
   OK(refpool_allocator_cache(&again));
-  CHECK(stat(again, "steps") == 3);
+  CHECK(stat(again, "steps") == 4);
   OK(refpool_cache_destroy(again));
 }
 

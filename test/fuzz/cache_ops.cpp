@@ -64,7 +64,7 @@ void session::op_recreate(int t) {
             }),
          outcome::ok, "destroy and make a cache");
   m_.close_cache(cur_[c]);
-  cur_[c] = m_.new_cache(rounding, options.max_idle_bytes);
+  cur_[c] = m_.new_cache(rounding, options.max_idle_bytes, options.auto_plans);
   if (cache_[c]->rounding() != options.rounding || cache_[c]->max_idle_bytes() != options.max_idle_bytes)
     fail("a new cache does not report the options it was made with");
   if (open_steps_[c]) {  // a step still open on the destroyed cache: ended later, by op_step or cleanup

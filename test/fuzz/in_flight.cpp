@@ -97,7 +97,7 @@ void session::op_in_flight(int) {
         expect(on(0, [&] { cache_[c] = std::make_unique<rp::alloc_cache>(rp::cache_options{}); }), outcome::ok,
                "destroy a cache while a request is in flight");
         m_.close_cache(cur_[c]);
-        cur_[c] = m_.new_cache(model_rounding{}, unlimited);
+        cur_[c] = m_.new_cache(model_rounding{}, unlimited, true);
         if (open_steps_[c]) {  // ended later, by op_step or cleanup
           old_steps_.emplace_back(std::move(open_steps_[c]), step_cache_[c]);
           step_cache_[c] = -1;

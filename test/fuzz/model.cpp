@@ -154,10 +154,11 @@ std::size_t model::arena_bytes(int backend) const {
 
 // ---- caches and scopes --------------------------------------------------------------------
 
-int model::new_cache(model_rounding rounding, std::size_t max_idle) {
+int model::new_cache(model_rounding rounding, std::size_t max_idle, bool auto_plans) {
   model_cache c;
   c.rounding = rounding;
   c.max_idle = max_idle;
+  c.auto_plans = auto_plans;
   caches.push_back(std::move(c));
   return static_cast<int>(caches.size()) - 1;
 }

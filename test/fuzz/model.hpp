@@ -101,6 +101,7 @@ struct model_slot {
 struct model_cache {
   model_rounding rounding;
   std::size_t max_idle = unlimited;
+  bool auto_plans = true;  ///< a step without a key plans under the cache's own key
   bool closed = false;
   int ambient[2] = {-1, -1};  ///< each thread's cache-level slot, once it made a request
   // Steps: the epoch of cache-level requests is odd inside a step.
@@ -149,7 +150,7 @@ class model {
   std::vector<model_frame> frames[threads];
   std::map<std::uint64_t, model_block> blocks;
 
-  int new_cache(model_rounding rounding, std::size_t max_idle);
+  int new_cache(model_rounding rounding, std::size_t max_idle, bool auto_plans);
   /// The alloc_cache is destroyed: its idle blocks are freed, slots in use are orphaned.
   void close_cache(int c);
 

@@ -240,7 +240,9 @@ outcome model::open_step(int ci, std::size_t warmup, const std::string& key) {
   c.step_epoch += 1;
   c.step_open = true;
   c.step_uncached = warm;
-  if (!warm && !key.empty()) c.step_run = begin_run(ci, key, true);
+  static const std::string automatic("\0step", 5);  // the cache's own key (auto_plans)
+  const std::string& planned = key.empty() && c.auto_plans ? automatic : key;
+  if (!warm && !planned.empty()) c.step_run = begin_run(ci, planned, true);
   return outcome::ok;
 }
 

@@ -21,7 +21,7 @@ rp::cache_options session::decode_options(int t, model_rounding& rounding) {
   rounding = {};
   switch (choice) {
     case 0:
-    case 1:
+    case 1: options.auto_plans = false; break;  // key-less steps plain (the input's bytes decode as before)
     case 2:
     case 3: break;
     case 4: rounding = {model_rounding::mode::step, 8}; break;
@@ -95,7 +95,7 @@ void session::run() {
     model_rounding rounding;
     const rp::cache_options options = decode_options(0, rounding);
     cache_[c] = std::make_unique<rp::alloc_cache>(options);
-    cur_[c] = m_.new_cache(rounding, options.max_idle_bytes);
+    cur_[c] = m_.new_cache(rounding, options.max_idle_bytes, options.auto_plans);
   }
   // Most inputs start inside a scope on each thread, as code using a cache does.
   for (int t = 0; t < threads; ++t)

@@ -15,7 +15,7 @@ from refpool import _options
 from conftest import run_python
 
 # A value other than the default, for each kind of option.
-OTHER_VALUE = {"rounding_policy": "step:512", "byte_limit": "3M", "segment_policy": "off"}
+OTHER_VALUE = {"rounding_policy": "step:512", "byte_limit": "3M", "segment_policy": "off", "on_off": "off"}
 
 
 def field_values(struct):
