@@ -28,6 +28,8 @@ BENCHMARKS = {
     "resnet18_train": "resnet18_train.py",
     "gpt2_train": "gpt2_train.py",
     "gpt2_infer": "gpt2_infer.py",
+    "gpt2_train_varlen": "gpt2_train_varlen.py",
+    "gpt2_generate": "gpt2_generate.py",
     "cupy_loop": "cupy_loop.py",
     "numba_loop": "numba_loop.py",
 }
