@@ -168,6 +168,16 @@ class cache_state : public ref_counted<cache_state> {
   /// arenas, and the miss path itself): frees every idle block of `backend` (counted as
   /// reclaimed), trims its segment heaps, and counts a retry. Returns the bytes freed.
   std::size_t reclaim_for_retry(backend_state& backend);
+  /// The out-of-memory ladder that whole blocks and plan arenas share: `attempt()` (a pointer or
+  /// a bool; null or false: out of memory), and when it fails, reclaim_for_retry(backend) and one
+  /// more attempt, whose result is returned. `freed`: the bytes the reclaim gave back.
+  template <class Attempt>
+  auto retry_once(backend_state& backend, std::size_t& freed, Attempt attempt) {
+    auto got = attempt();
+    if (got) return got;
+    freed = reclaim_for_retry(backend);
+    return attempt();
+  }
   /// The same without counting a retry: before a plan arena is made or grown, so that the arena
   /// takes the place of the idle memory the plain path held for the same requests.
   std::size_t reclaim_idle(backend_state& backend);

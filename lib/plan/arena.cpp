@@ -60,11 +60,8 @@ bool arena::allocate(std::size_t bytes, cache_state& cache) {
     }
     // No address space left: one allocation, as backends without virtual memory get.
   }
-  void* at = backend_->allocate(bytes, stream_);
-  if (at == nullptr) {
-    cache.reclaim_for_retry(*backend_);
-    at = backend_->allocate(bytes, stream_);
-  }
+  std::size_t freed = 0;
+  void* at = cache.retry_once(*backend_, freed, [&] { return backend_->allocate(bytes, stream_); });
   if (at == nullptr) return false;
   base_ = static_cast<std::byte*>(at);
   committed_.store(bytes, std::memory_order_relaxed);
@@ -80,12 +77,8 @@ void arena::drop_region() noexcept {
 bool arena::commit_more(std::size_t bytes, cache_state& cache) {
   const std::size_t from = committed_.load(std::memory_order_relaxed);
   const std::size_t delta = bytes - from;
-  bool done = region_.commit(from, delta);
-  if (!done) {
-    cache.reclaim_for_retry(*backend_);
-    done = region_.commit(from, delta);
-  }
-  if (!done) return false;
+  std::size_t freed = 0;
+  if (!cache.retry_once(*backend_, freed, [&] { return region_.commit(from, delta); })) return false;
   committed_.store(bytes, std::memory_order_relaxed);
   count(delta, cache);
   // Counted like an allocation: it cost a driver call (the region counts the outstanding bytes).
