@@ -73,7 +73,7 @@ void plan::bind(arena& a) {
     r.requested = requests_[i].key.bytes;
     r.backend = a.backend();
     r.origin = block_origin::region;
-    r.region = this;
+    r.owner = this;
     r.region_index = static_cast<std::uint32_t>(i);
     r.last_stream = requests_[i].stream;
   }

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "cache/block.hpp"
 #include "cache/block_key.hpp"
+#include "cache/region_block.hpp"
 #include "plan/arena.hpp"
 #include "plan/placement.hpp"
 #include "ref_counted.hpp"
@@ -50,11 +50,6 @@ struct region_state {
 
   std::atomic<std::uint64_t> state{0};
   std::atomic<std::uint64_t> released_at{0};  ///< the arena's position at its last release
-};
-
-/// A region's block: the memory at its offset, handed out as a data_ref.
-struct region_block : block {
-  const void* thread = nullptr;  ///< the only thread that ends its run (scope runs), else null
 };
 
 class plan final : public ref_counted<plan>, public region_owner {
@@ -96,7 +91,6 @@ class plan final : public ref_counted<plan>, public region_owner {
  private:
   friend class ref_counted<plan>;
   ~plan();
-  void make_regions();
 
   cache_state* cache_;  ///< retained: counts unsafe frees of regions
   std::vector<planned_request> requests_;
