@@ -190,8 +190,8 @@ class cache_state : public ref_counted<cache_state> {
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
 
-  /// Bytes held from backends, every kind, with their exact peak. Arenas count theirs here too
-  /// (they retain it: they may outlive the cache).
+  /// Bytes held from backends, every kind, with their exact peak. The plans' arena source counts
+  /// arenas here too (it retains it: the store goes after the cache dropped its reference).
   [[nodiscard]] reserved_counter& reserved() const noexcept { return *reserved_; }
 
   // ---- for block sources (block_source.hpp) ------------------------------------------------------

@@ -1,7 +1,7 @@
 // A region block: a block whose memory is a region of a plan's arena (docs/design.md, "Block
 // sources", "Planned scopes"). What only regions need lives here, not in `block`: the owner it
 // goes back to on its last release, its request in the owner's plan, and the thread that ends its
-// run. A plan (lib/plan/plan.hpp) makes its regions when it is bound to an arena.
+// run. The arena source (lib/plan/arena_source.hpp) makes a plan's regions and takes them back.
 #pragma once
 
 #include <cstdint>

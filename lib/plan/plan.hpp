@@ -61,7 +61,8 @@ class plan final : public ref_counted<plan>, public region_owner {
   plan(const plan& other, arena& a);
   plan& operator=(const plan&) = delete;
 
-  /// Binds the plan to `a` (retained): its regions point into it. Once, before it is shared.
+  /// Binds the plan to `a` (retained): its regions, which `a`'s source makes, point into it.
+  /// Once, before it is shared.
   void bind(arena& a);
 
   [[nodiscard]] std::size_t size() const noexcept { return requests_.size(); }
@@ -100,7 +101,7 @@ class plan final : public ref_counted<plan>, public region_owner {
   std::size_t bytes_needed_ = 0;
   std::size_t peak_live_bytes_ = 0;
   arena* arena_ = nullptr;
-  std::unique_ptr<region_block[]> regions_;
+  region_block* regions_ = nullptr;  ///< one per request, from the arena's source
   std::unique_ptr<region_state[]> states_;
 };
 
