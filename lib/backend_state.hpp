@@ -31,7 +31,7 @@ class backend_state : public ref_counted<backend_state> {
 
   // The backend's accounting, changed only here: whole allocations through allocate and
   // deallocate, commits of virtual-memory regions through their vm_region (lib/vm), and the driver
-  // calls of plan arenas' regions through the arena (lib/plan/arena.cpp).
+  // calls of plan arenas' regions through the arena source (lib/plan/arena_source.cpp).
   /// resource::allocate with accounting; nullptr means out of memory.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref stream);
   void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept;

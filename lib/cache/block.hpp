@@ -1,7 +1,7 @@
 // A block: one buffer as the cache and data_refs see it (a backend allocation, a piece of a
-// segment: piece_block.hpp, or a region of a plan's arena). It holds what every block has. Each block has exactly one
-// owner, named by its origin, and the release path is one switch on that origin (hit_path.cpp). Glossary:
-// docs/design.md.
+// segment: piece_block.hpp, or a region of a plan's arena: region_block.hpp). It holds what every
+// block has. Each block has exactly one owner, named by its origin, and the release path is one
+// switch on that origin (hit_path.cpp). Glossary: docs/design.md.
 #pragma once
 
 #include <atomic>
@@ -31,16 +31,7 @@ void forget_pointer(block& b) noexcept;
 enum class block_origin : std::uint8_t {
   direct,  ///< straight from the backend, owned by no cache: freed on its last release
   cached,  ///< handed out by a cache: goes back to its home bucket, idle
-  region,  ///< a region of a plan's arena: goes back to its region_owner (lib/plan)
-};
-
-/// The owner of region blocks (a plan). Lets the core return regions without knowing plans.
-class region_owner {
- public:
-  virtual void release_region(block* b, bool via_unsafe_free) noexcept = 0;
-
- protected:
-  ~region_owner() = default;
+  region,  ///< a region of a plan's arena (region_block.hpp): goes back to its region_owner
 };
 
 /// Told of every release of a block it asked to observe, before the block goes to its owner
@@ -62,12 +53,10 @@ struct alignas(64) block : block_header {
   bool idle = false;  ///< cached blocks: in an idle list now
   union {
     bucket* home;               ///< cached: the bucket it returns to (changes only while idle)
-    region_owner* region;       ///< region: its plan
     cache_state* uncached_for;  ///< direct: the cache whose scope asked for it, or null (counting)
   };
   release_observer* observer = nullptr;  ///< planned runs: sees the release first
   std::uint32_t observer_index = 0;      ///< the observer's number for this block
-  std::uint32_t region_index = 0;        ///< region: its request in the plan
   stream_ref last_stream;
   std::uint64_t id = 0;              ///< cached: creation number; lower ids are handed out first
   std::uint64_t epoch = 0;           ///< cached: its slot's epoch when handed out (escape counting)

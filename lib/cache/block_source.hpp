@@ -3,7 +3,8 @@
 // a source keeps the memory: how it is got (with the out-of-memory ladder), what it costs in
 // the backend's and the cache's accounting, and how it goes back. Two sources: whole blocks
 // straight from a backend (whole_blocks.hpp) and pieces of segment heaps (segment_source.hpp).
-// Plan arenas are the third kind of memory, reached through request_router, not through a miss.
+// Plan arenas are the third kind of memory, reached through request_router, not through a miss;
+// their source is the plan store's (lib/plan/arena_source.hpp).
 //
 // Called only on slow paths (a miss, a block leaving the cache, reclaim, close, stats), never on a
 // hit or on a release into a slot: the virtual call costs nothing there.

@@ -172,6 +172,16 @@ class cache_state : public ref_counted<cache_state> {
   /// arenas, and the miss path itself): frees every idle block of `backend` (counted as
   /// reclaimed), trims its segment heaps, and counts a retry. Returns the bytes freed.
   std::size_t reclaim_for_retry(backend_state& backend);
+  /// The out-of-memory ladder that whole blocks and plan arenas share: `attempt()` (a pointer or
+  /// a bool; null or false: out of memory), and when it fails, reclaim_for_retry(backend) and one
+  /// more attempt, whose result is returned. `freed`: the bytes the reclaim gave back.
+  template <class Attempt>
+  auto retry_once(backend_state& backend, std::size_t& freed, Attempt attempt) {
+    auto got = attempt();
+    if (got) return got;
+    freed = reclaim_for_retry(backend);
+    return attempt();
+  }
   /// The same without counting a retry: before a plan arena is made or grown, so that the arena
   /// takes the place of the idle memory the plain path held for the same requests.
   std::size_t reclaim_idle(backend_state& backend);
@@ -184,8 +194,8 @@ class cache_state : public ref_counted<cache_state> {
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
 
-  /// Bytes held from backends, every kind, with their exact peak. Arenas count theirs here too
-  /// (they retain it: they may outlive the cache).
+  /// Bytes held from backends, every kind, with their exact peak. The plans' arena source counts
+  /// arenas here too (it retains it: the store goes after the cache dropped its reference).
   [[nodiscard]] reserved_counter& reserved() const noexcept { return *reserved_; }
 
   // ---- for block sources (block_source.hpp) ------------------------------------------------------

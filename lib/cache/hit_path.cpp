@@ -11,6 +11,7 @@
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"
+#include "cache/region_block.hpp"
 #include "cache/scope_frame.hpp"
 #include "config/alloc_log.hpp"
 #include "config/env_config.hpp"
@@ -276,7 +277,7 @@ void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
   }
   switch (b->origin) {
     case block_origin::cached: b->home->owner->cache->release_cached(b, via_unsafe_free); return;
-    case block_origin::region: b->region->release_region(b, via_unsafe_free); return;
+    case block_origin::region: as_region(b)->owner->release_region(b, via_unsafe_free); return;
     case block_origin::direct: release_direct(b, via_unsafe_free); return;
   }
 }

@@ -1,6 +1,7 @@
 // The bytes a cache holds from its backends, all kinds together (plain blocks, segments with their
 // free bytes, plan arenas, uncached buffers), with their exact peak: what PyTorch reports as
-// reserved memory and its maximum. Counted, because arenas may outlive their cache.
+// reserved memory and its maximum. Counted, because the plans' arena source may outlive the cache's
+// reference (lib/plan/arena_source.hpp).
 #pragma once
 
 #include <atomic>

@@ -16,11 +16,9 @@ namespace refpool::detail {
 
 void* whole_block_source::allocate(backend_state& backend, std::size_t bytes, std::size_t requested,
                                    stream_ref stream) {
-  void* ptr = backend.allocate(bytes, stream);
-  if (ptr != nullptr) return ptr;
-  // Out of memory: give back this backend's idle blocks (all sizes, all slots), retry once.
-  const std::size_t freed = cache_.reclaim_for_retry(backend);
-  ptr = backend.allocate(bytes, stream);
+  // Out of memory: this backend's idle blocks (all sizes, all slots) go back, and it retries once.
+  std::size_t freed = 0;
+  void* ptr = cache_.retry_once(backend, freed, [&] { return backend.allocate(bytes, stream); });
   if (ptr != nullptr) return ptr;
   cache_.count_oom();
   const cache_stats now = cache_.stats();

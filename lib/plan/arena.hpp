@@ -1,7 +1,8 @@
 // An arena: the memory that plans place their regions in, one backend and one stream. Plans of
 // several keys may share one (their runs never overlap in time: a run claims the arena for its
 // whole length, and a second run finding it claimed is served by the plain cache). Grows in place
-// through the backend's virtual memory when it has some, else by being replaced.
+// through the backend's virtual memory when it has some, else by being replaced. Its memory, its
+// accounting and its regions' blocks come from the arena source (arena_source.hpp).
 #pragma once
 
 #include <atomic>
@@ -14,14 +15,12 @@
 
 #include "backend_state.hpp"
 #include "cache/spinlock.hpp"
+#include "plan/arena_source.hpp"
 #include "ref_counted.hpp"
-#include "vm/vm_region.hpp"
 
 namespace refpool::detail {
 
-class cache_state;
 class plan;
-class reserved_counter;
 
 /// A region of a finished run still live: it pins its bytes until released. Recorded at the
 /// run's end; the next run that claims the arena avoids it while it is live.
@@ -33,26 +32,27 @@ struct pinned_region {
 
 class arena : public ref_counted<arena> {
  public:
-  /// Holds a counted reference to `backend`. No memory yet.
-  arena(backend_state& backend, stream_ref stream);
+  /// Memory of `backend` from `source` (which outlives it); holds a counted reference to
+  /// `backend`. No memory yet.
+  arena(arena_source& source, backend_state& backend, stream_ref stream);
 
-  /// Memory for `bytes` (> 0): reserves address space and commits it when the backend offers
-  /// virtual memory, else one allocation. On out-of-memory the cache's idle blocks of this
-  /// backend are reclaimed and it retries once. False when still out of memory; backend_error
-  /// and size_error propagate. Once, before the arena is shared.
-  bool allocate(std::size_t bytes, cache_state& cache);
-  /// Grows to `bytes` where it is, keeping every address: only with virtual memory and room left
-  /// in the reservation. False when it cannot (the caller replaces the arena) or is out of memory.
-  bool grow_in_place(std::size_t bytes, cache_state& cache);
+  /// Memory for `bytes` (> 0) from its source (arena_source::allocate). False when out of
+  /// memory. Once, before the arena is shared.
+  bool allocate(std::size_t bytes) { return source_.allocate(memory_, bytes); }
+  /// Grows to `bytes` where it is, keeping every address (arena_source::grow_in_place). False
+  /// when it cannot (the caller replaces the arena) or is out of memory.
+  bool grow_in_place(std::size_t bytes) { return source_.grow_in_place(memory_, bytes); }
   /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
   /// pinned); the arena is retired.
   void free_memory() noexcept;
 
-  [[nodiscard]] std::byte* base() const noexcept { return base_; }
-  [[nodiscard]] std::size_t bytes() const noexcept { return committed_.load(std::memory_order_relaxed); }
-  [[nodiscard]] backend_state* backend() const noexcept { return backend_; }
-  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
-  [[nodiscard]] bool in_place_growth() const noexcept { return static_cast<bool>(region_); }
+  [[nodiscard]] arena_source& source() const noexcept { return source_; }
+  [[nodiscard]] const arena_memory& memory() const noexcept { return memory_; }
+  [[nodiscard]] std::byte* base() const noexcept { return memory_.base; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return memory_.committed.load(std::memory_order_relaxed); }
+  [[nodiscard]] backend_state* backend() const noexcept { return memory_.backend; }
+  [[nodiscard]] stream_ref stream() const noexcept { return memory_.stream; }
+  [[nodiscard]] bool in_place_growth() const noexcept { return static_cast<bool>(memory_.region); }
 
   // ---- one run at a time ----------------------------------------------------------------------
   /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
@@ -85,18 +85,9 @@ class arena : public ref_counted<arena> {
  private:
   friend class ref_counted<arena>;
   ~arena();
-  bool commit_more(std::size_t bytes, cache_state& cache);  // region_: commit [committed_, bytes)
-  void drop_region() noexcept;
 
-  backend_state* backend_;
-  stream_ref stream_;
-  vm_region region_;  ///< when this arena reserved address space: the reservation and its commits
-  std::byte* base_ = nullptr;
-  std::atomic<std::size_t> committed_{0};  ///< bytes usable from base_ (stats read it while it grows)
-  /// The cache's count of reserved bytes, which this arena's memory is part of (retained, as the
-  /// arena may outlive its cache); set with the first memory.
-  reserved_counter* counted_in_ = nullptr;
-  void count(std::size_t bytes, cache_state& cache) noexcept;
+  arena_source& source_;
+  arena_memory memory_;
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};

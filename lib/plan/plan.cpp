@@ -9,7 +9,6 @@
 #include <refpool/error.hpp>
 
 #include "cache/cache_state.hpp"
-#include "plan/checked_size.hpp"
 
 namespace refpool::detail {
 
@@ -58,26 +57,14 @@ plan::~plan() {
       std::lock_guard guard(arena_->pinned_mutex);
       std::erase_if(arena_->pinned, [&](const pinned_region& p) { return p.owner == this; });
     }
+    arena_->source().take_back_regions(regions_);
     arena_->release();
   }
   cache_->release();
 }
 
 void plan::bind(arena& a) {
-  const std::size_t n = requests_.size();
-  auto made = std::make_unique<region_block[]>(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    region_block& r = made[i];
-    r.ptr = a.base() + offsets_[i];
-    r.capacity = checked_round_up(requests_[i].key.bytes, region_alignment, "a planned region");
-    r.requested = requests_[i].key.bytes;
-    r.backend = a.backend();
-    r.origin = block_origin::region;
-    r.region = this;
-    r.region_index = static_cast<std::uint32_t>(i);
-    r.last_stream = requests_[i].stream;
-  }
-  regions_ = std::move(made);
+  regions_ = a.source().make_regions(*this, a.memory(), requests_, offsets_);
   a.retain();
   arena_ = &a;
 }

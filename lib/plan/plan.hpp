@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "cache/block.hpp"
 #include "cache/block_key.hpp"
+#include "cache/region_block.hpp"
 #include "plan/arena.hpp"
 #include "plan/placement.hpp"
 #include "ref_counted.hpp"
@@ -52,11 +52,6 @@ struct region_state {
   std::atomic<std::uint64_t> released_at{0};  ///< the arena's position at its last release
 };
 
-/// A region's block: the memory at its offset, handed out as a data_ref.
-struct region_block : block {
-  const void* thread = nullptr;  ///< the only thread that ends its run (scope runs), else null
-};
-
 class plan final : public ref_counted<plan>, public region_owner {
  public:
   /// Places `requests` (all of one backend and stream) with their recorded lifetimes. Unsafe
@@ -66,7 +61,8 @@ class plan final : public ref_counted<plan>, public region_owner {
   plan(const plan& other, arena& a);
   plan& operator=(const plan&) = delete;
 
-  /// Binds the plan to `a` (retained): its regions point into it. Once, before it is shared.
+  /// Binds the plan to `a` (retained): its regions, which `a`'s source makes, point into it.
+  /// Once, before it is shared.
   void bind(arena& a);
 
   [[nodiscard]] std::size_t size() const noexcept { return requests_.size(); }
@@ -96,7 +92,6 @@ class plan final : public ref_counted<plan>, public region_owner {
  private:
   friend class ref_counted<plan>;
   ~plan();
-  void make_regions();
 
   cache_state* cache_;  ///< retained: counts unsafe frees of regions
   std::vector<planned_request> requests_;
@@ -106,7 +101,7 @@ class plan final : public ref_counted<plan>, public region_owner {
   std::size_t bytes_needed_ = 0;
   std::size_t peak_live_bytes_ = 0;
   arena* arena_ = nullptr;
-  std::unique_ptr<region_block[]> regions_;
+  region_block* regions_ = nullptr;  ///< one per request, from the arena's source
   std::unique_ptr<region_state[]> states_;
 };
 

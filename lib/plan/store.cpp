@@ -233,7 +233,7 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
     // Only more memory held.
   }
   try {
-    if (old != nullptr && old->grow_in_place(needed, cache_)) {
+    if (old != nullptr && old->grow_in_place(needed)) {
       std::lock_guard guard(mutex_);
       if (closed_) {  // the cache closed while the arena grew: no plan any more
         dropped.push_back(made);
@@ -271,8 +271,8 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
   arena* fresh = nullptr;
   bool allocated = false;
   try {
-    fresh = new arena(backend, stream);
-    allocated = fresh->allocate(needed, cache_);
+    fresh = new arena(arenas_, backend, stream);
+    allocated = fresh->allocate(needed);
   } catch (...) {
     allocated = false;
   }
@@ -351,8 +351,8 @@ void plan_store::move_to_own_arena(key_state& key) noexcept {
     arena* fresh = nullptr;
     bool allocated = false;
     try {
-      fresh = new arena(*const_cast<backend_state*>(backend), stream);
-      allocated = fresh->allocate(needed, cache_);
+      fresh = new arena(arenas_, *const_cast<backend_state*>(backend), stream);
+      allocated = fresh->allocate(needed);
     } catch (...) {
       allocated = false;
     }

@@ -17,6 +17,7 @@
 #include <refpool/stats.hpp>
 
 #include "cache/cache_state.hpp"
+#include "plan/arena_source.hpp"
 #include "plan/plan.hpp"
 
 namespace refpool::detail {
@@ -62,7 +63,7 @@ class plan_store final : public cache_extension {
   static constexpr std::uint64_t first_pause = 64;
   static constexpr std::uint64_t longest_pause = 4096;
 
-  explicit plan_store(cache_state& cache) : cache_(cache) {}
+  explicit plan_store(cache_state& cache) : cache_(cache), arenas_(cache) {}
   ~plan_store() override;
   /// The store of `cache`, made at first use.
   static plan_store& of(cache_state& cache);
@@ -104,6 +105,7 @@ class plan_store final : public cache_extension {
   void drop(key_state& key, std::size_t i, std::vector<plan*>& dropped) noexcept;
 
   cache_state& cache_;
+  arena_source arenas_;      // the memory of every arena of this store, and its regions' blocks
   std::mutex growth_mutex_;  // serialises adding plans: taken before mutex_; arenas are allocated under it alone
   mutable std::mutex mutex_;
   bool closed_ = false;

@@ -1,0 +1,129 @@
+// Arena memory: one allocation, or a reservation of address space committed as plans need more;
+// and the region blocks of the plans placed in it.
+#include "plan/arena_source.hpp"
+
+#include <algorithm>
+#include <memory>
+
+#include <refpool/resource.hpp>
+#include <refpool/virtual_memory.hpp>
+
+#include "cache/cache_state.hpp"
+#include "cache/region_block.hpp"
+#include "plan/checked_size.hpp"
+#include "plan/plan.hpp"
+
+namespace refpool::detail {
+
+namespace {
+// Address space reserved for an arena that grows in place: room for it to grow fourfold, and at
+// least 1 GiB (address space is cheap; committed memory is what counts).
+constexpr std::size_t reservation_factor = 4;
+constexpr std::size_t minimum_reservation = std::size_t{1} << 30;
+// Committed memory comes in granules (2 MiB on CUDA and the host): an arena uses virtual memory
+// only from 16 granules on, where rounding up to one costs at most 1/16.
+constexpr std::size_t minimum_granules = 16;
+}  // namespace
+
+arena_source::arena_source(cache_state& cache) : cache_(cache), reserved_(cache.reserved()) { reserved_.retain(); }
+
+arena_source::~arena_source() { reserved_.release(); }
+
+// ---- memory -------------------------------------------------------------------------------
+
+bool arena_source::allocate(arena_memory& m, std::size_t bytes) {
+  backend_state& backend = *m.backend;
+  virtual_memory* vm = backend.res().address_space();
+  if (vm != nullptr && bytes / vm->granularity() >= minimum_granules) {
+    const std::size_t granule = vm->granularity();
+    const std::size_t target = checked_round_up(bytes, granule, "an arena");
+    std::size_t reservation = 0;
+    if (__builtin_mul_overflow(target, reservation_factor, &reservation)) reservation = target;
+    reservation = std::max(reservation, checked_round_up(minimum_reservation, granule, "an arena reservation"));
+    m.region = vm_region::reserve(backend, *vm, reservation);
+    if (m.region) {
+      m.base = reinterpret_cast<std::byte*>(m.region.base());
+      bool committed = false;
+      try {
+        committed = commit_more(m, target);
+      } catch (...) {
+        drop_region(m);  // nothing committed: the reservation goes, and the arena holds nothing
+        throw;
+      }
+      if (!committed) drop_region(m);
+      return committed;
+    }
+    // No address space left: one allocation, as backends without virtual memory get.
+  }
+  std::size_t freed = 0;
+  void* at = cache_.retry_once(backend, freed, [&] { return backend.allocate(bytes, m.stream); });
+  if (at == nullptr) return false;
+  m.base = static_cast<std::byte*>(at);
+  m.committed.store(bytes, std::memory_order_relaxed);
+  reserved_.add(bytes);
+  return true;
+}
+
+void arena_source::drop_region(arena_memory& m) noexcept {
+  m.region.release();
+  m.base = nullptr;
+}
+
+bool arena_source::commit_more(arena_memory& m, std::size_t bytes) {
+  const std::size_t from = m.committed.load(std::memory_order_relaxed);
+  const std::size_t delta = bytes - from;
+  std::size_t freed = 0;
+  if (!cache_.retry_once(*m.backend, freed, [&] { return m.region.commit(from, delta); })) return false;
+  m.committed.store(bytes, std::memory_order_relaxed);
+  reserved_.add(delta);
+  // Counted like an allocation: it cost a driver call (the region counts the outstanding bytes).
+  m.backend->count_allocation_call();
+  return true;
+}
+
+bool arena_source::grow_in_place(arena_memory& m, std::size_t bytes) {
+  if (!m.region) return false;
+  const std::size_t target = checked_round_up(bytes, m.region.granularity(), "an arena");
+  if (target <= m.committed.load(std::memory_order_relaxed)) return true;
+  if (target > m.region.reserved()) return false;
+  return commit_more(m, target);
+}
+
+void arena_source::free(arena_memory& m) noexcept {
+  if (m.base == nullptr) return;
+  const std::size_t committed = m.committed.load(std::memory_order_relaxed);
+  if (m.region) {
+    drop_region(m);  // decommits what was committed (never 0 bytes) and releases the reservation
+    m.backend->count_deallocation_call();
+  } else {
+    m.backend->deallocate(m.base, committed, m.stream);
+  }
+  reserved_.remove(committed);
+  m.base = nullptr;
+  m.committed.store(0, std::memory_order_relaxed);
+}
+
+// ---- region blocks ------------------------------------------------------------------------
+
+region_block* arena_source::make_regions(region_owner& owner, const arena_memory& m,
+                                         const std::vector<planned_request>& requests,
+                                         const std::vector<std::size_t>& offsets) {
+  const std::size_t n = requests.size();
+  auto made = std::make_unique<region_block[]>(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    region_block& r = made[i];
+    r.ptr = m.base + offsets[i];
+    r.capacity = checked_round_up(requests[i].key.bytes, region_alignment, "a planned region");
+    r.requested = requests[i].key.bytes;
+    r.backend = m.backend;
+    r.origin = block_origin::region;
+    r.owner = &owner;
+    r.region_index = static_cast<std::uint32_t>(i);
+    r.last_stream = requests[i].stream;
+  }
+  return made.release();
+}
+
+void arena_source::take_back_regions(region_block* regions) noexcept { delete[] regions; }
+
+}  // namespace refpool::detail

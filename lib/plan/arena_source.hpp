@@ -1,0 +1,73 @@
+// The arena source: where plan arenas get their memory and where it goes back (docs/design.md,
+// "Block sources"), and the region blocks that plans hand out of it. All the accounting of arena
+// memory is here: the backend's (one allocation, or a vm_region's reservation and commits with
+// count_allocation_call / count_deallocation_call) and the cache's reserved bytes. Its
+// out-of-memory ladder is the one whole blocks use (cache_state::retry_once), but a failure is
+// `false`, not out_of_memory: the plan store then drops the plan and the plain cache serves.
+//
+// One per plan store (so per cache). Arenas refer to it, uncounted: an arena lives while a plan
+// placed in it or the store holds it, and plans retain the cache, whose extension the store is.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <vector>
+
+#include <refpool/types.hpp>
+
+#include "vm/vm_region.hpp"
+
+namespace refpool::detail {
+
+class backend_state;
+class cache_state;
+class region_owner;
+class reserved_counter;
+struct planned_request;
+struct region_block;
+
+/// An arena's memory: one allocation, or a reservation of address space committed from its start.
+struct arena_memory {
+  backend_state* backend = nullptr;  ///< its arena holds a counted reference
+  stream_ref stream;
+  vm_region region;  ///< when address space was reserved: the reservation and its commits
+  std::byte* base = nullptr;
+  std::atomic<std::size_t> committed{0};  ///< bytes usable from base (stats read it while it grows)
+};
+
+class arena_source {
+ public:
+  /// Counts into `cache`'s reserved bytes, retained: ~cache_state drops its own reference before
+  /// the store, and so this source and the arenas it frees last, go.
+  explicit arena_source(cache_state& cache);
+  ~arena_source();
+  arena_source(const arena_source&) = delete;
+  arena_source& operator=(const arena_source&) = delete;
+
+  /// Memory for `bytes` (> 0) into empty `m`: reserves address space and commits it when the
+  /// backend offers virtual memory, else one allocation. On out-of-memory the cache's idle
+  /// blocks of the backend are reclaimed and it retries once. False when still out of memory;
+  /// backend_error and size_error propagate (nothing kept).
+  bool allocate(arena_memory& m, std::size_t bytes);
+  /// Grows `m` to `bytes` where it is, keeping every address: only with virtual memory and room
+  /// left in the reservation. False when it cannot or is out of memory.
+  bool grow_in_place(arena_memory& m, std::size_t bytes);
+  /// Gives `m`'s memory back and uncounts it; `m` is empty after.
+  void free(arena_memory& m) noexcept;
+
+  /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`.
+  /// Throws std::bad_alloc and size_error. Given back with take_back_regions.
+  region_block* make_regions(region_owner& owner, const arena_memory& m, const std::vector<planned_request>& requests,
+                             const std::vector<std::size_t>& offsets);
+  /// A plan's region blocks (none live) are deleted.
+  void take_back_regions(region_block* regions) noexcept;
+
+ private:
+  bool commit_more(arena_memory& m, std::size_t bytes);  // m.region: commit [m.committed, bytes)
+  static void drop_region(arena_memory& m) noexcept;
+
+  cache_state& cache_;
+  reserved_counter& reserved_;
+};
+
+}  // namespace refpool::detail
