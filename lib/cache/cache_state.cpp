@@ -150,7 +150,44 @@ void cache_state::begin_step(request_router* router) {
     std::lock_guard publish(router_lock_);
     step_router_.store(router, std::memory_order_relaxed);
   }
-  step_epoch_.store(epoch + 1, std::memory_order_relaxed);
+  step_epoch_.store(epoch + 1, std::memory_order_release);  // after the router (thread_step_router)
+}
+
+namespace {
+
+// The calling thread's reference to the router of the step (of one cache, identified by the
+// cache's step epoch) it last sent a request to. The router retains its cache, so `cache` cannot
+// name another cache made at the same address.
+struct kept_router {
+  const cache_state* cache = nullptr;
+  std::uint64_t epoch = 0;
+  request_router* router = nullptr;  // a counted reference
+  kept_router() = default;
+  kept_router(const kept_router&) = delete;
+  kept_router& operator=(const kept_router&) = delete;
+  ~kept_router() {
+    if (router != nullptr) router->release_router();
+  }
+};
+thread_local kept_router thread_router;
+
+}  // namespace
+
+router_ref cache_state::thread_step_router() noexcept {
+  kept_router& kept = thread_router;
+  const std::uint64_t epoch = step_epoch_.load(std::memory_order_acquire);
+  if (kept.cache == this && kept.epoch == epoch) [[likely]]
+    return router_ref::borrowed(kept.router);
+  router_ref fresh = retain_step_router();
+  // Kept only when it is the router of the step this epoch names: a step begun (odd) and not
+  // ended since (a step ending now passes its router to this call only).
+  if (!fresh || epoch % 2 == 0 || step_epoch_.load(std::memory_order_acquire) != epoch) return fresh;
+  fresh->retain_router();
+  request_router* const dropped = std::exchange(kept.router, fresh.get());
+  kept.cache = this;
+  kept.epoch = epoch;
+  if (dropped != nullptr) dropped->release_router();  // may end an old run, and its cache
+  return fresh;
 }
 
 router_ref cache_state::retain_step_router() const noexcept {
@@ -166,7 +203,7 @@ void cache_state::end_step() noexcept {
   {
     std::lock_guard guard(mutex_);
     const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed) + 1;
-    step_epoch_.store(epoch, std::memory_order_relaxed);
+    step_epoch_.store(epoch, std::memory_order_release);
     {
       std::lock_guard unpublish(router_lock_);
       ended = step_router_.exchange(nullptr, std::memory_order_relaxed);

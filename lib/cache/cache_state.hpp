@@ -56,23 +56,32 @@ class request_router {
   ~request_router() = default;
 };
 
-/// One counted reference to a router, for the length of a call through it.
+/// A router for the length of a call through it: one counted reference, or one borrowed from a
+/// reference the calling thread keeps (cache_state::step_router).
 class router_ref {
  public:
   router_ref() noexcept = default;
-  explicit router_ref(request_router* adopted) noexcept : router_(adopted) {}
-  router_ref(router_ref&& other) noexcept : router_(std::exchange(other.router_, nullptr)) {}
+  explicit router_ref(request_router* adopted) noexcept : router_(adopted), counted_(adopted != nullptr) {}
+  static router_ref borrowed(request_router* kept) noexcept {
+    router_ref r;
+    r.router_ = kept;
+    return r;
+  }
+  router_ref(router_ref&& other) noexcept
+      : router_(std::exchange(other.router_, nullptr)), counted_(std::exchange(other.counted_, false)) {}
   router_ref(const router_ref&) = delete;
   router_ref& operator=(const router_ref&) = delete;
   router_ref& operator=(router_ref&&) = delete;
   ~router_ref() {
-    if (router_ != nullptr) router_->release_router();
+    if (counted_) router_->release_router();
   }
+  request_router* get() const noexcept { return router_; }
   request_router* operator->() const noexcept { return router_; }
   explicit operator bool() const noexcept { return router_ != nullptr; }
 
  private:
   request_router* router_ = nullptr;
+  bool counted_ = false;
 };
 
 /// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
@@ -109,10 +118,12 @@ class cache_state : public ref_counted<cache_state> {
   void give_back_ambient(slot* s) noexcept;
   /// The router of the open step (planned or warm-up), if any, with a reference held for the
   /// caller: cache-level allocations go through it, and may still do so after the step ended.
-  [[nodiscard]] router_ref step_router() const noexcept {
+  /// The calling thread keeps one reference to the router of the step it last called (until its
+  /// next request finds another step, or it exits), so a step's requests count no reference.
+  [[nodiscard]] router_ref step_router() noexcept {
     if (step_router_.load(std::memory_order_relaxed) == nullptr) [[likely]]
       return {};
-    return retain_step_router();
+    return thread_step_router();
   }
   /// Steps begun so far.
   [[nodiscard]] std::uint64_t steps_begun() const noexcept { return counters_.steps.load(std::memory_order_relaxed); }
@@ -240,6 +251,7 @@ class cache_state : public ref_counted<cache_state> {
 
   // Slow paths.
   router_ref retain_step_router() const noexcept;
+  router_ref thread_step_router() noexcept;
   slot* lease_locked(std::vector<slot*>& free, const void* thread);
   bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
