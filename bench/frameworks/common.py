@@ -43,6 +43,23 @@ def parse_args(description, default_warmup=5, default_steps=30):
     return parser.parse_args()
 
 
+def torch_setup(args, benchmark, *extra):
+    """Imports torch and the modules named in `extra` ("transformers"), writing a skipped result
+    and exiting when one is missing or PyTorch sees no CUDA device, then sets the mode up (refpool
+    installs itself before CUDA starts). Returns (torch, *extra modules, framework, loop)."""
+    import importlib
+    names = ("torch", *extra)
+    try:
+        modules = [importlib.import_module(name) for name in names]
+    except ImportError as e:
+        skip(args, benchmark, f"needs {' and '.join(names)} ({e})")
+    if not modules[0].cuda.is_available():
+        skip(args, benchmark, "PyTorch sees no CUDA device")
+    from torch_harness import TorchFramework
+    framework = TorchFramework(args.mode, args.seed)
+    return (*modules, framework, Loop(args, benchmark, framework))
+
+
 def skip(args, benchmark, reason):
     """Writes a result that says why this benchmark cannot run here, and exits successfully."""
     write(args, {"benchmark": benchmark, "mode": args.mode, "skipped": reason})

@@ -6,7 +6,7 @@ request shapes rarely repeat. One request per step, one mode per process (see co
 Usage: gpt2_generate.py --mode MODE --out RESULT.json"""
 import random
 
-from common import Loop, digest, parse_args, skip
+from common import digest, parse_args, torch_setup
 from gpt2_train import gpt2_model
 
 BENCHMARK = "gpt2_generate"
@@ -15,17 +15,7 @@ NEW_TOKENS = 32
 
 def main():
     args = parse_args(__doc__.split("\n")[0], default_warmup=8, default_steps=40)
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        skip(args, BENCHMARK, f"needs torch and transformers ({e})")
-    if not torch.cuda.is_available():
-        skip(args, BENCHMARK, "PyTorch sees no CUDA device")
-    from torch_harness import TorchFramework
-
-    framework = TorchFramework(args.mode, args.seed)
-    loop = Loop(args, BENCHMARK, framework)
+    torch, transformers, framework, loop = torch_setup(args, BENCHMARK, "transformers")
     model = gpt2_model(transformers, "eager").cuda().eval()
     generator = torch.Generator(device="cuda").manual_seed(args.seed)
     draw = random.Random(args.seed)

@@ -6,7 +6,7 @@ position's logits (which depend on every position of every layer) and of the sum
 Usage: gpt2_infer.py --mode MODE --out RESULT.json"""
 import statistics
 
-from common import Loop, digest, parse_args, skip
+from common import digest, parse_args, torch_setup
 from gpt2_train import gpt2_model
 
 BENCHMARK = "gpt2_infer"
@@ -16,17 +16,7 @@ LENGTHS = (64, 128, 256, 384, 512, 1024)
 
 def main():
     args = parse_args(__doc__.split("\n")[0], default_warmup=3 * len(LENGTHS), default_steps=8 * len(LENGTHS))
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        skip(args, BENCHMARK, f"needs torch and transformers ({e})")
-    if not torch.cuda.is_available():
-        skip(args, BENCHMARK, "PyTorch sees no CUDA device")
-    from torch_harness import TorchFramework
-
-    framework = TorchFramework(args.mode, args.seed)
-    loop = Loop(args, BENCHMARK, framework)
+    torch, transformers, framework, loop = torch_setup(args, BENCHMARK, "transformers")
     model = gpt2_model(transformers, "eager").cuda().eval()
     generator = torch.Generator(device="cuda").manual_seed(args.seed)
     inputs = {n: torch.randint(0, model.config.vocab_size, (BATCH, n), device="cuda", generator=generator)

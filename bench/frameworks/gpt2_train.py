@@ -4,7 +4,7 @@ mode per process (see common.py). Eager attention by default, for bitwise-compar
 Usage: gpt2_train.py --mode MODE --out RESULT.json [--attention eager|sdpa]"""
 import sys
 
-from common import Loop, parse_args, skip
+from common import parse_args, torch_setup
 
 BENCHMARK = "gpt2_train"
 BATCH, TOKENS = 8, 256
@@ -28,20 +28,11 @@ def gpt2_model(transformers, attention):
         return transformers.GPT2LMHeadModel(config)
 
 
-def main():
-    attention = attention_choice()
-    args = parse_args(__doc__.split("\n")[0])
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        skip(args, BENCHMARK, f"needs torch and transformers ({e})")
-    if not torch.cuda.is_available():
-        skip(args, BENCHMARK, "PyTorch sees no CUDA device")
-    from torch_harness import TorchFramework, loss_hex
-
-    framework = TorchFramework(args.mode, args.seed)
-    loop = Loop(args, BENCHMARK, framework)
+def run_training(args, benchmark, attention, tokens_of, **extra):
+    """Trains GPT-2 small for the loop's iterations, iteration i on BATCH x tokens_of(i) tokens, and
+    writes the result (`extra` added to it)."""
+    torch, transformers, framework, loop = torch_setup(args, benchmark, "transformers")
+    from torch_harness import loss_hex
     model = gpt2_model(transformers, attention).cuda()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -50,7 +41,7 @@ def main():
 
     def iteration(i):
         optimizer.zero_grad(set_to_none=True)
-        tokens = torch.randint(0, vocabulary, (BATCH, TOKENS), device="cuda", generator=generator)
+        tokens = torch.randint(0, vocabulary, (BATCH, tokens_of(i)), device="cuda", generator=generator)
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         optimizer.step()
@@ -58,7 +49,13 @@ def main():
 
     loop.run(iteration, key=lambda i: "train")
     loop.finish(versions=dict(framework.versions(), transformers=transformers.__version__), batch=BATCH,
-                tokens=TOKENS, attention=attention)
+                attention=attention, **extra)
+
+
+def main():
+    attention = attention_choice()
+    args = parse_args(__doc__.split("\n")[0])
+    run_training(args, BENCHMARK, attention, lambda i: TOKENS, tokens=TOKENS)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ResNet-18 training on synthetic images (torchvision, batch 64, 224x224, SGD with momentum), one
 mode per process (see common.py). Usage: resnet18_train.py --mode MODE --out RESULT.json"""
-from common import Loop, parse_args, skip
+from common import parse_args, torch_setup
 
 BENCHMARK = "resnet18_train"
 BATCH = 64
@@ -9,17 +9,8 @@ BATCH = 64
 
 def main():
     args = parse_args(__doc__.split("\n")[0])
-    try:
-        import torch
-        import torchvision
-    except ImportError as e:
-        skip(args, BENCHMARK, f"needs torch and torchvision ({e})")
-    if not torch.cuda.is_available():
-        skip(args, BENCHMARK, "PyTorch sees no CUDA device")
-    from torch_harness import TorchFramework, loss_hex
-
-    framework = TorchFramework(args.mode, args.seed)
-    loop = Loop(args, BENCHMARK, framework)
+    torch, torchvision, framework, loop = torch_setup(args, BENCHMARK, "torchvision")
+    from torch_harness import loss_hex
     model = torchvision.models.resnet18(num_classes=1000).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     generator = torch.Generator(device="cuda").manual_seed(args.seed)
