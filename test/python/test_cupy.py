@@ -45,9 +45,10 @@ def run(mode):
 def test_results_are_identical_and_no_driver_calls_after_warmup():
     own, plain, planned = run("cupy"), run("plain"), run("planned")
     assert plain["results"] == own["results"] and planned["results"] == own["results"]
-    assert plain["driver"][3:] == [plain["driver"][3]] * 9, plain["driver"]
-    # A key may record twice: its first run also makes cuFFT's plan (and workspace), later ones do not.
-    assert planned["driver"][6:] == [planned["driver"][6]] * 6, planned["driver"]
+    # A step without a key plans too (auto_plans), so both modes warm up alike. A sequence may be
+    # recorded twice: its first run also makes cuFFT's plan (and workspace), later ones do not.
+    for run in (plain, planned):
+        assert run["driver"][6:] == [run["driver"][6]] * 6, run["driver"]
 
 
 def test_using_is_scoped_to_the_with_block():
