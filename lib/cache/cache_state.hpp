@@ -90,6 +90,8 @@ class cache_extension {
   virtual ~cache_extension() = default;
   virtual void close() noexcept = 0;
   virtual void add_counters(cache_stats& out) const = 0;
+  /// Restarts the extension's peaks from the current values (cache_state::reset_peaks).
+  virtual void reset_peaks() noexcept = 0;
 };
 
 class cache_state : public ref_counted<cache_state> {

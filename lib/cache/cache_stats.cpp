@@ -46,7 +46,7 @@ cache_stats cache_state::stats() const {
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.peak_allocated_bytes =
-      std::max(out.peak_live_bytes + out.planned_peak_live_bytes + uncached_peak, out.allocated_bytes);
+      std::max(out.peak_live_bytes + out.peak_plan_live_bytes + uncached_peak, out.allocated_bytes);
   // Exact: every kind of held memory is counted in one place as it changes (reserved_counter).
   out.peak_reserved_bytes = std::max(reserved_->peak(), out.reserved_bytes);
   return out;
@@ -60,6 +60,7 @@ void cache_state::reset_peaks() noexcept {
   counters_.reset_peaks();
   whole_blocks_.reset_peaks();
   reserved_->reset_peak();
+  if (extension_) extension_->reset_peaks();
 }
 
 }  // namespace refpool::detail

@@ -290,6 +290,9 @@ void plan_run::finish_locked() noexcept {
     recordable = false;
   }
   const std::size_t region_escapes = settle_regions(end, recordable ? &region_lifetimes : nullptr);
+  std::size_t replayed_peak = 0;  // counted whole when any region was handed out: an upper bound
+  for (const segment& s : segments_)
+    if (s.to > s.from) replayed_peak = std::max(replayed_peak, s.owner->peak_live_bytes());
   std::size_t uncached_escapes = 0;
   {
     std::lock_guard guard(lock_);
@@ -304,6 +307,7 @@ void plan_run::finish_locked() noexcept {
   out.busy_other_key = busy_other_key_;
   out.unrecorded = !may_record_ && !busy_ && was == mode::plain;
   out.used = complete ? current_ : nullptr;
+  out.replayed_peak = replayed_peak;
   if (recordable) {
     try {
       out.made = make_recording(end, std::move(region_lifetimes));

@@ -56,6 +56,7 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     unrecorded_runs_ += outcome.unrecorded ? 1 : 0;
     std::erase(active_, run);
     key->runs += 1;
+    key->peak_plan_live = std::max(key->peak_plan_live, outcome.replayed_peak);
     if (outcome.used != nullptr) {
       auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
       if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
@@ -423,6 +424,7 @@ void plan_store::add_counters(cache_stats& out) const {
     }
     out.plans += k->plans.size();
     out.planned_peak_live_bytes += peak;
+    out.peak_plan_live_bytes += k->peak_plan_live;
   }
   for (const arena_group& g : groups_) out.arena_bytes += g.memory->bytes();
   out.plan_evictions = evictions_;
@@ -431,6 +433,14 @@ void plan_store::add_counters(cache_stats& out) const {
   out.plan_busy_runs = busy_runs_;
   out.arena_growths = growths_;
   out.arena_replacements = replacements_;
+}
+
+void plan_store::reset_peaks() noexcept {
+  std::lock_guard guard(mutex_);
+  for (const auto& k : keys_) {
+    k->peak_plan_live = 0;
+    for (const plan* p : k->plans) k->peak_plan_live += p->live_region_bytes();
+  }
 }
 
 }  // namespace refpool::detail

@@ -37,6 +37,9 @@ struct key_state {
   std::uint32_t rerecordings = 0;   ///< bit i: the run i runs ago re-recorded
   std::uint64_t paused_until = 0;   ///< no recording while runs < paused_until
   std::uint64_t next_pause = 0;     ///< length of the next pause, in runs
+  /// The highest bytes of its regions live at once in a run ended since the last reset_peaks (its
+  /// replayed plans' peaks), or live at that reset: this key's share of peak_allocated_bytes.
+  std::size_t peak_plan_live = 0;
 };
 
 /// What a run did, handed to the store at its end.
@@ -46,6 +49,7 @@ struct run_outcome {
   bool busy = false;            ///< its arena was held by another run
   bool busy_other_key = false;  ///< ... of another key
   bool unrecorded = false;      ///< served by the plain cache, unrecorded, because its key was paused
+  std::size_t replayed_peak = 0;  ///< the largest peak live bytes of the plans it replayed regions of
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
 };
@@ -79,6 +83,7 @@ class plan_store final : public cache_extension {
   /// Drops every plan (the cache is closing); arenas go when their last region does.
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
+  void reset_peaks() noexcept override;
 
  private:
   struct arena_group {

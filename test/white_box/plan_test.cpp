@@ -50,6 +50,31 @@ TEST_CASE("peak reserved bytes are exact: a recording's cached buffers and the a
   CHECK(be.outstanding_bytes() == after.reserved_bytes);
 }
 
+TEST_CASE("peak allocated bytes restart at reset_peaks and count a replayed plan's peak again", "[plan][stats]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  constexpr std::size_t n = std::size_t{1} << 16;
+  const data_ref kept = cache.allocate(be, n);  // outside any step: the cache's own live bytes
+  auto run_step = [&] {
+    step s(cache);  // no key: automatic plans
+    const data_ref a = cache.allocate(be, n);
+    const data_ref b = cache.allocate(be, 2 * n);
+  };
+  for (int i = 0; i < 4; ++i) run_step();
+  REQUIRE(cache.stats().plan_hits >= 2);
+  CHECK(cache.stats().peak_plan_live_bytes == 3 * n);
+  cache.reset_peaks();
+  auto st = cache.stats();
+  CHECK(st.peak_plan_live_bytes == 0);  // no region is live now
+  CHECK(st.peak_allocated_bytes == st.allocated_bytes);
+  CHECK(st.allocated_bytes == n);
+  run_step();  // a replay: its regions' peak counts again, with the cache's own peak
+  st = cache.stats();
+  CHECK(st.peak_plan_live_bytes == 3 * n);
+  CHECK(st.peak_allocated_bytes == 4 * n);
+  CHECK(st.allocated_bytes == n);
+}
+
 // Every live buffer holds its own stamp in every word; check() verifies them all.
 struct stamped {
   array<std::uint64_t> a;
