@@ -193,7 +193,10 @@ bool model::add_plan(int ci, int key, int made) {
   if (g != store.groups.end() && arenas[static_cast<std::size_t>(g->arena)].bytes >= m.bytes_needed) {
     plans[static_cast<std::size_t>(made)].arena = g->arena;
     arenas[static_cast<std::size_t>(g->arena)].plans.push_back(made);
+    const auto backend = m.requests[0].backend;
     install(store, key, made);
+    // The plain path's idle memory of the backend goes: the arena holds these requests now.
+    free_idle(ci, 0, backend, caches[static_cast<std::size_t>(ci)].reclaimed);
     return rerecorded;
   }
   std::size_t needed = m.bytes_needed;

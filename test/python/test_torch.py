@@ -89,7 +89,8 @@ def test_planned_steps_cover_backward():
 def test_memory_stats_mean_what_torchs_do():
     run = train("plain")
     stats = run["stats"]
-    assert stats["allocated_bytes.all.current"] == stats["refpool.live_bytes"]
+    assert stats["allocated_bytes.all.current"] == (stats["refpool.live_bytes"] + stats["refpool.plan_live_bytes"]
+                                                    + stats["refpool.uncached_live_bytes"])
     # An upper bound (docs/frameworks.md): the cache's peak plus each plan key's, as the step plans.
     assert stats["allocated_bytes.all.peak"] == stats["refpool.peak_allocated_bytes"]
     assert stats["allocated_bytes.all.peak"] >= stats["refpool.peak_live_bytes"] + stats["refpool.peak_plan_live_bytes"]
