@@ -55,6 +55,7 @@
   X(uint64_t, segment_grows, "driver calls that grew segments: segments made, commits at their end")         \
   X(uint64_t, splits, "free remainders split off when pieces were carved")                                   \
   X(uint64_t, merges, "free neighbours joined when pieces came back to their segment")                     \
-  X(size_t, peak_plan_live_bytes, "per key, most region bytes live at once in a run since the last reset_peaks")
+  X(size_t, peak_plan_live_bytes, "per key, most region bytes live at once in a run since the last reset_peaks") \
+  X(uint64_t, arena_lendings, "idle arenas decommitted while a run without a plan grew the plain path")
 
 #endif

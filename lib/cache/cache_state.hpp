@@ -85,6 +85,26 @@ class router_ref {
 };
 
 /// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
+/// Told before the plain path asks a backend for more memory on this thread (a miss that grows a
+/// segment heap or allocates a block). A planned run without a plan listens while the plain cache
+/// serves it, so that its key's idle arena can lend its memory first (plan_run::before_growth).
+class growth_listener {
+ public:
+  virtual void before_growth(backend_state& backend) noexcept = 0;
+
+ protected:
+  ~growth_listener() = default;
+};
+
+/// The calling thread's listener (null: none); set around a planned run's plain-cache request.
+inline thread_local growth_listener* growth_listener_on_thread = nullptr;
+
+/// Tells the calling thread's growth listener, if any, that `backend` is about to be asked for memory.
+inline void before_growth(backend_state& backend) noexcept {
+  if (growth_listener* l = growth_listener_on_thread) [[unlikely]]
+    l->before_growth(backend);
+}
+
 class cache_extension {
  public:
   virtual ~cache_extension() = default;

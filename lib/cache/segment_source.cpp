@@ -224,6 +224,7 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
     std::lock_guard lock(h.mutex);
     if (auto c = h.heap.carve_free(bytes, stream)) return *c;
   }
+  before_growth(*h.backend);
   {  // grow (a driver call)
     std::lock_guard lock(h.mutex);
     const committed_change change(reserved_, h);

@@ -5,6 +5,8 @@
 
 #include <refpool/resource.hpp>
 
+#include "plan/plan.hpp"
+
 namespace refpool::detail {
 
 arena::arena(arena_source& source, backend_state& backend, stream_ref stream) : source_(source) {
@@ -34,6 +36,14 @@ bool arena::claim(const void* run, const void* key) noexcept {
   }
   claimed_key_.store(key, std::memory_order_relaxed);
   return true;
+}
+
+bool arena::unpinned() noexcept {
+  std::lock_guard guard(pinned_mutex);
+  std::erase_if(pinned, [](const pinned_region& p) {
+    return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
+  });
+  return pinned.empty();
 }
 
 void arena::add_waits(const std::vector<stream_ref>& streams) {

@@ -45,6 +45,14 @@ class arena : public ref_counted<arena> {
   /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
   /// pinned); the arena is retired.
   void free_memory() noexcept;
+  /// Lends its memory back to the backend while a run without a plan needs it (plan_run::
+  /// before_growth), keeping every address: the caller holds the claim and nothing is pinned.
+  void decommit() noexcept { source_.decommit(memory_); }
+  /// Takes it back (arena_source::recommit): false when out of memory, and it stays decommitted.
+  [[nodiscard]] bool recommit() { return source_.recommit(memory_); }
+  [[nodiscard]] bool decommitted() const noexcept { return memory_.decommitted != 0; }
+  /// Drops pinned regions released since; true when none is left (caller holds the claim).
+  [[nodiscard]] bool unpinned() noexcept;
 
   [[nodiscard]] arena_source& source() const noexcept { return source_; }
   [[nodiscard]] const arena_memory& memory() const noexcept { return memory_; }

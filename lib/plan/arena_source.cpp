@@ -83,24 +83,45 @@ bool arena_source::commit_more(arena_memory& m, std::size_t bytes) {
 
 bool arena_source::grow_in_place(arena_memory& m, std::size_t bytes) {
   if (!m.region) return false;
-  const std::size_t target = checked_round_up(bytes, m.region.granularity(), "an arena");
+  // A decommitted arena comes back whole: its plans need what it had.
+  const std::size_t target = std::max(checked_round_up(bytes, m.region.granularity(), "an arena"), m.decommitted);
   if (target <= m.committed.load(std::memory_order_relaxed)) return true;
-  if (target > m.region.reserved()) return false;
-  return commit_more(m, target);
+  if (target > m.region.reserved() || !commit_more(m, target)) return false;
+  m.decommitted = 0;
+  return true;
 }
 
 void arena_source::free(arena_memory& m) noexcept {
   if (m.base == nullptr) return;
   const std::size_t committed = m.committed.load(std::memory_order_relaxed);
   if (m.region) {
-    drop_region(m);  // decommits what was committed (never 0 bytes) and releases the reservation
-    m.backend->count_deallocation_call();
+    drop_region(m);  // decommits what was committed and releases the reservation
+    if (committed != 0) m.backend->count_deallocation_call();  // a decommitted arena counted its calls
   } else {
     m.backend->deallocate(m.base, committed, m.stream);
   }
   reserved_.remove(committed);
   m.base = nullptr;
   m.committed.store(0, std::memory_order_relaxed);
+}
+
+void arena_source::decommit(arena_memory& m) noexcept {
+  const std::size_t committed = m.committed.load(std::memory_order_relaxed);
+  if (!m.region || committed == 0) return;
+  for (std::size_t i = m.region.commits().size(); i-- > 0;) {
+    m.region.decommit(i);
+    m.backend->count_deallocation_call();
+  }
+  m.committed.store(0, std::memory_order_relaxed);
+  m.decommitted = committed;
+  reserved_.remove(committed);
+}
+
+bool arena_source::recommit(arena_memory& m) {
+  if (m.decommitted == 0) return true;
+  if (!commit_more(m, m.decommitted)) return false;
+  m.decommitted = 0;
+  return true;
 }
 
 // ---- region blocks ------------------------------------------------------------------------

@@ -33,6 +33,7 @@ struct arena_memory {
   vm_region region;  ///< when address space was reserved: the reservation and its commits
   std::byte* base = nullptr;
   std::atomic<std::size_t> committed{0};  ///< bytes usable from base (stats read it while it grows)
+  std::size_t decommitted = 0;            ///< bytes given back by decommit, committed again by recommit
 };
 
 class arena_source {
@@ -54,6 +55,13 @@ class arena_source {
   bool grow_in_place(arena_memory& m, std::size_t bytes);
   /// Gives `m`'s memory back and uncounts it; `m` is empty after.
   void free(arena_memory& m) noexcept;
+  /// Gives `m`'s committed memory back but keeps its address space, so every region keeps its
+  /// address (no region may be live: the caller holds the arena's claim and nothing is pinned).
+  /// Only with virtual memory. A GPU backend waits for the device before it unmaps.
+  void decommit(arena_memory& m) noexcept;
+  /// Commits again what decommit gave back (nothing to do when it gave nothing). False when out
+  /// of memory after the ladder (it stays decommitted); backend_error propagates.
+  bool recommit(arena_memory& m);
 
   /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`.
   /// Throws std::bad_alloc and size_error. Given back with take_back_regions.

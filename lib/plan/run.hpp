@@ -24,7 +24,10 @@
 
 namespace refpool::detail {
 
-class plan_run final : public ref_counted<plan_run>, public request_router, public release_observer {
+class plan_run final : public ref_counted<plan_run>,
+                       public request_router,
+                       public release_observer,
+                       public growth_listener {
  public:
   /// A run of `key` on `cache`. `shared`: a step's run, served by any thread (else only the
   /// constructing thread serves it).
@@ -37,6 +40,10 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   void observe_release(block* b, bool via_unsafe_free) noexcept override;
   void retain_router() noexcept override { retain(); }
   void release_router() noexcept override { release(); }
+  /// The plain cache is about to ask `backend` for memory for this run, which replays no plan: the
+  /// key's arena, when nothing in it is live, lends its memory back until the run ends (once a
+  /// run; only where it grows in place, so that every region keeps its address).
+  void before_growth(backend_state& backend) noexcept override;
   /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
   /// Later requests (a step's thread that was late) go to the plain cache.
   void finish() noexcept;
@@ -90,6 +97,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   void reserve_tracking();
   void advance(std::uint64_t to) noexcept;
   void finish_locked() noexcept;
+  void take_back_lent_arena() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
   recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
 
@@ -116,6 +124,8 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   std::vector<std::uint32_t> overdue_;      ///< regions of current_ this run still holds past their recorded release
   std::vector<foreign_region> foreign_;     ///< live regions of other runs or plans in arena_
   std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
+  bool lend_tried_ = false;                 ///< before_growth looked at the key's arena already
+  arena* lent_ = nullptr;                   ///< the arena that lent its memory (claimed, retained) until the end
 
   mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
   std::vector<tracked> tracked_;

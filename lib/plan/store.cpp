@@ -442,6 +442,7 @@ void plan_store::add_counters(cache_stats& out) const {
   out.plan_busy_runs = busy_runs_;
   out.arena_growths = growths_;
   out.arena_replacements = replacements_;
+  out.arena_lendings = lendings_;
 }
 
 void plan_store::reset_peaks() noexcept {

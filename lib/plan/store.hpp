@@ -84,6 +84,11 @@ class plan_store final : public cache_extension {
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
   void reset_peaks() noexcept override;
+  /// An idle arena lent its memory to a run without a plan (plan_run::before_growth).
+  void count_lent_arena() noexcept {
+    std::lock_guard guard(mutex_);
+    lendings_ += 1;
+  }
 
  private:
   struct arena_group {
@@ -120,7 +125,7 @@ class plan_store final : public cache_extension {
   std::vector<arena_group> groups_;
   std::vector<plan_run*> active_;  // runs begun and not ended (their counters are live)
   std::uint64_t hits_ = 0, misses_ = 0, recordings_ = 0, evictions_ = 0, pauses_ = 0, unrecorded_runs_ = 0,
-                busy_runs_ = 0, growths_ = 0, replacements_ = 0;
+                busy_runs_ = 0, growths_ = 0, replacements_ = 0, lendings_ = 0;
 };
 
 }  // namespace refpool::detail

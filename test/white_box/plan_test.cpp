@@ -3,7 +3,9 @@
 // divergence).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
 #include <vector>
@@ -73,6 +75,75 @@ TEST_CASE("peak allocated bytes restart at reset_peaks and count a replayed plan
   CHECK(st.peak_plan_live_bytes == 3 * n);
   CHECK(st.peak_allocated_bytes == 4 * n);
   CHECK(st.allocated_bytes == n);
+}
+
+// A step whose sequence has no plan grows the plain path; the key's idle arena lends it its memory
+// (virtual memory: decommitted, every address kept) and takes it back at the step's end, after the
+// plain path's memory left. Host virtual memory, 2 MiB granules: arenas of 16 granules or more.
+TEST_CASE("an idle arena lends its memory to a step without a plan, and replays after it", "[plan][stats]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  auto planned_step = [&](unsigned char value) {
+    step s(cache);
+    data_ref a = cache.allocate(be, 24 * mib);
+    data_ref b = cache.allocate(be, 24 * mib);
+    std::memset(a.data(), value, a.bytes());
+    std::memset(b.data(), value + 1, b.bytes());
+    a = {};
+    data_ref c = cache.allocate(be, 8 * mib);
+    std::memset(c.data(), value + 2, c.bytes());
+    return static_cast<const unsigned char*>(b.data())[b.bytes() - 1] == value + 1;
+  };
+  for (unsigned char i = 0; i < 4; ++i) REQUIRE(planned_step(i));
+  const auto planned = cache.stats();
+  REQUIRE(planned.plans == 1);
+  REQUIRE(planned.arena_bytes >= 48 * mib);
+  REQUIRE(planned.reserved_bytes == planned.arena_bytes);  // the recordings' plain memory went back
+  {
+    step s(cache);  // a new sequence: the plain path serves it and must grow
+    data_ref x = cache.allocate(be, 40 * mib);
+    data_ref y = cache.allocate(be, 30 * mib);
+    std::memset(x.data(), 7, x.bytes());
+    std::memset(y.data(), 8, y.bytes());
+    const auto during = cache.stats();
+    CHECK(during.arena_lendings == 1);
+    CHECK(during.arena_bytes == 0);
+    CHECK(during.reserved_bytes < planned.arena_bytes + 70 * mib);  // not both at once
+    CHECK(be.outstanding_bytes() == during.reserved_bytes);
+  }
+  const auto after = cache.stats();
+  CHECK(after.arena_bytes == planned.arena_bytes);
+  CHECK(after.reserved_bytes == after.arena_bytes);  // the step's plain memory left before the arena came back
+  CHECK(after.peak_reserved_bytes < planned.arena_bytes + 70 * mib);
+  const std::uint64_t hits = after.plan_hits;
+  CHECK(planned_step(40));  // the plan replays in the arena it had
+  CHECK(cache.stats().plan_hits == hits + 3);
+  CHECK(cache.stats().arena_lendings == 1);
+}
+
+TEST_CASE("an arena with a live region of an earlier step lends nothing, and the region stays intact", "[plan]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  data_ref kept;
+  for (int i = 0; i < 4; ++i) {
+    kept = {};
+    step s(cache);
+    data_ref a = cache.allocate(be, 24 * mib);
+    kept = cache.allocate(be, 24 * mib);  // escapes its step: the last one stays live, pinned
+    std::memset(kept.data(), 0x5A, kept.bytes());
+  }
+  REQUIRE(cache.stats().plan_hits >= 2);
+  REQUIRE(cache.stats().plan_live_bytes == 24 * mib);  // `kept` is a region of the arena
+  {
+    step s(cache);
+    data_ref x = cache.allocate(be, 40 * mib);
+    std::memset(x.data(), 1, x.bytes());
+    CHECK(cache.stats().arena_lendings == 0);
+  }
+  const auto* p = static_cast<const unsigned char*>(kept.data());
+  CHECK(std::all_of(p, p + kept.bytes(), [](unsigned char v) { return v == 0x5A; }));
 }
 
 // Every live buffer holds its own stamp in every word; check() verifies them all.
