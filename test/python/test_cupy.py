@@ -47,8 +47,8 @@ def test_results_are_identical_and_no_driver_calls_after_warmup():
     assert plain["results"] == own["results"] and planned["results"] == own["results"]
     # A step without a key plans too (auto_plans), so both modes warm up alike. A sequence may be
     # recorded twice: its first run also makes cuFFT's plan (and workspace), later ones do not.
-    for run in (plain, planned):
-        assert run["driver"][6:] == [run["driver"][6]] * 6, run["driver"]
+    for result in (plain, planned):
+        assert result["driver"][6:] == [result["driver"][6]] * 6, result["driver"]
 
 
 def test_using_is_scoped_to_the_with_block():
