@@ -46,6 +46,7 @@ key_state* plan_store::begin_run(std::string_view key, plan_run* run, std::vecto
 
 void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept {
   const bool grows = outcome.made != nullptr || outcome.busy_other_key;
+  bool reclaim = false;
   std::unique_lock<std::mutex> growing(growth_mutex_, std::defer_lock);
   if (grows) growing.lock();
   {
@@ -57,11 +58,17 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     std::erase(active_, run);
     key->runs += 1;
     key->peak_plan_live = std::max(key->peak_plan_live, outcome.replayed_peak);
+    // The first replay after a plan joined: what the recording runs left in the plain path (their
+    // escapes, released during this run) has no use beside the arena. Only then: a paused key
+    // whose runs alternate between replays and the plain cache would otherwise empty it each time.
+    reclaim = outcome.used != nullptr && key->reclaim_at_replay;
+    if (outcome.used != nullptr) key->reclaim_at_replay = false;
     if (outcome.used != nullptr) {
       auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
       if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
     }
   }
+  if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
   bool rerecorded = false;
   if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made);
   if (outcome.busy_other_key) move_to_own_arena(*key);
@@ -233,6 +240,7 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
 void plan_store::install(key_state& key, plan* made) noexcept {
   key.plans.push_back(made);  // room was reserved
   key.last_used.push_back(++clock_);
+  key.reclaim_at_replay = true;
   recordings_ += 1;
 }
 

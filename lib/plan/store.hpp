@@ -40,6 +40,8 @@ struct key_state {
   /// The highest bytes of its regions live at once in a run ended since the last reset_peaks (its
   /// replayed plans' peaks), or live at that reset: this key's share of peak_allocated_bytes.
   std::size_t peak_plan_live = 0;
+  /// A plan joined since its last complete replay: the next one gives the plain path's idle memory back.
+  bool reclaim_at_replay = false;
 };
 
 /// What a run did, handed to the store at its end.

@@ -93,6 +93,10 @@ void model::finish_run(int run) {
     auto it = std::find(k.plans.begin(), k.plans.end(), r.current);
     if (it != k.plans.end()) k.last_used[static_cast<std::size_t>(it - k.plans.begin())] = ++store.clock;
   }
+  // The first complete replay after a plan joined gives the plain path's idle memory back.
+  const bool reclaim = complete && k.reclaim_at_replay;
+  if (complete) k.reclaim_at_replay = false;
+  if (reclaim) free_idle(r.cache, 0, plans[static_cast<std::size_t>(r.current)].requests[0].backend, c.reclaimed);
   bool rerecorded = false;
   if (made >= 0) {
     plan_totals.recordings += 1;
@@ -117,6 +121,7 @@ void model::install(model_plan_store& store, int key, int plan) {
   model_key& k = store.keys[static_cast<std::size_t>(key)];
   k.plans.push_back(plan);
   k.last_used.push_back(++store.clock);
+  k.reclaim_at_replay = true;
   plans[static_cast<std::size_t>(plan)].in_store = true;
   store.recordings += 1;
 }

@@ -67,6 +67,7 @@ struct model_key {
   std::uint32_t rerecordings = 0;
   std::uint64_t paused_until = 0;
   std::uint64_t next_pause = 64;
+  bool reclaim_at_replay = false;  ///< a plan joined since its last complete replay
 };
 
 struct model_group {
