@@ -45,13 +45,14 @@ class arena_source {
   arena_source(const arena_source&) = delete;
   arena_source& operator=(const arena_source&) = delete;
 
-  /// Memory for `bytes` (> 0) into empty `m`: reserves address space and commits it when the
-  /// backend offers virtual memory, else one allocation. On out-of-memory the cache's idle
-  /// blocks of the backend are reclaimed and it retries once. False when still out of memory;
-  /// backend_error and size_error propagate (nothing kept).
+  /// Memory for `bytes` (> 0) into empty `m`: reserves address space when the backend offers
+  /// virtual memory (committed later, by recommit: `m` starts decommitted), else one allocation.
+  /// On out-of-memory the cache's idle blocks of the backend are reclaimed and it retries once.
+  /// False when still out of memory; backend_error and size_error propagate (nothing kept).
   bool allocate(arena_memory& m, std::size_t bytes);
   /// Grows `m` to `bytes` where it is, keeping every address: only with virtual memory and room
-  /// left in the reservation. False when it cannot or is out of memory.
+  /// left in the reservation (a decommitted `m` only commits more at recommit). False when it
+  /// cannot or is out of memory.
   bool grow_in_place(arena_memory& m, std::size_t bytes);
   /// Gives `m`'s memory back and uncounts it; `m` is empty after.
   void free(arena_memory& m) noexcept;

@@ -18,7 +18,7 @@ plan_run::plan_run(cache_state& cache, std::string_view key, bool shared)
 }
 
 plan_run::~plan_run() {
-  take_back_lent_arena();
+  end_lending();
   if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
     store_.abandon_run(this);
     for (plan* p : candidates_) p->release();
@@ -161,11 +161,14 @@ void plan_run::begin_with(const planned_request& request) {
       mode_ = mode::plain;
       return;
     }
-    bool usable = true;  // a lent arena whose memory could not come back is committed first
-    try {
-      usable = !a.decommitted() || a.recommit();
-    } catch (...) {
-      usable = false;
+    bool usable = true;  // an arena made or lent without memory commits it first
+    if (a.decommitted()) {
+      try {
+        cache_.reclaim_idle(*a.backend());  // the plain path's idle memory goes first
+        usable = a.recommit();
+      } catch (...) {
+        usable = false;
+      }
     }
     if (!usable) {
       a.unclaim();
@@ -262,18 +265,12 @@ void plan_run::before_growth(backend_state& backend) noexcept {
   store_.count_lent_arena();
 }
 
-// The lent arena comes back after the run's plain memory left (reclaimed, segments trimmed), so
-// the two are not held at once. Out of memory: it stays decommitted, and the next run that
-// claims it commits it first (begin_with).
-void plan_run::take_back_lent_arena() noexcept {
+// The lent arena stays decommitted until the next run that claims it (begin_with): that run
+// first gives back the plain path's idle memory, by then also what this run's escapes held
+// (gradients, released when the next step begins), so the two are not held at once.
+void plan_run::end_lending() noexcept {
   arena* a = std::exchange(lent_, nullptr);
   if (a == nullptr) return;
-  try {
-    cache_.reclaim_idle(*a->backend());
-    (void)a->recommit();
-  } catch (...) {
-    // It stays decommitted (see above).
-  }
   a->unclaim();
   a->release();
 }
@@ -369,7 +366,7 @@ void plan_run::finish_locked() noexcept {
       // leaves the cache correct.
     }
   }
-  take_back_lent_arena();
+  end_lending();
   store_.end_run(this, key_, out);
   // The key's plans it started with are needed no more (later requests go to the plain cache).
   for (plan* p : candidates_) p->release();

@@ -41,8 +41,8 @@ class plan_run final : public ref_counted<plan_run>,
   void retain_router() noexcept override { retain(); }
   void release_router() noexcept override { release(); }
   /// The plain cache is about to ask `backend` for memory for this run, which replays no plan: the
-  /// key's arena, when nothing in it is live, lends its memory back until the run ends (once a
-  /// run; only where it grows in place, so that every region keeps its address).
+  /// key's arena, when nothing in it is live, gives its memory back (once a run; only where it
+  /// grows in place, so that every region keeps its address) until a run claims it again.
   void before_growth(backend_state& backend) noexcept override;
   /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
   /// Later requests (a step's thread that was late) go to the plain cache.
@@ -97,7 +97,7 @@ class plan_run final : public ref_counted<plan_run>,
   void reserve_tracking();
   void advance(std::uint64_t to) noexcept;
   void finish_locked() noexcept;
-  void take_back_lent_arena() noexcept;
+  void end_lending() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
   recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
 

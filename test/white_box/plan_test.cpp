@@ -78,8 +78,9 @@ TEST_CASE("peak allocated bytes restart at reset_peaks and count a replayed plan
 }
 
 // A step whose sequence has no plan grows the plain path; the key's idle arena lends it its memory
-// (virtual memory: decommitted, every address kept) and takes it back at the step's end, after the
-// plain path's memory left. Host virtual memory, 2 MiB granules: arenas of 16 granules or more.
+// (virtual memory: decommitted, every address kept) and commits it again when a run claims it,
+// after the plain path's idle memory left. Host virtual memory, 2 MiB granules: arenas of 16
+// granules or more.
 TEST_CASE("an idle arena lends its memory to a step without a plan, and replays after it", "[plan][stats]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
@@ -113,13 +114,48 @@ TEST_CASE("an idle arena lends its memory to a step without a plan, and replays 
     CHECK(be.outstanding_bytes() == during.reserved_bytes);
   }
   const auto after = cache.stats();
-  CHECK(after.arena_bytes == planned.arena_bytes);
-  CHECK(after.reserved_bytes == after.arena_bytes);  // the step's plain memory left before the arena came back
-  CHECK(after.peak_reserved_bytes < planned.arena_bytes + 70 * mib);
+  CHECK(after.arena_bytes == 0);  // until a run claims it again
+  CHECK(after.reserved_bytes == 70 * mib);
   const std::uint64_t hits = after.plan_hits;
-  CHECK(planned_step(40));  // the plan replays in the arena it had
-  CHECK(cache.stats().plan_hits == hits + 3);
-  CHECK(cache.stats().arena_lendings == 1);
+  CHECK(planned_step(40));  // the plan replays in the arena it had, committed again
+  const auto replayed = cache.stats();
+  CHECK(replayed.plan_hits == hits + 3);
+  CHECK(replayed.arena_lendings == 1);
+  CHECK(replayed.arena_bytes == planned.arena_bytes);
+  CHECK(replayed.reserved_bytes == replayed.arena_bytes);  // the plain memory left before the arena came back
+  CHECK(replayed.peak_reserved_bytes < planned.arena_bytes + 70 * mib);
+  CHECK(be.outstanding_bytes() == replayed.reserved_bytes);
+}
+
+TEST_CASE("an arena that cannot be committed again is out of memory once, then replays", "[plan]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 96 * mib);
+  const backend be(limited);
+  alloc_cache cache{cache_options{}};
+  auto planned_step = [&](unsigned char value) {
+    step s(cache);
+    data_ref a = cache.allocate(be, 40 * mib);
+    std::memset(a.data(), value, a.bytes());
+    return static_cast<const unsigned char*>(a.data())[a.bytes() - 1] == value;
+  };
+  for (unsigned char i = 0; i < 4; ++i) REQUIRE(planned_step(i));
+  REQUIRE(cache.stats().arena_bytes == 40 * mib);
+  data_ref held;
+  {
+    step s(cache);  // a new sequence: the arena lends its 40 MiB
+    held = cache.allocate(be, 70 * mib);
+  }
+  REQUIRE(cache.stats().arena_lendings == 1);
+  const std::uint64_t hits = cache.stats().plan_hits;
+  // 70 MiB held: neither the arena's 40 MiB nor the plain path's fit again (96 MiB in all).
+  CHECK_THROWS_AS(planned_step(20), out_of_memory);
+  CHECK(cache.stats().arena_bytes == 0);
+  CHECK(limited->used() == cache.stats().reserved_bytes);
+  held = {};  // idle in the plain cache: the next claim gives it back first, then commits
+  CHECK(planned_step(30));
+  CHECK(cache.stats().plan_hits == hits + 1);
+  CHECK(cache.stats().arena_bytes == 40 * mib);
+  CHECK(limited->used() == cache.stats().reserved_bytes);
 }
 
 TEST_CASE("an arena with a live region of an earlier step lends nothing, and the region stays intact", "[plan]") {
