@@ -2,7 +2,8 @@
 // step or a serving request per step) through refpool's plain cache, through what users get by
 // default and through a planned scope, on the host backend or a CUDA device, and reports peak
 // memory reserved against peak live bytes, ns per request and driver calls in steady state. Every
-// trace runs at least 3 x its steps after a warm-up that sees each step twice.
+// trace runs at least 3 x its steps after a warm-up that sees each step three times (a sequence
+// is pending, then recorded, then its first replay commits its arena).
 //
 // Rows: "default" is a default-constructed cache (on the host with segments on, as a GPU gets them
 // by default) whose requests are cache-level requests inside a step opened without a key, the path
@@ -120,7 +121,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     std::size_t requests = 0;
     double seconds = 0;
     std::uint64_t allocations_at_steady = 0;
-    const int warmup = static_cast<int>(2 * steps.size());  // every sequence seen twice
+    const int warmup = static_cast<int>(3 * steps.size());  // every sequence seen three times
     for (int it = 0; it < iterations; ++it) {
       const step& st = steps[static_cast<std::size_t>(it) % steps.size()];
       if (it == warmup) {
@@ -199,8 +200,8 @@ int main(int argc, char** argv) {
              "peak live", "peak resvd", "resvd/live", "ns/req", "steady allocs", "plan hits", "measured");
   for (const std::string& path : traces) {
     const auto steps = concatenated(variants(read_trace(path), variant_count), copies);
-    // A warm-up that sees every step twice, then at least 3 x the steps measured.
-    const int runs = std::max(iterations, static_cast<int>(5 * steps.size()));
+    // A warm-up that sees every step three times, then at least 3 x the steps measured.
+    const int runs = std::max(iterations, static_cast<int>(6 * steps.size()));
     const std::size_t live = peak_live(steps);
     std::size_t requests = 0;
     for (const auto& st : steps)

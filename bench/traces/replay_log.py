@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Replays refpool's allocation log of a real framework run (REFPOOL_CONF=log:PATH, here GPT-2
+training with 13 sequence lengths on the H200) through refpool's framework allocator on the host
+backend, one step per recorded step, every allocation and free in the order the run made them,
+persistent state included (parameters, optimizer state, gradients that outlive their step). The
+request sequence does not depend on the allocator, so its memory figures are what the same
+program holds; time is not measured (Python calls dominate). One process per row, side by side:
+
+    default     what refpool.torch.install() gives: segments, steps that plan by themselves
+    plain step  the same with auto_plans off (segments alone)
+
+and PyTorch's own allocator as measured on the H200 in the same benchmark (not replayed).
+
+    PYTHONPATH=python REFPOOL_LIBRARY=build/python/librefpool.so \\
+        python3 bench/traces/replay_log.py [--json replay_log.json]
+"""
+import argparse
+import csv
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOG = HERE / "gpt2_train_varlen_h200.log.csv.gz"
+STEPS = HERE / "gpt2_train_varlen_h200.steps.json"
+ROWS = {"default": "segments:on", "plain step": "segments:on,auto_plans:off"}
+MIB = 2 ** 20
+
+
+def replay(conf):
+    """Replays the log under `conf`; returns the figures of one row."""
+    import refpool.allocator as allocator
+    allocator.configure(runtime="host", conf=conf)  # segments on: as a GPU gets them
+    steps = json.loads(STEPS.read_text())
+    with gzip.open(LOG, "rt") as f:
+        rows = list(csv.reader(f))[1:]  # Thread,Time,Action,Pointer,Size,Stream
+    held, live, peak_live = {}, 0, 0
+
+    def run(events):
+        nonlocal live, peak_live
+        for _, _, action, pointer, size, _ in events:
+            if action == "allocate":
+                held[pointer] = (allocator.malloc(int(size)), int(size))
+                live += int(size)
+                peak_live = max(peak_live, live)
+            else:
+                address, size = held.pop(pointer)
+                allocator.free(address)
+                live -= size
+
+    first = steps["prestep_events"]
+    run(rows[:first])  # the model's parameters, before the first step
+    at = first
+    for end in steps["step_end_times"]:
+        stop = at
+        while stop < len(rows) and float(rows[stop][1]) <= end:
+            stop += 1
+        with allocator.step():
+            run(rows[at:stop])
+        at = stop
+    stats = allocator.stats()
+    return {"conf": conf, "peak_reserved_bytes": stats["peak_reserved_bytes"],
+            "reserved_bytes_at_end": stats["reserved_bytes"], "peak_live_bytes": peak_live,
+            "arena_bytes": stats["arena_bytes"], "arena_lendings": stats.get("arena_lendings", 0),
+            "plans": stats["plans"], "steps": len(steps["step_end_times"])}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", default="replay_log.json", help="where to write the rows")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # a child process: one row, as JSON
+    args = parser.parse_args()
+    if args.row:
+        print(json.dumps(replay(ROWS[args.row])))
+        return
+    results = {}
+    for label in ROWS:
+        child = subprocess.run([sys.executable, __file__, "--row", label], capture_output=True, text=True,
+                               env=dict(os.environ), check=True)
+        results[label] = json.loads(child.stdout.strip().splitlines()[-1])
+    torch = json.loads(STEPS.read_text())["pytorch_on_h200"]
+    print(f"{'allocator':<34} {'peak reserved':>14} {'peak live':>11} {'resvd/live':>10} {'vs PyTorch':>10}")
+    for label, r in results.items():
+        print(f"{'refpool ' + label + ' (host replay)':<34} {r['peak_reserved_bytes'] / MIB:>10,.0f} MiB "
+              f"{r['peak_live_bytes'] / MIB:>7,.0f} MiB {r['peak_reserved_bytes'] / r['peak_live_bytes']:>9.3f}x "
+              f"{r['peak_reserved_bytes'] / torch['peak_reserved_bytes']:>9.3f}x")
+    print(f"{'PyTorch (measured on the H200)':<34} {torch['peak_reserved_bytes'] / MIB:>10,.0f} MiB "
+          f"{torch['peak_allocated_bytes'] / MIB:>7,.0f} MiB "
+          f"{torch['peak_reserved_bytes'] / torch['peak_allocated_bytes']:>9.3f}x {1:>9.3f}x")
+    Path(args.json).write_text(json.dumps({"rows": results, "pytorch_on_h200": torch}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
