@@ -22,6 +22,7 @@ arena::~arena() {
 
 void arena::free_memory() noexcept {
   retire();
+  std::lock_guard guard(memory_mutex_);
   source_.free(memory_);
 }
 

@@ -41,16 +41,28 @@ class arena : public ref_counted<arena> {
   bool allocate(std::size_t bytes) { return source_.allocate(memory_, bytes); }
   /// Grows to `bytes` where it is, keeping every address (arena_source::grow_in_place). False
   /// when it cannot (the caller replaces the arena) or is out of memory.
-  bool grow_in_place(std::size_t bytes) { return source_.grow_in_place(memory_, bytes); }
+  bool grow_in_place(std::size_t bytes) {
+    std::lock_guard guard(memory_mutex_);
+    return source_.grow_in_place(memory_, bytes);
+  }
   /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
   /// pinned); the arena is retired.
   void free_memory() noexcept;
   /// Lends its memory back to the backend while a run without a plan needs it (plan_run::
   /// before_growth), keeping every address: the caller holds the claim and nothing is pinned.
-  void decommit() noexcept { source_.decommit(memory_); }
+  void decommit() noexcept {
+    std::lock_guard guard(memory_mutex_);
+    source_.decommit(memory_);
+  }
   /// Takes it back (arena_source::recommit): false when out of memory, and it stays decommitted.
-  [[nodiscard]] bool recommit() { return source_.recommit(memory_); }
-  [[nodiscard]] bool decommitted() const noexcept { return memory_.decommitted != 0; }
+  [[nodiscard]] bool recommit() {
+    std::lock_guard guard(memory_mutex_);
+    return source_.recommit(memory_);
+  }
+  [[nodiscard]] bool decommitted() const noexcept {
+    std::lock_guard guard(memory_mutex_);
+    return memory_.decommitted != 0;
+  }
   /// Drops pinned regions released since; true when none is left (caller holds the claim).
   [[nodiscard]] bool unpinned() noexcept;
 
@@ -95,6 +107,9 @@ class arena : public ref_counted<arena> {
   ~arena();
 
   arena_source& source_;
+  // Serialises changes to memory_ after it is shared: the store grows it in place (no claim)
+  // while a run that claims it may commit it (recommit) or lend it (decommit).
+  mutable std::mutex memory_mutex_;
   arena_memory memory_;
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
