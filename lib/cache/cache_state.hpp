@@ -99,6 +99,19 @@ class growth_listener {
 /// The calling thread's listener (null: none); set around a planned run's plain-cache request.
 inline thread_local growth_listener* growth_listener_on_thread = nullptr;
 
+/// Makes `listener` the calling thread's growth listener while it lives (null: none), then restores the previous one.
+class listening_for_growth {
+ public:
+  explicit listening_for_growth(growth_listener* listener) noexcept
+      : outer_(std::exchange(growth_listener_on_thread, listener)) {}
+  ~listening_for_growth() { growth_listener_on_thread = outer_; }
+  listening_for_growth(const listening_for_growth&) = delete;
+  listening_for_growth& operator=(const listening_for_growth&) = delete;
+
+ private:
+  growth_listener* outer_;
+};
+
 /// Tells the calling thread's growth listener, if any, that `backend` is about to be asked for memory.
 inline void before_growth(backend_state& backend) noexcept {
   if (growth_listener* l = growth_listener_on_thread) [[unlikely]]

@@ -237,12 +237,7 @@ void plan_run::diverge() {
 }
 
 block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
-  // Only a run that holds no arena may be lent one's memory.
-  growth_listener* const outer = std::exchange(growth_listener_on_thread, arena_ == nullptr ? this : nullptr);
-  struct restore {
-    growth_listener* outer;
-    ~restore() { growth_listener_on_thread = outer; }
-  } restore_on_exit{outer};
+  const listening_for_growth listening(arena_ == nullptr ? this : nullptr);  // one holding an arena lends none
   return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)
                           : cache_.allocate_uncached(backend, bytes, stream);
 }

@@ -424,41 +424,4 @@ void plan_store::close() noexcept {
   for (arena* a : arenas) a->release();
 }
 
-void plan_store::add_counters(cache_stats& out) const {
-  std::lock_guard guard(mutex_);
-  out.plan_hits = hits_;
-  out.plan_misses = misses_;
-  for (const plan_run* r : active_) {
-    out.plan_hits += r->hits.load(std::memory_order_relaxed);
-    out.plan_misses += r->misses.load(std::memory_order_relaxed);
-  }
-  out.plan_recordings = recordings_;
-  for (const auto& k : keys_) {
-    std::size_t peak = 0;
-    for (const plan* p : k->plans) {
-      peak = std::max(peak, p->peak_live_bytes());
-      out.plan_live_bytes += p->live_region_bytes();
-    }
-    out.plans += k->plans.size();
-    out.planned_peak_live_bytes += peak;
-    out.peak_plan_live_bytes += k->peak_plan_live;
-  }
-  for (const arena_group& g : groups_) out.arena_bytes += g.memory->bytes();
-  out.plan_evictions = evictions_;
-  out.plan_pauses = pauses_;
-  out.plan_unrecorded_runs = unrecorded_runs_;
-  out.plan_busy_runs = busy_runs_;
-  out.arena_growths = growths_;
-  out.arena_replacements = replacements_;
-  out.arena_lendings = lendings_;
-}
-
-void plan_store::reset_peaks() noexcept {
-  std::lock_guard guard(mutex_);
-  for (const auto& k : keys_) {
-    k->peak_plan_live = 0;
-    for (const plan* p : k->plans) k->peak_plan_live += p->live_region_bytes();
-  }
-}
-
 }  // namespace refpool::detail

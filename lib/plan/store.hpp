@@ -46,11 +46,11 @@ struct key_state {
 
 /// What a run did, handed to the store at its end.
 struct run_outcome {
-  plan* used = nullptr;         ///< the plan it replayed to its end (becomes the most recently used)
-  recording* made = nullptr;    ///< its recording, not yet placed (owned: the store adopts it)
-  bool busy = false;            ///< its arena was held by another run
-  bool busy_other_key = false;  ///< ... of another key
-  bool unrecorded = false;      ///< served by the plain cache, unrecorded, because its key was paused
+  plan* used = nullptr;           ///< the plan it replayed to its end (becomes the most recently used)
+  recording* made = nullptr;      ///< its recording, not yet placed (owned: the store adopts it)
+  bool busy = false;              ///< its arena was held by another run
+  bool busy_other_key = false;    ///< ... of another key
+  bool unrecorded = false;        ///< served by the plain cache, unrecorded, because its key was paused
   std::size_t replayed_peak = 0;  ///< the largest peak live bytes of the plans it replayed regions of
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
@@ -110,7 +110,7 @@ class plan_store final : public cache_extension {
   bool add_plan(key_state& key, plan* made) noexcept;
   void grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed,
                         std::vector<plan*>& dropped) noexcept;
-  void install(key_state& key, plan* made) noexcept;  // caller holds mutex_, room reserved
+  void install(key_state& key, plan* made) noexcept;                 // caller holds mutex_, room reserved
   void reclaim_plain_memory(const backend_state& backend) noexcept;  // caller holds growth_mutex_ only
   void move_to_own_arena(key_state& key) noexcept;
   arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;
