@@ -23,7 +23,7 @@ meson setup $reconfigure /tmp/b --buildtype=release -Db_ndebug=true -Dbenchmarks
   ninja -C /tmp/b >>"$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; exit 1; }
 part=${1:-all}
 if [ "$part" = all ] || [ "$part" = tests ]; then
-  timeout ${TEST_SECONDS:-300} meson test -C /tmp/b --print-errorlogs --num-processes 4 >"$out/tests.txt" 2>&1
+  timeout ${TEST_SECONDS:-480} meson test -C /tmp/b --print-errorlogs --num-processes 4 >"$out/tests.txt" 2>&1
   grep -E "^ *[0-9]+/|^Ok|^Fail|^Skip" "$out/tests.txt" | grep -vE " OK " | tail -30
   grep -E "^Ok|^Fail|^Skip" "$out/tests.txt"
 fi
