@@ -80,7 +80,14 @@ std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>&
 
 std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
   counters_.oom_retries.fetch_add(1, std::memory_order_relaxed);
-  return reclaim_idle(backend);
+  std::size_t freed = reclaim_idle(backend);
+  cache_extension* plans = nullptr;
+  {
+    std::lock_guard guard(mutex_);
+    if (!closed_.load(std::memory_order_relaxed)) plans = extension_.get();
+  }
+  if (plans != nullptr) freed += plans->release_unused(backend);  // idle arenas: they commit again when used
+  return freed;
 }
 
 std::size_t cache_state::reclaim_idle(backend_state& backend) {

@@ -125,6 +125,8 @@ class cache_extension {
   virtual void add_counters(cache_stats& out) const = 0;
   /// Restarts the extension's peaks from the current values (cache_state::reset_peaks).
   virtual void reset_peaks() noexcept = 0;
+  /// Out of memory on `backend`: gives back what the extension holds without use now. Returns the bytes.
+  virtual std::size_t release_unused(const backend_state& backend) noexcept = 0;
 };
 
 class cache_state : public ref_counted<cache_state> {

@@ -2,12 +2,30 @@
 #include "plan/arena.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <refpool/resource.hpp>
 
 #include "plan/plan.hpp"
 
 namespace refpool::detail {
+
+namespace {
+// The arena whose memory the calling thread is committing: the out-of-memory ladder of that commit
+// must not decommit it (decommit_if_unused), nor lock its memory mutex again.
+thread_local const arena* committing_on_thread = nullptr;
+
+class committing {
+ public:
+  explicit committing(const arena* a) noexcept : outer_(std::exchange(committing_on_thread, a)) {}
+  ~committing() { committing_on_thread = outer_; }
+  committing(const committing&) = delete;
+  committing& operator=(const committing&) = delete;
+
+ private:
+  const arena* outer_;
+};
+}  // namespace
 
 arena::arena(arena_source& source, backend_state& backend, stream_ref stream) : source_(source) {
   memory_.backend = &backend;
@@ -37,6 +55,32 @@ bool arena::claim(const void* run, const void* key) noexcept {
   }
   claimed_key_.store(key, std::memory_order_relaxed);
   return true;
+}
+
+bool arena::grow_in_place(std::size_t bytes) {
+  std::lock_guard guard(memory_mutex_);
+  const committing marked(this);
+  return source_.grow_in_place(memory_, bytes);
+}
+
+bool arena::recommit() {
+  std::lock_guard guard(memory_mutex_);
+  const committing marked(this);
+  return source_.recommit(memory_);
+}
+
+std::size_t arena::decommit_if_unused(const void* claimant) noexcept {
+  if (committing_on_thread == this || !claim(claimant, nullptr)) return 0;
+  std::size_t freed = 0;
+  if (unpinned()) {
+    std::unique_lock guard(memory_mutex_, std::try_to_lock);
+    if (guard.owns_lock()) {
+      freed = memory_.committed.load(std::memory_order_relaxed);
+      source_.decommit(memory_);
+    }
+  }
+  unclaim();
+  return freed;
 }
 
 bool arena::unpinned() noexcept {

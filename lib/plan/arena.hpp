@@ -41,10 +41,7 @@ class arena : public ref_counted<arena> {
   bool allocate(std::size_t bytes) { return source_.allocate(memory_, bytes); }
   /// Grows to `bytes` where it is, keeping every address (arena_source::grow_in_place). False
   /// when it cannot (the caller replaces the arena) or is out of memory.
-  bool grow_in_place(std::size_t bytes) {
-    std::lock_guard guard(memory_mutex_);
-    return source_.grow_in_place(memory_, bytes);
-  }
+  bool grow_in_place(std::size_t bytes);
   /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
   /// pinned); the arena is retired.
   void free_memory() noexcept;
@@ -55,10 +52,10 @@ class arena : public ref_counted<arena> {
     source_.decommit(memory_);
   }
   /// Takes it back (arena_source::recommit): false when out of memory, and it stays decommitted.
-  [[nodiscard]] bool recommit() {
-    std::lock_guard guard(memory_mutex_);
-    return source_.recommit(memory_);
-  }
+  [[nodiscard]] bool recommit();
+  /// Decommits it if no run holds it, no region pins it and its memory is not being changed (the
+  /// out-of-memory ladder: the arena may be the one whose commit ran out). Returns the bytes.
+  std::size_t decommit_if_unused(const void* claimant) noexcept;
   [[nodiscard]] bool decommitted() const noexcept {
     std::lock_guard guard(memory_mutex_);
     return memory_.decommitted != 0;

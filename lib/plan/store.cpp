@@ -171,6 +171,28 @@ std::size_t plan_store::needed_by(const arena* a) const noexcept {
   return needed;
 }
 
+std::size_t plan_store::release_unused(const backend_state& backend) noexcept {
+  std::vector<arena*> unused;
+  {
+    std::lock_guard guard(mutex_);
+    try {
+      for (const arena_group& g : groups_) {
+        if (g.backend != &backend || !g.memory->in_place_growth()) continue;
+        unused.push_back(g.memory);
+        g.memory->retain();
+      }
+    } catch (...) {
+      // The arenas gathered so far go.
+    }
+  }
+  std::size_t freed = 0;
+  for (arena* a : unused) {
+    freed += a->decommit_if_unused(this);
+    a->release();
+  }
+  return freed;
+}
+
 // A new plan takes the place of what the plain path holds idle for its requests (a recording is
 // served by the plain cache): that goes back, before an arena is made or grown, so the two are not
 // held at once, and after a plan joins an arena that had room, so the steady state holds the

@@ -86,6 +86,9 @@ class plan_store final : public cache_extension {
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
   void reset_peaks() noexcept override;
+  /// Decommits the arenas of `backend` that no run holds and no region pins (virtual memory: they
+  /// keep their addresses, and commit again at their next claim).
+  std::size_t release_unused(const backend_state& backend) noexcept override;
   /// An idle arena lent its memory to a run without a plan (plan_run::before_growth).
   void count_lent_arena() noexcept {
     std::lock_guard guard(mutex_);

@@ -158,6 +158,33 @@ TEST_CASE("an arena that cannot be committed again is out of memory once, then r
   CHECK(limited->used() == cache.stats().reserved_bytes);
 }
 
+TEST_CASE("out of memory decommits an idle arena, which commits again at its next replay", "[plan]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 96 * mib);
+  const backend be(limited);
+  alloc_cache cache{cache_options{}};
+  auto planned_step = [&](unsigned char value) {
+    step s(cache);
+    data_ref a = cache.allocate(be, 40 * mib);
+    std::memset(a.data(), value, a.bytes());
+    return static_cast<const unsigned char*>(a.data())[a.bytes() - 1] == value;
+  };
+  for (unsigned char i = 0; i < 4; ++i) REQUIRE(planned_step(i));
+  REQUIRE(cache.stats().arena_bytes == 40 * mib);
+  const std::uint64_t hits = cache.stats().plan_hits;
+  {
+    // Outside any step: 70 MiB beside the idle arena's 40 do not fit in 96, until it goes.
+    data_ref big = cache.allocate(be, 70 * mib);
+    std::memset(big.data(), 7, big.bytes());
+    CHECK(cache.stats().arena_bytes == 0);
+    CHECK(cache.stats().oom_retries == 1);
+  }
+  CHECK(planned_step(50));  // the plain path's idle 70 MiB go first, then the arena commits
+  CHECK(cache.stats().plan_hits == hits + 1);
+  CHECK(cache.stats().arena_bytes == 40 * mib);
+  CHECK(limited->used() == cache.stats().reserved_bytes);
+}
+
 TEST_CASE("an arena with a live region of an earlier step lends nothing, and the region stays intact", "[plan]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
