@@ -84,7 +84,6 @@ class router_ref {
   bool counted_ = false;
 };
 
-/// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
 /// Told before the plain path asks a backend for more memory on this thread (a miss that grows a
 /// segment heap or allocates a block). A planned run without a plan listens while the plain cache
 /// serves it, so that its key's idle arena can lend its memory first (plan_run::before_growth).
@@ -118,6 +117,7 @@ inline void before_growth(backend_state& backend) noexcept {
     l->before_growth(backend);
 }
 
+/// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
 class cache_extension {
  public:
   virtual ~cache_extension() = default;

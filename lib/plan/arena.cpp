@@ -83,11 +83,15 @@ std::size_t arena::decommit_if_unused(const void* claimant) noexcept {
   return freed;
 }
 
-bool arena::unpinned() noexcept {
-  std::lock_guard guard(pinned_mutex);
+void arena::drop_released_pins_locked() noexcept {
   std::erase_if(pinned, [](const pinned_region& p) {
     return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
   });
+}
+
+bool arena::unpinned() noexcept {
+  std::lock_guard guard(pinned_mutex);
+  drop_released_pins_locked();
   return pinned.empty();
 }
 

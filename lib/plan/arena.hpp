@@ -62,6 +62,8 @@ class arena : public ref_counted<arena> {
   }
   /// Drops pinned regions released since; true when none is left (caller holds the claim).
   [[nodiscard]] bool unpinned() noexcept;
+  /// Drops pinned regions released since (caller holds pinned_mutex).
+  void drop_released_pins_locked() noexcept;
 
   [[nodiscard]] arena_source& source() const noexcept { return source_; }
   [[nodiscard]] const arena_memory& memory() const noexcept { return memory_; }

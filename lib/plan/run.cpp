@@ -181,9 +181,7 @@ void plan_run::begin_with(const planned_request& request) {
     try {
       // Regions of finished runs still live pin their bytes: this run must not hand those out.
       std::lock_guard guard(a.pinned_mutex);
-      std::erase_if(a.pinned, [](const pinned_region& p) {
-        return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
-      });
+      a.drop_released_pins_locked();
       foreign_.reserve(a.pinned.size());
       for (const pinned_region& p : a.pinned) {
         p.owner->retain();
@@ -400,9 +398,7 @@ std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* l
   foreign_.clear();
   {
     std::lock_guard guard(arena_->pinned_mutex);
-    std::erase_if(arena_->pinned, [](const pinned_region& p) {
-      return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
-    });
+    arena_->drop_released_pins_locked();
     arena_->pinned.insert(arena_->pinned.end(), pins.begin(), pins.end());
   }
   arena_->unclaim();

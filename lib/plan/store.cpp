@@ -62,8 +62,8 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     // escapes, released during this run) has no use beside the arena. Only then: a paused key
     // whose runs alternate between replays and the plain cache would otherwise empty it each time.
     reclaim = outcome.used != nullptr && key->reclaim_at_replay;
-    if (outcome.used != nullptr) key->reclaim_at_replay = false;
     if (outcome.used != nullptr) {
+      key->reclaim_at_replay = false;
       auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
       if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
     }
@@ -293,15 +293,7 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
   const stream_ref stream = made->request(0).stream;
   bool old_freed = false;
   if (old != nullptr && old->claim(this, nullptr)) {
-    bool unpinned = false;
-    {
-      std::lock_guard guard(old->pinned_mutex);
-      std::erase_if(old->pinned, [](const pinned_region& p) {
-        return p.owner->state(p.index).state.load(std::memory_order_acquire) != p.live_state;
-      });
-      unpinned = old->pinned.empty();
-    }
-    if (unpinned) {
+    if (old->unpinned()) {
       old->free_memory();  // no run holds it and nothing is pinned: no handle reaches its bytes
       old_freed = true;
     } else {

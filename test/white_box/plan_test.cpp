@@ -127,19 +127,29 @@ TEST_CASE("an idle arena lends its memory to a step without a plan, and replays 
   CHECK(be.outstanding_bytes() == replayed.reserved_bytes);
 }
 
-TEST_CASE("an arena that cannot be committed again is out of memory once, then replays", "[plan]") {
-  constexpr std::size_t mib = std::size_t{1} << 20;
-  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 96 * mib);
-  const backend be(limited);
+// A 96 MiB budget whose key-less steps each use 40 MiB: after warm-up, a 40 MiB arena with
+// virtual memory (host, 2 MiB granules) replays them.
+struct arena_in_96_mib {
+  static constexpr std::size_t mib = std::size_t{1} << 20;
+  std::shared_ptr<limiting_resource> limited = std::make_shared<limiting_resource>(make_host_resource(), 96 * mib);
+  backend be{limited};
   alloc_cache cache{cache_options{}};
-  auto planned_step = [&](unsigned char value) {
+
+  arena_in_96_mib() {
+    for (unsigned char i = 0; i < 4; ++i) REQUIRE(planned_step(i));
+    REQUIRE(cache.stats().arena_bytes == 40 * mib);
+  }
+  // One step; true when its buffer holds what was written.
+  bool planned_step(unsigned char value) {
     step s(cache);
     data_ref a = cache.allocate(be, 40 * mib);
     std::memset(a.data(), value, a.bytes());
     return static_cast<const unsigned char*>(a.data())[a.bytes() - 1] == value;
-  };
-  for (unsigned char i = 0; i < 4; ++i) REQUIRE(planned_step(i));
-  REQUIRE(cache.stats().arena_bytes == 40 * mib);
+  }
+};
+
+TEST_CASE_METHOD(arena_in_96_mib, "an arena that cannot be committed again is out of memory once, then replays",
+                 "[plan]") {
   data_ref held;
   {
     step s(cache);  // a new sequence: the arena lends its 40 MiB
@@ -158,19 +168,8 @@ TEST_CASE("an arena that cannot be committed again is out of memory once, then r
   CHECK(limited->used() == cache.stats().reserved_bytes);
 }
 
-TEST_CASE("out of memory decommits an idle arena, which commits again at its next replay", "[plan]") {
-  constexpr std::size_t mib = std::size_t{1} << 20;
-  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 96 * mib);
-  const backend be(limited);
-  alloc_cache cache{cache_options{}};
-  auto planned_step = [&](unsigned char value) {
-    step s(cache);
-    data_ref a = cache.allocate(be, 40 * mib);
-    std::memset(a.data(), value, a.bytes());
-    return static_cast<const unsigned char*>(a.data())[a.bytes() - 1] == value;
-  };
-  for (unsigned char i = 0; i < 4; ++i) REQUIRE(planned_step(i));
-  REQUIRE(cache.stats().arena_bytes == 40 * mib);
+TEST_CASE_METHOD(arena_in_96_mib, "out of memory decommits an idle arena, which commits again at its next replay",
+                 "[plan]") {
   const std::uint64_t hits = cache.stats().plan_hits;
   {
     // Outside any step: 70 MiB beside the idle arena's 40 do not fit in 96, until it goes.
