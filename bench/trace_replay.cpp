@@ -18,7 +18,8 @@
 //                 sequences (variable sequence lengths).
 // ns/request is the replaying thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per request in steady
 // state, allocation and release: time the thread spent descheduled on a shared machine does not
-// count.
+// count. "bounds us" is the part of it spent opening and closing each scope or step (and releasing
+// what the step left live), in microseconds a step.
 //   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
 //                 of the GPT step are a 3,115-request step)
 //   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "cache segments",
@@ -34,6 +35,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -102,9 +104,11 @@ std::vector<step> concatenated(const std::vector<step>& steps, int copies) {
 
 struct result {
   double ns_per_request = 0;
+  double us_per_step_bounds = 0;  ///< of that time: opening and closing the scope or step, a step
   std::size_t held_bytes = 0;  ///< backend bytes outstanding after the last iteration
   std::uint64_t steady_driver_allocations = 0;
   std::uint64_t steady_requests = 0;
+  int measured_steps = 0;
   refpool::cache_stats stats;
 };
 
@@ -120,12 +124,15 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     std::vector<refpool::data_ref> live;
     std::size_t requests = 0;
     double seconds = 0;
+    double bound_seconds = 0;  // opening and closing the scope or step (and releasing what it left)
+    int measured_steps = 0;
     std::uint64_t allocations_at_steady = 0;
     const int warmup = static_cast<int>(3 * steps.size());  // every sequence seen three times
     for (int it = 0; it < iterations; ++it) {
       const step& st = steps[static_cast<std::size_t>(it) % steps.size()];
       if (it == warmup) {
         allocations_at_steady = be.allocation_count() + cache.stats().segment_grows;
+        bound_seconds = 0;
         REFPOOL_BENCH_COUNT_ON();
       }
       const double start = thread_seconds();
@@ -138,6 +145,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
         } else {
           in_scope.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_scope ? "trace" : ""});
         }
+        const double opened = thread_seconds();
         for (const event& e : st) {
           if (e.alloc) {
             if (live.size() <= e.index) live.resize(e.index + 1);
@@ -146,15 +154,22 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
             live[e.index].reset();
           }
         }
+        const double served = thread_seconds();
         for (auto& r : live) r.reset();  // what the step did not free goes at its end
+        in_step.reset();
+        in_scope.reset();
+        bound_seconds += (opened - start) + (thread_seconds() - served);
       }
       if (it >= warmup) {
         seconds += thread_seconds() - start;
+        ++measured_steps;
         for (const event& e : st) requests += e.alloc;
       }
     }
     REFPOOL_BENCH_COUNT_OFF();
     out.ns_per_request = seconds * 1e9 / static_cast<double>(std::max<std::size_t>(requests, 1));
+    out.us_per_step_bounds = bound_seconds * 1e6 / std::max(measured_steps, 1);
+    out.measured_steps = measured_steps;
     out.steady_requests = requests;
     out.stats = cache.stats();
     // Driver calls: block allocations and calls that grew segments (commits, segment allocations).
@@ -167,6 +182,9 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Real programs have threads (a GPU driver starts its own), and glibc makes locks cheaper in a
+  // process that never had one: a thread started and joined first makes the host rows honest.
+  std::thread([] {}).join();
   bool use_cuda = false;
   int iterations = 60;
   int variant_count = 1;
@@ -196,8 +214,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   refpool::bench::json_rows json;
-  fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}\n", "trace", "refpool", "requests",
-             "peak live", "peak resvd", "resvd/live", "ns/req", "steady allocs", "plan hits", "measured");
+  fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>10}\n", "trace", "refpool",
+             "requests", "peak live", "peak resvd", "resvd/live", "ns/req", "bounds us", "steady allocs", "plan hits",
+             "measured");
   for (const std::string& path : traces) {
     const auto steps = concatenated(variants(read_trace(path), variant_count), copies);
     // A warm-up that sees every step three times, then at least 3 x the steps measured.
@@ -238,19 +257,20 @@ int main(int argc, char** argv) {
       const result r = replay(be, steps, runs, c.options, c.how);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
       const std::size_t reserved = r.stats.peak_reserved_bytes;
-      fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>14} {:>10} {:>10}\n", name,
-                 c.label, requests / steps.size(), live / 1e6, reserved / 1e6, static_cast<double>(reserved) / live,
-                 r.ns_per_request, r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
+      fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>12.2f} {:>14} {:>10} {:>10}\n",
+                 name, c.label, requests / steps.size(), live / 1e6, reserved / 1e6,
+                 static_cast<double>(reserved) / live, r.ns_per_request, r.us_per_step_bounds,
+                 r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
       json.add(fmt::format(
           R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
           R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
           R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, )"
           R"("peak_reserved_bytes": {}, "peak_reserved_over_live": {:.4f}, "segment_grows": {}, "hits": {}, )"
-          R"("misses": {}, "measured_steps": {}}})",
+          R"("misses": {}, "measured_steps": {}, "us_per_step_bounds": {:.2f}}})",
           name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
           r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes,
           reserved, static_cast<double>(reserved) / live, r.stats.segment_grows, r.stats.hits, r.stats.misses,
-          runs - static_cast<int>(2 * steps.size())));
+          r.measured_steps, r.us_per_step_bounds));
     }
   }
   json.write(json_path);

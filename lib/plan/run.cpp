@@ -3,6 +3,8 @@
 #include "plan/run.hpp"
 
 #include <algorithm>
+#include <mutex>
+#include <optional>
 #include <utility>
 
 namespace refpool::detail {
@@ -31,7 +33,7 @@ plan_run::~plan_run() {
 
 block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
   if (shared_) {
-    std::lock_guard guard(match_mutex_);
+    const serving_section serving(serving_);
     return serve(lease, backend, bytes, stream);
   }
   return serve(lease, backend, bytes, stream);
@@ -310,8 +312,8 @@ void plan_run::observe_release(block* b, bool) noexcept {
 // ---- the end ------------------------------------------------------------------------------
 
 void plan_run::finish() noexcept {
-  std::unique_lock<std::mutex> guard(match_mutex_, std::defer_lock);
-  if (shared_) guard.lock();
+  std::optional<serving_section> serving;
+  if (shared_) serving.emplace(serving_);
   if (mode_ == mode::finished) return;
   finish_locked();
 }

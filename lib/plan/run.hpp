@@ -5,21 +5,22 @@
 //
 // Threads. A scope's run is served by its scope's thread only: the replay path takes no lock and
 // makes no atomic read-modify-write. A step's run may be served by several threads at once: its
-// requests are matched one at a time under match_mutex_, so an interleaving that differs from the
-// plan diverges and falls back, and no byte ever has two owners. Releases come from any thread at
-// any time, also after the run ended.
+// requests are matched one at a time under serving_, so an interleaving that differs from the
+// plan diverges and falls back, and no byte ever has two owners (serving_ is free for the thread
+// that served the last request). Releases come from any thread at any time, also after the run
+// ended.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string_view>
 #include <vector>
 
 #include "cache/cache_state.hpp"
 #include "cache/spinlock.hpp"
 #include "plan/plan.hpp"
+#include "plan/serving_lock.hpp"
 #include "plan/store.hpp"
 
 namespace refpool::detail {
@@ -105,7 +106,7 @@ class plan_run final : public ref_counted<plan_run>,
   plan_store& store_;
   key_state* key_ = nullptr;
   const bool shared_;
-  std::mutex match_mutex_;    // shared runs: one request (and the end) at a time
+  serving_lock serving_;      // shared runs: one request (and the end) at a time
   const void* const thread_;  ///< the serving thread of a scope's run; null for steps
 
   mode mode_ = mode::start;
