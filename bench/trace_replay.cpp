@@ -12,14 +12,16 @@
 // automatic plans: segments alone); "cache ..." are plain scopes with the options named;
 // "planned" a planned scope under a key on the default row's cache.
 //
-// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--json FILE] TRACE.csv...
+// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--bounds]
+//                     [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
 //                 v = 0..K-1, rounded up to 256 B) under one plan key: a loop with K distinct step
 //                 sequences (variable sequence lengths).
 // ns/request is the replaying thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per request in steady
 // state, allocation and release: time the thread spent descheduled on a shared machine does not
-// count. "bounds us" is the part of it spent opening and closing each scope or step (and releasing
-// what the step left live), in microseconds a step.
+// count. With --bounds, "bounds us" is the part of it spent opening and closing each scope or
+// step (and releasing what the step left live), in microseconds a step; it reads the clock twice
+// more a step, inside the measured time (about 1 us each where the clock is a system call: a VM).
 //   --concat R    makes each step R copies of itself, one after the other (a longer run: 7 copies
 //                 of the GPT step are a 3,115-request step)
 //   --only LABEL  runs only that configuration ("cache exact", "cache pow2:4", "cache segments",
@@ -117,7 +119,7 @@ enum class request_path { scope, planned_scope, step };
 // One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
 // requests), on a cache with `options`.
 result replay(const refpool::backend& be, const std::vector<step>& steps, int iterations,
-              refpool::cache_options options, request_path how) {
+              refpool::cache_options options, request_path how, bool time_bounds) {
   result out;
   {
     refpool::alloc_cache cache{options};
@@ -145,7 +147,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
         } else {
           in_scope.emplace(cache, refpool::scope_options{.plan = how == request_path::planned_scope ? "trace" : ""});
         }
-        const double opened = thread_seconds();
+        const double opened = time_bounds ? thread_seconds() : 0;
         for (const event& e : st) {
           if (e.alloc) {
             if (live.size() <= e.index) live.resize(e.index + 1);
@@ -154,11 +156,11 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
             live[e.index].reset();
           }
         }
-        const double served = thread_seconds();
+        const double served = time_bounds ? thread_seconds() : 0;
         for (auto& r : live) r.reset();  // what the step did not free goes at its end
         in_step.reset();
         in_scope.reset();
-        bound_seconds += (opened - start) + (thread_seconds() - served);
+        if (time_bounds) bound_seconds += (opened - start) + (thread_seconds() - served);
       }
       if (it >= warmup) {
         seconds += thread_seconds() - start;
@@ -190,6 +192,7 @@ int main(int argc, char** argv) {
   int variant_count = 1;
   int copies = 1;
   std::string only;
+  bool time_bounds = false;
   std::string json_path = "trace_replay.json";
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
@@ -201,6 +204,8 @@ int main(int argc, char** argv) {
       variant_count = std::stoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--concat") == 0 && i + 1 < argc) {
       copies = std::stoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--bounds") == 0) {
+      time_bounds = true;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
@@ -254,7 +259,7 @@ int main(int argc, char** argv) {
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
-      const result r = replay(be, steps, runs, c.options, c.how);
+      const result r = replay(be, steps, runs, c.options, c.how, time_bounds);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
       const std::size_t reserved = r.stats.peak_reserved_bytes;
       fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>12.2f} {:>14} {:>10} {:>10}\n",

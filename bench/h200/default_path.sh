@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the H200 machine (device tool): the default and planned rows of bench/trace_replay for this
 # tree against a base tree, side by side in one run (issue 25's per-request target), on CUDA and
-# on the host backend (the same CPU), in interleaved rounds.
+# on the host backend (the same CPU), in interleaved rounds, with --bounds (the time of opening
+# and closing each step, in both trees alike).
 # Usage: bash bench/h200/default_path.sh BASE_SOURCE_DIR [ROUNDS]   (writes under $OUT)
 set -uo pipefail
 base_src=$1
@@ -20,7 +21,7 @@ for round in $(seq "$rounds"); do
   for tree in base new; do
     for backend in --cuda ""; do
       for row in default planned; do
-        /tmp/replay-$tree/bench/trace_replay $backend --only $row --json "$out/replay-$tree-${backend:---host}-$row-$round.json" \
+        /tmp/replay-$tree/bench/trace_replay $backend --bounds --only $row --json "$out/replay-$tree-${backend:---host}-$row-$round.json" \
           "${traces[@]}" | grep -v '^trace' | sed "s/^/$tree ${backend:---host} round $round: /"
       done
     done
