@@ -437,6 +437,29 @@ TEST_CASE("a huge request gets a segment of its own, which trim gives back whole
   heap.give_back(small, {});
 }
 
+// The default since issue 25: a segment of its own could not coalesce with the growable one, so
+// the bytes of a freed huge buffer (a generation step's logits) served only what fit in them, and
+// the next huge buffer made another segment: the GPT-2 serving trace held 1.30x its peak live.
+TEST_CASE("by default a huge request comes from the growable segment, and a freed one's bytes serve the next",
+          "[segments][vm][trim]") {
+  heap_fixture f;
+  segment_heap heap(f.be, vm_options(1024 * MiB, detail::segment_heap_options{}.own_segment_min));
+  const auto small = must_carve(heap, 4 * MiB);
+  const auto logits = must_carve(heap, 300 * MiB);
+  CHECK(logits.segment == small.segment);  // no segment of its own
+  heap.give_back(logits, {});
+  const auto cache = must_carve(heap, 100 * MiB);       // lands in the freed bytes
+  const auto next_logits = must_carve(heap, 310 * MiB);  // the rest of them, and what they lack
+  CHECK(heap.stats().segments == 1);
+  // 4 + 300 + 110 MiB (and the growth step's rounding), where segments of their own held
+  // 4 + 300 + 310 MiB: the free 200 MiB could not hold the second buffer.
+  CHECK(f.tracker->committed() <= 420 * MiB);
+  heap.check();
+  for (const auto& p : {small, cache, next_logits}) heap.give_back(p, {});
+  CHECK(heap.trim(0) > 0);
+  CHECK(f.tracker->committed() == 0);
+}
+
 TEST_CASE("trim gives whole free segments back, least recently used first", "[segments][trim]") {
   heap_fixture f;
   segment_heap heap(f.be, plain_options());
