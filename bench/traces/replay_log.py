@@ -13,6 +13,10 @@ and PyTorch's own allocator as measured on the H200 in the same benchmark (not r
 
     PYTHONPATH=python REFPOOL_LIBRARY=build/python/librefpool.so \\
         python3 bench/traces/replay_log.py [--json replay_log.json]
+
+--steps ROW prints one row step by step instead: what each step made the cache do (plan hits and
+misses, recordings, arena growths and lendings, segment growths, backend calls) and its wall time,
+on the host backend or, with --runtime cuda, on a GPU (driver calls included, no kernels run).
 """
 import argparse
 import csv
@@ -30,10 +34,16 @@ ROWS = {"default": "segments:on", "plain step": "segments:on,auto_plans:off"}
 MIB = 2 ** 20
 
 
-def replay(conf):
-    """Replays the log under `conf`; returns the figures of one row."""
+STEP_COUNTERS = ("plan_hits", "plan_misses", "plan_recordings", "arena_growths", "arena_lendings", "segment_grows",
+                 "backend_allocations", "backend_frees")
+
+
+def replay(conf, runtime="host", per_step=None):
+    """Replays the log under `conf`; returns the figures of one row. `per_step`: a list that gets
+    each step's counter changes and wall time."""
+    import time
     import refpool.allocator as allocator
-    allocator.configure(runtime="host", conf=conf)  # segments on: as a GPU gets them
+    allocator.configure(runtime=runtime, conf=conf)  # segments on: as a GPU gets them
     steps = json.loads(STEPS.read_text())
     with gzip.open(LOG, "rt") as f:
         rows = list(csv.reader(f))[1:]  # Thread,Time,Action,Pointer,Size,Stream
@@ -54,13 +64,21 @@ def replay(conf):
     first = steps["prestep_events"]
     run(rows[:first])  # the model's parameters, before the first step
     at = first
+    before = allocator.stats()
     for end in steps["step_end_times"]:
         stop = at
         while stop < len(rows) and float(rows[stop][1]) <= end:
             stop += 1
+        began = time.perf_counter()
         with allocator.step():
             run(rows[at:stop])
+        seconds = time.perf_counter() - began
         at = stop
+        if per_step is not None:
+            now = allocator.stats()
+            per_step.append(dict({k: now.get(k, 0) - before.get(k, 0) for k in STEP_COUNTERS},
+                                 ms=seconds * 1e3, reserved_mib=now["reserved_bytes"] / MIB))
+            before = now
     stats = allocator.stats()
     return {"conf": conf, "peak_reserved_bytes": stats["peak_reserved_bytes"],
             "reserved_bytes_at_end": stats["reserved_bytes"], "peak_live_bytes": peak_live,
@@ -72,7 +90,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default="replay_log.json", help="where to write the rows")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # a child process: one row, as JSON
+    parser.add_argument("--steps", choices=ROWS, help="print this row step by step")
+    parser.add_argument("--runtime", default="host", choices=("host", "cuda"), help="with --steps")
     args = parser.parse_args()
+    if args.steps:
+        table = []
+        replay(ROWS[args.steps], args.runtime, table)
+        print("step " + " ".join(f"{k:>{max(8, len(k))}}" for k in STEP_COUNTERS) + "   reserved MiB       ms")
+        for i, r in enumerate(table):
+            print(f"{i:>4} " + " ".join(f"{r[k]:>{max(8, len(k))}}" for k in STEP_COUNTERS) +
+                  f" {r['reserved_mib']:>14,.0f} {r['ms']:>8.1f}")
+        Path(args.json).write_text(json.dumps({"row": args.steps, "runtime": args.runtime, "steps": table}, indent=1))
+        return
     if args.row:
         print(json.dumps(replay(ROWS[args.row])))
         return

@@ -22,23 +22,25 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(const std:
     return rounded[a] != rounded[b] ? rounded[a] > rounded[b] : lifetimes[a].first < lifetimes[b].first;
   });
   std::vector<std::size_t> offsets(n, 0);
-  std::vector<std::size_t> placed;  // indices placed so far
+  // Placed requests by offset, so that each new one walks them in address order without sorting
+  // (sorting the overlapping ones per request took 15 ms of a 1,200-request recording on the
+  // host: a step that learned a new sequence of GPT-2 training paid it on the GPU's critical path).
+  std::vector<std::size_t> by_offset;
+  by_offset.reserve(n);
   std::size_t arena = 0;
-  std::vector<std::pair<std::size_t, std::size_t>> busy;  // [offset, end) of placed requests alive with this one
   for (std::size_t i : order) {
-    busy.clear();
-    for (std::size_t j : placed)
-      if (lifetimes[j].first < lifetimes[i].second && lifetimes[i].first < lifetimes[j].second)
-        busy.emplace_back(offsets[j], offsets[j] + rounded[j]);  // ends were checked when j was placed
-    std::sort(busy.begin(), busy.end());
+    const std::size_t bytes = rounded[i];
     std::size_t at = 0;
-    for (const auto& [begin, end] : busy) {
-      if (begin >= checked_add(at, rounded[i], "a placement")) break;  // the gap before this one fits
-      at = std::max(at, end);
+    for (std::size_t j : by_offset) {
+      if (lifetimes[j].first >= lifetimes[i].second || lifetimes[i].first >= lifetimes[j].second) continue;
+      if (offsets[j] >= checked_add(at, bytes, "a placement")) break;  // the gap before this one fits
+      at = std::max(at, offsets[j] + rounded[j]);                      // ends were checked when j was placed
     }
     offsets[i] = at;
-    arena = std::max(arena, checked_add(at, rounded[i], "an arena"));
-    placed.push_back(i);
+    arena = std::max(arena, checked_add(at, bytes, "an arena"));
+    const auto later = std::upper_bound(by_offset.begin(), by_offset.end(), at,
+                                        [&](std::size_t offset, std::size_t j) { return offset < offsets[j]; });
+    by_offset.insert(later, i);
   }
   return {offsets, arena};
 }
