@@ -5,7 +5,11 @@ rotates each round), and prints a markdown table; writes every result to --out (
     python3 bench/frameworks/run_all.py --library build/python/librefpool.so [--quick] [--only gpt2_train]
     python3 bench/frameworks/run_all.py ... --picture docs/img/frameworks_gpt2_train.png
 
-Step time is the median over all measured steps of all rounds. Peak memory: the driver's used
+Step time is the median over all measured steps of all rounds, and the mean (the training time
+over the steps; where steps differ, as with variable sequence lengths, the median of step times
+falls between clusters of lengths and a 1% change can move it by 5%). Paired: the median, over
+the step positions, of the ratio of this mode's to own's time at that position (the median over
+rounds at each): the same step compared with itself. Peak memory: the driver's used
 memory (total - free) above the process's baseline (its CUDA context), sampled after every step;
 and the allocator's own peak held (PyTorch: reserved) and peak live (PyTorch: allocated) bytes.
 Driver calls: allocations the allocator made after warm-up. Identical: every round of every mode gave
@@ -70,7 +74,7 @@ def summarise(name, runs):
         return [{"benchmark": name, "mode": "all", "note": f"skipped: {skipped}"}]
     own_digests = {r["outputs_digest"] for r in by_mode["own"] if "outputs_digest" in r}
     rows = []
-    own_median = None
+    own_median = own_mean = own_by_position = None
     for mode in MODES:
         good = [r for r in by_mode[mode] if "failed" not in r]
         if not good:
@@ -78,13 +82,22 @@ def summarise(name, runs):
             rows.append({"benchmark": name, "mode": mode, "note": "failed: " + failure.strip().splitlines()[-1]})
             continue
         median = statistics.median(s for r in good for s in r["step_seconds"])
-        own_median = median if mode == "own" else own_median
+        mean = statistics.fmean(s for r in good for s in r["step_seconds"])
+        positions = min(len(r["step_seconds"]) for r in good)
+        by_position = [statistics.median(r["step_seconds"][i] for r in good) for i in range(positions)]
+        if mode == "own":
+            own_median, own_mean, own_by_position = median, mean, by_position
+        paired = (statistics.median(m / o for m, o in zip(by_position, own_by_position))
+                  if own_by_position else None)
         digests = {r["outputs_digest"] for r in good}
         allocator = [r.get("allocator", {}) for r in good]
         rows.append({
             "benchmark": name, "mode": mode, "rounds": len(good),
             "median_step_ms": median * 1e3,
             "vs_own": median / own_median if own_median else None,
+            "mean_step_ms": mean * 1e3,
+            "vs_own_mean": mean / own_mean if own_mean else None,
+            "vs_own_paired": paired,
             "peak_used_mib": max(r["driver_used_bytes"]["peak_over_baseline"] for r in good) / _MIB,
             "peak_held_mib": max(a.get("peak_held_bytes", 0) for a in allocator) / _MIB or None,
             "peak_live_mib": max(a.get("peak_live_bytes", 0) for a in allocator) / _MIB or None,
@@ -106,20 +119,21 @@ def markdown(rows):
             return f"{value:,.{digits}f}"
         return str(value)
 
-    lines = ["| benchmark | mode | step (ms, median) | vs own | peak used over context (MiB) | "
-             "allocator peak held / reserved (MiB) | peak live / allocated (MiB) | held ÷ live | plan arenas (MiB) | "
-             "driver allocations after warm-up | outputs identical to own |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| benchmark | mode | step (ms, median) | vs own | step (ms, mean) | vs own (mean) | vs own (paired) | "
+             "peak used over context (MiB) | allocator peak held / reserved (MiB) | peak live / allocated (MiB) | "
+             "held ÷ live | plan arenas (MiB) | driver allocations after warm-up | outputs identical to own |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "note" in row:
-            lines.append(f"| {row['benchmark']} | {row['mode']} | {row['note']} |||||||||")
+            lines.append(f"| {row['benchmark']} | {row['mode']} | {row['note']} ||||||||||||")
             continue
         identical = cell(row["identical"])
         ratio = row["peak_held_mib"] / row["peak_live_mib"] if row["peak_held_mib"] and row["peak_live_mib"] else None
         if row["mode"] == "own":
             identical = "(reference)" if row["own_deterministic"] else "**own runs differ**"
         lines.append(f"| {row['benchmark']} | {row['mode']} | {cell(row['median_step_ms'], 2)} | "
-                     f"{cell(row['vs_own'], 3)} | {cell(row['peak_used_mib'], 0)} | {cell(row['peak_held_mib'], 0)} | "
+                     f"{cell(row['vs_own'], 3)} | {cell(row['mean_step_ms'], 2)} | {cell(row['vs_own_mean'], 3)} | "
+                     f"{cell(row['vs_own_paired'], 3)} | {cell(row['peak_used_mib'], 0)} | {cell(row['peak_held_mib'], 0)} | "
                      f"{cell(row['peak_live_mib'], 0)} | {cell(ratio, 3)} | {cell(row['arena_mib'], 0)} | "
                      f"{row['driver_calls_after_warmup']} | {identical} |")
     return "\n".join(lines)

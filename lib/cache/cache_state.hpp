@@ -89,7 +89,9 @@ class router_ref {
 /// serves it, so that its key's idle arena can lend its memory first (plan_run::before_growth).
 class growth_listener {
  public:
-  virtual void before_growth(backend_state& backend) noexcept = 0;
+  /// Returns a growth step: while a lender's memory is given back, the plain path may grow by
+  /// this much at once (few driver calls for the bytes it is about to need again); 0: as usual.
+  virtual std::size_t before_growth(backend_state& backend) noexcept = 0;
 
  protected:
   ~growth_listener() = default;
@@ -111,10 +113,12 @@ class listening_for_growth {
   growth_listener* outer_;
 };
 
-/// Tells the calling thread's growth listener, if any, that `backend` is about to be asked for memory.
-inline void before_growth(backend_state& backend) noexcept {
+/// Tells the calling thread's growth listener, if any, that `backend` is about to be asked for
+/// memory; its growth step (0 without one).
+inline std::size_t before_growth(backend_state& backend) noexcept {
   if (growth_listener* l = growth_listener_on_thread) [[unlikely]]
-    l->before_growth(backend);
+    return l->before_growth(backend);
+  return 0;
 }
 
 /// State that other parts attach to a cache (the plans): closed with it, counted into its stats.

@@ -224,11 +224,11 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
     std::lock_guard lock(h.mutex);
     if (auto c = h.heap.carve_free(bytes, stream)) return *c;
   }
-  before_growth(*h.backend);
+  const std::size_t growth_step = before_growth(*h.backend);
   {  // grow (a driver call)
     std::lock_guard lock(h.mutex);
     const committed_change change(reserved_, h);
-    if (auto c = h.heap.carve(bytes, stream)) return *c;
+    if (auto c = h.heap.carve(bytes, stream, placement::anywhere, growth_step)) return *c;
   }
   // Out of memory: everything idle of this backend back, the heap trimmed to nothing, once more.
   const std::size_t freed = cache_.reclaim_for_retry(*h.backend);

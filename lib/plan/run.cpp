@@ -245,19 +245,28 @@ block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes
 // A sequence without a plan (a new length, a novel request) would otherwise have the plain path's
 // memory and the idle arena held at once: on the H200, GPT-2 training with 13 lengths peaked at
 // arena + the plain path's recording, 1.5x of PyTorch's reserved bytes.
-void plan_run::before_growth(backend_state& backend) noexcept {
-  if (lend_tried_ || arena_ != nullptr || candidates_.empty()) return;
+//
+// The plain path then grows by a sixteenth of the lent bytes at a time where it grows: the run is
+// about to need a similar amount, and each commit is a driver call (about 45 us on the H200,
+// nearly whatever its size, docs/segments.md), as is each decommit when the next run takes the
+// arena back. Overshoot is bounded by one step, inside bytes the arena just gave back.
+std::size_t plan_run::before_growth(backend_state& backend) noexcept {
+  if (lend_tried_ || arena_ != nullptr || candidates_.empty())
+    return lent_ != nullptr && lent_->backend() == &backend ? lent_step_ : 0;
   lend_tried_ = true;
   arena& a = candidates_.front()->memory();
-  if (a.backend() != &backend || !a.in_place_growth() || a.decommitted() || !a.claim(this, key_)) return;
+  if (a.backend() != &backend || !a.in_place_growth() || a.decommitted() || !a.claim(this, key_)) return 0;
   if (!a.unpinned()) {
     a.unclaim();
-    return;
+    return 0;
   }
   a.retain();
+  const std::size_t lent = a.bytes();
   a.decommit();
   lent_ = &a;
+  lent_step_ = lent / lending_steps;
   store_.count_lent_arena();
+  return lent_step_;
 }
 
 // The lent arena stays decommitted until the next run that claims it (begin_with): that run
@@ -265,6 +274,7 @@ void plan_run::before_growth(backend_state& backend) noexcept {
 // (gradients, released when the next step begins), so the two are not held at once.
 void plan_run::end_lending() noexcept {
   arena* a = std::exchange(lent_, nullptr);
+  lent_step_ = 0;
   if (a == nullptr) return;
   a->unclaim();
   a->release();

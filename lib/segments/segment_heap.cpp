@@ -158,13 +158,14 @@ std::optional<segment_heap::carved> segment_heap::carve_free(std::size_t bytes, 
   return take(pool, *f, n, stream);
 }
 
-std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, stream_ref stream, placement where) {
+std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, stream_ref stream, placement where,
+                                                        std::size_t growth_step) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
   prepare_carve(pool);
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
-  range* r = grow(pool, id, n, where, stream);
+  range* r = grow(pool, id, n, where, stream, growth_step);
   if (r == nullptr) return std::nullopt;
   const auto offset = offset_in(*r, n, where);
   if (!offset)

@@ -95,9 +95,11 @@ class segment_heap {
   segment_heap& operator=(const segment_heap&) = delete;
 
   /// A piece of at least `bytes` for use on `stream`: best fit among free ranges, else grows a
-  /// segment (or makes one). nullopt: out of memory.
+  /// segment (or makes one). nullopt: out of memory. `growth_step`: the growable segment grows
+  /// by at least this much where it grows (bytes a lender just gave back to the backend, so that
+  /// the plain path takes them in few driver calls; 0: the usual step).
   [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream,
-                                            placement where = placement::anywhere);
+                                            placement where = placement::anywhere, std::size_t growth_step = 0);
   /// As carve, from free ranges only: never calls the backend. nullopt: nothing fits.
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,
                                                  placement where = placement::anywhere);
@@ -162,7 +164,8 @@ class segment_heap {
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.
-  range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream);
+  range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream,
+              std::size_t growth_step);
   struct vm_growth {
     range* grown = nullptr;         ///< null: out of memory, or no address space (below)
     bool no_address_space = false;  ///< the reservation was refused
@@ -185,7 +188,7 @@ class segment_heap {
   };
   [[nodiscard]] std::optional<hole> best_hole(pool_id id, std::size_t bytes, placement where) const;
   void consider_holes(const segment& seg, std::size_t bytes, placement where, std::optional<hole>& best) const;
-  range* fill_hole(pool_state& pool, const hole& h);
+  range* fill_hole(pool_state& pool, const hole& h, std::size_t growth_step);
 
   // Trim (segment_trim.cpp).
   std::size_t release_segment(segment& seg);

@@ -127,6 +127,41 @@ TEST_CASE("an idle arena lends its memory to a step without a plan, and replays 
   CHECK(be.outstanding_bytes() == replayed.reserved_bytes);
 }
 
+// While an arena lends, the plain path takes the bytes back in few commits (a sixteenth of the
+// lent bytes each), not one per request: each commit and each later decommit is a driver call
+// on a GPU. Segments on host virtual memory, 2 MiB granules.
+TEST_CASE("a step that borrows a lent arena's memory grows in steps of a sixteenth of it", "[plan][stats]") {
+  const backend be = make_host_backend();
+  cache_options options;
+  options.segments = segment_policy::on;  // as on a GPU
+  alloc_cache cache{options};
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  auto planned_step = [&] {
+    step s(cache);
+    data_ref a = cache.allocate(be, 64 * mib);
+    data_ref b = cache.allocate(be, 64 * mib);
+  };
+  for (int i = 0; i < 4; ++i) planned_step();
+  const auto planned = cache.stats();
+  REQUIRE(planned.arena_bytes == 128 * mib);
+  REQUIRE(planned.reserved_bytes == planned.arena_bytes);
+  {
+    step s(cache);  // a new sequence of 32 pieces of 3 MiB: lends the arena, then grows
+    std::vector<data_ref> held;
+    for (int i = 0; i < 32; ++i) held.push_back(cache.allocate(be, 3 * mib));
+    const auto during = cache.stats();
+    REQUIRE(during.arena_lendings == 1);
+    // 96 MiB in steps of 8 MiB: 13 commits (without the step, one per request: 32).
+    CHECK(during.segment_grows - planned.segment_grows <= 13);
+    CHECK(during.reserved_bytes <= 96 * mib + 8 * mib);  // overshoot: at most one step
+  }
+  planned_step();  // the arena comes back, the plain memory goes
+  const auto replayed = cache.stats();
+  CHECK(replayed.arena_bytes == planned.arena_bytes);
+  CHECK(replayed.reserved_bytes == replayed.arena_bytes);
+  CHECK(replayed.peak_reserved_bytes <= planned.arena_bytes);
+}
+
 // A 96 MiB budget whose key-less steps each use 40 MiB: after warm-up, a 40 MiB arena with
 // virtual memory (host, 2 MiB granules) replays them.
 struct arena_in_96_mib {
