@@ -49,9 +49,12 @@ def replay(conf, runtime="host", per_step=None):
         rows = list(csv.reader(f))[1:]  # Thread,Time,Action,Pointer,Size,Stream
     held, live, peak_live = {}, 0, 0
 
-    def run(events):
+    slow = []  # (seconds, step, action, bytes): the slowest calls, with per_step
+
+    def run(events, step=-1):
         nonlocal live, peak_live
         for _, _, action, pointer, size, _ in events:
+            began = time.perf_counter() if per_step is not None else 0
             if action == "allocate":
                 held[pointer] = (allocator.malloc(int(size)), int(size))
                 live += int(size)
@@ -60,6 +63,11 @@ def replay(conf, runtime="host", per_step=None):
                 address, size = held.pop(pointer)
                 allocator.free(address)
                 live -= size
+            if per_step is not None:
+                slow.append((time.perf_counter() - began, step, action, int(size)))
+                if len(slow) > 4096:
+                    slow.sort(reverse=True)
+                    del slow[64:]
 
     first = steps["prestep_events"]
     run(rows[:first])  # the model's parameters, before the first step
@@ -71,14 +79,19 @@ def replay(conf, runtime="host", per_step=None):
             stop += 1
         began = time.perf_counter()
         with allocator.step():
-            run(rows[at:stop])
+            run(rows[at:stop], len(per_step) if per_step is not None else -1)
+            closing = time.perf_counter()
         seconds = time.perf_counter() - began
+        closing = time.perf_counter() - closing
         at = stop
         if per_step is not None:
             now = allocator.stats()
             per_step.append(dict({k: now.get(k, 0) - before.get(k, 0) for k in STEP_COUNTERS},
-                                 ms=seconds * 1e3, reserved_mib=now["reserved_bytes"] / MIB))
+                                 ms=seconds * 1e3, close_ms=closing * 1e3, reserved_mib=now["reserved_bytes"] / MIB))
             before = now
+    if per_step is not None:
+        slow.sort(reverse=True)
+        per_step.append({"slowest_calls": [{"us": s * 1e6, "step": i, "call": a, "bytes": b} for s, i, a, b in slow[:24]]})
     stats = allocator.stats()
     return {"conf": conf, "peak_reserved_bytes": stats["peak_reserved_bytes"],
             "reserved_bytes_at_end": stats["reserved_bytes"], "peak_live_bytes": peak_live,
@@ -96,11 +109,15 @@ def main():
     if args.steps:
         table = []
         replay(ROWS[args.steps], args.runtime, table)
-        print("step " + " ".join(f"{k:>{max(8, len(k))}}" for k in STEP_COUNTERS) + "   reserved MiB       ms")
+        slowest = table.pop()["slowest_calls"]
+        print("step " + " ".join(f"{k:>{max(8, len(k))}}" for k in STEP_COUNTERS) + "   reserved MiB       ms    close")
         for i, r in enumerate(table):
             print(f"{i:>4} " + " ".join(f"{r[k]:>{max(8, len(k))}}" for k in STEP_COUNTERS) +
-                  f" {r['reserved_mib']:>14,.0f} {r['ms']:>8.1f}")
-        Path(args.json).write_text(json.dumps({"row": args.steps, "runtime": args.runtime, "steps": table}, indent=1))
+                  f" {r['reserved_mib']:>14,.0f} {r['ms']:>8.1f} {r['close_ms']:>8.1f}")
+        print("slowest calls: " + ", ".join(f"step {c['step']} {c['call']} {c['bytes']:,} B {c['us']:,.0f} us"
+                                             for c in slowest))
+        Path(args.json).write_text(json.dumps({"row": args.steps, "runtime": args.runtime, "steps": table,
+                                               "slowest_calls": slowest}, indent=1))
         return
     if args.row:
         print(json.dumps(replay(ROWS[args.row])))
