@@ -56,9 +56,11 @@ class arena : public ref_counted<arena> {
   /// Decommits it if no run holds it, no region pins it and its memory is not being changed (the
   /// out-of-memory ladder: the arena may be the one whose commit ran out). Returns the bytes.
   std::size_t decommit_if_unused(const void* claimant) noexcept;
-  [[nodiscard]] bool decommitted() const noexcept {
+  [[nodiscard]] bool decommitted() const noexcept { return decommitted_bytes() != 0; }
+  /// Bytes decommit gave back (or not committed yet), committed again by recommit.
+  [[nodiscard]] std::size_t decommitted_bytes() const noexcept {
     std::lock_guard guard(memory_mutex_);
-    return memory_.decommitted != 0;
+    return memory_.decommitted;
   }
   /// Drops pinned regions released since; true when none is left (caller holds the claim).
   [[nodiscard]] bool unpinned() noexcept;

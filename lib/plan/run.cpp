@@ -246,27 +246,34 @@ block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes
 // memory and the idle arena held at once: on the H200, GPT-2 training with 13 lengths peaked at
 // arena + the plain path's recording, 1.5x of PyTorch's reserved bytes.
 //
-// The plain path then grows by a sixteenth of the lent bytes at a time where it grows: the run is
-// about to need a similar amount, and each commit is a driver call (about 45 us on the H200,
-// nearly whatever its size, docs/segments.md), as is each decommit when the next run takes the
-// arena back. Overshoot is bounded by one step, inside bytes the arena just gave back.
+// While the key's arena is decommitted (lent by this run or an earlier one), the plain path grows
+// by a sixteenth of its bytes at a time: the run is about to need a similar amount, and each
+// commit is a driver call (about 45 us on the H200, nearly whatever its size, docs/segments.md),
+// as is each decommit when a run takes the arena back. Overshoot is bounded by one step, inside
+// bytes the arena gave back.
 std::size_t plan_run::before_growth(backend_state& backend) noexcept {
-  if (lend_tried_ || arena_ != nullptr || candidates_.empty())
-    return lent_ != nullptr && lent_->backend() == &backend ? lent_step_ : 0;
-  lend_tried_ = true;
+  if (arena_ != nullptr || candidates_.empty()) return 0;
   arena& a = candidates_.front()->memory();
-  if (a.backend() != &backend || !a.in_place_growth() || a.decommitted() || !a.claim(this, key_)) return 0;
+  if (a.backend() != &backend) return 0;
+  if (!lend_tried_) {
+    lend_tried_ = true;
+    lend(a);
+  }
+  const std::size_t step = a.decommitted_bytes() / lending_steps;
+  borrowed_ = borrowed_ || step != 0;
+  return step;
+}
+
+void plan_run::lend(arena& a) noexcept {
+  if (!a.in_place_growth() || a.decommitted() || !a.claim(this, key_)) return;
   if (!a.unpinned()) {
     a.unclaim();
-    return 0;
+    return;
   }
   a.retain();
-  const std::size_t lent = a.bytes();
   a.decommit();
   lent_ = &a;
-  lent_step_ = lent / lending_steps;
   store_.count_lent_arena();
-  return lent_step_;
 }
 
 // The lent arena stays decommitted until the next run that claims it (begin_with): that run
@@ -274,7 +281,6 @@ std::size_t plan_run::before_growth(backend_state& backend) noexcept {
 // (gradients, released when the next step begins), so the two are not held at once.
 void plan_run::end_lending() noexcept {
   arena* a = std::exchange(lent_, nullptr);
-  lent_step_ = 0;
   if (a == nullptr) return;
   a->unclaim();
   a->release();
@@ -363,6 +369,7 @@ void plan_run::finish_locked() noexcept {
   out.unrecorded = !may_record_ && !busy_ && was == mode::plain;
   out.used = complete ? current_ : nullptr;
   out.replayed_peak = replayed_peak;
+  out.lent = borrowed_;
   if (recordable) {
     try {
       out.made = make_recording(end, std::move(region_lifetimes));

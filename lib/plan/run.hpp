@@ -44,13 +44,13 @@ class plan_run final : public ref_counted<plan_run>,
   /// The plain cache is about to ask `backend` for memory for this run, which replays no plan: the
   /// key's arena, when nothing in it is live, gives its memory back (once a run; only where it
   /// grows in place, so that every region keeps its address) until a run claims it again.
-  /// Returns a growth step while it lends: a sixteenth of the lent bytes (docs/segments.md).
+  /// Returns a growth step while the arena is decommitted: a sixteenth of its bytes (docs/segments.md).
   std::size_t before_growth(backend_state& backend) noexcept override;
   /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
   /// Later requests (a step's thread that was late) go to the plain cache.
   void finish() noexcept;
 
-  /// While it lends, the plain path grows by 1/lending_steps of the lent bytes at a time.
+  /// While the key's arena is lent, the plain path grows by 1/lending_steps of its bytes at a time.
   static constexpr std::size_t lending_steps = 16;
 
   /// Counters of the running run (stats read them while it runs; the store adds them at its end).
@@ -102,6 +102,7 @@ class plan_run final : public ref_counted<plan_run>,
   void reserve_tracking();
   void advance(std::uint64_t to) noexcept;
   void finish_locked() noexcept;
+  void lend(arena& a) noexcept;
   void end_lending() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
   recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
@@ -131,7 +132,7 @@ class plan_run final : public ref_counted<plan_run>,
   std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
   bool lend_tried_ = false;                 ///< before_growth looked at the key's arena already
   arena* lent_ = nullptr;                   ///< the arena that lent its memory (claimed, retained) until the end
-  std::size_t lent_step_ = 0;               ///< the plain path's growth step while lent_ is set
+  bool borrowed_ = false;                   ///< the plain path grew while the key's arena was decommitted
 
   mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
   std::vector<tracked> tracked_;

@@ -70,7 +70,7 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
   }
   if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
   bool rerecorded = false;
-  if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made);
+  if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent);
   if (outcome.busy_other_key) move_to_own_arena(*key);
   std::lock_guard guard(mutex_);
   key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
@@ -91,7 +91,7 @@ void plan_store::abandon_run(plan_run* run) noexcept {
 
 // ---- adding plans -------------------------------------------------------------------------
 
-bool plan_store::adopt(key_state& key, recording* made) noexcept {
+bool plan_store::adopt(key_state& key, recording* made, bool lent) noexcept {
   std::vector<recording*> now;  // owned: become plans
   std::vector<recording*> dropped;
   bool rerecorded = false;
@@ -103,11 +103,17 @@ bool plan_store::adopt(key_state& key, recording* made) noexcept {
       dropped.push_back(made);
     } else if (std::any_of(key.plans.begin(), key.plans.end(), same_plan)) {
       now.push_back(made);  // a plan of its sequence went stale: replaced at once
-    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same); again != key.pending.end()) {
+    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same);
+               again != key.pending.end() || lent) {
       // The sequence came again: the key's loop repeats. The newer recording replaces the pending
       // one, and every pending sequence becomes a plan, into one arena of their largest need.
-      dropped.push_back(*again);
-      key.pending.erase(again);
+      // So too for a new sequence of a loop that replays already (its key has an arena) which
+      // needed the arena's memory (`lent`): waiting for it to come again would lend the arena a
+      // second time (on the H200, a GPT-2 step with a new length paid 10-25 ms for each lending).
+      if (again != key.pending.end()) {
+        dropped.push_back(*again);
+        key.pending.erase(again);
+      }
       try {
         key.pending.reserve(key.pending.size() + 1);
         now = std::move(key.pending);

@@ -79,8 +79,9 @@ TEST_CASE("peak allocated bytes restart at reset_peaks and count a replayed plan
 
 // A step whose sequence has no plan grows the plain path; the key's idle arena lends it its memory
 // (virtual memory: decommitted, every address kept) and commits it again when a run claims it,
-// after the plain path's idle memory left. Host virtual memory, 2 MiB granules: arenas of 16
-// granules or more.
+// after the plain path's idle memory left. The new sequence becomes a plan at once (it needed the
+// arena's memory: coming again it would lend it again), and the arena grows to hold it. Host
+// virtual memory, 2 MiB granules: arenas of 16 granules or more.
 TEST_CASE("an idle arena lends its memory to a step without a plan, and replays after it", "[plan][stats]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
@@ -101,30 +102,40 @@ TEST_CASE("an idle arena lends its memory to a step without a plan, and replays 
   REQUIRE(planned.plans == 1);
   REQUIRE(planned.arena_bytes >= 48 * mib);
   REQUIRE(planned.reserved_bytes == planned.arena_bytes);  // the recordings' plain memory went back
-  {
+  const auto new_sequence = [&] {
     step s(cache);  // a new sequence: the plain path serves it and must grow
     data_ref x = cache.allocate(be, 40 * mib);
     data_ref y = cache.allocate(be, 30 * mib);
     std::memset(x.data(), 7, x.bytes());
     std::memset(y.data(), 8, y.bytes());
-    const auto during = cache.stats();
-    CHECK(during.arena_lendings == 1);
-    CHECK(during.arena_bytes == 0);
-    CHECK(during.reserved_bytes < planned.arena_bytes + 70 * mib);  // not both at once
-    CHECK(be.outstanding_bytes() == during.reserved_bytes);
-  }
+    const auto st = cache.stats();
+    CHECK(be.outstanding_bytes() == st.reserved_bytes);
+    return st;
+  };
+  const auto during = new_sequence();
+  CHECK(during.arena_lendings == 1);
+  CHECK(during.arena_bytes == 0);
+  CHECK(during.reserved_bytes < planned.arena_bytes + 70 * mib);  // not both at once
   const auto after = cache.stats();
+  CHECK(after.plans == 2);        // it borrowed the arena: a plan at once, not pending
   CHECK(after.arena_bytes == 0);  // until a run claims it again
-  CHECK(after.reserved_bytes == 70 * mib);
+  CHECK(after.reserved_bytes == 0);  // the plain path's idle memory left when the plan joined
   const std::uint64_t hits = after.plan_hits;
   CHECK(planned_step(40));  // the plan replays in the arena it had, committed again
   const auto replayed = cache.stats();
   CHECK(replayed.plan_hits == hits + 3);
   CHECK(replayed.arena_lendings == 1);
-  CHECK(replayed.arena_bytes == planned.arena_bytes);
-  CHECK(replayed.reserved_bytes == replayed.arena_bytes);  // the plain memory left before the arena came back
+  CHECK(replayed.arena_bytes == 70 * mib);  // grown in place to the new plan's need
+  CHECK(replayed.reserved_bytes == replayed.arena_bytes);
   CHECK(replayed.peak_reserved_bytes < planned.arena_bytes + 70 * mib);
   CHECK(be.outstanding_bytes() == replayed.reserved_bytes);
+  // Coming again, the new sequence replays: no second lending, no driver call.
+  const std::uint64_t grows = replayed.segment_grows;
+  const auto again = new_sequence();
+  CHECK(again.plan_hits == replayed.plan_hits + 2);
+  CHECK(again.arena_lendings == 1);
+  CHECK(again.segment_grows == grows);
+  CHECK(again.reserved_bytes == 70 * mib);
 }
 
 // While an arena lends, the plain path takes the bytes back in few commits (a sixteenth of the
@@ -199,7 +210,7 @@ TEST_CASE_METHOD(arena_in_96_mib, "an arena that cannot be committed again is ou
   held = {};  // idle in the plain cache: the next claim gives it back first, then commits
   CHECK(planned_step(30));
   CHECK(cache.stats().plan_hits == hits + 1);
-  CHECK(cache.stats().arena_bytes == 40 * mib);
+  CHECK(cache.stats().arena_bytes == 70 * mib);  // the 70 MiB step borrowed it: its plan joined
   CHECK(limited->used() == cache.stats().reserved_bytes);
 }
 
