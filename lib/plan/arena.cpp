@@ -42,6 +42,7 @@ void arena::free_memory() noexcept {
   retire();
   std::lock_guard guard(memory_mutex_);
   source_.free(memory_);
+  lent_ = 0;
 }
 
 bool arena::claim(const void* run, const void* key) noexcept {
@@ -66,7 +67,9 @@ bool arena::grow_in_place(std::size_t bytes) {
 bool arena::recommit() {
   std::lock_guard guard(memory_mutex_);
   const committing marked(this);
-  return source_.recommit(memory_);
+  if (!source_.recommit(memory_)) return false;
+  lent_ = 0;
+  return true;
 }
 
 std::size_t arena::decommit_if_unused(const void* claimant) noexcept {

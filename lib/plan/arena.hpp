@@ -47,8 +47,9 @@ class arena : public ref_counted<arena> {
   void free_memory() noexcept;
   /// Lends its memory back to the backend while a run without a plan needs it (plan_run::
   /// before_growth), keeping every address: the caller holds the claim and nothing is pinned.
-  void decommit() noexcept {
+  void lend() noexcept {
     std::lock_guard guard(memory_mutex_);
+    lent_ = memory_.committed.load(std::memory_order_relaxed);
     source_.decommit(memory_);
   }
   /// Takes it back (arena_source::recommit): false when out of memory, and it stays decommitted.
@@ -56,11 +57,15 @@ class arena : public ref_counted<arena> {
   /// Decommits it if no run holds it, no region pins it and its memory is not being changed (the
   /// out-of-memory ladder: the arena may be the one whose commit ran out). Returns the bytes.
   std::size_t decommit_if_unused(const void* claimant) noexcept;
-  [[nodiscard]] bool decommitted() const noexcept { return decommitted_bytes() != 0; }
-  /// Bytes decommit gave back (or not committed yet), committed again by recommit.
-  [[nodiscard]] std::size_t decommitted_bytes() const noexcept {
+  [[nodiscard]] bool decommitted() const noexcept {
     std::lock_guard guard(memory_mutex_);
-    return memory_.decommitted;
+    return memory_.decommitted != 0;
+  }
+  /// Bytes lend() gave back, until recommit takes them again (0: not lent; a fresh arena, or one
+  /// the out-of-memory ladder decommitted, lent nothing).
+  [[nodiscard]] std::size_t lent_bytes() const noexcept {
+    std::lock_guard guard(memory_mutex_);
+    return lent_;
   }
   /// Drops pinned regions released since; true when none is left (caller holds the claim).
   [[nodiscard]] bool unpinned() noexcept;
@@ -109,9 +114,10 @@ class arena : public ref_counted<arena> {
 
   arena_source& source_;
   // Serialises changes to memory_ after it is shared: the store grows it in place (no claim)
-  // while a run that claims it may commit it (recommit) or lend it (decommit).
+  // while a run that claims it may commit it (recommit) or lend it.
   mutable std::mutex memory_mutex_;
   arena_memory memory_;
+  std::size_t lent_ = 0;  ///< bytes lend() gave back, until recommit (guarded by memory_mutex_)
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};

@@ -246,7 +246,7 @@ block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes
 // memory and the idle arena held at once: on the H200, GPT-2 training with 13 lengths peaked at
 // arena + the plain path's recording, 1.5x of PyTorch's reserved bytes.
 //
-// While the key's arena is decommitted (lent by this run or an earlier one), the plain path grows
+// While the key's arena is lent (by this run or an earlier one, until a run takes it back), the plain path grows
 // by a sixteenth of its bytes at a time: the run is about to need a similar amount, and each
 // commit is a driver call (about 45 us on the H200, nearly whatever its size, docs/segments.md),
 // as is each decommit when a run takes the arena back. Overshoot is bounded by one step, inside
@@ -259,7 +259,7 @@ std::size_t plan_run::before_growth(backend_state& backend) noexcept {
     lend_tried_ = true;
     lend(a);
   }
-  const std::size_t step = a.decommitted_bytes() / lending_steps;
+  const std::size_t step = a.lent_bytes() / lending_steps;
   borrowed_ = borrowed_ || step != 0;
   return step;
 }
@@ -271,7 +271,7 @@ void plan_run::lend(arena& a) noexcept {
     return;
   }
   a.retain();
-  a.decommit();
+  a.lend();
   lent_ = &a;
   store_.count_lent_arena();
 }

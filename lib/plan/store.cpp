@@ -93,7 +93,13 @@ void plan_store::abandon_run(plan_run* run) noexcept {
 
 bool plan_store::adopt(key_state& key, recording* made, bool lent) noexcept {
   std::vector<recording*> now;  // owned: become plans
-  std::vector<recording*> dropped;
+  std::vector<recording*> dropped;  // at most two: room made first, so that no branch throws
+  try {
+    dropped.reserve(2);
+  } catch (...) {
+    delete made;  // a plan is an optimisation
+    return false;
+  }
   bool rerecorded = false;
   {
     std::lock_guard guard(mutex_);
@@ -118,10 +124,10 @@ bool plan_store::adopt(key_state& key, recording* made, bool lent) noexcept {
         key.pending.reserve(key.pending.size() + 1);
         now = std::move(key.pending);
         now.push_back(made);  // room was reserved
+        key.pending.clear();
       } catch (...) {
-        dropped.push_back(made);
+        dropped.push_back(made);  // the pending ones stay pending
       }
-      key.pending.clear();
     } else {
       try {
         key.pending.reserve(key.pending.size() + 1);

@@ -95,9 +95,10 @@ class segment_heap {
   segment_heap& operator=(const segment_heap&) = delete;
 
   /// A piece of at least `bytes` for use on `stream`: best fit among free ranges, else grows a
-  /// segment (or makes one). nullopt: out of memory. `growth_step`: the growable segment grows
-  /// by at least this much where it grows (bytes a lender just gave back to the backend, so that
-  /// the plain path takes them in few driver calls; 0: the usual step).
+  /// segment (or makes one). nullopt: out of memory. `growth_step`: a growth commits at least
+  /// this much where the hole it commits into has room after the commit's start, at the tail or
+  /// inside a segment (bytes a lender gave back to the backend, so that the plain path takes
+  /// them in few driver calls; 0: the usual step, at the growable tail only).
   [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream,
                                             placement where = placement::anywhere, std::size_t growth_step = 0);
   /// As carve, from free ranges only: never calls the backend. nullopt: nothing fits.

@@ -138,6 +138,29 @@ TEST_CASE("an idle arena lends its memory to a step without a plan, and replays 
   CHECK(again.reserved_bytes == 70 * mib);
 }
 
+// Only a lending makes a new sequence a plan at its first sighting: a fresh arena (made at the end
+// of a run, committed at its first claim) lent nothing, and a new sequence before that claim
+// waits to come again, as usual.
+TEST_CASE("a new sequence beside an arena not committed yet stays pending: the arena lent nothing",
+          "[plan][stats]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const auto one_step = [&](std::size_t bytes) {
+    step s(cache);
+    data_ref x = cache.allocate(be, bytes);
+  };
+  one_step(32 * mib);
+  one_step(32 * mib);  // came again: a plan, and its arena, not committed until a run claims it
+  REQUIRE(cache.stats().plans == 1);
+  REQUIRE(cache.stats().arena_bytes == 0);
+  one_step(40 * mib);  // a new sequence: the plain path grows
+  CHECK(cache.stats().arena_lendings == 0);
+  CHECK(cache.stats().plans == 1);  // pending, not a plan
+  one_step(40 * mib);  // it comes again: now a plan
+  CHECK(cache.stats().plans == 2);
+}
+
 // While an arena lends, the plain path takes the bytes back in few commits (a sixteenth of the
 // lent bytes each), not one per request: each commit and each later decommit is a driver call
 // on a GPU. Segments on host virtual memory, 2 MiB granules.
