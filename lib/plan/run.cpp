@@ -246,8 +246,8 @@ block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes
 // memory and the idle arena held at once: on the H200, GPT-2 training with 13 lengths peaked at
 // arena + the plain path's recording, 1.5x of PyTorch's reserved bytes.
 //
-// While the key's arena is lent (by this run or an earlier one, until a run takes it back), the plain path grows
-// by a sixteenth of its bytes at a time: the run is about to need a similar amount, and each
+// While the key's arena is lent (by this run or an earlier one, until a run takes it back), the
+// plain path grows by a sixteenth of the lent bytes at a time: the run needs about as much, and each
 // commit is a driver call (about 45 us on the H200, nearly whatever its size, docs/segments.md),
 // as is each decommit when a run takes the arena back. Overshoot is bounded by one step, inside
 // bytes the arena gave back.

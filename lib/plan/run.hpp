@@ -44,7 +44,7 @@ class plan_run final : public ref_counted<plan_run>,
   /// The plain cache is about to ask `backend` for memory for this run, which replays no plan: the
   /// key's arena, when nothing in it is live, gives its memory back (once a run; only where it
   /// grows in place, so that every region keeps its address) until a run claims it again.
-  /// Returns a growth step while the arena is decommitted: a sixteenth of its bytes (docs/segments.md).
+  /// Returns a growth step while the key's arena is lent: a sixteenth of the lent bytes (docs/segments.md).
   std::size_t before_growth(backend_state& backend) noexcept override;
   /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
   /// Later requests (a step's thread that was late) go to the plain cache.
@@ -132,7 +132,7 @@ class plan_run final : public ref_counted<plan_run>,
   std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
   bool lend_tried_ = false;                 ///< before_growth looked at the key's arena already
   arena* lent_ = nullptr;                   ///< the arena that lent its memory (claimed, retained) until the end
-  bool borrowed_ = false;                   ///< the plain path grew while the key's arena was decommitted
+  bool borrowed_ = false;                   ///< the plain path grew while the key's arena was lent
 
   mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
   std::vector<tracked> tracked_;

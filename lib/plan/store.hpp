@@ -52,7 +52,7 @@ struct run_outcome {
   bool busy_other_key = false;    ///< ... of another key
   bool unrecorded = false;        ///< served by the plain cache, unrecorded, because its key was paused
   std::size_t replayed_peak = 0;  ///< the largest peak live bytes of the plans it replayed regions of
-  bool lent = false;              ///< the plain path grew for it while its key's arena was lent (decommitted)
+  bool lent = false;              ///< the plain path grew for it while its key's arena was lent (arena::lend)
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
 };
@@ -104,9 +104,10 @@ class plan_store final : public cache_extension {
     arena* memory;           ///< retained
   };
   /// A run's recording (adopted; placed only when it becomes a plan): a plan at once when the key has a plan of its
-  /// sequence (a re-recording) or when its run borrowed the key's arena (`lent`), pending when the sequence is new, and
-  /// when it is pending already (it came again) it and every pending recording of the key become plans, largest first. True when it replaced or dropped one (a
-  /// re-recording; dropping the oldest pending one counts too). Caller holds growth_mutex_ only.
+  /// sequence (a re-recording), pending when the sequence is new, and when it is pending already (it came again) or its
+  /// run borrowed the key's lent arena (`lent`) it and every pending recording of the key become plans, largest first.
+  /// True when it replaced or dropped one (a re-recording; dropping the oldest pending one counts too). Caller holds
+  /// growth_mutex_ only.
   bool adopt(key_state& key, recording* made, bool lent) noexcept;
   /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
   /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).

@@ -73,11 +73,12 @@ void segment_heap::consider_holes(const segment& seg, std::size_t bytes, placeme
 range* segment_heap::fill_hole(pool_state& pool, const hole& h, std::size_t growth_step) {
   segment& seg = *h.seg;
   std::size_t size = h.commit_bytes;
-  // The growable segment's tail grows by a step in proportion to the segment (growth_divisor), and
-  // any hole by the caller's step, where the hole has room for it after the commit's start.
+  // The growable segment's tail grows by a step in proportion to the segment (growth_divisor),
+  // where the reservation has room for it; any hole by the caller's step, up to the hole's end.
+  const std::size_t g = seg.vm.granularity();
   const std::size_t usual =
-      h.growable_tail ? std::min(seg.committed() / options_.growth_divisor, options_.max_growth_step) : 0;
-  const std::size_t step = round_up(std::min(std::max(usual, growth_step), h.end - h.commit_at), seg.vm.granularity());
+      h.growable_tail ? round_up(std::min(seg.committed() / options_.growth_divisor, options_.max_growth_step), g) : 0;
+  const std::size_t step = std::max(usual, round_up(std::min(growth_step, h.end - h.commit_at), g));
   if (step > size && h.commit_at + step <= h.end) size = step;
   range* before = h.prev != nullptr && h.prev->free && h.commit_at == h.start ? h.prev : nullptr;
   std::unique_ptr<range> fresh = before == nullptr ? std::make_unique<range>() : nullptr;
