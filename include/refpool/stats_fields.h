@@ -31,14 +31,14 @@
   X(uint64_t, plan_misses, "divergences, shorter runs and live-region conflicts")                            \
   X(uint64_t, plan_recordings, "plans made (first runs, diverged or stale runs)")                            \
   X(size_t, plans, "plans kept now")                                                                         \
-  X(size_t, arena_bytes, "bytes of their arenas")                                                            \
+  X(size_t, arena_bytes, "bytes of arenas (a replaced one a live region still pins too)")                    \
   X(size_t, planned_peak_live_bytes, "peak live bytes of the runs they were made from")                      \
   X(uint64_t, ooms, "requests that failed with out_of_memory after reclaim and retry")                       \
   X(size_t, peak_live_bytes, "highest live_bytes since creation or the last reset_peaks")                    \
   X(uint64_t, steps, "steps begun on this cache")                                                            \
   X(uint64_t, uncached_allocations, "backend allocations made for this cache's scopes uncached")             \
   X(size_t, uncached_live_bytes, "bytes of those still held by handles")                                     \
-  X(size_t, plan_live_bytes, "bytes of plan regions held by handles")                                        \
+  X(size_t, plan_live_bytes, "bytes of kept plans' regions held by handles")                                 \
   X(size_t, allocated_bytes, "everything handed out and still held: live + plan_live + uncached_live")       \
   X(size_t, reserved_bytes, "everything held from backends: held + segment_free + arena + uncached_live")    \
   X(size_t, peak_allocated_bytes, "peak_live + peak_plan_live + peak uncached: an upper bound")              \

@@ -29,6 +29,16 @@ arena_source::arena_source(cache_state& cache) : cache_(cache), reserved_(cache.
 
 arena_source::~arena_source() { reserved_.release(); }
 
+void arena_source::charge(std::size_t bytes) noexcept {
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  reserved_.add(bytes);
+}
+
+void arena_source::uncharge(std::size_t bytes) noexcept {
+  bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  reserved_.remove(bytes);
+}
+
 // ---- memory -------------------------------------------------------------------------------
 
 bool arena_source::allocate(arena_memory& m, std::size_t bytes) {
@@ -56,7 +66,7 @@ bool arena_source::allocate(arena_memory& m, std::size_t bytes) {
   if (at == nullptr) return false;
   m.base = static_cast<std::byte*>(at);
   m.committed.store(bytes, std::memory_order_relaxed);
-  reserved_.add(bytes);
+  charge(bytes);
   return true;
 }
 
@@ -71,7 +81,7 @@ bool arena_source::commit_more(arena_memory& m, std::size_t bytes) {
   std::size_t freed = 0;
   if (!cache_.retry_once(*m.backend, freed, [&] { return m.region.commit(from, delta); })) return false;
   m.committed.store(bytes, std::memory_order_relaxed);
-  reserved_.add(delta);
+  charge(delta);
   // Counted like an allocation: it cost a driver call (the region counts the outstanding bytes).
   m.backend->count_allocation_call();
   return true;
@@ -97,7 +107,7 @@ void arena_source::free(arena_memory& m) noexcept {
   } else {
     m.backend->deallocate(m.base, committed, m.stream);
   }
-  reserved_.remove(committed);
+  uncharge(committed);
   m.base = nullptr;
   m.committed.store(0, std::memory_order_relaxed);
 }
@@ -111,7 +121,7 @@ void arena_source::decommit(arena_memory& m) noexcept {
   }
   m.committed.store(0, std::memory_order_relaxed);
   m.decommitted = committed;
-  reserved_.remove(committed);
+  uncharge(committed);
 }
 
 bool arena_source::recommit(arena_memory& m) {

@@ -71,12 +71,19 @@ class arena_source {
   /// A plan's region blocks (none live) are deleted.
   void take_back_regions(region_block* regions) noexcept;
 
+  /// Bytes held from backends by every arena of this source now, those replaced but still pinned
+  /// by a live region (or held by a run) included: the stats' arena_bytes.
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+
  private:
   bool commit_more(arena_memory& m, std::size_t bytes);  // m.region: commit [m.committed, bytes)
   static void drop_region(arena_memory& m) noexcept;
+  void charge(std::size_t bytes) noexcept;    // counted here and in the cache's reserved bytes
+  void uncharge(std::size_t bytes) noexcept;
 
   cache_state& cache_;
   reserved_counter& reserved_;
+  std::atomic<std::size_t> bytes_{0};
 };
 
 }  // namespace refpool::detail

@@ -25,7 +25,7 @@ void plan_store::add_counters(cache_stats& out) const {
     out.planned_peak_live_bytes += peak;
     out.peak_plan_live_bytes += k->peak_plan_live;
   }
-  for (const arena_group& g : groups_) out.arena_bytes += g.memory->bytes();
+  out.arena_bytes = arenas_.bytes();  // replaced arenas a live region still pins included
   out.plan_evictions = evictions_;
   out.plan_pauses = pauses_;
   out.plan_unrecorded_runs = unrecorded_runs_;

@@ -327,7 +327,9 @@ refpool::cache_stats model::stats(int ci) const {
     out.plans += k.plans.size();
     out.planned_peak_live_bytes += peak;
   }
-  for (const model_group& g : store.groups) out.arena_bytes += arenas[static_cast<std::size_t>(g.arena)].bytes;
+  // Every arena with memory: one replaced but still pinned by a live region (or held by its run) too.
+  for (const model_arena& a : arenas)
+    if (a.cache == ci && a.memory) out.arena_bytes += a.bytes;
   // Regions held by handles, of the plans the store keeps.
   for (const model_key& k : store.keys)
     for (int p : k.plans) {

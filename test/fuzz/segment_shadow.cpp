@@ -23,6 +23,9 @@ constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 /// The shadow backend's memory: small enough that the out-of-memory ladder runs often.
 constexpr std::size_t capacity = 24 * MiB;
+/// During a training loop: room for an arena that grows through virtual memory (16 granules of
+/// 2 MiB at least, arena_source.cpp) beside the plain path.
+constexpr std::size_t loop_capacity = 256 * MiB;
 /// Sizes: mostly small (the small pool, exact-key hits), some large, a few that fill the limit.
 constexpr std::size_t sizes[] = {1,       100,      512,      513,       1000,      4096,     4096,
                                  10000,   64 * KiB, 64 * KiB, 100 * KiB, 600 * KiB, MiB,      MiB + 1,
@@ -33,6 +36,7 @@ constexpr std::size_t limits[] = {rp::cache_options::unlimited, 0, 64 * KiB, 2 *
 struct shadow_totals {
   std::uint64_t operations = 0, pieces = 0, out_of_memory = 0, injected = 0, orphaned_caches = 0, cross_stream = 0;
   std::uint64_t grows = 0, splits = 0, merges = 0;
+  std::uint64_t plan_recordings = 0, plan_hits = 0, lendings = 0;
 } totals;
 
 std::uint64_t mix(std::uint64_t x) noexcept {
@@ -48,14 +52,16 @@ rp::stream_ref stream_of(std::uint64_t h) {
 }
 
 /// Where the stamps of a piece of `bytes` go: one word every `stride` bytes.
-std::size_t stride_for(std::size_t bytes) { return bytes <= 64 * KiB ? 512 : 64 * KiB; }
+/// (Large pieces get few: each stamp is a page the host backend must fault in.)
+std::size_t stride_for(std::size_t bytes) { return bytes <= 64 * KiB ? 512 : bytes <= 2 * MiB ? 64 * KiB : MiB; }
 
 }  // namespace
 
 segment_shadow::segment_shadow(std::uint64_t seed, runner run_on)
     : seed_(seed),
       run_on_(std::move(run_on)),
-      limited_(std::make_shared<rp::limiting_resource>(rp::make_host_resource(), capacity)),
+      budget_(std::make_shared<rp::byte_budget>(capacity)),
+      limited_(std::make_shared<rp::limiting_resource>(rp::make_host_resource(), budget_)),
       failing_(std::make_shared<rp::failing_resource>(limited_)),
       be_(failing_) {
   recreate();
@@ -95,16 +101,13 @@ void segment_shadow::verify(const piece& p, const char* when) const {
   }
 }
 
-void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
-  drop(slot, "before it was replaced");
-  const std::size_t bytes = sizes[h % std::size(sizes)];
-  const rp::stream_ref s = stream_of(h >> 8);
-  piece made;
+rp::data_ref segment_shadow::request(int t, std::size_t bytes, rp::stream_ref s) {
+  rp::data_ref made;
   std::string error;
   bool bad = false;
   run_on_(t, [&] {
     try {
-      made.ref = cache_->allocate(be_, bytes, s);
+      made = cache_->allocate(be_, bytes, s);
     } catch (const rp::out_of_memory&) {
       ++totals.out_of_memory;
     } catch (const rp::backend_error& e) {
@@ -121,15 +124,87 @@ void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
         fmt::format("segments: a request of {} B threw something else than out of memory or the injected "
                     "backend_error: {}",
                     bytes, error));
-  if (!made.ref) return;
-  if (made.ref.bytes() != bytes || made.ref.capacity() < bytes || made.ref.capacity() % 512 != 0)
-    fail(fmt::format("segments: a request of {} B got {} B in a block of {} B", bytes, made.ref.bytes(),
-                     made.ref.capacity()));
+  if (made && (made.bytes() != bytes || made.capacity() < bytes || made.capacity() % 256 != 0))
+    fail(fmt::format("segments: a request of {} B got {} B in a block of {} B", bytes, made.bytes(), made.capacity()));
+  return made;
+}
+
+void segment_shadow::adopt(piece& made, const std::vector<piece>& others) {
+  const auto at = reinterpret_cast<std::uintptr_t>(made.ref.data());
+  const std::uintptr_t end = at + made.ref.capacity();
+  const auto check_apart = [&](const piece& q) {
+    if (!q.ref || &q == &made) return;
+    const auto from = reinterpret_cast<std::uintptr_t>(q.ref.data());
+    if (at < from + q.ref.capacity() && from < end)
+      fail(fmt::format("segments: a new piece [{:#x}, {:#x}) overlaps a live one [{:#x}, {:#x})", at, end, from,
+                       from + q.ref.capacity()));
+  };
+  for (const piece& q : pieces_) check_apart(q);
+  for (const piece& q : others) check_apart(q);
   made.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
   made.generation = generation_;
   ++totals.pieces;
   stamp(made);
+}
+
+void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
+  drop(slot, "before it was replaced");
+  piece made;
+  made.ref = request(t, sizes[h % std::size(sizes)], stream_of(h >> 8));
+  if (!made.ref) return;
+  adopt(made, {});
   pieces_[slot] = std::move(made);
+}
+
+// A training loop: each step makes the requests of one of the input's four sequences and releases
+// them as the sequence says, a few kept past the step (escapes, into the slots). The first sequence
+// comes most often, so it becomes a plan (at its second sighting) replayed from an arena; the
+// others meet that arena idle, so growing the plain path lends it (plan_run::before_growth), and
+// a sequence that borrowed it becomes a plan at once, with the key's pending ones (plan_store::
+// adopt). The fourth uses two streams: it never becomes a plan.
+void segment_shadow::training_loop(int t, std::uint64_t h) {
+  if (step_) run_on_(t, [&] { step_.reset(); });
+  constexpr std::size_t loop_sizes[] = {4096,    100 * KiB, MiB,      MiB + 1,  3 * MiB,
+                                        5 * MiB, 8 * MiB,   12 * MiB, 20 * MiB, 30 * MiB};
+  const std::size_t iterations = 3 + h % 4;
+  budget_->set_capacity(loop_capacity);  // back to `capacity` after: what is held stays held
+  for (std::size_t i = 0; i < iterations; ++i) {
+    const std::uint64_t pick = (h >> (8 + 3 * i)) % 8;
+    const std::uint64_t sequence = pick < 5 ? 0 : pick - 4;
+    const std::uint64_t g = mix(seed_ ^ (0xA5A5ull + sequence));
+    const std::size_t count = 3 + g % 10;
+    std::vector<piece> live(count);
+    std::vector<std::size_t> released_after(count);
+    run_on_(t, [&] { step_ = std::make_unique<rp::step>(*cache_); });
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::uint64_t r = mix(g + j);
+      released_after[j] = j + 1 + r % 5;  // past the last request: live until the step's end
+      const rp::stream_ref s = stream_of(sequence == 3 && j % 2 == 1 ? 5 : g >> 32);
+      live[j].ref = request(t, loop_sizes[(r >> 8) % std::size(loop_sizes)], s);
+      if (live[j].ref) adopt(live[j], live);
+      for (std::size_t k = 0; k <= j; ++k)
+        if (released_after[k] == j && live[k].ref) {
+          verify(live[k], "when its step released it");
+          if ((r >> 16) % 16 == 0)
+            run_on_(t, [&] { live[k].ref.unsafe_free(); });
+          live[k] = piece{};
+        }
+    }
+    for (std::size_t k = 0; k < count; ++k) {
+      if (!live[k].ref) continue;
+      if (mix(g ^ h ^ k) % 8 == 0) {  // an escape: it stays live past the step
+        const std::size_t slot = (k + i) % slots;
+        drop(slot, "before an escape replaced it");
+        pieces_[slot] = std::move(live[k]);
+      } else {
+        verify(live[k], "at its step's end");
+        live[k] = piece{};
+      }
+    }
+    run_on_(t, [&] { step_.reset(); });
+    check(true);
+  }
+  budget_->set_capacity(capacity);
 }
 
 void segment_shadow::drop(std::size_t slot, const char* when) {
@@ -221,6 +296,9 @@ void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
         ++totals.orphaned_caches;
       }
       break;
+    case 40:  // one of the harness's planned loops
+      training_loop(t, h);
+      break;
     case 34:
     case 35:  // a short loop of one size: exact-key hits on the same piece
       for (int i = 0; i < 4; ++i) {
@@ -243,6 +321,9 @@ void segment_shadow::add_totals() const {
   totals.splits += st.splits;
   totals.merges += st.merges;
   totals.cross_stream += st.cross_stream_reuses;
+  totals.plan_recordings += st.plan_recordings;
+  totals.plan_hits += st.plan_hits;
+  totals.lendings += st.arena_lendings;
 }
 
 void segment_shadow::check(bool with_stats) {
@@ -274,17 +355,30 @@ void segment_shadow::check(bool with_stats) {
   if (st.segment_bytes < st.segment_free_bytes || st.held_bytes != st.segment_bytes - st.segment_free_bytes)
     fail(fmt::format("segments: {} B held in blocks, but the segments hold {} B of which {} B are free", st.held_bytes,
                      st.segment_bytes, st.segment_free_bytes));
-  if (st.reserved_bytes != st.held_bytes + st.segment_free_bytes || st.peak_reserved_bytes < st.reserved_bytes)
-    fail(fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B", st.reserved_bytes,
-                     st.peak_reserved_bytes, st.held_bytes, st.segment_free_bytes));
+  if (st.reserved_bytes != st.held_bytes + st.segment_free_bytes + st.arena_bytes + st.uncached_live_bytes ||
+      st.peak_reserved_bytes < st.reserved_bytes)
+    fail(fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B + arenas {} B + "
+                     "uncached {} B",
+                     st.reserved_bytes, st.peak_reserved_bytes, st.held_bytes, st.segment_free_bytes, st.arena_bytes,
+                     st.uncached_live_bytes));
   if (out != limited_->used())
     fail(fmt::format("segments: the backend has {} B out, its limit adaptor counts {} B", out, limited_->used()));
   if (orphans ? out < st.reserved_bytes : out != st.reserved_bytes)
-    fail(fmt::format("segments: the backend has {} B out, the cache holds {} B{}", out, st.reserved_bytes,
-                     orphans ? " (and pieces of a destroyed cache)" : ""));
-  if (st.live_blocks != live_blocks || st.live_bytes != live_bytes)
-    fail(fmt::format("segments: the cache counts {} live blocks of {} B, the handles {} of {} B", st.live_blocks,
-                     st.live_bytes, live_blocks, live_bytes));
+    fail(fmt::format("segments: the backend has {} B out, the cache holds {} B{} (held {} B, segment free {} B, "
+                     "arenas {} B, uncached {} B; {} plans, {} dropped, {} arenas lent, {} replaced)",
+                     out, st.reserved_bytes, orphans ? " (and pieces of a destroyed cache)" : "", st.held_bytes,
+                     st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
+                     st.arena_lendings, st.arena_replacements));
+  // Escaped regions count in plan_live_bytes, not as blocks, while their plan is kept: a region
+  // of a plan dropped or moved to a larger arena counts in neither (as documented for
+  // plan_live_bytes).
+  const std::size_t counted = st.live_bytes + st.plan_live_bytes + st.uncached_live_bytes;
+  const bool plans_left = st.plan_evictions != 0 || st.arena_replacements != 0;
+  if (st.live_blocks > live_blocks || counted > live_bytes || (!plans_left && counted != live_bytes) ||
+      (st.plan_recordings == 0 && st.live_blocks != live_blocks))
+    fail(fmt::format("segments: the cache counts {} live blocks of {} B and {} B of plan regions, the handles {} "
+                     "of {} B",
+                     st.live_blocks, st.live_bytes, st.plan_live_bytes, live_blocks, live_bytes));
   // The heaps' own invariants, and the slots' lists of idle pieces against their buckets.
   try {
     rp::detail::access::state(*cache_).check_segments();
@@ -308,9 +402,10 @@ void print_segment_totals() {
   fmt::print(stderr,
              "refpool fuzz, cache with segments: {} operations; {} pieces handed out, {} out of memory, {} injected "
              "backend errors, {} caches destroyed with pieces live; segments grown {} times, {} splits, {} merges, "
-             "{} cross-stream reuses\n",
+             "{} cross-stream reuses; plans recorded {}, region hits {}, arenas lent {}\n",
              totals.operations, totals.pieces, totals.out_of_memory, totals.injected, totals.orphaned_caches,
-             totals.grows, totals.splits, totals.merges, totals.cross_stream);
+             totals.grows, totals.splits, totals.merges, totals.cross_stream, totals.plan_recordings, totals.plan_hits,
+             totals.lendings);
 }
 
 }  // namespace refpool::test::fuzz

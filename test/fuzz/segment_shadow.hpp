@@ -15,6 +15,9 @@
 //   - the heaps' own invariants (check_segments): ranges tile the committed bytes around the
 //     holes trims leave, and a trim that gave back all it could left no free whole commit;
 //   - at the end, nothing is left with the backend.
+// Some operations run a short training loop instead (training_loop): steps without a plan key
+// whose request sequences repeat, so automatic plans, their arenas, an idle arena lent to a step
+// with a new sequence, and that sequence's adoption run under the same checks.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +54,13 @@ class segment_shadow {
   static constexpr int slots = 16;
 
   void allocate(int t, std::size_t slot, std::uint64_t h);
+  /// `ref` from a request of `bytes` on `stream` (thread `t`), or empty (out of memory, injected).
+  refpool::data_ref request(int t, std::size_t bytes, refpool::stream_ref stream);
+  /// Stamps `made` as a fresh piece of this cache, after checking it overlaps no live piece
+  /// (the slots' and `others`).
+  void adopt(piece& made, const std::vector<piece>& others);
+  /// Runs 3-6 steps, each one of the input's four request sequences (mostly the first).
+  void training_loop(int t, std::uint64_t h);
   void drop(std::size_t slot, const char* when);
   void stamp(const piece& p);
   void verify(const piece& p, const char* when) const;
@@ -60,6 +70,7 @@ class segment_shadow {
 
   std::uint64_t seed_;
   runner run_on_;
+  std::shared_ptr<refpool::byte_budget> budget_;  ///< the limit's; training loops raise it
   std::shared_ptr<refpool::limiting_resource> limited_;
   std::shared_ptr<refpool::failing_resource> failing_;
   refpool::backend be_;
