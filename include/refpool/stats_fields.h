@@ -38,7 +38,7 @@
   X(uint64_t, steps, "steps begun on this cache")                                                            \
   X(uint64_t, uncached_allocations, "backend allocations made for this cache's scopes uncached")             \
   X(size_t, uncached_live_bytes, "bytes of those still held by handles")                                     \
-  X(size_t, plan_live_bytes, "bytes of kept plans' regions held by handles")                                 \
+  X(size_t, plan_live_bytes, "bytes of plan regions held by handles")                                        \
   X(size_t, allocated_bytes, "everything handed out and still held: live + plan_live + uncached_live")       \
   X(size_t, reserved_bytes, "everything held from backends: held + segment_free + arena + uncached_live")    \
   X(size_t, peak_allocated_bytes, "peak_live + peak_plan_live + peak uncached: an upper bound")              \

@@ -16,6 +16,8 @@ struct region_block;
 class region_owner {
  public:
   virtual void release_region(block* b, bool via_unsafe_free) noexcept = 0;
+  /// Bytes of its regions live now (stats; any thread).
+  [[nodiscard]] virtual std::size_t live_region_bytes() const noexcept = 0;
 
  protected:
   ~region_owner() = default;

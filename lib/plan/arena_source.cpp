@@ -149,9 +149,24 @@ region_block* arena_source::make_regions(region_owner& owner, const arena_memory
     r.region_index = static_cast<std::uint32_t>(i);
     r.last_stream = requests[i].stream;
   }
+  std::lock_guard guard(owners_mutex_);
+  owners_.push_back(&owner);
   return made.release();
 }
 
-void arena_source::take_back_regions(region_block* regions) noexcept { delete[] regions; }
+void arena_source::take_back_regions(const region_owner& owner, region_block* regions) noexcept {
+  {
+    std::lock_guard guard(owners_mutex_);
+    std::erase(owners_, &owner);
+  }
+  delete[] regions;
+}
+
+std::size_t arena_source::live_region_bytes() const noexcept {
+  std::lock_guard guard(owners_mutex_);
+  std::size_t bytes = 0;
+  for (const region_owner* o : owners_) bytes += o->live_region_bytes();
+  return bytes;
+}
 
 }  // namespace refpool::detail

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <mutex>
 #include <vector>
 
 #include <refpool/types.hpp>
@@ -64,12 +65,16 @@ class arena_source {
   /// of memory after the ladder (it stays decommitted); backend_error propagates.
   bool recommit(arena_memory& m);
 
-  /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`.
-  /// Throws std::bad_alloc and size_error. Given back with take_back_regions.
+  /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`,
+  /// which counts in live_region_bytes() until it gives them back. Throws std::bad_alloc and
+  /// size_error. Given back with take_back_regions.
   region_block* make_regions(region_owner& owner, const arena_memory& m, const std::vector<planned_request>& requests,
                              const std::vector<std::size_t>& offsets);
-  /// A plan's region blocks (none live) are deleted.
-  void take_back_regions(region_block* regions) noexcept;
+  /// `owner`'s region blocks (none live) are deleted.
+  void take_back_regions(const region_owner& owner, region_block* regions) noexcept;
+  /// Bytes of live regions of every plan with region blocks, kept by the store or not (dropped,
+  /// or moved to a larger arena, while an escaped region keeps it): the stats' plan_live_bytes.
+  [[nodiscard]] std::size_t live_region_bytes() const noexcept;
 
   /// Bytes held from backends by every arena of this source now, those replaced but still pinned
   /// by a live region (or held by a run) included: the stats' arena_bytes.
@@ -84,6 +89,8 @@ class arena_source {
   cache_state& cache_;
   reserved_counter& reserved_;
   std::atomic<std::size_t> bytes_{0};
+  mutable std::mutex owners_mutex_;  // a leaf lock: nothing is taken or waited for under it
+  std::vector<const region_owner*> owners_;
 };
 
 }  // namespace refpool::detail

@@ -57,7 +57,7 @@ plan::~plan() {
       std::lock_guard guard(arena_->pinned_mutex);
       std::erase_if(arena_->pinned, [&](const pinned_region& p) { return p.owner == this; });
     }
-    arena_->source().take_back_regions(regions_);
+    arena_->source().take_back_regions(*this, regions_);
     arena_->release();
   }
   cache_->release();

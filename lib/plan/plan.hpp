@@ -84,7 +84,7 @@ class plan final : public ref_counted<plan>, public region_owner {
   }
 
   /// Bytes of its regions held by handles now (a scan of the region states: for stats).
-  [[nodiscard]] std::size_t live_region_bytes() const noexcept;
+  [[nodiscard]] std::size_t live_region_bytes() const noexcept override;
 
   /// The last handle of one of its regions went away (any thread, any time).
   void release_region(block* b, bool via_unsafe_free) noexcept override;

@@ -19,13 +19,13 @@ void plan_store::add_counters(cache_stats& out) const {
     std::size_t peak = 0;
     for (const plan* p : k->plans) {
       peak = std::max(peak, p->peak_live_bytes());
-      out.plan_live_bytes += p->live_region_bytes();
     }
     out.plans += k->plans.size();
     out.planned_peak_live_bytes += peak;
     out.peak_plan_live_bytes += k->peak_plan_live;
   }
   out.arena_bytes = arenas_.bytes();  // replaced arenas a live region still pins included
+  out.plan_live_bytes = arenas_.live_region_bytes();  // and regions of plans dropped or moved
   out.plan_evictions = evictions_;
   out.plan_pauses = pauses_;
   out.plan_unrecorded_runs = unrecorded_runs_;

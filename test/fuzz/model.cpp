@@ -330,13 +330,11 @@ refpool::cache_stats model::stats(int ci) const {
   // Every arena with memory: one replaced but still pinned by a live region (or held by its run) too.
   for (const model_arena& a : arenas)
     if (a.cache == ci && a.memory) out.arena_bytes += a.bytes;
-  // Regions held by handles, of the plans the store keeps.
-  for (const model_key& k : store.keys)
-    for (int p : k.plans) {
-      const model_plan& plan = plans[static_cast<std::size_t>(p)];
+  // Regions held by handles, of every plan: kept, or dropped or moved while a region is live.
+  for (const model_plan& plan : plans)
+    if (plan.cache == ci)
       for (std::size_t i = 0; i < plan.regions.size(); ++i)
         if (plan.regions[i].live) out.plan_live_bytes += plan.spans[i];
-    }
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
   out.plan_evictions = store.evictions;

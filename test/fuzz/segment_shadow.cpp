@@ -369,13 +369,9 @@ void segment_shadow::check(bool with_stats) {
                      out, st.reserved_bytes, orphans ? " (and pieces of a destroyed cache)" : "", st.held_bytes,
                      st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
                      st.arena_lendings, st.arena_replacements));
-  // Escaped regions count in plan_live_bytes, not as blocks, while their plan is kept: a region
-  // of a plan dropped or moved to a larger arena counts in neither (as documented for
-  // plan_live_bytes).
-  const std::size_t counted = st.live_bytes + st.plan_live_bytes + st.uncached_live_bytes;
-  const bool plans_left = st.plan_evictions != 0 || st.arena_replacements != 0;
-  if (st.live_blocks > live_blocks || counted > live_bytes || (!plans_left && counted != live_bytes) ||
-      (st.plan_recordings == 0 && st.live_blocks != live_blocks))
+  // Escaped regions count in plan_live_bytes (their plan kept or not), not as blocks.
+  if (st.live_blocks > live_blocks || st.live_bytes + st.plan_live_bytes + st.uncached_live_bytes != live_bytes ||
+      (st.plan_live_bytes == 0 && st.live_blocks != live_blocks))
     fail(fmt::format("segments: the cache counts {} live blocks of {} B and {} B of plan regions, the handles {} "
                      "of {} B",
                      st.live_blocks, st.live_bytes, st.plan_live_bytes, live_blocks, live_bytes));
