@@ -228,8 +228,12 @@ TEST_CASE("without virtual memory an arena grows by replacement; the old one goe
   CHECK(stats.reserved_bytes == stats.arena_bytes);
   const auto new_arena = stats.arena_bytes - small_arena;
   CHECK(new_arena > small_arena);
+  // The escaped region's plan moved to the new arena; the region still counts as live.
+  CHECK(stats.plan_live_bytes == escaped.capacity());
+  CHECK(stats.allocated_bytes == escaped.capacity());
   escaped = {};
   stats = cache.stats();
+  CHECK(stats.plan_live_bytes == 0);
   CHECK(stats.arena_bytes == new_arena);                        // the old arena went with its last region
   CHECK(be.outstanding_bytes() == stats.arena_bytes);
   for (int i = 0; i < 2; ++i) run_step(cache, be, 4, "small");  // the small key moved to the new arena
