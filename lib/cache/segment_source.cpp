@@ -18,6 +18,20 @@
 
 namespace refpool::detail {
 
+namespace {
+
+/// Adds the event counters of `st` (not its sizes) to `into`.
+void add_events(segment_heap_stats& into, const segment_heap_stats& st) noexcept {
+  into.segments_made += st.segments_made;
+  into.grows += st.grows;
+  into.splits += st.splits;
+  into.merges += st.merges;
+  into.decommits += st.decommits;
+  into.trimmed_bytes += st.trimmed_bytes;
+}
+
+}  // namespace
+
 // ---- heaps --------------------------------------------------------------------------------
 
 heap_use segment_source::use_heap(backend_state& backend) {
@@ -65,12 +79,7 @@ std::vector<std::unique_ptr<cache_heap>> segment_source::drop_empty_heaps_locked
       std::lock_guard lock(h.mutex);
       const segment_heap_stats st = h.heap.stats();
       empty = st.segments == 0 && st.pieces_out == 0;
-      if (empty) {
-        dropped_heap_counts_.segments_made += st.segments_made;
-        dropped_heap_counts_.grows += st.grows;
-        dropped_heap_counts_.splits += st.splits;
-        dropped_heap_counts_.merges += st.merges;
-      }
+      if (empty) add_events(dropped_heap_counts_, st);
     }
     if (empty) {
       dropped.push_back(std::move(*it));
@@ -155,14 +164,13 @@ void segment_source::add_counters(cache_stats& out) const {
     out.segments += st.segments;
     out.segment_bytes += st.committed_bytes;
     out.segment_free_bytes += st.free_bytes;
-    events.segments_made += st.segments_made;
-    events.grows += st.grows;
-    events.splits += st.splits;
-    events.merges += st.merges;
+    add_events(events, st);
   }
   out.segment_grows = events.segments_made + events.grows;
   out.splits = events.splits;
   out.merges = events.merges;
+  out.segment_trims = events.decommits;
+  out.segment_trimmed_bytes = events.trimmed_bytes;
 }
 
 void segment_source::check(std::size_t& used_bytes, std::size_t& pieces_out) const {

@@ -341,6 +341,9 @@ TEST_CASE("segments: reclaim gives every segment back, and the cache keeps no ba
   CHECK(st.idle_blocks == 0);
   CHECK(st.segment_grows == before.segment_grows);  // counters of dropped heaps are kept
   CHECK(st.splits == before.splits);
+  // Every committed byte went back through trims, at least one driver call per segment.
+  CHECK(st.segment_trimmed_bytes - before.segment_trimmed_bytes == before.segment_bytes);
+  CHECK(st.segment_trims - before.segment_trims >= before.segments);
 }
 
 TEST_CASE("segments: reclaim keeps what it is asked to keep; live pieces keep their segment",
