@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "harness.hpp"
+#include "segment_shadow.hpp"
 
 namespace {
 
@@ -66,5 +67,13 @@ int main(int argc, char** argv) {
   }
   fmt::print(stderr, "replayed {} corpus inputs and {} random inputs (seed {})\n", files.size(), random_inputs, seed);
   refpool::test::fuzz::print_totals();
+  // Enough inputs to meet every policy the segment cache's training loops exercise: if one never
+  // ran, a change made it unreachable and the fuzzer no longer covers it.
+  if (random_inputs >= 100) {
+    if (const std::string missing = refpool::test::fuzz::missing_segment_coverage(); !missing.empty()) {
+      fmt::print(stderr, "refpool fuzz: the segment cache's training loops did not cover their policy:{}\n", missing);
+      return 1;
+    }
+  }
   return 0;
 }

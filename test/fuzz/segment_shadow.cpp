@@ -394,6 +394,14 @@ void segment_shadow::finish() {
     fail(fmt::format("segments: leak: the backend has {} B out after the cache went", be_.outstanding_bytes()));
 }
 
+std::string missing_segment_coverage() {
+  std::string missing;
+  if (totals.plan_recordings == 0) missing += " no plan was made;";
+  if (totals.plan_hits == 0) missing += " no region was handed out;";
+  if (totals.lendings == 0) missing += " no arena was lent;";
+  return missing;
+}
+
 void print_segment_totals() {
   fmt::print(stderr,
              "refpool fuzz, cache with segments: {} operations; {} pieces handed out, {} out of memory, {} injected "

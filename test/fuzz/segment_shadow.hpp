@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <refpool/refpool.hpp>
 #include <refpool/testing.hpp>
@@ -83,5 +84,8 @@ class segment_shadow {
 
 /// One line of counts over every input run in this process (what the shadow caches did).
 void print_segment_totals();
+/// Empty when the shadow caches' training loops made plans, hit their regions and lent an
+/// arena; else what they never did (the fuzzer would no longer cover that policy).
+std::string missing_segment_coverage();
 
 }  // namespace refpool::test::fuzz
