@@ -35,7 +35,7 @@ MIB = 2 ** 20
 
 
 STEP_COUNTERS = ("plan_hits", "plan_misses", "plan_recordings", "arena_growths", "arena_lendings", "segment_grows",
-                 "backend_allocations", "backend_frees")
+                 "segment_trims", "backend_allocations", "backend_frees")
 
 
 def replay(conf, runtime="host", per_step=None):
