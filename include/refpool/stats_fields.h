@@ -57,7 +57,7 @@
   X(uint64_t, merges, "free neighbours joined when pieces came back to their segment")                     \
   X(size_t, peak_plan_live_bytes, "per key, most region bytes live at once in a run since the last reset_peaks") \
   X(uint64_t, arena_lendings, "idle arenas decommitted while a run without a plan grew the plain path")      \
-  X(uint64_t, segment_trims, "commits given back by segment trims (driver calls; whole segments too)")       \
+  X(uint64_t, segment_trims, "driver calls of segment trims: decommits, and frees of segments without VM")   \
   X(uint64_t, segment_trimmed_bytes, "bytes those trims gave back, in total")
 
 #endif

@@ -27,6 +27,7 @@ void add_events(segment_heap_stats& into, const segment_heap_stats& st) noexcept
   into.splits += st.splits;
   into.merges += st.merges;
   into.decommits += st.decommits;
+  into.plain_frees += st.plain_frees;
   into.trimmed_bytes += st.trimmed_bytes;
 }
 
@@ -169,7 +170,7 @@ void segment_source::add_counters(cache_stats& out) const {
   out.segment_grows = events.segments_made + events.grows;
   out.splits = events.splits;
   out.merges = events.merges;
-  out.segment_trims = events.decommits;
+  out.segment_trims = events.decommits + events.plain_frees;
   out.segment_trimmed_bytes = events.trimmed_bytes;
 }
 

@@ -252,10 +252,13 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
       if (made != nullptr) {
         arena_group* g = group_for(backend, stream, key.own_arena ? &key : nullptr);
         if (g != nullptr && g->memory->bytes() >= made->bytes_needed()) {
-          made->bind(*g->memory);
-          install(key, made);
+          if (bind(*made, *g->memory)) {
+            install(key, made);
+            reclaim = true;
+          } else {
+            dropped.push_back(made);
+          }
           made = nullptr;
-          reclaim = true;
         } else if (g != nullptr) {
           old = g->memory;
           old->retain();
@@ -269,6 +272,16 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
   if (old != nullptr) old->release();
   for (plan* d : dropped) d->release();
   return rerecorded;
+}
+
+// Region blocks for `made` in `a`; false when they could not be made (out of host memory).
+bool plan_store::bind(plan& made, arena& a) noexcept {
+  try {
+    made.bind(a);
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 void plan_store::install(key_state& key, plan* made) noexcept {
@@ -360,8 +373,10 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
     old->retire();
     replacements_ += 1;
   }
-  made->bind(*fresh);
-  install(key, made);
+  if (bind(*made, *fresh))
+    install(key, made);
+  else
+    dropped.push_back(made);  // the moved plans keep the new arena
   if (g != nullptr) {
     g->memory->release();
     g->memory = fresh;

@@ -116,6 +116,7 @@ class plan_store final : public cache_extension {
   void grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed,
                         std::vector<plan*>& dropped) noexcept;
   void install(key_state& key, plan* made) noexcept;                 // caller holds mutex_, room reserved
+  static bool bind(plan& made, arena& a) noexcept;                   // made.bind(a); false if it threw
   void reclaim_plain_memory(const backend_state& backend) noexcept;  // caller holds growth_mutex_ only
   void move_to_own_arena(key_state& key) noexcept;
   arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;

@@ -48,6 +48,7 @@ struct segment_heap_stats {
   std::uint64_t segments_made = 0;
   std::uint64_t segments_released = 0;
   std::uint64_t decommits = 0;      ///< commits given back by trim (whole segments included)
+  std::uint64_t plain_frees = 0;    ///< segments without virtual memory given back (one call each)
   std::uint64_t trimmed_bytes = 0;  ///< bytes trim gave back to the backend, in total
 };
 

@@ -144,6 +144,7 @@ std::size_t segment_heap::release_segment(segment& seg) {
   } else {
     access::state(backend_)->deallocate(reinterpret_cast<void*>(seg.base), seg.reserved, last_stream);
     --physical_;
+    ++counts_.plain_frees;
   }
   committed_ -= bytes;
   reserved_ -= seg.reserved;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "access.hpp"
+#include "cache/block.hpp"
 #include "cache/cache_state.hpp"
 #include "model.hpp"  // fail()
 
@@ -161,7 +162,7 @@ void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
 // comes most often, so it becomes a plan (at its second sighting) replayed from an arena; the
 // others meet that arena idle, so growing the plain path lends it (plan_run::before_growth), and
 // a sequence that borrowed it becomes a plan at once, with the key's pending ones (plan_store::
-// adopt). The fourth uses two streams: it never becomes a plan.
+// adopt). The fourth mostly uses two streams: then it never becomes a plan.
 void segment_shadow::training_loop(int t, std::uint64_t h) {
   if (step_) run_on_(t, [&] { step_.reset(); });
   constexpr std::size_t loop_sizes[] = {4096,    100 * KiB, MiB,      MiB + 1,  3 * MiB,
@@ -329,18 +330,25 @@ void segment_shadow::add_totals() const {
 void segment_shadow::check(bool with_stats) {
   // No two live pieces overlap (each slot holds a block of its own: pieces are never copied here).
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> spans;
-  std::size_t live_blocks = 0;
-  std::size_t live_bytes = 0;
+  // What the handles hold, by the block's owner: the cache's blocks, plan regions (escapes of
+  // the training loops), and buffers straight from the backend (a planned run's fallbacks).
+  std::size_t live_blocks = 0, live_bytes = 0, region_bytes = 0, direct_bytes = 0;
   bool orphans = false;
   for (const piece& p : pieces_) {
     if (!p.ref) continue;
     const auto at = reinterpret_cast<std::uintptr_t>(p.ref.data());
     spans.emplace_back(at, at + p.ref.capacity());
-    if (p.generation == generation_) {
-      ++live_blocks;
-      live_bytes += p.ref.capacity();
-    } else {
+    if (p.generation != generation_) {
       orphans = true;
+      continue;
+    }
+    switch (static_cast<const rp::detail::block*>(rp::detail::access::block(p.ref))->origin) {
+      case rp::detail::block_origin::cached:
+        ++live_blocks;
+        live_bytes += p.ref.capacity();
+        break;
+      case rp::detail::block_origin::region: region_bytes += p.ref.capacity(); break;
+      case rp::detail::block_origin::direct: direct_bytes += p.ref.capacity(); break;
     }
   }
   std::sort(spans.begin(), spans.end());
@@ -370,11 +378,12 @@ void segment_shadow::check(bool with_stats) {
                      st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
                      st.arena_lendings, st.arena_replacements));
   // Escaped regions count in plan_live_bytes (their plan kept or not), not as blocks.
-  if (st.live_blocks > live_blocks || st.live_bytes + st.plan_live_bytes + st.uncached_live_bytes != live_bytes ||
-      (st.plan_live_bytes == 0 && st.live_blocks != live_blocks))
-    fail(fmt::format("segments: the cache counts {} live blocks of {} B and {} B of plan regions, the handles {} "
-                     "of {} B",
-                     st.live_blocks, st.live_bytes, st.plan_live_bytes, live_blocks, live_bytes));
+  if (st.live_blocks != live_blocks || st.live_bytes != live_bytes || st.plan_live_bytes != region_bytes ||
+      st.uncached_live_bytes != direct_bytes)
+    fail(fmt::format("segments: the cache counts {} live blocks of {} B, {} B of plan regions and {} B uncached; "
+                     "the handles hold {} blocks of {} B, {} B of regions and {} B from the backend",
+                     st.live_blocks, st.live_bytes, st.plan_live_bytes, st.uncached_live_bytes, live_blocks,
+                     live_bytes, region_bytes, direct_bytes));
   // The heaps' own invariants, and the slots' lists of idle pieces against their buckets.
   try {
     rp::detail::access::state(*cache_).check_segments();

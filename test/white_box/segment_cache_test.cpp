@@ -346,6 +346,31 @@ TEST_CASE("segments: reclaim gives every segment back, and the cache keeps no ba
   CHECK(st.segment_trims - before.segment_trims >= before.segments);
 }
 
+TEST_CASE("segments: segment_trims counts the driver calls of trims, with virtual memory and without",
+          "[segments][cache][reclaim]") {
+  const bool with_vm = GENERATE(true, false);
+  CAPTURE(with_vm);
+  auto tracker = std::make_shared<test::tracking_resource>(make_host_resource(), std::nullopt, with_vm);
+  const backend be(tracker);
+  alloc_cache cache{with_segments()};
+  {
+    scope s(cache);
+    for (std::size_t bytes = 1000; bytes < 8 * MiB; bytes = bytes * 3 + 17) (void)allocate(be, bytes);
+    auto large = allocate(be, 40 * MiB);
+    (void)large;
+  }
+  const cache_stats before = cache.stats();
+  REQUIRE(before.segments >= 2);
+  const std::size_t calls_before = tracker->decommits() + tracker->deallocations();
+  cache.reclaim(0);
+  const cache_stats st = cache.stats();
+  CHECK(st.segments == 0);
+  CHECK(st.segment_trims - before.segment_trims == tracker->decommits() + tracker->deallocations() - calls_before);
+  CHECK(st.segment_trims - before.segment_trims >= before.segments);
+  CHECK(st.segment_trimmed_bytes - before.segment_trimmed_bytes == before.segment_bytes);
+  CHECK(be.outstanding_bytes() == 0);
+}
+
 TEST_CASE("segments: reclaim keeps what it is asked to keep; live pieces keep their segment",
           "[segments][cache][reclaim]") {
   heap_fixture f;
