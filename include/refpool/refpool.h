@@ -324,7 +324,10 @@ REFPOOL_C_API refpool_status refpool_cache_create(const refpool_cache_options* o
 /// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already destroyed).
 REFPOOL_C_API refpool_status refpool_cache_destroy(refpool_cache cache);
 
-/// The cache's counters, into *out. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
+/// The cache's counters, into *out: the whole struct as this library defines it. The struct
+/// grows as counters are appended, so code that may run against a newer library than its header
+/// (a binding, a plugin) reads them with refpool_cache_get_stat_values instead.
+/// Errors: INVALID_ARGUMENT, INVALID_HANDLE.
 REFPOOL_C_API refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out);
 
 /// Frees least recently released idle blocks until at most `keep_bytes` idle bytes remain;
