@@ -17,9 +17,7 @@ void plan_store::add_counters(cache_stats& out) const {
   out.plan_recordings = recordings_;
   for (const auto& k : keys_) {
     std::size_t peak = 0;
-    for (const plan* p : k->plans) {
-      peak = std::max(peak, p->peak_live_bytes());
-    }
+    for (const plan* p : k->plans) peak = std::max(peak, p->peak_live_bytes());
     out.plans += k->plans.size();
     out.planned_peak_live_bytes += peak;
     out.peak_plan_live_bytes += k->peak_plan_live;

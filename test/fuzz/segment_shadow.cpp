@@ -52,6 +52,11 @@ rp::stream_ref stream_of(std::uint64_t h) {
   return {s < 2 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s) << 12)};
 }
 
+/// Who takes the block behind `ref` back: the cache, a plan (a region), or the backend.
+rp::detail::block_origin origin_of(const rp::data_ref& ref) noexcept {
+  return static_cast<const rp::detail::block*>(rp::detail::access::block(ref))->origin;
+}
+
 /// Where the stamps of a piece of `bytes` go: one word every `stride` bytes.
 /// (Large pieces get few: each stamp is a page the host backend must fault in.)
 std::size_t stride_for(std::size_t bytes) { return bytes <= 64 * KiB ? 512 : bytes <= 2 * MiB ? 64 * KiB : MiB; }
@@ -125,27 +130,33 @@ rp::data_ref segment_shadow::request(int t, std::size_t bytes, rp::stream_ref s)
         fmt::format("segments: a request of {} B threw something else than out of memory or the injected "
                     "backend_error: {}",
                     bytes, error));
-  if (made && (made.bytes() != bytes || made.capacity() < bytes || made.capacity() % 256 != 0))
+  if (!made) return made;
+  // Pieces are whole 512-byte units; plan regions are rounded to 256 bytes.
+  const std::size_t unit = origin_of(made) == rp::detail::block_origin::region ? 256 : 512;
+  if (made.bytes() != bytes || made.capacity() < bytes || made.capacity() % unit != 0)
     fail(fmt::format("segments: a request of {} B got {} B in a block of {} B", bytes, made.bytes(), made.capacity()));
   return made;
 }
 
-void segment_shadow::adopt(piece& made, const std::vector<piece>& others) {
+void segment_shadow::start_piece(piece& made) {
+  made.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
+  made.generation = generation_;
+  ++totals.pieces;
+  stamp(made);
+}
+
+void segment_shadow::check_apart(const piece& made, const std::vector<piece>& others) const {
   const auto at = reinterpret_cast<std::uintptr_t>(made.ref.data());
   const std::uintptr_t end = at + made.ref.capacity();
-  const auto check_apart = [&](const piece& q) {
+  const auto apart = [&](const piece& q) {
     if (!q.ref || &q == &made) return;
     const auto from = reinterpret_cast<std::uintptr_t>(q.ref.data());
     if (at < from + q.ref.capacity() && from < end)
       fail(fmt::format("segments: a new piece [{:#x}, {:#x}) overlaps a live one [{:#x}, {:#x})", at, end, from,
                        from + q.ref.capacity()));
   };
-  for (const piece& q : pieces_) check_apart(q);
-  for (const piece& q : others) check_apart(q);
-  made.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
-  made.generation = generation_;
-  ++totals.pieces;
-  stamp(made);
+  for (const piece& q : pieces_) apart(q);
+  for (const piece& q : others) apart(q);
 }
 
 void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
@@ -153,7 +164,7 @@ void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
   piece made;
   made.ref = request(t, sizes[h % std::size(sizes)], stream_of(h >> 8));
   if (!made.ref) return;
-  adopt(made, {});
+  start_piece(made);  // check() looks for overlaps among the slots after the operation
   pieces_[slot] = std::move(made);
 }
 
@@ -182,7 +193,10 @@ void segment_shadow::training_loop(int t, std::uint64_t h) {
       released_after[j] = j + 1 + r % 5;  // past the last request: live until the step's end
       const rp::stream_ref s = stream_of(sequence == 3 && j % 2 == 1 ? 5 : g >> 32);
       live[j].ref = request(t, loop_sizes[(r >> 8) % std::size(loop_sizes)], s);
-      if (live[j].ref) adopt(live[j], live);
+      if (live[j].ref) {
+        check_apart(live[j], live);  // the step's pieces are in no slot: check() does not see them
+        start_piece(live[j]);
+      }
       for (std::size_t k = 0; k <= j; ++k)
         if (released_after[k] == j && live[k].ref) {
           verify(live[k], "when its step released it");
@@ -342,7 +356,7 @@ void segment_shadow::check(bool with_stats) {
       orphans = true;
       continue;
     }
-    switch (static_cast<const rp::detail::block*>(rp::detail::access::block(p.ref))->origin) {
+    switch (origin_of(p.ref)) {
       case rp::detail::block_origin::cached:
         ++live_blocks;
         live_bytes += p.ref.capacity();

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <refpool/refpool.hpp>
 #include <refpool/testing.hpp>
@@ -57,9 +58,10 @@ class segment_shadow {
   void allocate(int t, std::size_t slot, std::uint64_t h);
   /// `ref` from a request of `bytes` on `stream` (thread `t`), or empty (out of memory, injected).
   refpool::data_ref request(int t, std::size_t bytes, refpool::stream_ref stream);
-  /// Stamps `made` as a fresh piece of this cache, after checking it overlaps no live piece
-  /// (the slots' and `others`).
-  void adopt(piece& made, const std::vector<piece>& others);
+  /// Stamps `made` as a fresh piece of this cache.
+  void start_piece(piece& made);
+  /// Fails if `made` overlaps a live piece of the slots or of `others` (itself aside).
+  void check_apart(const piece& made, const std::vector<piece>& others) const;
   /// Runs 3-6 steps, each one of the input's four request sequences (mostly the first).
   void training_loop(int t, std::uint64_t h);
   void drop(std::size_t slot, const char* when);
