@@ -140,7 +140,23 @@ TEST_CASE("threads on planned scopes and steps: every buffer keeps its owner's s
         }
       });
     }
-    for (auto& th : pool) th.join();
+    // Stats while plans are made, dropped and destroyed on the workers (a plan's last region may
+    // go on any thread): the arena source's list of plans is read here as they leave it.
+    std::atomic<int> running{threads};
+    std::thread reader([&] {
+      std::uint64_t recordings = 0;
+      while (running.load() > 0) {
+        const cache_stats now = cache.stats();
+        broken += now.plan_recordings < recordings ? 1 : 0;  // counters never go back
+        recordings = now.plan_recordings;
+        std::this_thread::yield();
+      }
+    });
+    for (auto& th : pool) {
+      th.join();
+      running.fetch_sub(1);
+    }
+    reader.join();
     escapes.clear();
     const auto stats = cache.stats();
     CHECK(broken.load() == 0);
