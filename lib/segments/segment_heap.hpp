@@ -218,9 +218,11 @@ class segment_heap {
   std::size_t used_ = 0;
   std::size_t pieces_out_ = 0;
   std::size_t physical_ = 0;
-  /// Address space a new growable segment reserves: options_.reserve_bytes, halved (for the
-  /// heap's life) each time the backend refuses it (docs/design.md, "Virtual memory failure rules").
+  /// Address space a new growable segment reserves: full_reservation_, halved each time the
+  /// backend refuses it, and back to full_reservation_ once trim releases a reservation (docs/
+  /// design.md, "Virtual memory failure rules").
   std::size_t reservation_ = 0;
+  std::size_t full_reservation_ = 0;  ///< options_.reserve_bytes in whole granules
   /// The last trim could give back no more, and no piece came back since: no segment is free and
   /// no commit lies entirely in a free range (check() verifies it).
   bool fully_trimmed_ = false;

@@ -36,9 +36,9 @@ struct segment_heap_options {
   /// With virtual memory: address space reserved for a pool's growable segment. 256 GiB is more
   /// than any single GPU has today (H200 141 GB, MI300X 192 GB), so a pool has one segment, and
   /// far below the 47-bit address space of a process. Reserving commits no memory. When the
-  /// backend refuses a reservation the heap halves this, for its whole life, down to what the
-  /// request needs, then makes backend allocations (docs/design.md, "Virtual memory failure
-  /// rules").
+  /// backend refuses a reservation the heap halves this, down to what the request needs, then
+  /// makes backend allocations; the full size is tried again once trim releases a reservation
+  /// (docs/design.md, "Virtual memory failure rules").
   std::size_t reserve_bytes = std::size_t{256} << 30;
   /// With virtual memory: requests of at least this size get a segment of their own (one
   /// reservation, one commit), which trim can give back whole. None by default: such a segment

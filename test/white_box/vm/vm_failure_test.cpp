@@ -179,6 +179,37 @@ TEST_CASE("row 6: a refused reservation falls back to a smaller one, remembered"
   heap.give_back(large->p, {});
 }
 
+TEST_CASE("row 6: the full reservation is tried again once trim releases a reservation", "[vm][segments]") {
+  heap_fixture f;
+  segment_heap heap(f.be, vm_options(64 * MiB, 32 * MiB));
+  f.failing->arm_only(fault_schedule::reservations, 1, 1);  // the first reservation is refused
+  auto small = heap.carve(4 * KiB, {});
+  REQUIRE(small.has_value());
+  REQUIRE(heap.stats().reserved_bytes == 32 * MiB);
+  heap.give_back(small->p, {});
+  heap.trim();
+  CHECK(heap.stats().reserved_bytes == 0);
+  CHECK(f.tracker->reserved() == 0);
+  // Address space came back: the next growth asks for the full size again, and gets it.
+  f.failing->arm_only(fault_schedule::reservations, 2, 1);  // counts reservations, refuses none here
+  auto again = heap.carve(4 * KiB, {});
+  REQUIRE(again.has_value());
+  CHECK(f.failing->calls() == 1);
+  CHECK(heap.stats().reserved_bytes == 64 * MiB);
+  heap.check();
+  heap.give_back(again->p, {});
+  heap.trim();
+  // Refused again: halved again, one refused call, then the smaller size.
+  f.failing->arm_only(fault_schedule::reservations, 1, 1);
+  auto third = heap.carve(4 * KiB, {});
+  REQUIRE(third.has_value());
+  CHECK(f.failing->calls() == 2);
+  CHECK(heap.stats().reserved_bytes == 32 * MiB);
+  heap.give_back(third->p, {});
+  heap.trim();
+  CHECK(f.tracker->reserved() == 0);
+}
+
 TEST_CASE("row 6: with every reservation refused, segments are backend allocations", "[vm][segments]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options(64 * MiB, 32 * MiB));
