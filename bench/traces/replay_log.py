@@ -8,6 +8,7 @@ program holds; time is not measured (Python calls dominate). One process per row
 
     default     what refpool.torch.install() gives: segments, steps that plan by themselves
     plain step  the same with auto_plans off (segments alone)
+    planned     the default with every step under one plan key (run_all's refpool-planned)
 
 and PyTorch's own allocator as measured on the H200 in the same benchmark (not replayed).
 
@@ -30,7 +31,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 LOG = HERE / "gpt2_train_varlen_h200.log.csv.gz"
 STEPS = HERE / "gpt2_train_varlen_h200.steps.json"
-ROWS = {"default": "segments:on", "plain step": "segments:on,auto_plans:off"}
+# Row: (cache configuration, plan key of every step: None for a step without one).
+ROWS = {"default": ("segments:on", None), "plain step": ("segments:on,auto_plans:off", None),
+        "planned": ("segments:on", "gpt2 train")}
 MIB = 2 ** 20
 
 
@@ -38,11 +41,12 @@ STEP_COUNTERS = ("plan_hits", "plan_misses", "plan_recordings", "arena_growths",
                  "segment_trims", "backend_allocations", "backend_frees")
 
 
-def replay(conf, runtime="host", per_step=None):
-    """Replays the log under `conf`; returns the figures of one row. `per_step`: a list that gets
+def replay(row, runtime="host", per_step=None):
+    """Replays the log under `row` (an entry of ROWS); returns the figures of one row. `per_step`: a list that gets
     each step's counter changes and wall time."""
     import time
     import refpool.allocator as allocator
+    conf, plan = row
     allocator.configure(runtime=runtime, conf=conf)  # segments on: as a GPU gets them
     steps = json.loads(STEPS.read_text())
     with gzip.open(LOG, "rt") as f:
@@ -78,7 +82,7 @@ def replay(conf, runtime="host", per_step=None):
         while stop < len(rows) and float(rows[stop][1]) <= end:
             stop += 1
         began = time.perf_counter()
-        with allocator.step():
+        with allocator.step(plan):
             run(rows[at:stop], len(per_step) if per_step is not None else -1)
             closing = time.perf_counter()
         seconds = time.perf_counter() - began
