@@ -42,8 +42,8 @@ STEP_COUNTERS = ("plan_hits", "plan_misses", "plan_recordings", "arena_growths",
 
 
 def replay(row, runtime="host", per_step=None):
-    """Replays the log under `row` (an entry of ROWS); returns the figures of one row. `per_step`: a list that gets
-    each step's counter changes and wall time."""
+    """Replays the log under `row` (an entry of ROWS); returns its figures. `per_step`: a list
+    that gets each step's counter changes and wall time."""
     import time
     import refpool.allocator as allocator
     conf, plan = row

@@ -57,6 +57,10 @@ range* segment_heap::new_growable_segment(pool_state& pool, pool_id id, std::siz
   return new_plain_segment(pool, id, plain_segment_bytes(options_, id, bytes), stream);
 }
 
+std::size_t segment_heap::full_reservation() const noexcept {
+  return round_up(std::max(options_.reserve_bytes, vm_->granularity()), vm_->granularity());
+}
+
 segment_heap::vm_growth segment_heap::new_vm_segment(pool_state& pool, pool_id id, std::size_t reserve,
                                                      std::size_t commit, bool growable) {
   segments_.reserve(segments_.size() + 1);

@@ -35,8 +35,7 @@ segment_heap::segment_heap(backend be, segment_heap_options options)
     // commit boundaries; such a backend grows by allocation instead.
     if (vm != nullptr && std::has_single_bit(vm->granularity()) && vm->granularity() % granule_ == 0) {
       vm_ = vm;
-      full_reservation_ = round_up(std::max(options_.reserve_bytes, vm->granularity()), vm->granularity());
-      reservation_ = full_reservation_;
+      reservation_ = full_reservation();
     }
   }
 }

@@ -174,6 +174,9 @@ class segment_heap {
   };
   vm_growth new_vm_segment(pool_state& pool, pool_id id, std::size_t reserve, std::size_t commit, bool growable);
   range* new_growable_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream);
+  /// options_.reserve_bytes in whole granules of vm_ (which is set): what a growable segment
+  /// reserves until the backend refuses it.
+  [[nodiscard]] std::size_t full_reservation() const noexcept;
   range* new_plain_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream);
   range* adopt(pool_state& pool, pool_id id, std::unique_ptr<segment> seg, std::unique_ptr<range> whole) noexcept;
 
@@ -218,11 +221,10 @@ class segment_heap {
   std::size_t used_ = 0;
   std::size_t pieces_out_ = 0;
   std::size_t physical_ = 0;
-  /// Address space a new growable segment reserves: full_reservation_, halved each time the
-  /// backend refuses it, and back to full_reservation_ once trim releases a reservation (docs/
+  /// Address space a new growable segment reserves: full_reservation(), halved each time the
+  /// backend refuses it, and back to full_reservation() once trim releases a reservation (docs/
   /// design.md, "Virtual memory failure rules").
   std::size_t reservation_ = 0;
-  std::size_t full_reservation_ = 0;  ///< options_.reserve_bytes in whole granules
   /// The last trim could give back no more, and no piece came back since: no segment is free and
   /// no commit lies entirely in a free range (check() verifies it).
   bool fully_trimmed_ = false;

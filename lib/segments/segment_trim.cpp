@@ -142,7 +142,7 @@ std::size_t segment_heap::release_segment(segment& seg) {
     physical_ -= commits;
     counts_.decommits += commits;
     // Address space came back: a refused size may fit now (one refused call if it still does not).
-    reservation_ = full_reservation_;
+    reservation_ = full_reservation();
   } else {
     access::state(backend_)->deallocate(reinterpret_cast<void*>(seg.base), seg.reserved, last_stream);
     --physical_;

@@ -84,6 +84,11 @@ void segment_shadow::recreate() {
   ++generation_;
 }
 
+void segment_shadow::restamp(piece& p) {
+  p.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
+  stamp(p);
+}
+
 void segment_shadow::stamp(const piece& p) {
   auto* bytes = static_cast<unsigned char*>(p.ref.data());
   const std::size_t n = p.ref.bytes();
@@ -139,10 +144,9 @@ rp::data_ref segment_shadow::request(int t, std::size_t bytes, rp::stream_ref s)
 }
 
 void segment_shadow::start_piece(piece& made) {
-  made.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
   made.generation = generation_;
   ++totals.pieces;
-  stamp(made);
+  restamp(made);
 }
 
 void segment_shadow::check_apart(const piece& made, const std::vector<piece>& others) const {
@@ -278,10 +282,7 @@ void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
       break;
     case 20:
     case 21:  // a new owner's pattern
-      if (p.ref) {
-        p.stamp = mix(seed_ ^ ++next_stamp_) & ~std::uint64_t{0xFFFFFFF};
-        stamp(p);
-      }
+      if (p.ref) restamp(p);
       break;
     case 22:
       if (p.ref) p.ref.record_stream(stream_of(h >> 12));

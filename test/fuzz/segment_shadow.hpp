@@ -65,6 +65,8 @@ class segment_shadow {
   /// Runs 3-6 steps, each one of the input's four request sequences (mostly the first).
   void training_loop(int t, std::uint64_t h);
   void drop(std::size_t slot, const char* when);
+  /// Gives `p` a new owner's pattern (its low 28 bits left for each word's offset) and writes it.
+  void restamp(piece& p);
   void stamp(const piece& p);
   void verify(const piece& p, const char* when) const;
   void check(bool with_stats);
