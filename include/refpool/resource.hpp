@@ -50,8 +50,8 @@ class REFPOOL_API resource {
   }
 
   /// Waits until all work submitted so far on every stream of the device has finished. The
-  /// cache calls it, rarely, before handing out memory whose last users it can no longer name
-  /// (bytes of a segment that more than eight streams used between two such waits:
+  /// cache calls it, rarely, before handing out or freeing memory whose last users it can no
+  /// longer name (bytes of a segment that more than eight streams used between two such waits:
   /// docs/design.md, "Segments"). Host memory needs nothing, hence the default; a resource
   /// whose memory is used on streams must override it (cuCtxSynchronize, hipDeviceSynchronize).
   virtual void synchronize() {}

@@ -123,7 +123,11 @@ void segment_heap::release_all() {
 std::size_t segment_heap::release_segment(segment& seg) {
   range* r = seg.first;  // the only range: the segment has no piece, and free neighbours merge
   stream_ref last_stream{};
-  if (!seg.virtual_memory() && !r->streams.any() && !r->streams.empty()) {
+  if (!seg.virtual_memory() && r->streams.any()) {
+    // Its users are no longer known, and a stream-ordered free (cuMemFreeAsync) waits for its own
+    // stream only: wait for the whole device, then free on the default stream.
+    backend_.underlying().synchronize();
+  } else if (!seg.virtual_memory() && !r->streams.empty()) {
     // A stream-ordered free runs on one stream; make it wait for the others first.
     last_stream = *r->streams.begin();
     for (const stream_ref s : r->streams)

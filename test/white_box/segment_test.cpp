@@ -486,6 +486,46 @@ TEST_CASE("trim gives whole free segments back, least recently used first", "[se
   CHECK(f.tracker->deallocations() == 2);
 }
 
+// A stream-ordered free (cuMemFreeAsync) waits for its own stream only: the heap orders it after
+// every other stream that used the segment, or, once those are no longer known ("any"), waits for
+// the whole device first.
+TEST_CASE("a freed segment's last users are waited for: its streams, or the device once they are unknown",
+          "[segments][trim][streams]") {
+  heap_fixture f;
+  segment_heap heap(f.be, plain_options());
+  SECTION("known streams: ordered before the free, which runs on one of them") {
+    const auto a = must_carve(heap, 64 * KiB, stream(1));
+    heap.give_back(a, stream_set(stream(2)));
+    heap.give_back(must_carve(heap, 64 * KiB, stream(3)), stream(3));  // joins the range: {2, 3}
+    f.tracker->clear_orders();
+    CHECK(heap.trim(0) > 0);
+    const auto freed_on = f.tracker->deallocation_streams();
+    REQUIRE(freed_on.size() == 1);
+    CHECK((freed_on[0] == stream(2) || freed_on[0] == stream(3)));
+    const auto orders = f.tracker->orders();
+    REQUIRE(orders.size() == 1);
+    CHECK(orders[0].second == freed_on[0]);
+    CHECK_FALSE(orders[0].first == freed_on[0]);
+    CHECK(f.tracker->synchronizations() == 0);
+  }
+  SECTION("more streams than a set holds: the whole device, then the default stream") {
+    std::vector<segment_heap::piece> p;
+    for (std::size_t i = 0; i <= stream_set::capacity; ++i) p.push_back(must_carve(heap, 64 * KiB));
+    REQUIRE(heap.stats().segments == 1);
+    for (std::size_t i = 0; i < p.size(); ++i) heap.give_back(p[i], stream(10 + i));
+    f.tracker->clear_orders();
+    CHECK(heap.trim(0) > 0);
+    CHECK(f.tracker->synchronizations() == 1);
+    CHECK(f.tracker->orders().empty());
+    const auto freed_on = f.tracker->deallocation_streams();
+    REQUIRE(freed_on.size() == 1);
+    CHECK(freed_on[0] == stream_ref{});
+  }
+  CHECK(heap.stats().segments == 0);
+  CHECK(f.tracker->allocated() == 0);
+  heap.check();
+}
+
 TEST_CASE("trim decommits free commits of a grown segment, in the middle and at the tail", "[segments][vm][trim]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options());

@@ -97,6 +97,7 @@ class tracking_resource final : public resource {
     std::lock_guard guard(mutex_);
     allocated_ -= bytes;
     ++deallocations_;
+    deallocation_streams_.push_back(stream);
   }
   virtual_memory* address_space() noexcept override { return vm_.get(); }
   void order_streams(stream_ref producer, stream_ref consumer) override {
@@ -169,6 +170,11 @@ class tracking_resource final : public resource {
     std::lock_guard guard(mutex_);
     return synchronizations_;
   }
+  /// The stream of every deallocate so far, in order.
+  std::vector<stream_ref> deallocation_streams() const {
+    std::lock_guard guard(mutex_);
+    return deallocation_streams_;
+  }
 
  private:
   std::shared_ptr<resource> upstream_;
@@ -179,6 +185,7 @@ class tracking_resource final : public resource {
   std::size_t allocations_ = 0, deallocations_ = 0, commits_ = 0, decommits_ = 0, refusals_ = 0, bad_releases_ = 0;
   std::map<void*, std::size_t> reservations_;
   std::vector<std::pair<stream_ref, stream_ref>> orders_;
+  std::vector<stream_ref> deallocation_streams_;
   std::size_t synchronizations_ = 0;
 };
 
