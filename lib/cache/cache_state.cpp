@@ -154,41 +154,34 @@ void cache_state::begin_step(request_router* router) {
   step_epoch_.store(epoch + 1, std::memory_order_release);  // after the router (thread_step_router)
 }
 
+__thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+__thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec"))) = 0;
+__thread request_router* kept_step_router __attribute__((tls_model("initial-exec"))) = nullptr;
+
 namespace {
 
-// The calling thread's reference to the router of the step (of one cache, identified by the
-// cache's step epoch) it last sent a request to. The router retains its cache, so `cache` cannot
-// name another cache made at the same address. Plain initial-exec variables, read on every step
-// request without a call (a thread_local with a destructor is reached through __tls_get_addr);
-// kept_router_release gives the reference back when the thread ends.
-__thread const cache_state* kept_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-__thread std::uint64_t kept_epoch __attribute__((tls_model("initial-exec"))) = 0;
-__thread request_router* kept_router __attribute__((tls_model("initial-exec"))) = nullptr;  // counted
-
+// Gives the thread's kept router back when the thread ends.
 struct kept_router_release {
   bool armed = false;
   ~kept_router_release() {
-    kept_cache = nullptr;
-    if (request_router* r = std::exchange(kept_router, nullptr)) r->release_router();
+    kept_step_cache = nullptr;
+    if (request_router* r = std::exchange(kept_step_router, nullptr)) r->release_router();
   }
 };
 thread_local kept_router_release release_kept_router_at_exit;
 
 }  // namespace
 
-router_ref cache_state::thread_step_router() noexcept {
-  const std::uint64_t epoch = step_epoch_.load(std::memory_order_acquire);
-  if (kept_cache == this && kept_epoch == epoch) [[likely]]
-    return router_ref::borrowed(kept_router);
+router_ref cache_state::thread_step_router(std::uint64_t epoch) noexcept {
   router_ref fresh = retain_step_router();
   // Kept only when it is the router of the step this epoch names: a step begun (odd) and not
   // ended since (a step ending now passes its router to this call only).
   if (!fresh || epoch % 2 == 0 || step_epoch_.load(std::memory_order_acquire) != epoch) return fresh;
   release_kept_router_at_exit.armed = true;  // registers its destructor (at the first kept router)
   fresh->retain_router();
-  request_router* const dropped = std::exchange(kept_router, fresh.get());
-  kept_cache = this;
-  kept_epoch = epoch;
+  request_router* const dropped = std::exchange(kept_step_router, fresh.get());
+  kept_step_cache = this;
+  kept_step_epoch = epoch;
   if (dropped != nullptr) dropped->release_router();  // may end an old run, and its cache
   return fresh;
 }

@@ -133,6 +133,17 @@ class cache_extension {
   virtual std::size_t release_unused(const backend_state& backend) noexcept = 0;
 };
 
+class cache_state;
+
+// The calling thread's reference to the router of the step (of one cache, identified by the
+// cache's step epoch) it last sent a request to (cache_state::step_router). The router retains
+// its cache, so `kept_step_cache` cannot name another cache made at the same address. Plain
+// initial-exec variables, read on every step request without a call (a thread_local with a
+// destructor is reached through __tls_get_addr); given back when the thread ends (cache_state.cpp).
+extern __thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec")));
+extern __thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec")));
+extern __thread request_router* kept_step_router __attribute__((tls_model("initial-exec")));  // counted
+
 class cache_state : public ref_counted<cache_state> {
  public:
   cache_state(const cache_options& options, bool bypass);
@@ -164,7 +175,10 @@ class cache_state : public ref_counted<cache_state> {
   [[nodiscard]] router_ref step_router() noexcept {
     if (step_router_.load(std::memory_order_relaxed) == nullptr) [[likely]]
       return {};
-    return thread_step_router();
+    const std::uint64_t epoch = step_epoch_.load(std::memory_order_acquire);
+    if (kept_step_cache == this && kept_step_epoch == epoch) [[likely]]
+      return router_ref::borrowed(kept_step_router);
+    return thread_step_router(epoch);
   }
   /// Steps begun so far.
   [[nodiscard]] std::uint64_t steps_begun() const noexcept { return counters_.steps.load(std::memory_order_relaxed); }
@@ -292,7 +306,9 @@ class cache_state : public ref_counted<cache_state> {
 
   // Slow paths.
   router_ref retain_step_router() const noexcept;
-  router_ref thread_step_router() noexcept;
+  /// step_router() when the calling thread keeps no router of step `epoch` of this cache: takes a
+  /// counted one, and keeps it when that step is still open.
+  router_ref thread_step_router(std::uint64_t epoch) noexcept;
   slot* lease_locked(std::vector<slot*>& free, const void* thread);
   bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained

@@ -22,8 +22,6 @@ namespace detail {
 
 __thread scope_frame* current_frame __attribute__((tls_model("initial-exec"))) = nullptr;
 
-const void* this_thread_token() noexcept { return &current_frame; }
-
 namespace {
 
 // The calling thread's most recent cache-level lease (one entry, initial-exec: no call to read).

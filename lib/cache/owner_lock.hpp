@@ -25,19 +25,25 @@ class owner_lock {
 
   /// The owner's side. Returns a token for owner_leave: true on the fast path.
   [[nodiscard]] bool owner_enter() noexcept {
-    const mode m = owner_lock_mode;
-    if (m != mode::spinlock) {
-      busy_.store(true, std::memory_order_relaxed);
-      if (m == mode::fence) {
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-      } else {
-        std::atomic_signal_fence(std::memory_order_seq_cst);  // the intruder's membarrier is the fence
-      }
-      if (!intruding_.load(std::memory_order_acquire)) [[likely]]
-        return true;
-      busy_.store(false, std::memory_order_release);
-    }
+    if (owner_enter_fast()) [[likely]]
+      return true;
     gate_.lock();
+    return false;
+  }
+  /// The owner's fast path alone: true when entered (leave with owner_leave(true)); false, holding
+  /// nothing, when an intruder is in or the mode has no fast path.
+  [[nodiscard]] bool owner_enter_fast() noexcept {
+    const mode m = owner_lock_mode;
+    if (m == mode::spinlock) return false;
+    busy_.store(true, std::memory_order_relaxed);
+    if (m == mode::fence) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    } else {
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the intruder's membarrier is the fence
+    }
+    if (!intruding_.load(std::memory_order_acquire)) [[likely]]
+      return true;
+    busy_.store(false, std::memory_order_release);
     return false;
   }
   void owner_leave(bool fast) noexcept {

@@ -16,6 +16,7 @@
 #include "cache/block_key.hpp"
 #include "cache/owner_lock.hpp"
 #include "cache/piece_block.hpp"
+#include "cache/scope_frame.hpp"
 
 namespace refpool::detail {
 
@@ -199,7 +200,8 @@ struct alignas(64) slot {
   void erase_if_unused(bucket& b) noexcept;
 };
 
-/// A token unique to the calling thread while it runs (the address of a thread-local).
-const void* this_thread_token() noexcept;
+/// A token unique to the calling thread while it runs (the address of a thread-local): no call,
+/// no load.
+inline const void* this_thread_token() noexcept { return &current_frame; }
 
 }  // namespace refpool::detail

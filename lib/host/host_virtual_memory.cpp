@@ -43,7 +43,9 @@ void* host_virtual_memory::reserve(std::size_t bytes) {
   const std::size_t span = bytes + g;
   void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
-    if (errno == ENOMEM) return nullptr;
+    // The arguments were checked above, so EINVAL says the length is too large for this process
+    // (under valgrind a 256 GiB reservation gets it): no address space, as ENOMEM.
+    if (errno == ENOMEM || errno == EINVAL) return nullptr;
     throw backend_error(
         fmt::format("refpool: host virtual memory: mmap of {} B failed: {}", span, std::strerror(errno)), errno);
   }

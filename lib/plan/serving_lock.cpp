@@ -1,11 +1,11 @@
 // serving_lock (serving_lock.hpp): the owner's way in, and the handover.
 #include "plan/serving_lock.hpp"
 
-#include "cache/slot.hpp"  // this_thread_token
-
 namespace refpool::detail {
 
-serving_lock::ticket serving_lock::lock() noexcept {
+// Everything lock() does not: the owner while an intruder is at its record (through the gate), a
+// record taken meanwhile, and the handover.
+serving_lock::ticket serving_lock::lock_slow() noexcept {
   const void* const me = this_thread_token();
   for (;;) {
     record* const r = current_.load(std::memory_order_acquire);
@@ -30,7 +30,7 @@ serving_lock::ticket serving_lock::take_over(const void* me) noexcept {
   return {old, ticket::way::handover};
 }
 
-void serving_lock::unlock(ticket t) noexcept {
+void serving_lock::unlock_slow(ticket t) noexcept {
   switch (t.how) {
     case ticket::way::owner_fast: t.entered->lock.owner_leave(true); return;
     case ticket::way::owner_slow: t.entered->lock.owner_leave(false); return;
