@@ -42,7 +42,8 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
 // The replay path: the request is the one the plan recorded at this position. serve, replay_one
 // and take_region are inlined into acquire: as calls, their prologues, epilogues and the try's
 // set-up cost 51 of a replayed request's 469 instructions (callgrind, bench/host/instructions.sh).
-[[gnu::always_inline]] inline block* plan_run::serve(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+[[gnu::always_inline]] inline block* plan_run::serve(slot* lease, backend_state& backend, std::size_t bytes,
+                                                     stream_ref stream) {
   const std::uint64_t at = position_.load(std::memory_order_relaxed);
   if (mode_ == mode::replay && at < current_->size()) [[likely]] {
     const planned_request& want = current_->request(at);
@@ -52,8 +53,8 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
   return serve_slow(lease, backend, bytes, stream);
 }
 
-[[gnu::always_inline]] inline block* plan_run::replay_one(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream,
-                            std::uint64_t at) {
+[[gnu::always_inline]] inline block* plan_run::replay_one(slot* lease, backend_state& backend, std::size_t bytes,
+                                                          stream_ref stream, std::uint64_t at) {
   advance(at + 1);
   try {
     if (block* b = take_region(at, stream)) [[likely]] {
