@@ -123,15 +123,16 @@ void segment_heap::release_all() {
 std::size_t segment_heap::release_segment(segment& seg) {
   range* r = seg.first;  // the only range: the segment has no piece, and free neighbours merge
   stream_ref last_stream{};
-  if (!seg.virtual_memory() && r->streams.any()) {
-    // Its users are no longer known, and a stream-ordered free (cuMemFreeAsync) waits for its own
-    // stream only: wait for the whole device, then free on the default stream.
-    backend_.underlying().synchronize();
-  } else if (!seg.virtual_memory() && !r->streams.empty()) {
-    // A stream-ordered free runs on one stream; make it wait for the others first.
-    last_stream = *r->streams.begin();
-    for (const stream_ref s : r->streams)
-      if (!(s == last_stream)) backend_.underlying().order_streams(s, last_stream);
+  // A stream-ordered free (cuMemFreeAsync) waits for its own stream only.
+  if (!seg.virtual_memory()) {
+    resource& res = backend_.underlying();
+    if (r->streams.any()) {
+      res.synchronize();  // its users are no longer known: the whole device, then the default stream
+    } else if (!r->streams.empty()) {
+      last_stream = *r->streams.begin();  // freed on one of its streams, after the others
+      for (const stream_ref s : r->streams)
+        if (!(s == last_stream)) res.order_streams(s, last_stream);
+    }
   }
   const std::size_t bytes = seg.committed();
   // A free segment may still have holes: every range it has is free, and none touch.
