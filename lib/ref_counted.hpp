@@ -13,6 +13,8 @@ class ref_counted {
   ref_counted& operator=(const ref_counted&) = delete;
 
   void retain() const noexcept { refs_.increment(); }
+  /// retain() unless the last owner went already (ref_count::increment_if_owned); false then.
+  [[nodiscard]] bool retain_if_owned() const noexcept { return refs_.increment_if_owned(); }
   void release() const noexcept {
     if (refs_.decrement()) delete static_cast<const Derived*>(this);
   }

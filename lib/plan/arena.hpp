@@ -24,8 +24,16 @@ class plan;
 
 /// A region of a finished run still live: it pins its bytes until released. Recorded at the
 /// run's end; the next run that claims the arena avoids it while it is live.
+///
+/// `owner` holds no count: ~plan removes its plan's entries under pinned_mutex before anything
+/// of the plan is freed, so a holder of the mutex may read an entry's plan, and takes a
+/// reference only with retain_if_owned. That fails once the last one went: the region was
+/// released (on any thread, with no lock) after the holder read it live, and the plan's
+/// destructor waits for the mutex. A counted entry would be simpler to read but would keep its
+/// plan, and so its arena, alive until a run claims the arena again, which for a replaced
+/// (retired) arena is never: its memory would stay held after its last region went.
 struct pinned_region {
-  plan* owner;               ///< not counted: a plan removes its entries when it is destroyed
+  plan* owner;               ///< not counted (above)
   std::uint32_t index;       ///< its request in the plan
   std::uint64_t live_state;  ///< the region's state while it stays live
 };

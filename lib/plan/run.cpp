@@ -189,7 +189,9 @@ void plan_run::begin_with(const planned_request& request) {
       a.drop_released_pins_locked();
       foreign_.reserve(a.pinned.size());
       for (const pinned_region& p : a.pinned) {
-        p.owner->retain();
+        // Released since it was read live, by the plan's last region: the plan is being
+        // destroyed, and its entries go as soon as this lock is free (pinned_region).
+        if (!p.owner->retain_if_owned()) continue;
         foreign_.push_back({p.owner, p.index, p.live_state});
       }
     } catch (...) {

@@ -4,16 +4,27 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <new>
+#include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <refpool/refpool.hpp>
 
+#include "access.hpp"
+#include "cache/region_block.hpp"
 #include "plan/placement.hpp"
+#include "plan/plan.hpp"
 #include "plan/store.hpp"
+#include "support/forwarding_resource.hpp"
 
 using namespace refpool;
 
@@ -508,4 +519,129 @@ TEST_CASE("a cache destroyed while regions live: they stay valid, the arena goes
   survivor.data()[63] = 2.0f;
   survivor = {};
   CHECK(be.outstanding_bytes() == 0);
+}
+
+// ---- issue 35 ---------------------------------------------------------------------------
+
+namespace {
+
+// The arena of `region`, a region of a plan.
+detail::arena& arena_of(const data_ref& region) {
+  auto* b = static_cast<detail::block*>(detail::access::block(region));
+  REQUIRE(b->origin == detail::block_origin::region);
+  return static_cast<detail::plan*>(detail::as_region(b)->owner)->memory();
+}
+
+// The next allocation of `bytes` on the thread that arms it runs `run` first (operator new below):
+// how a test steps in between two statements of the library.
+struct allocation_hook {
+  std::size_t bytes = 0;
+  std::function<void()> run;
+};
+thread_local allocation_hook* armed_hook = nullptr;
+
+}  // namespace
+
+// The replaceable global operators new and delete, every form that is not aligned, over malloc
+// (so the sanitizers see them paired), with the hook. GCC's mismatch warning takes them for the
+// library's.
+namespace {
+void* hooked_new(std::size_t bytes) {
+  if (allocation_hook* hook = armed_hook; hook != nullptr && hook->bytes == bytes) [[unlikely]] {
+    armed_hook = nullptr;
+    hook->run();
+  }
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+void* hooked_new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  try {
+    return hooked_new(bytes);
+  } catch (...) {
+    return nullptr;
+  }
+}
+}  // namespace
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t bytes) { return hooked_new(bytes); }
+void* operator new[](std::size_t bytes) { return hooked_new(bytes); }
+void* operator new(std::size_t bytes, const std::nothrow_t& tag) noexcept { return hooked_new(bytes, tag); }
+void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept { return hooked_new(bytes, tag); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+// Root cause #1: the arena's pinned list names plans without a count. A run that claims the
+// arena drops the entries released since, reserves room for the others, then retains the plan of
+// each: a plan whose last escaped region was released on another thread in between (its count 0,
+// its destructor waiting for the list's mutex) was retained from 0 and freed under the run
+// (heap-use-after-free under ASan). The run's reservation is where this test has the other
+// thread release the dropped plan's last region.
+TEST_CASE("#35.1: a dropped plan's last escaped region released on another thread while a run claims the arena",
+          "[plan][regression][threads]") {
+  const backend be = make_host_backend();
+  constexpr std::size_t escapes = 1000;
+  alloc_cache cache{cache_options{}};
+  const auto big = [&](std::vector<data_ref>* keep) {  // all alive together
+    scope s(cache, {.plan = "big"});
+    std::vector<data_ref> held;
+    for (std::size_t i = 0; i < escapes; ++i) held.push_back(allocate(be, 256));
+    if (keep != nullptr) *keep = std::move(held);
+  };
+  const auto small = [&](data_ref* keep) {  // `a` released before `b`: one offset for both
+    scope s(cache, {.plan = "small"});
+    data_ref a = allocate(be, 256);
+    if (keep == nullptr) a = {};
+    data_ref b = allocate(be, 256);
+    if (keep != nullptr) *keep = std::move(a);
+  };
+  big(nullptr);
+  big(nullptr);  // a plan, and the arena (no virtual memory at this size)
+  small(nullptr);
+  small(nullptr);  // a plan in the same arena
+  data_ref last;
+  small(&last);  // a replay holds `a` past `b`: the plan is stale, replaced and dropped; `a` escapes
+  REQUIRE(cache.stats().plan_recordings == 3);
+  REQUIRE(cache.stats().plans == 2);
+  std::vector<data_ref> pinned;
+  big(&pinned);  // its regions escape too, pinned after `a`
+  detail::arena& shared = arena_of(last);
+  auto* const region = detail::as_region(static_cast<detail::block*>(detail::access::block(last)));
+  const detail::region_state& state = static_cast<detail::plan*>(region->owner)->state(region->region_index);
+  const std::uint64_t live = state.state.load();
+  std::size_t entries = 0;
+  {
+    const std::lock_guard guard(shared.pinned_mutex);
+    entries = shared.pinned.size();
+  }
+  REQUIRE(entries > escapes / 2);
+  std::atomic<bool> go{false}, releasing{false};
+  std::thread releaser([&] {
+    while (!go) std::this_thread::yield();
+    releasing = true;
+    last = {};  // the dropped plan's last reference: its destructor waits for the list's mutex
+  });
+  bool stepped_in = false;
+  allocation_hook between_the_passes{entries * sizeof(detail::pinned_region), [&] {
+                                       stepped_in = true;
+                                       go = true;
+                                       while (!releasing || state.state.load() == live) std::this_thread::yield();
+                                       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // to the mutex
+                                     }};
+  armed_hook = &between_the_passes;
+  small(nullptr);  // the claim: the list read twice, the other thread's release in between
+  armed_hook = nullptr;
+  go = true;
+  releaser.join();
+  CHECK(stepped_in);
+  pinned.clear();
+  small(nullptr);  // the list is read again
+  const auto st = cache.stats();
+  CHECK(st.plan_live_bytes == 0);
+  CHECK(be.outstanding_bytes() == st.reserved_bytes);
 }

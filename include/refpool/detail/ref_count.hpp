@@ -17,6 +17,16 @@ class ref_count {
 
   void increment() noexcept { count_.fetch_add(1, std::memory_order_relaxed); }
 
+  /// Adds an owner unless none is left (the last one went: the object is being destroyed). For a
+  /// pointer that holds no count, whose object removes it under a lock before it is freed: the
+  /// holder of that lock may read the object, and keeps it only if this succeeds.
+  [[nodiscard]] bool increment_if_owned() noexcept {
+    std::uint32_t owners = count_.load(std::memory_order_relaxed);
+    while (owners != 0)
+      if (count_.compare_exchange_weak(owners, owners + 1, std::memory_order_relaxed)) return true;
+    return false;
+  }
+
   /// Drops one owner; true if it was the last.
   [[nodiscard]] bool decrement() noexcept {
     const std::uint32_t before = count_.fetch_sub(1, std::memory_order_acq_rel);
