@@ -58,7 +58,7 @@ bool arena::claim(const void* run, const void* key) noexcept {
   return true;
 }
 
-bool arena::grow_in_place(std::size_t bytes) {
+growth_in_place arena::grow_in_place(std::size_t bytes) {
   std::lock_guard guard(memory_mutex_);
   const committing marked(this);
   return source_.grow_in_place(memory_, bytes);

@@ -47,9 +47,14 @@ class arena : public ref_counted<arena> {
   /// Memory for `bytes` (> 0) from its source (arena_source::allocate). False when out of
   /// memory. Once, before the arena is shared.
   bool allocate(std::size_t bytes) { return source_.allocate(memory_, bytes); }
-  /// Grows to `bytes` where it is, keeping every address (arena_source::grow_in_place). False
+  /// Grows to `bytes` where it is, keeping every address (arena_source::grow_in_place): `cannot`
   /// when it cannot (the caller replaces the arena) or is out of memory.
-  bool grow_in_place(std::size_t bytes);
+  growth_in_place grow_in_place(std::size_t bytes);
+  /// The bytes it holds when committed, whether it is now or not (lent, fresh, or decommitted by
+  /// the out-of-memory ladder): what plans placed in it may use.
+  /// Read without the memory mutex (the store reads it under its own, which the out-of-memory
+  /// ladder of a commit, holding the memory mutex, takes): a hint that grow_in_place confirms.
+  [[nodiscard]] std::size_t capacity() const noexcept { return arena_source::capacity(memory_); }
   /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
   /// pinned); the arena is retired.
   void free_memory() noexcept;

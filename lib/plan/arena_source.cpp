@@ -56,7 +56,7 @@ bool arena_source::allocate(arena_memory& m, std::size_t bytes) {
       // left: the recording run's escapes (gradients) are released by then, so the arena does
       // not join them at the peak (H200, GPT-2 with 13 lengths: 2 GB of them pinned segments).
       m.base = reinterpret_cast<std::byte*>(m.region.base());
-      m.decommitted = target;
+      m.decommitted.store(target, std::memory_order_relaxed);
       return true;
     }
     // No address space left: one allocation, as backends without virtual memory get.
@@ -87,15 +87,17 @@ bool arena_source::commit_more(arena_memory& m, std::size_t bytes) {
   return true;
 }
 
-bool arena_source::grow_in_place(arena_memory& m, std::size_t bytes) {
-  if (!m.region) return false;
+growth_in_place arena_source::grow_in_place(arena_memory& m, std::size_t bytes) {
+  if (bytes <= capacity(m)) return growth_in_place::fits;
+  if (!m.region) return growth_in_place::cannot;
   const std::size_t target = checked_round_up(bytes, m.region.granularity(), "an arena");
-  if (target > m.region.reserved()) return false;
-  if (m.decommitted != 0) {  // not committed now (lent, or not claimed yet): all of it at recommit
-    m.decommitted = std::max(m.decommitted, target);
-    return true;
+  if (target > m.region.reserved()) return growth_in_place::cannot;
+  if (target <= capacity(m)) return growth_in_place::fits;
+  if (m.decommitted.load(std::memory_order_relaxed) != 0) {  // not committed now (lent, or not claimed yet)
+    m.decommitted.store(target, std::memory_order_relaxed);                // all of it at recommit
+    return growth_in_place::grown;
   }
-  return target <= m.committed.load(std::memory_order_relaxed) || commit_more(m, target);
+  return commit_more(m, target) ? growth_in_place::grown : growth_in_place::cannot;
 }
 
 void arena_source::free(arena_memory& m) noexcept {
@@ -110,6 +112,7 @@ void arena_source::free(arena_memory& m) noexcept {
   uncharge(committed);
   m.base = nullptr;
   m.committed.store(0, std::memory_order_relaxed);
+  m.decommitted.store(0, std::memory_order_relaxed);
 }
 
 void arena_source::decommit(arena_memory& m) noexcept {
@@ -119,15 +122,16 @@ void arena_source::decommit(arena_memory& m) noexcept {
     m.region.decommit(i);
     m.backend->count_deallocation_call();
   }
+  m.decommitted.store(committed, std::memory_order_relaxed);  // first: capacity() never reads 0 meanwhile
   m.committed.store(0, std::memory_order_relaxed);
-  m.decommitted = committed;
   uncharge(committed);
 }
 
 bool arena_source::recommit(arena_memory& m) {
-  if (m.decommitted == 0) return true;
-  if (!commit_more(m, m.decommitted)) return false;
-  m.decommitted = 0;
+  const std::size_t target = m.decommitted.load(std::memory_order_relaxed);
+  if (target == 0) return true;
+  if (!commit_more(m, target)) return false;
+  m.decommitted.store(0, std::memory_order_relaxed);
   return true;
 }
 

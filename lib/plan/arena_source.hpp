@@ -9,8 +9,10 @@
 // placed in it or the store holds it, and plans retain the cache, whose extension the store is.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -27,6 +29,13 @@ class reserved_counter;
 struct planned_request;
 struct region_block;
 
+/// What growing an arena in place did.
+enum class growth_in_place : std::uint8_t {
+  cannot,  ///< no room in its reservation, or no virtual memory (or out of memory): it stays as it was
+  fits,    ///< it holds the bytes already (committed, or to be committed at recommit)
+  grown,   ///< it grew (committed more, or will commit more at recommit)
+};
+
 /// An arena's memory: one allocation, or a reservation of address space committed from its start.
 struct arena_memory {
   backend_state* backend = nullptr;  ///< its arena holds a counted reference
@@ -34,7 +43,9 @@ struct arena_memory {
   vm_region region;  ///< when address space was reserved: the reservation and its commits
   std::byte* base = nullptr;
   std::atomic<std::size_t> committed{0};  ///< bytes usable from base (stats read it while it grows)
-  std::size_t decommitted = 0;            ///< bytes given back by decommit, committed again by recommit
+  /// Bytes given back by decommit (or reserved and not committed yet), committed again by
+  /// recommit. Atomic like `committed`: the store reads both for room (capacity) while it changes.
+  std::atomic<std::size_t> decommitted{0};
 };
 
 class arena_source {
@@ -52,9 +63,13 @@ class arena_source {
   /// False when still out of memory; backend_error and size_error propagate (nothing kept).
   bool allocate(arena_memory& m, std::size_t bytes);
   /// Grows `m` to `bytes` where it is, keeping every address: only with virtual memory and room
-  /// left in the reservation (a decommitted `m` only commits more at recommit). False when it
-  /// cannot or is out of memory.
-  bool grow_in_place(arena_memory& m, std::size_t bytes);
+  /// left in the reservation (a decommitted `m` only commits more at recommit). Room is what `m`
+  /// holds committed, or will commit again: a decommitted arena has room too (issue 35).
+  growth_in_place grow_in_place(arena_memory& m, std::size_t bytes);
+  /// The bytes `m` holds when committed: what it holds now, or what recommit will commit.
+  [[nodiscard]] static std::size_t capacity(const arena_memory& m) noexcept {
+    return std::max(m.committed.load(std::memory_order_relaxed), m.decommitted.load(std::memory_order_relaxed));
+  }
   /// Gives `m`'s memory back and uncounts it; `m` is empty after.
   void free(arena_memory& m) noexcept;
   /// Gives `m`'s committed memory back but keeps its address space, so every region keeps its

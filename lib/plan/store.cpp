@@ -251,7 +251,9 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
       }
       if (made != nullptr) {
         arena_group* g = group_for(backend, stream, key.own_arena ? &key : nullptr);
-        if (g != nullptr && g->memory->bytes() >= made->bytes_needed()) {
+        // Room is read from its capacity: a decommitted arena (fresh, lent, or decommitted after
+        // out of memory) commits 0 bytes and has room all the same (issue 35).
+        if (g != nullptr && g->memory->capacity() >= made->bytes_needed()) {
           if (bind(*made, *g->memory)) {
             install(key, made);
             reclaim = true;
@@ -298,7 +300,8 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
                                   std::vector<plan*>& dropped) noexcept {
   reclaim_plain_memory(*made->request(0).key.backend);
   try {
-    if (old != nullptr && old->grow_in_place(needed)) {
+    const growth_in_place growth = old != nullptr ? old->grow_in_place(needed) : growth_in_place::cannot;
+    if (growth != growth_in_place::cannot) {
       std::lock_guard guard(mutex_);
       if (closed_) {  // the cache closed while the arena grew: no plan any more
         dropped.push_back(made);
@@ -306,7 +309,7 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
       }
       made->bind(*old);
       install(key, made);
-      growths_ += 1;
+      if (growth == growth_in_place::grown) growths_ += 1;  // not when another plan made room meanwhile
       return;
     }
   } catch (...) {

@@ -645,3 +645,61 @@ TEST_CASE("#35.1: a dropped plan's last escaped region released on another threa
   CHECK(st.plan_live_bytes == 0);
   CHECK(be.outstanding_bytes() == st.reserved_bytes);
 }
+
+// Root cause #4: a plan that fits joined a decommitted arena as a growth (room was read from
+// committed bytes, 0 while decommitted), and `arena_growths` counted one where nothing grew.
+// Host virtual memory, 2 MiB granules: arenas of 32 MiB or more grow in place.
+TEST_CASE("#35.4: a plan that fits a decommitted arena joins it without a growth", "[plan][regression][stats]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const auto one_step = [&](std::size_t bytes) {
+    step s(cache);
+    data_ref x = cache.allocate(be, bytes);
+    std::memset(x.data(), 3, x.bytes());
+  };
+  one_step(40 * mib);
+  one_step(36 * mib);
+  one_step(40 * mib);  // came again: both plans at once, the larger makes the arena (fresh: not committed)
+  auto st = cache.stats();
+  REQUIRE(st.plans == 2);
+  CHECK(st.arena_growths == 0);  // the 36 MiB plan fits the fresh arena
+  one_step(36 * mib);
+  one_step(40 * mib);
+  st = cache.stats();
+  CHECK(st.plan_hits == 2);
+  CHECK(st.arena_bytes == 40 * mib);
+  one_step(30 * mib);  // a new sequence: the plain path grows, the idle arena lends its memory
+  st = cache.stats();
+  REQUIRE(st.arena_lendings == 1);
+  CHECK(st.plans == 3);          // it borrowed the arena: a plan at once
+  CHECK(st.arena_growths == 0);  // 30 MiB fit the lent arena
+  one_step(30 * mib);
+  st = cache.stats();
+  CHECK(st.plan_hits == 3);
+  CHECK(st.arena_bytes == 40 * mib);
+  CHECK(st.arena_growths == 0);
+  one_step(48 * mib);  // a new sequence larger than the arena: lends, then grows it
+  CHECK(cache.stats().arena_growths == 1);
+}
+
+TEST_CASE_METHOD(arena_in_96_mib, "#35.4: a plan that fits an arena decommitted by out of memory joins it without a growth",
+                 "[plan][regression][stats]") {
+  {
+    data_ref big = cache.allocate(be, 70 * mib);  // the idle arena's 40 MiB go (the ladder)
+    REQUIRE(cache.stats().arena_bytes == 0);
+  }
+  const auto new_sequence = [&] {
+    step s(cache);
+    data_ref x = cache.allocate(be, 20 * mib);
+    std::memset(x.data(), 5, x.bytes());
+  };
+  new_sequence();
+  new_sequence();  // came again: a plan, beside the decommitted arena
+  const auto st = cache.stats();
+  REQUIRE(st.plans == 2);
+  CHECK(st.arena_growths == 0);
+  new_sequence();
+  CHECK(cache.stats().plan_hits >= 1);
+  CHECK(limited->used() == cache.stats().reserved_bytes);
+}
