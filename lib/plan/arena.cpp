@@ -42,7 +42,7 @@ void arena::free_memory() noexcept {
   retire();
   std::lock_guard guard(memory_mutex_);
   source_.free(memory_);
-  lent_ = 0;
+  lent_.store(0, std::memory_order_relaxed);
 }
 
 bool arena::claim(const void* run, const void* key) noexcept {
@@ -68,7 +68,7 @@ bool arena::recommit() {
   std::lock_guard guard(memory_mutex_);
   const committing marked(this);
   if (!source_.recommit(memory_)) return false;
-  lent_ = 0;
+  lent_.store(0, std::memory_order_relaxed);
   return true;
 }
 

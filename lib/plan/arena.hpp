@@ -62,7 +62,7 @@ class arena : public ref_counted<arena> {
   /// before_growth), keeping every address: the caller holds the claim and nothing is pinned.
   void lend() noexcept {
     std::lock_guard guard(memory_mutex_);
-    lent_ = memory_.committed.load(std::memory_order_relaxed);
+    lent_.store(memory_.committed.load(std::memory_order_relaxed), std::memory_order_relaxed);
     source_.decommit(memory_);
   }
   /// Takes it back (arena_source::recommit): false when out of memory, and it stays decommitted.
@@ -70,16 +70,14 @@ class arena : public ref_counted<arena> {
   /// Decommits it if no run holds it, no region pins it and its memory is not being changed (the
   /// out-of-memory ladder: the arena may be the one whose commit ran out). Returns the bytes.
   std::size_t decommit_if_unused(const void* claimant) noexcept;
-  [[nodiscard]] bool decommitted() const noexcept {
-    std::lock_guard guard(memory_mutex_);
-    return memory_.decommitted != 0;
-  }
+  /// Read without the memory mutex, which the out-of-memory ladder holds while it decommits: a
+  /// run need not wait for that to see it claimed (the claimer reads it again under its claim).
+  [[nodiscard]] bool decommitted() const noexcept { return memory_.decommitted.load(std::memory_order_relaxed) != 0; }
   /// Bytes lend() gave back, until recommit takes them again (0: not lent; a fresh arena, or one
-  /// the out-of-memory ladder decommitted, lent nothing).
-  [[nodiscard]] std::size_t lent_bytes() const noexcept {
-    std::lock_guard guard(memory_mutex_);
-    return lent_;
-  }
+  /// the out-of-memory ladder decommitted, lent nothing). Read without the memory mutex: a run's
+  /// plain-cache request (plan_run::before_growth) must not wait for another thread's decommit,
+  /// which on a GPU waits for the device first.
+  [[nodiscard]] std::size_t lent_bytes() const noexcept { return lent_.load(std::memory_order_relaxed); }
   /// Drops pinned regions released since; true when none is left (caller holds the claim).
   [[nodiscard]] bool unpinned() noexcept;
   /// Drops pinned regions released since (caller holds pinned_mutex).
@@ -97,8 +95,13 @@ class arena : public ref_counted<arena> {
   /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
   /// it or the arena was retired. The claimer owns `generation` until it unclaims.
   [[nodiscard]] bool claim(const void* run, const void* key) noexcept;
-  void unclaim() noexcept { claimed_by_.store(nullptr, std::memory_order_release); }
-  /// The key of the run that holds the claim, or of the last one (a hint: read without a lock).
+  void unclaim() noexcept {
+    claimed_key_.store(nullptr, std::memory_order_relaxed);
+    claimed_by_.store(nullptr, std::memory_order_release);
+  }
+  /// The key of the run that holds the claim (a hint: read without a lock). Null when no run of
+  /// a key holds it: the store's own claims (decommit_if_unused, a replacement) name none, and a
+  /// run that found it claimed must not take the store for another key (issue 35).
   [[nodiscard]] const void* claimed_key() const noexcept { return claimed_key_.load(std::memory_order_relaxed); }
   /// No run may claim it any more (it was replaced); runs holding it finish normally.
   void retire() noexcept { retired_.store(true, std::memory_order_release); }
@@ -130,7 +133,7 @@ class arena : public ref_counted<arena> {
   // while a run that claims it may commit it (recommit) or lend it.
   mutable std::mutex memory_mutex_;
   arena_memory memory_;
-  std::size_t lent_ = 0;  ///< bytes lend() gave back, until recommit (guarded by memory_mutex_)
+  std::atomic<std::size_t> lent_{0};  ///< bytes lend() gave back, until recommit (written under memory_mutex_)
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};

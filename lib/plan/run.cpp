@@ -162,7 +162,9 @@ void plan_run::begin_with(const planned_request& request) {
     if (!a.claim(this, key_)) {
       // Another run holds the arena (or it was just replaced): the plain cache serves this one.
       busy_ = true;
-      busy_other_key_ = !a.retired() && a.claimed_key() != key_;
+      // Null: the store holds it (or the claimer has not named its key yet), no other key's run.
+      const void* holder = a.claimed_key();
+      busy_other_key_ = !a.retired() && holder != nullptr && holder != key_;
       mode_ = mode::plain;
       return;
     }

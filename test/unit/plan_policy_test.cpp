@@ -5,6 +5,8 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -47,6 +49,7 @@ class mmap_virtual_memory final : public virtual_memory {
   std::size_t granularity() const noexcept override { return 4096; }
   void* reserve(std::size_t bytes) override {
     void* at = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    reserves += at == MAP_FAILED ? 0 : 1;
     return at == MAP_FAILED ? nullptr : at;
   }
   bool commit(void* addr, std::size_t bytes) override {
@@ -57,6 +60,10 @@ class mmap_virtual_memory final : public virtual_memory {
     return true;
   }
   void decommit(void* addr, std::size_t bytes) noexcept override {
+    if (hold_decommits.exchange(false)) {  // once: the test looks at what happens meanwhile
+      decommit_held = true;
+      while (!decommits_go) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     madvise(addr, bytes, MADV_DONTNEED);
     mprotect(addr, bytes, PROT_NONE);
     committed -= bytes;
@@ -66,6 +73,8 @@ class mmap_virtual_memory final : public virtual_memory {
   std::size_t limit = std::size_t{1} << 30;
   std::size_t committed = 0;
   int commits = 0;
+  std::atomic<int> reserves{0};
+  std::atomic<bool> hold_decommits{false}, decommit_held{false}, decommits_go{false};
 };
 
 // Host memory without virtual memory (the host backend has some): arenas grow by replacement.
@@ -78,6 +87,11 @@ class vm_host_resource final : public refpool::test::forwarding_resource {
  public:
   std::string_view name() const noexcept override { return "host with virtual memory"; }
   virtual_memory* address_space() noexcept override { return &vm; }
+  void* allocate(std::size_t bytes, stream_ref stream) override {
+    return bytes >= out_of_memory_from ? nullptr : forwarding_resource::allocate(bytes, stream);
+  }
+
+  std::size_t out_of_memory_from = static_cast<std::size_t>(-1);
 
   mmap_virtual_memory vm;
 };
@@ -292,4 +306,34 @@ TEST_CASE("a planned loop of several sequences holds no more than the plain path
   CHECK(planned.plan_hits >= (120 - 2 * 12) * 4);
   CHECK(planned.uncached_allocations == 0);
   CHECK(planned.peak_reserved_bytes <= plain.peak_reserved_bytes);
+}
+
+// Issue 35's suspected case through the real path: the out-of-memory ladder decommits an idle arena
+// under the store's own claim (no key) while a run of the arena's key begins. The run is busy (the
+// plain cache serves it) and must not take the store for another key's run: its key stays in the
+// shared arena (no second reservation) and replays there once the decommit is done.
+TEST_CASE("a run meeting the out-of-memory ladder's decommit of its arena keeps its key there",
+          "[plan][policy][vm][threads]") {
+  auto res = std::make_shared<vm_host_resource>();
+  res->vm.limit = 64 * 1024 * 1024;
+  res->out_of_memory_from = 256 * 1024 * 1024;
+  const backend be(res);
+  alloc_cache cache{cache_options{}};
+  for (int i = 0; i < 3; ++i) run_step(cache, be, 8, "k");  // pending, recorded, replayed: committed
+  REQUIRE(cache.stats().plan_hits == 5);
+  REQUIRE(res->vm.reserves == 1);
+  res->vm.hold_decommits = true;
+  std::thread ladder([&] { CHECK_THROWS_AS(cache.allocate(be, 300 * 1024 * 1024), out_of_memory); });
+  while (!res->vm.decommit_held) std::this_thread::yield();
+  run_step(cache, be, 8, "k");  // the arena is the store's now: the plain cache serves this run
+  res->vm.decommits_go = true;
+  ladder.join();
+  auto stats = cache.stats();
+  CHECK(stats.plan_busy_runs == 1);
+  CHECK(res->vm.reserves == 1);  // no arena of its own
+  run_step(cache, be, 8, "k");   // commits the shared arena again and replays
+  stats = cache.stats();
+  CHECK(stats.plan_hits == 10);
+  CHECK(res->vm.reserves == 1);
+  CHECK(be.outstanding_bytes() == stats.reserved_bytes);
 }

@@ -703,3 +703,47 @@ TEST_CASE_METHOD(arena_in_96_mib, "#35.4: a plan that fits an arena decommitted 
   CHECK(cache.stats().plan_hits >= 1);
   CHECK(limited->used() == cache.stats().reserved_bytes);
 }
+
+namespace {
+
+bool is_region(const data_ref& ref) {
+  return static_cast<detail::block*>(detail::access::block(ref))->origin == detail::block_origin::region;
+}
+
+}  // namespace
+
+// Issue 35's suspected case: the store claims an arena itself (the out-of-memory ladder's
+// decommit_if_unused, grow_and_install before it frees a replaced arena) with no key. A run that
+// found the arena claimed so read the claimed key as null, took it for another key's run, and
+// moved its key to an arena of its own, leaving the shared one without its plans. Here the test
+// holds the claim as the store does.
+TEST_CASE("#35.s: a run that finds its arena claimed by the store keeps its key in the shared arena",
+          "[plan][regression]") {
+  const backend be(std::make_shared<refpool::test::forwarding_resource>());  // arenas of one allocation
+  alloc_cache cache{cache_options{}};
+  detail::arena* shared = nullptr;
+  const auto run = [&] {
+    scope s(cache, {.plan = "k"});
+    data_ref a = allocate(be, 4096);
+    data_ref b = allocate(be, 8192);
+    if (is_region(b)) shared = &arena_of(b);
+  };
+  for (int i = 0; i < 3; ++i) run();  // pending, recorded, replayed
+  REQUIRE(shared != nullptr);
+  const auto before = cache.stats();
+  REQUIRE(before.plan_hits == 2);
+  detail::plan_store& store = detail::plan_store::of(detail::access::state(cache));
+  REQUIRE(shared->claim(&store, nullptr));
+  run();  // busy: served by the plain cache
+  shared->unclaim();
+  auto st = cache.stats();
+  CHECK(st.plan_busy_runs == 1);
+  CHECK(st.arena_bytes == before.arena_bytes);  // no arena of its own
+  detail::arena* const was = shared;
+  shared = nullptr;
+  run();
+  st = cache.stats();
+  CHECK(st.plan_hits == before.plan_hits + 2);
+  CHECK(shared == was);
+  CHECK(be.outstanding_bytes() == st.reserved_bytes);
+}
