@@ -335,13 +335,23 @@ void plan_run::observe_release(block* b, bool) noexcept {
 // ---- the end ------------------------------------------------------------------------------
 
 void plan_run::finish() noexcept {
-  std::optional<serving_section> serving;
-  if (shared_) serving.emplace(serving_);
-  if (mode_ == mode::finished) return;
-  finish_locked();
+  run_outcome out;
+  std::vector<plan*> started_with;  // retained: `out` names them until the store has read it
+  {
+    std::optional<serving_section> serving;
+    if (shared_) serving.emplace(serving_);
+    if (mode_ == mode::finished) return;
+    out = finish_locked(started_with);
+  }
+  // The store makes plans of the recording (placement, up to plans_per_key of them at once) and
+  // grows arenas with the serving lock free: a thread whose request came through this run late
+  // is served by the plain cache at once, not after them (issue 35: 10-23 s under ASan).
+  store_.end_run(this, key_, out);
+  for (plan* p : started_with) p->release();
 }
 
-void plan_run::finish_locked() noexcept {
+// Everything of the end that later requests could see: O(n) in the run's requests.
+run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   const mode was = mode_;
   mode_ = mode::finished;
   const std::uint64_t end = position_.load(std::memory_order_relaxed);
@@ -386,12 +396,13 @@ void plan_run::finish_locked() noexcept {
     }
   }
   end_lending();
-  store_.end_run(this, key_, out);
-  // The key's plans it started with are needed no more (later requests go to the plain cache).
-  for (plan* p : candidates_) p->release();
+  // The key's plans it started with are needed no more (later requests go to the plain cache),
+  // but stay retained until the store has read the outcome.
+  started_with = std::move(candidates_);
   candidates_.clear();
   current_ = nullptr;
   segments_.clear();
+  return out;
 }
 
 // Pins this run's regions that are still live (their plan stays alive and the next run of the

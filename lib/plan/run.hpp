@@ -46,8 +46,9 @@ class plan_run final : public ref_counted<plan_run>,
   /// grows in place, so that every region keeps its address) until a run claims it again.
   /// Returns a growth step while the key's arena is lent: a sixteenth of the lent bytes (docs/segments.md).
   std::size_t before_growth(backend_state& backend) noexcept override;
-  /// The run ends: counts escapes, pins regions still live, and hands its recording to the store.
-  /// Later requests (a step's thread that was late) go to the plain cache.
+  /// The run ends: counts escapes, pins regions still live, and hands its recording to the store
+  /// (which places it with the serving lock free). Later requests (a step's thread that was late)
+  /// go to the plain cache.
   void finish() noexcept;
 
   /// While the key's arena is lent, the plain path grows by 1/lending_steps of its bytes at a time.
@@ -101,7 +102,7 @@ class plan_run final : public ref_counted<plan_run>,
   void track(block* b, const planned_request& request, std::uint64_t at) noexcept;
   void reserve_tracking();
   void advance(std::uint64_t to) noexcept;
-  void finish_locked() noexcept;
+  run_outcome finish_locked(std::vector<plan*>& started_with) noexcept;
   void lend(arena& a) noexcept;
   void end_lending() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;

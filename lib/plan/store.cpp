@@ -45,10 +45,7 @@ key_state* plan_store::begin_run(std::string_view key, plan_run* run, std::vecto
 }
 
 void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept {
-  const bool grows = outcome.made != nullptr || outcome.busy_other_key;
   bool reclaim = false;
-  std::unique_lock<std::mutex> growing(growth_mutex_, std::defer_lock);
-  if (grows) growing.lock();
   {
     std::lock_guard guard(mutex_);
     hits_ += outcome.hits;
@@ -69,9 +66,14 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     }
   }
   if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
+  std::vector<plan*> made;
   bool rerecorded = false;
-  if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent);
-  if (outcome.busy_other_key) move_to_own_arena(*key);
+  if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent, made);  // placed here, unlocked
+  if (!made.empty() || outcome.busy_other_key) {
+    const std::lock_guard growing(growth_mutex_);
+    for (plan* p : made) rerecorded = add_plan(*key, p) || rerecorded;
+    if (outcome.busy_other_key) move_to_own_arena(*key);
+  }
   std::lock_guard guard(mutex_);
   key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
   if (static_cast<unsigned>(std::popcount(key->rerecordings)) >= thrash_rerecordings) {
@@ -91,7 +93,7 @@ void plan_store::abandon_run(plan_run* run) noexcept {
 
 // ---- adding plans -------------------------------------------------------------------------
 
-bool plan_store::adopt(key_state& key, recording* made, bool lent) noexcept {
+bool plan_store::adopt(key_state& key, recording* made, bool lent, std::vector<plan*>& plans) noexcept {
   std::vector<recording*> now;  // owned: become plans
   std::vector<recording*> dropped;  // at most two: room made first, so that no branch throws
   try {
@@ -143,7 +145,6 @@ bool plan_store::adopt(key_state& key, recording* made, bool lent) noexcept {
     }
   }
   for (recording* d : dropped) delete d;
-  std::vector<plan*> plans;
   for (recording* r : now) {
     try {
       plans.reserve(now.size());
@@ -157,7 +158,6 @@ bool plan_store::adopt(key_state& key, recording* made, bool lent) noexcept {
   // Largest first: the first makes (or grows) the arena, the others fit in it.
   std::stable_sort(plans.begin(), plans.end(),
                    [](const plan* a, const plan* b) { return a->bytes_needed() > b->bytes_needed(); });
-  for (plan* p : plans) rerecorded = add_plan(key, p) || rerecorded;
   return rerecorded;
 }
 

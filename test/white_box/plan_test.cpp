@@ -357,6 +357,98 @@ TEST_CASE("greedy-by-size placement never overlaps requests alive together", "[p
   CHECK(offsets == std::vector<std::size_t>{0, 0, 0});
 }
 
+namespace {
+
+using lifetimes = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+// Greedy by size as it was placed before issue 35: for each request (largest first), a walk over
+// every placed one in address order. Quadratic; the reference the library must still match.
+std::pair<std::vector<std::size_t>, std::size_t> quadratic_greedy_by_size(const std::vector<std::size_t>& sizes,
+                                                                          const lifetimes& life) {
+  const std::size_t n = sizes.size();
+  std::vector<std::size_t> rounded(n), order(n), offsets(n, 0), by_offset;
+  for (std::size_t i = 0; i < n; ++i) rounded[i] = (sizes[i] + 255) / 256 * 256;
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return rounded[a] != rounded[b] ? rounded[a] > rounded[b] : life[a].first < life[b].first;
+  });
+  std::size_t arena = 0;
+  for (std::size_t i : order) {
+    std::size_t at = 0;
+    for (std::size_t j : by_offset) {
+      if (life[j].first >= life[i].second || life[i].first >= life[j].second) continue;
+      if (offsets[j] >= at + rounded[i]) break;
+      at = std::max(at, offsets[j] + rounded[j]);
+    }
+    offsets[i] = at;
+    arena = std::max(arena, at + rounded[i]);
+    by_offset.insert(std::upper_bound(by_offset.begin(), by_offset.end(), at,
+                                      [&](std::size_t offset, std::size_t j) { return offset < offsets[j]; }),
+                     i);
+  }
+  return {offsets, arena};
+}
+
+// No two requests alive together share a byte; every offset aligned and inside the arena.
+bool placement_valid(const std::vector<std::size_t>& sizes, const lifetimes& life,
+                     const std::vector<std::size_t>& offsets, std::size_t arena) {
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (offsets[i] % 256 != 0 || offsets[i] + sizes[i] > arena) return false;
+    for (std::size_t j = i + 1; j < sizes.size(); ++j) {
+      const bool together = life[i].first < life[j].second && life[j].first < life[i].second;
+      if (together && offsets[i] < offsets[j] + sizes[j] && offsets[j] < offsets[i] + sizes[i]) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// Issue 35: a long run's placement visits only the placed requests alive together with the one it
+// places, not all of them; the offsets are the quadratic walk's, exactly, for short runs and long.
+TEST_CASE("placement finds the offsets of the quadratic greedy walk", "[plan][placement]") {
+  std::mt19937 rng(35);
+  for (int trial = 0; trial < 2020; ++trial) {
+    const bool long_run = trial >= 2000;  // placed by their lifetimes, not by the walk
+    const std::size_t n = long_run ? detail::greedy_walk_below + rng() % 300 : 1 + rng() % 120;
+    std::vector<std::size_t> sizes(n);
+    lifetimes life(n);
+    const bool as_recorded = trial % 2 == 0;  // request i starts at position i, as a run records
+    const std::uint64_t horizon = as_recorded ? n : long_run ? 3000 : 100;
+    for (std::size_t i = 0; i < n; ++i) {
+      sizes[i] = 1 + rng() % (trial % 3 == 0 ? 1024 : 9000);  // many equal rounded sizes, or few
+      const std::uint64_t start = as_recorded ? i : rng() % horizon;
+      const std::uint64_t length = trial % 7 == 0 ? rng() % 3 : 1 + rng() % (long_run ? 60 : 40);  // some empty
+      life[i] = {start, i % 64 == 0 && long_run ? horizon + 1 : start + length};                      // and escapes
+    }
+    const auto placed = detail::place_greedy_by_size(sizes, life, 256);
+    REQUIRE(placed == quadratic_greedy_by_size(sizes, life));
+  }
+}
+
+// Where hundreds of requests are alive together greedy by size would visit too many: best fit in
+// the order of first use places them instead (O(n log n) whatever the lifetimes), validly.
+TEST_CASE("placement of many requests alive together falls back to best fit", "[plan][placement]") {
+  std::mt19937 rng(36);
+  const std::size_t n = detail::greedy_walk_below;  // 3/4 alive together: 768 visits a request
+  std::vector<std::size_t> sizes(n);
+  lifetimes life(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    sizes[i] = 256 * (1 + rng() % 16);
+    life[i] = {i, i % 4 != 0 ? n + 1 : i + 1 + rng() % 8};  // escapes (alive to the end), and short ones
+  }
+  const auto [offsets, arena] = detail::place_greedy_by_size(sizes, life, 256);
+  CHECK(placement_valid(sizes, life, offsets, arena));
+  const std::size_t peak = detail::peak_live_bytes(sizes, life);
+  CHECK(arena >= peak);
+  CHECK(arena <= peak + peak / 4);
+  // All alive together: best fit packs them end to end.
+  for (std::size_t i = 0; i < n; ++i) life[i] = {i, n + 1};
+  const auto [packed, bytes] = detail::place_greedy_by_size(sizes, life, 256);
+  CHECK(bytes == std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}));
+  CHECK(placement_valid(sizes, life, packed, bytes));
+}
+
 TEST_CASE("a repeated loop is served from the plan with no backend calls", "[plan]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
@@ -746,4 +838,72 @@ TEST_CASE("#35.s: a run that finds its arena claimed by the store keeps its key 
   CHECK(st.plan_hits == before.plan_hits + 2);
   CHECK(shared == was);
   CHECK(be.outstanding_bytes() == st.reserved_bytes);
+}
+
+namespace {
+
+// Host memory whose allocations of `gated_bytes` or more wait while `closed` (the arena of a plan
+// being made, say), telling `waiting` when one does.
+class gated_resource final : public refpool::test::forwarding_resource {
+ public:
+  void* allocate(std::size_t bytes, stream_ref stream) override {
+    if (bytes >= gated_bytes && closed.load()) {
+      waiting = true;
+      while (closed.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return forwarding_resource::allocate(bytes, stream);
+  }
+  std::size_t gated_bytes = std::size_t{1} << 20;
+  std::atomic<bool> closed{false};
+  std::atomic<bool> waiting{false};
+};
+
+// Waits up to 10 s for `flag`: a bound for a test that would otherwise hang, not a timing.
+bool within_10_s(const std::atomic<bool>& flag) {
+  for (int i = 0; i < 10000 && !flag.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return flag.load();
+}
+
+}  // namespace
+
+// Root cause #3: a step's end made its plans (placement, the arena's allocation) inside
+// plan_run::finish under the step's serving lock, so a thread whose request came through the
+// step late waited for all of it: 10-23 s under ASan on 2 cores with 16 pending recordings.
+// Here the arena's allocation is held at a gate while a late request comes through the step.
+TEST_CASE("#35.3: a request that came through a step late is served while the step's end makes its plan",
+          "[plan][regression][threads]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const auto gated = std::make_shared<gated_resource>();
+  gated->gated_bytes = 2 * mib;
+  const backend be(gated);
+  alloc_cache cache{cache_options{}};
+  {
+    step s(cache);  // a new sequence: pending
+    data_ref x = cache.allocate(be, 2 * mib);
+  }
+  auto ending = std::make_unique<step>(cache);
+  { data_ref x = cache.allocate(be, 2 * mib); }  // it came again: a plan at the step's end
+  detail::cache_state& state = detail::access::state(cache);
+  std::atomic<bool> routed{false}, go{false}, served{false};
+  std::thread late([&] {
+    const detail::router_ref router = state.step_router();  // taken before the end, used after
+    routed = true;
+    while (!go) std::this_thread::yield();
+    if (router) {
+      const data_ref r = detail::access::adopt(router->acquire(nullptr, *detail::access::state(be), 1024, {}));
+      served = r.bytes() == 1024;
+    }
+  });
+  while (!routed) std::this_thread::yield();
+  gated->closed = true;
+  std::thread ender([&] { ending.reset(); });  // its arena waits at the gate
+  REQUIRE(within_10_s(gated->waiting));
+  go = true;
+  const bool served_during_the_end = within_10_s(served);
+  gated->closed = false;
+  late.join();
+  ender.join();
+  CHECK(served_during_the_end);
+  CHECK(served);
+  CHECK(cache.stats().plans == 1);
 }
