@@ -70,9 +70,10 @@ void print_totals() {
   fmt::print(stderr,
              "refpool fuzz: planned: {} runs, {} region hits, {} conflicts, {} divergences, {} recordings, {} escapes, "
              "{} stale plans, {} busy runs, {} pauses, {} plans dropped, {} arenas made ({} freed); {} steps, {} "
-             "cache-level requests\n",
+             "cache-level requests; escapes of dropped plans released last on the other thread during a run {}\n",
              all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.stale,
-             all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.steps, all.cache_level);
+             all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.steps, all.cache_level,
+             all.dropped_escapes_released_elsewhere);
   fmt::print(stderr,
              "refpool fuzz: requests held in the backend while their cache was destroyed {}, their step ended {}, "
              "their cache reclaimed {}, a buffer released {} ({} through scopes); late frees of an address handed "

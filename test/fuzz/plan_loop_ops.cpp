@@ -6,8 +6,9 @@
 namespace refpool::test::fuzz {
 
 // One operation of a planned loop's body: requests, releases and faults, mostly on the loop's
-// thread, so that the loop's runs repeat their sequences (and plans replay).
-void session::loop_step(int t, bool perturbed) {
+// thread, so that the loop's runs repeat their sequences (and plans replay); kept references
+// (escapes, late releases) go on either thread.
+void session::loop_step(int t, bool perturbed, bool holding) {
   static constexpr op table[] = {
       &session::op_alloc,        &session::op_alloc,       &session::op_alloc,         &session::op_alloc,
       &session::op_alloc,        &session::op_alloc,       &session::op_alloc_raw,     &session::op_alloc_raw,
@@ -25,8 +26,19 @@ void session::loop_step(int t, bool perturbed) {
   run_op(f, thread, 100 + which);
   if (!perturbed) return;
   const std::uint64_t r = splitmix(++perturb_);
-  if (r % 4 == 0) keep_one(t);
-  if (r % 4 == 1 && !kept_.empty()) release_kept(t, kept_.size() - 1);
+  if (r % 4 == 0 || holding) keep_one(t);
+  // The oldest kept reference goes, on either thread, while this run replays: often an escaped
+  // region of an earlier round whose plan was dropped since (replaced as stale, or evicted), and
+  // then its plan's last reference, in the arena this run holds (issue 35).
+  if (r % 4 == 1 && !kept_.empty()) {
+    const int by = (r >> 8) % 2 == 0 ? t : 1 - t;
+    const model_block& b = m_.blocks.at(kept_.front().second);
+    if (by != t && b.refs == 1 && b.kind == block_kind::region) {
+      const model_plan& p = m_.plans[static_cast<std::size_t>(b.plan)];
+      all.dropped_escapes_released_elsewhere += p.regions[b.region].pinned && !p.in_store ? 1 : 0;
+    }
+    release_kept(by, kept_.size() - 1);
+  }
 }
 
 // Takes one more reference to a live buffer (a handle's), kept until release_kept.
@@ -45,7 +57,7 @@ void session::keep_one(int t) {
 void session::release_kept(int t, std::size_t keep) {
   while (kept_.size() > keep) {
     const std::uint64_t gid = kept_.front().second;
-    trace("drop a kept reference (block {})", gid);
+    trace("thread {}: drop a kept reference (block {})", t, gid);
     if (m_.blocks.at(gid).refs == 1) verify_block(gid, "before its last (kept) reference went");
     expect(on(t, [&] { kept_.erase(kept_.begin()); }), outcome::ok, "drop a kept reference");
     m_.drop_ref(gid, false);
@@ -156,8 +168,11 @@ void session::op_planned_loop(int t) {
              outcome::ok, "a rival's scope");
       m_.enter_scope(other, cur_[c], 0, rival);
     }
+    // Now and then a replayed round holds its buffers past their recorded releases: its plan goes
+    // stale and is replaced (dropped) at its end, while its escapes live on into the next rounds.
+    const bool holding = perturbing && round >= 2 && splitmix(++perturb_) % 2 == 0;
     for (std::size_t k = 0; k < body && !in_.empty() && steps_ < max_operations; ++k)
-      loop_step(t, perturbing && round > 0);
+      loop_step(t, perturbing && round > 0, holding);
     while (frames_[other].size() > other_depth) op_close(other);
     if (!opened) continue;
     if (as_step) {
@@ -170,7 +185,7 @@ void session::op_planned_loop(int t) {
       while (frames_[t].size() > depth) op_close(t);
     }
     check_all();
-    release_kept(t, kept_.size() / 2);  // the others live on into the next round: escapes
+    release_kept(round % 2 == 0 ? t : other, kept_.size() / 2);  // the others live on into the next round: escapes
   }
   release_kept(t, 0);
   loop_backend_ = -1;

@@ -337,7 +337,7 @@ class session {
   void op_failing_configure(int t);
   void hand_over(int t, int handle);
   void stale_free(int t);
-  void loop_step(int t, bool perturbed);
+  void loop_step(int t, bool perturbed, bool holding);
   void keep_one(int t);
   void release_kept(int t, std::size_t keep);
   void run_op(op f, int t, std::size_t code);

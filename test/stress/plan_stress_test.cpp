@@ -19,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
 
 using namespace refpool;
@@ -168,4 +171,79 @@ TEST_CASE("threads on planned scopes and steps: every buffer keeps its owner's s
     CHECK(step_cache.stats().live_bytes == 0);
   }
   CHECK(be.outstanding_bytes() == 0);  // nothing leaked: arenas, regions, recordings all freed
+}
+
+// Issue 35, root cause #1: escaped regions of dropped plans freed by pointer on other threads
+// while runs claim their arena and replay. Each round: a key whose every region escapes (a long
+// pinned list), and four keys whose plan is replaced as stale by a run whose first buffer
+// escapes (dropped plans, kept by one escape each), all in one shared arena; then two threads
+// free every escape by pointer, in random order, while this thread runs the keys again. A run
+// reads the pinned list twice under its mutex (drops released entries, then retains the plans
+// of the others); a dropped plan whose last escape goes in between was retained from 0. With
+// test/broken/plan-pin-retained-from-zero.patch applied, ASan reports a heap-use-after-free.
+TEST_CASE("escaped regions of dropped plans freed by pointer on other threads while runs claim the arena",
+          "[plan][threads][stress]") {
+  const backend be = make_host_backend();
+  const int rounds = std::clamp(iterations() / 200, 4, 12);  // 10 under ASan: it caught the broken variant in 8 of 8
+  constexpr std::size_t pinned = 500;
+  constexpr int stale_keys = 8;
+  std::mt19937 rng(35);
+  for (int round = 0; round < rounds; ++round) {
+    alloc_cache cache{cache_options{}};
+    std::vector<void*> escapes;
+    const auto wide = [&](bool escape) {  // every request alive to the end
+      scope s(cache, {.plan = "wide"});
+      std::vector<data_ref> held;
+      for (std::size_t i = 0; i < pinned; ++i) held.push_back(allocate(be, 256));
+      if (escape)
+        for (data_ref& r : held) escapes.push_back(to_pointer(std::move(r)));
+    };
+    const auto pair = [&](int k, bool hold) {  // `a` released before `b`, or held past the end
+      scope s(cache, {.plan = fmt::format("pair{}", k)});
+      const data_ref pad = allocate(be, 1024 * static_cast<std::size_t>(k + 1));  // `a` and `b` above it
+      data_ref a = allocate(be, 512);
+      if (!hold) a = {};
+      data_ref b = allocate(be, 512);
+      if (hold) escapes.push_back(to_pointer(std::move(a)));
+    };
+    wide(false);
+    wide(false);  // the plan and its arena
+    for (int k = 0; k < stale_keys; ++k) {
+      pair(k, false);
+      pair(k, false);  // a plan in the shared arena
+      pair(k, true);   // stale (`a` past `b`): replaced and dropped; `a` escapes and keeps it
+    }
+    wide(true);  // its regions escape, pinned after the dropped plans' ones
+    std::shuffle(escapes.begin(), escapes.end(), rng);
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> claiming{false};
+    std::atomic<int> refused{0};
+    std::vector<std::thread> freers;
+    for (int f = 0; f < 2; ++f)
+      freers.emplace_back([&, f] {
+        std::mt19937 pause(static_cast<unsigned>(round * 2 + f));
+        while (!claiming) std::this_thread::yield();
+        for (std::size_t i; (i = next.fetch_add(1)) < escapes.size();) {
+          try {
+            free_pointer(escapes[i]);
+          } catch (const invalid_argument&) {
+            refused += 1;
+          }
+          for (unsigned spin = pause() % 1024; spin > 0; --spin) refused.load();  // spread over many runs
+        }
+      });
+    int runs = 0;
+    for (; runs < 1 || next.load() < escapes.size(); ++runs) {  // claims while the escapes go
+      pair(runs % stale_keys, false);
+      claiming = true;
+    }
+    for (auto& f : freers) f.join();
+    const auto stats = cache.stats();
+    CHECK(refused.load() == 0);
+    CHECK(stats.plan_evictions >= stale_keys);
+    CHECK(stats.live_bytes == 0);
+    CHECK(stats.plan_live_bytes == 0);
+    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+  }
+  CHECK(be.outstanding_bytes() == 0);
 }
