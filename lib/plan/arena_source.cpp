@@ -94,7 +94,7 @@ growth_in_place arena_source::grow_in_place(arena_memory& m, std::size_t bytes) 
   if (target > m.region.reserved()) return growth_in_place::cannot;
   if (target <= capacity(m)) return growth_in_place::fits;
   if (m.decommitted.load(std::memory_order_relaxed) != 0) {  // not committed now (lent, or not claimed yet)
-    m.decommitted.store(target, std::memory_order_relaxed);                // all of it at recommit
+    m.decommitted.store(target, std::memory_order_relaxed);  // all of it at recommit
     return growth_in_place::grown;
   }
   return commit_more(m, target) ? growth_in_place::grown : growth_in_place::cannot;

@@ -83,9 +83,10 @@ class placed_requests {
     return static_cast<std::size_t>(std::lower_bound(positions_.begin(), positions_.end(), at) - positions_.begin());
   }
   std::size_t first_rank_at_or_after(std::uint64_t at) const {
-    return static_cast<std::size_t>(std::lower_bound(by_start_.begin(), by_start_.end(), at, [&](std::size_t j, std::uint64_t a) {
-                                      return lifetimes_[j].first < a;
-                                    }) - by_start_.begin());
+    return static_cast<std::size_t>(
+        std::lower_bound(by_start_.begin(), by_start_.end(), at,
+                         [&](std::size_t j, std::uint64_t a) { return lifetimes_[j].first < a; }) -
+        by_start_.begin());
   }
   // An empty lifetime [s, s) (none in a recording) meets what starts before s and ends after it.
   bool alive_during_empty(const lifetime& life, std::size_t& budget, std::vector<std::size_t>& out) const {
@@ -100,18 +101,18 @@ class placed_requests {
   }
 
   const std::vector<lifetime>& lifetimes_;
-  std::vector<std::uint64_t> positions_;                // every start and end, sorted, once each
+  std::vector<std::uint64_t> positions_;  // every start and end, sorted, once each
   std::size_t leaves_ = 1;
-  std::vector<std::vector<std::uint32_t>> covering_;    // per node: placed requests whose lifetime tiles it
-  std::vector<std::size_t> by_start_;                   // requests by start (ties by index)
-  std::vector<std::size_t> rank_;                       // request -> its place in by_start_
-  std::vector<std::uint64_t> placed_;                   // bit per place in by_start_
+  std::vector<std::vector<std::uint32_t>> covering_;  // per node: placed requests whose lifetime tiles it
+  std::vector<std::size_t> by_start_;                 // requests by start (ties by index)
+  std::vector<std::size_t> rank_;                     // request -> its place in by_start_
+  std::vector<std::uint64_t> placed_;                 // bit per place in by_start_
 };
 
 // Best fit in the order of first use, as an allocator that knows every release would: each request
 // takes the smallest free range that holds it (ties: the lowest), else the top of the arena grows.
-// O(n log n) whatever the lifetimes. 0-6% more bytes than greedy by size on the traces of
-// bench/traces (docs/benchmarks.md): used only where that one would visit too much.
+// O(n log n) whatever the lifetimes. 0.1-5.8% more bytes than greedy by size on the steps of
+// bench/traces: used only where that one would visit too much.
 std::size_t place_best_fit(const std::vector<std::size_t>& rounded, const std::vector<lifetime>& lifetimes,
                            std::vector<std::size_t>& offsets) {
   const std::size_t n = rounded.size();
@@ -121,7 +122,8 @@ std::size_t place_best_fit(const std::vector<std::size_t>& rounded, const std::v
   std::sort(by_start.begin(), by_start.end(), [&](std::size_t a, std::size_t b) {
     return lifetimes[a].first != lifetimes[b].first ? lifetimes[a].first < lifetimes[b].first : a < b;
   });
-  std::sort(by_end.begin(), by_end.end(), [&](std::size_t a, std::size_t b) { return lifetimes[a].second < lifetimes[b].second; });
+  std::sort(by_end.begin(), by_end.end(),
+            [&](std::size_t a, std::size_t b) { return lifetimes[a].second < lifetimes[b].second; });
   std::map<std::size_t, std::size_t> free_at;             // offset -> bytes, below the top
   std::set<std::pair<std::size_t, std::size_t>> by_size;  // (bytes, offset) of the same ranges
   std::vector<bool> placed(n, false);
@@ -215,7 +217,8 @@ std::size_t place_by_lifetimes(const std::vector<std::size_t>& rounded, const st
       return place_best_fit(rounded, lifetimes, offsets);
     }
     spans.clear();
-    for (const std::size_t j : together) spans.emplace_back(offsets[j], offsets[j] + rounded[j]);  // checked when placed
+    for (const std::size_t j : together)
+      spans.emplace_back(offsets[j], offsets[j] + rounded[j]);  // checked when placed
     std::sort(spans.begin(), spans.end());
     // The lowest gap between them that holds this one, as place_by_walk finds it.
     const std::size_t bytes = rounded[i];
@@ -247,7 +250,7 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(const std:
   });
   std::vector<std::size_t> offsets(n, 0);
   const std::size_t arena = n < greedy_walk_below ? place_by_walk(rounded, lifetimes, order, offsets)
-                                                   : place_by_lifetimes(rounded, lifetimes, order, offsets);
+                                                  : place_by_lifetimes(rounded, lifetimes, order, offsets);
   return {offsets, arena};
 }
 

@@ -419,7 +419,7 @@ TEST_CASE("placement finds the offsets of the quadratic greedy walk", "[plan][pl
       sizes[i] = 1 + rng() % (trial % 3 == 0 ? 1024 : 9000);  // many equal rounded sizes, or few
       const std::uint64_t start = as_recorded ? i : rng() % horizon;
       const std::uint64_t length = trial % 7 == 0 ? rng() % 3 : 1 + rng() % (long_run ? 60 : 40);  // some empty
-      life[i] = {start, i % 64 == 0 && long_run ? horizon + 1 : start + length};                      // and escapes
+      life[i] = {start, i % 64 == 0 && long_run ? horizon + 1 : start + length};                   // and escapes
     }
     const auto placed = detail::place_greedy_by_size(sizes, life, 256);
     REQUIRE(placed == quadratic_greedy_by_size(sizes, life));
@@ -774,7 +774,8 @@ TEST_CASE("#35.4: a plan that fits a decommitted arena joins it without a growth
   CHECK(cache.stats().arena_growths == 1);
 }
 
-TEST_CASE_METHOD(arena_in_96_mib, "#35.4: a plan that fits an arena decommitted by out of memory joins it without a growth",
+TEST_CASE_METHOD(arena_in_96_mib,
+                 "#35.4: a plan that fits an arena decommitted by out of memory joins it without a growth",
                  "[plan][regression][stats]") {
   {
     data_ref big = cache.allocate(be, 70 * mib);  // the idle arena's 40 MiB go (the ladder)

@@ -1,0 +1,148 @@
+// Placement of plans (issue 35): for every step of the captured traces (bench/traces/*.csv, one
+// plan each) and for the step shapes of issue 35's reproduction (4 KiB requests whose lifetimes
+// never overlap; all alive together), the library's placement side by side with the walk over
+// every placed request it replaced: arena bytes (the packing), the peak of live bytes (the floor),
+// whether the offsets are the same, and CPU time. White-box: it calls lib/plan/placement.
+//
+//   placement [--json FILE] TRACE.csv...   (default placement.json)
+//
+// Prints a table and writes JSON.
+#include <algorithm>
+#include <ctime>
+#include <map>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "plan/placement.hpp"
+#include "timing.hpp"
+#include "trace_file.hpp"
+
+namespace {
+
+using refpool::detail::lifetime;
+
+// Greedy by size as placed before issue 35: for each request, largest first, a walk over every
+// placed one in address order (quadratic in the requests).
+std::pair<std::vector<std::size_t>, std::size_t> walk_every_placed(const std::vector<std::size_t>& sizes,
+                                                                   const std::vector<lifetime>& life) {
+  const std::size_t n = sizes.size();
+  std::vector<std::size_t> rounded(n), order(n), offsets(n, 0), by_offset;
+  for (std::size_t i = 0; i < n; ++i) rounded[i] = (sizes[i] + 255) / 256 * 256;
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return rounded[a] != rounded[b] ? rounded[a] > rounded[b] : life[a].first < life[b].first;
+  });
+  std::size_t arena = 0;
+  for (const std::size_t i : order) {
+    std::size_t at = 0;
+    for (const std::size_t j : by_offset) {
+      if (life[j].first >= life[i].second || life[i].first >= life[j].second) continue;
+      if (offsets[j] >= at + rounded[i]) break;
+      at = std::max(at, offsets[j] + rounded[j]);
+    }
+    offsets[i] = at;
+    arena = std::max(arena, at + rounded[i]);
+    by_offset.insert(std::upper_bound(by_offset.begin(), by_offset.end(), at,
+                                      [&](std::size_t offset, std::size_t j) { return offset < offsets[j]; }),
+                     i);
+  }
+  return {offsets, arena};
+}
+
+// CPU milliseconds of `f`, the least of `repeats` runs.
+template <class F>
+double cpu_ms(F&& f, int repeats) {
+  double best = 1e300;
+  for (int r = 0; r < repeats; ++r) {
+    const std::clock_t start = std::clock();
+    f();
+    best = std::min(best, static_cast<double>(std::clock() - start) * 1e3 / CLOCKS_PER_SEC);
+  }
+  return best;
+}
+
+struct run_shape {
+  std::string name;
+  std::vector<std::size_t> sizes;
+  std::vector<lifetime> lifetimes;
+};
+
+// One plan per step: request i allocated at position i, released at the count of requests
+// allocated before its release, or alive to the end.
+std::vector<run_shape> shapes_of(const std::string& path) {
+  std::vector<run_shape> out;
+  const auto steps = refpool::bench::read_trace(path);
+  const std::string file = path.substr(path.find_last_of('/') + 1);
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    run_shape r{fmt::format("{} step {}", file, s), {}, {}};
+    std::map<std::size_t, std::size_t> request_of;
+    for (const auto& e : steps[s]) {
+      if (e.alloc) {
+        request_of[e.index] = r.sizes.size();
+        r.sizes.push_back(e.bytes);
+        r.lifetimes.emplace_back(r.sizes.size() - 1, 0);
+      } else {
+        r.lifetimes[request_of.at(e.index)].second = r.sizes.size();
+      }
+    }
+    const std::size_t n = r.sizes.size();
+    for (std::size_t i = 0; i < n; ++i)
+      r.lifetimes[i].second =
+          r.lifetimes[i].second == 0 ? n + 1 : std::max<std::uint64_t>(r.lifetimes[i].second, i + 1);
+    if (n != 0) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+run_shape four_kib(std::size_t n, bool all_alive) {
+  run_shape r{fmt::format("4 KiB x {}, {}", n, all_alive ? "all alive together" : "lifetimes never overlap"), {}, {}};
+  r.sizes.assign(n, 4096);
+  for (std::size_t i = 0; i < n; ++i) r.lifetimes.emplace_back(i, all_alive ? n + 1 : i + 1);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json = "placement.json";
+  std::vector<run_shape> shapes;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--json" && i + 1 < argc) {
+      json = argv[++i];
+      continue;
+    }
+    for (auto& s : shapes_of(argv[i])) shapes.push_back(std::move(s));
+  }
+  for (const std::size_t n : {2000, 8000, 32000}) shapes.push_back(four_kib(n, false));
+  for (const std::size_t n : {2000, 8000}) shapes.push_back(four_kib(n, true));
+  fmt::print("{:<48} {:>8} {:>14} {:>14} {:>14} {:>6} {:>11} {:>11} {:>7}\n", "run", "requests", "peak live B",
+             "arena walk B", "arena now B", "same", "walk ms", "now ms", "ratio");
+  refpool::bench::json_rows rows;
+  for (const run_shape& r : shapes) {
+    const auto walked = walk_every_placed(r.sizes, r.lifetimes);
+    const auto now = refpool::detail::place_greedy_by_size(r.sizes, r.lifetimes, 256);
+    const std::size_t peak = refpool::detail::peak_live_bytes(r.sizes, r.lifetimes);
+    const int repeats = r.sizes.size() > 10000 ? 1 : 5;
+    const double walk_ms =
+        cpu_ms([&] { refpool::bench::keep(walk_every_placed(r.sizes, r.lifetimes).second); }, repeats);
+    const double now_ms =
+        cpu_ms([&] { refpool::bench::keep(refpool::detail::place_greedy_by_size(r.sizes, r.lifetimes, 256).second); },
+               repeats);
+    const bool same = walked == now;
+    fmt::print("{:<48} {:>8} {:>14} {:>14} {:>14} {:>6} {:>11.2f} {:>11.2f} {:>6.2f}x\n", r.name, r.sizes.size(), peak,
+               walked.second, now.second, same ? "yes" : "no", walk_ms, now_ms, now_ms > 0 ? walk_ms / now_ms : 0);
+    rows.add(fmt::format(R"({{"run": "{}", "requests": {}, "peak_live_bytes": {}, "arena_walk_bytes": {}, )"
+                         R"("arena_bytes": {}, "same_offsets": {}, "walk_ms": {:.3f}, "ms": {:.3f}}})",
+                         r.name, r.sizes.size(), peak, walked.second, now.second, same, walk_ms, now_ms));
+  }
+  if (!rows.write(json)) {
+    fmt::print(stderr, "cannot write {}\n", json);
+    return 1;
+  }
+  fmt::print("JSON: {}\n", json);
+  return 0;
+}
