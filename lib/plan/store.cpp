@@ -66,11 +66,13 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     }
   }
   if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
-  std::vector<plan*> made;
   bool rerecorded = false;
-  if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent, made);  // placed here, unlocked
-  if (!made.empty() || outcome.busy_other_key) {
+  if (outcome.made != nullptr || outcome.busy_other_key) {
+    // One end at a time decides, places (O(n log n) a plan) and adds, so that two ends of a key
+    // agree on its pending sequences; only other ends that add plans wait here, no request.
     const std::lock_guard growing(growth_mutex_);
+    std::vector<plan*> made;
+    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent, made);
     for (plan* p : made) rerecorded = add_plan(*key, p) || rerecorded;
     if (outcome.busy_other_key) move_to_own_arena(*key);
   }

@@ -106,8 +106,8 @@ class plan_store final : public cache_extension {
   /// A run's recording (adopted; placed only when it becomes a plan): a plan at once when the key has a plan of its
   /// sequence (a re-recording), pending when the sequence is new, and when it is pending already (it came again) or its
   /// run borrowed the key's lent arena (`lent`) it and every pending recording of the key become plans, largest first,
-  /// into `plans` (owned, for add_plan). True when it dropped one (the oldest pending one). Caller holds no lock: the
-  /// placements, O(n log n) each, run with none held.
+  /// into `plans` (owned, for add_plan). True when it dropped one (the oldest pending one). Caller holds
+  /// growth_mutex_ only: the placements, O(n log n) each, hold up no request.
   bool adopt(key_state& key, recording* made, bool lent, std::vector<plan*>& plans) noexcept;
   /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
   /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).

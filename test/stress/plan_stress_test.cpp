@@ -247,3 +247,120 @@ TEST_CASE("escaped regions of dropped plans freed by pointer on other threads wh
   }
   CHECK(be.outstanding_bytes() == 0);
 }
+
+// Issue 35, hostile: key-less steps end on this thread, making plans of up to 16 pending
+// sequences at a time with the serving lock free, while three threads request through them, one
+// request each racing every end (it reaches the ended run late, or the plain cache). Every buffer
+// keeps its owner's stamp, alive across steps too (escapes).
+TEST_CASE("steps end on one thread while others request through them and their plans are made",
+          "[plan][threads][stress]") {
+  const backend be = make_host_backend();
+  const int steps = std::clamp(iterations() / 25, 40, 400);
+  constexpr int threads = 3;
+  std::atomic<std::uint64_t> next_stamp{1};
+  std::atomic<int> broken{0};
+  {
+    alloc_cache cache{cache_options{}};
+    std::atomic<std::uint64_t> tickets{0}, quota{0}, done{0}, generation{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::vector<stamped> held;  // the last few, some alive into the next steps
+        std::uint64_t seen = 0;
+        const auto request = [&] {
+          stamped b{cache.allocate(be, 256 * static_cast<std::size_t>(1 + (held.size() + t) % 3)), next_stamp++};
+          write(b);
+          held.push_back(std::move(b));
+          if (held.size() > 4) {
+            broken += intact(held.front()) ? 0 : 1;
+            held.erase(held.begin());
+          }
+        };
+        while (!stop) {
+          const std::uint64_t g = generation.load(std::memory_order_acquire);
+          if (g == seen) {
+            std::this_thread::yield();
+            continue;
+          }
+          if (tickets.fetch_add(1) < quota.load()) {
+            request();
+            done += 1;
+            continue;
+          }
+          request();  // past the step's share: it races the step's end
+          seen = g;
+        }
+        for (const stamped& h : held) broken += intact(h) ? 0 : 1;
+      });
+    }
+    // A step takes `length` requests and up to one more a thread: few enough sequences that they
+    // come again, and several pending at once.
+    static constexpr std::uint64_t lengths[] = {40, 160, 80, 240};
+    for (int s = 0; s < steps; ++s) {
+      step st(cache);
+      const std::uint64_t length = lengths[static_cast<std::size_t>(s) % std::size(lengths)];
+      tickets = 0;
+      done = 0;
+      quota = length;
+      generation.fetch_add(1, std::memory_order_release);
+      while (done.load() < length) std::this_thread::yield();
+      st.end();
+    }
+    stop = true;
+    for (auto& th : pool) th.join();
+    const auto stats = cache.stats();
+    CHECK(broken.load() == 0);
+    CHECK(stats.plan_recordings > 0);
+    CHECK(stats.plan_hits > 0);
+    CHECK(stats.live_bytes == 0);
+    CHECK(stats.plan_live_bytes == 0);
+    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+  }
+  CHECK(be.outstanding_bytes() == 0);
+}
+
+// Issue 35, hostile: out of memory in the middle of replays. Key-less steps of two sequences
+// (36 and 40 MiB: an arena with virtual memory on the host) replay on this thread while another
+// thread keeps asking for more than the budget, so that the out-of-memory ladder decommits the
+// idle arena under the store's own claim, often while a step's run claims it or commits it again.
+// Runs then are busy (served by the plain cache: 0-5 in 400 steps) or commit the arena again;
+// nothing may be lost or leaked (plan_test '#35.s' and plan-policy check that the key stays).
+TEST_CASE("out of memory on another thread in the middle of replays", "[plan][threads][stress]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const auto limited = std::make_shared<limiting_resource>(make_host_resource(), 128 * mib);
+  const backend be(limited);
+  const int steps = std::clamp(iterations() / 50, 40, 100);
+  {
+    alloc_cache cache{cache_options{}};
+    std::atomic<bool> stop{false};
+    std::atomic<int> refusals{0};
+    std::thread pressure([&] {
+      while (!stop) {
+        try {
+          const data_ref never = cache.allocate(be, 200 * mib);
+        } catch (const out_of_memory&) {
+          refusals += 1;  // after the ladder: idle memory freed, idle arenas decommitted
+        }
+      }
+    });
+    for (int s = 0; s < steps; ++s) {
+      // The two overlap all along; between steps the arena is idle, for the ladder to take.
+      const int seen = refusals.load();
+      while (refusals.load() < std::max(seen + (s % 2), s / 8)) std::this_thread::yield();
+      step st(cache);
+      const data_ref a = cache.allocate(be, (s % 2 == 0 ? 36 : 40) * mib);
+    }
+    stop = true;
+    pressure.join();
+    const auto stats = cache.stats();
+    CHECK(refusals.load() >= steps / 8);
+    CHECK(stats.plans == 2);
+    CHECK(stats.plan_hits > 0);
+    CHECK(stats.live_bytes == 0);
+    CHECK(stats.plan_live_bytes == 0);
+    CHECK(limited->used() == stats.reserved_bytes);
+    CHECK(stats.arena_bytes <= 40 * mib);
+  }
+  CHECK(limited->used() == 0);
+}

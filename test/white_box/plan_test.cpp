@@ -906,3 +906,27 @@ TEST_CASE("#35.3: a request that came through a step late is served while the st
   CHECK(served);
   CHECK(cache.stats().plans == 1);
 }
+
+// Issue 35, hostile: the step's end makes its plan with no lock held, so the cache can close
+// meanwhile. Here the cache is destroyed while the end waits for its new arena's memory: the plan
+// must be dropped and the arena freed when the allocation returns, and nothing be left.
+TEST_CASE("a cache destroyed while its step's end makes a plan", "[plan][threads][lifetime]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const auto gated = std::make_shared<gated_resource>();
+  gated->gated_bytes = 2 * mib;
+  const backend be(gated);
+  auto cache = std::make_unique<alloc_cache>(cache_options{});
+  {
+    step s(*cache);  // a new sequence: pending
+    data_ref x = cache->allocate(be, 2 * mib);
+  }
+  auto ending = std::make_unique<step>(*cache);
+  { data_ref x = cache->allocate(be, 2 * mib); }  // it came again: a plan at the step's end
+  gated->closed = true;
+  std::thread ender([&] { ending.reset(); });  // its arena waits at the gate
+  REQUIRE(within_10_s(gated->waiting));
+  cache.reset();  // closes the store under the end
+  gated->closed = false;
+  ender.join();
+  CHECK(be.outstanding_bytes() == 0);
+}
