@@ -68,7 +68,7 @@ if [ "$part" = pictures ]; then
   tail -6 "$out/pictures.txt"
 fi
 if [ "$part" = serving ]; then  # capture a serving trace (GPT-2 generation, random batch x prompt), replay it
-  timeout ${SERVING_SECONDS:-180} python3 bench/traces/capture_serving.py "$out" ${SERVING_REQUESTS:-40} >"$out/serving.txt" 2>&1
+  timeout ${SERVING_SECONDS:-180} python3 bench/traces/capture_serving.py "$out" --requests ${SERVING_REQUESTS:-40} >"$out/serving.txt" 2>&1
   tail -3 "$out/serving.txt"
   [ -f "$out/gpt2_serving.csv" ] && timeout ${REPLAY_SECONDS:-120} /tmp/b/bench/trace_replay --cuda \
     --json "$out/trace_replay_serving.json" "$out/gpt2_serving.csv" >>"$out/serving.txt" 2>&1
