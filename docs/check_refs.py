@@ -11,7 +11,7 @@ Pages: README.md, CHANGELOG.md and docs/**/*.md. For each page it checks:
   or is a bold label (**Section**) in it;
 - paths of the repository, in prose, in backticks and in shell code blocks (lib/..., test/...,
   bench/..., include/..., docs/..., examples/..., python/..., .ci/...; globs and {a,b} allowed):
-  each matches at least one file or folder; `refpool/x.hpp` is a public header under include/; a bare
+  each matches at least one file or folder, and none leads out of the repository (`../x`); `refpool/x.hpp` is a public header under include/; a bare
   source file name in backticks (`plan_test.cpp`) is a file somewhere in the repository;
 - reference pages only (not docs/log/ or CHANGELOG.md, which are history): no commit hash, no date,
   no "nth session". History goes to docs/log/.
@@ -189,6 +189,8 @@ def check_page(page):
             check_paths(OUTPUT.sub(" ", prose) if indented_code else prose, problems, where)
             for code in INLINE_CODE.findall(prose):
                 name = code.strip()
+                if name.startswith("../") and not os.path.normpath(os.path.join(ROOT, name)).startswith(ROOT + os.sep):
+                    problems.append(f"{where}: `{name}` is outside the repository")
                 if (re.fullmatch(r"[\w.+-]+", name) and name.endswith(SOURCE_EXTENSIONS) and
                         name not in repository_files() and name not in EXTERNAL):
                     problems.append(f"{where}: `{name}`: no file of that name in the repository")
