@@ -11,6 +11,8 @@ import pytest
 
 import refpool
 import refpool._library
+import refpool._options
+import refpool._types
 
 SIZE_MAX = ctypes.c_size_t(-1).value
 INT_MAX = 2**31 - 1
@@ -180,3 +182,64 @@ def test_the_edges_of_each_type_still_reach_c():
 def test_wrong_arity_is_a_type_error_naming_the_function():
     with pytest.raises(TypeError, match=r"refpool_free\(\) takes 1 positional argument but 2 were given"):
         refpool._library.lib().fn("refpool_free")(None, None)
+
+
+# ---- text arguments (issue 35 row 8) --------------------------------------------------------------
+# C reads text up to its first NUL: "segments:off\0,rounding:step:512" was the conf "segments:off",
+# step(plan="\0named") a key-less step, and "k\0a" and "k\0b" one plan key. Each text argument is
+# refused with a ValueError naming it, before anything reaches C.
+TEXT_ENTRIES = {
+    "Cache(conf)": lambda w, v: refpool.Cache(f"segments:off{v},rounding:step:512", from_environment=False),
+    "Cache(option)": lambda w, v: refpool.Cache(segments=f"off{v}junk", from_environment=False),
+    "Cache.scope(plan)": lambda w, v: w.cache.scope(plan=f"k{v}a"),
+    "Cache.step(plan)": lambda w, v: w.cache.step(plan=f"{v}named"),
+    "allocator.configure(conf)": lambda w, v: refpool.allocator.configure(runtime="host", conf=f"segments:on{v}"),
+    "allocator.configure(option)": lambda w, v: refpool.allocator.configure(runtime="host", rounding=f"exact{v}"),
+    "allocator.step(plan)": lambda w, v: refpool.allocator.step(plan=f"k{v}b"),
+}
+TEXT_NAMES = {"Cache(conf)": "conf", "Cache(option)": "segments", "Cache.scope(plan)": "plan",
+              "Cache.step(plan)": "plan", "allocator.configure(conf)": "conf", "allocator.configure(option)": "rounding",
+              "allocator.step(plan)": "plan"}
+
+
+@pytest.mark.parametrize("value", [pytest.param("\x00", id="NUL"), pytest.param("\ud800", id="lone-surrogate")])
+@pytest.mark.parametrize("entry", TEXT_ENTRIES)
+def test_text_that_c_cannot_read_whole_is_refused_naming_the_argument(world, entry, value):
+    before = world.state()
+    with pytest.raises(ValueError, match=rf"^refpool: .*\b{TEXT_NAMES[entry]}\b") as raised:
+        TEXT_ENTRIES[entry](world, value)
+    assert not isinstance(raised.value, refpool.RefpoolError)  # refused here, not by C
+    assert world.state() == before
+
+
+def test_a_plan_key_with_a_nul_is_no_key_and_no_other_key(world):
+    # The issue's cases: "\0named" ran as a key-less step; "k\0a" and "k\0b" were one key.
+    with pytest.raises(ValueError, match="plan"):
+        with world.cache.step(plan="\x00named"):
+            pass
+    for key in ("k\x00a", "k\x00b"):
+        with pytest.raises(ValueError, match="plan"):
+            world.cache.scope(plan=key)
+    assert world.cache.stats()["steps"] == 0
+
+
+def test_text_reaching_c_is_checked_at_the_c_call_too():
+    # Every char* parameter and struct field, whoever fills it (the framework adapters too).
+    library = refpool._library.lib()
+    options = refpool._options.struct_type()()
+    library.call("refpool_cache_options_init", ctypes.byref(options))
+    with pytest.raises(ValueError, match=r"refpool_cache_options_parse: conf .*NUL"):
+        library.call("refpool_cache_options_parse", ctypes.byref(options), b"segments:off\x00junk")
+    with pytest.raises(ValueError, match=r"refpool_cache_options_set: value .*NUL"):
+        library.call("refpool_cache_options_set", ctypes.byref(options), b"segments", b"off\x00")
+    with pytest.raises(ValueError, match=r"ScopeOptions.plan .*NUL"):
+        refpool._types.ScopeOptions(0, b"k\x00a")
+
+
+def test_text_without_nul_still_reaches_c(world):
+    # Keys are text of any script; C compares their UTF-8 bytes.
+    for key in ("k", "ключ", "k a"):
+        with world.cache.scope(plan=key):
+            refpool.malloc(world.backend, 64).close()
+    with pytest.raises(refpool.ConfigError, match="segments"):
+        refpool.Cache(segments="sideways", from_environment=False)

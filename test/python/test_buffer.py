@@ -178,3 +178,49 @@ def test_no_module_imports_refpool_torch():
                 assert node.module != "refpool.torch", path
             if isinstance(node, ast.Import):
                 assert all(alias.name != "refpool.torch" for alias in node.names), path
+
+
+# ---- what the exports promise (issue 35 rows 9 and 10) ---------------------------------------------
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("shape", [(0, 2**64 - 1), (0, 2**63), (2**63, 0), (0, 2**62, 2)],
+                         ids=["issue", "2**63", "2**63-first", "stride-2**63"])
+def test_exports_refuse_shapes_and_strides_beyond_int64(backend, shape):
+    # A zero-element buffer takes any dims (it owns no memory), but DLPack's shape and strides are
+    # int64 and the array interfaces' consumers index with a signed 64-bit intp: (0, 2**64-1) was
+    # exported to DLPack as [0, -1].
+    with refpool.malloc(backend, shape) as b:
+        assert b.shape == shape and b.nbytes == 0
+        with pytest.raises(BufferError, match=r"int64|2\*\*63"):
+            b.__dlpack__()
+        with pytest.raises(BufferError, match=r"int64|2\*\*63"):
+            b.__array_interface__
+        device = placed(b, _Place("cuda", 0, "device", 0))
+        with pytest.raises(BufferError, match=r"int64|2\*\*63"):
+            device.__cuda_array_interface__
+        device.close()
+
+
+def test_exports_at_the_int64_edge(backend):
+    with refpool.malloc(backend, (0, INT64_MAX)) as b:
+        managed = _consume(b.__dlpack__())
+        assert list(managed.contents.dl_tensor.shape[:2]) == [0, INT64_MAX]
+        managed.contents.deleter(managed)
+        assert b.__array_interface__["shape"] == (0, INT64_MAX)
+
+
+@pytest.mark.parametrize("typestr", ["<f\u0664", "<f\uff14", "<i\u00b2", "<f4\u0660", "<f 4", "<f+4", "<f4\n"])
+def test_typestr_sizes_are_ascii_digits(backend, typestr):
+    # str.isdigit() took any Unicode digit: '<f\u0664' (ARABIC-INDIC DIGIT FOUR) was stored and exported.
+    with pytest.raises(ValueError, match=r"^refpool: dtype"):
+        refpool.malloc(backend, 4, typestr)
+    assert backend.stats()["allocation_count"] == 0
+
+
+def test_dlpack_refuses_types_wider_than_its_bits_field(backend):
+    # DLDataType.bits is a uint8: 256 bits would wrap to 0.
+    with refpool.malloc(backend, 2, "<c32") as b:  # complex256: NumPy's clongdouble here
+        with pytest.raises(BufferError, match="DLPack"):
+            b.__dlpack__()
+        assert b.use_count == 1
