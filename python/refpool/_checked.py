@@ -4,7 +4,11 @@ every C call (_library.Library.fn) and every integer field of the option structs
 ctypes converts an int to size_t, int or void* modulo 2^N without a word: 2**64 + 4096 bytes became
 4096, and a limit of 2**64 became 0 (issue 23 row 10). Here a value is checked against its C type
 before anything reaches C: a wrong type raises TypeError, a negative size ValueError, a value
-outside the type's range OverflowError, each naming the function and parameter."""
+outside the type's range OverflowError, each naming the function and parameter.
+
+Text goes to C as a NUL-terminated char*, which ctypes passes without a word about a NUL inside:
+"segments:off\0junk" was read as "segments:off" and a plan key "\0named" as no key (issue 35 row 8).
+Text is UTF-8 here, and a NUL in it (or a str that UTF-8 cannot encode) is a ValueError."""
 import ctypes
 import operator
 
@@ -67,6 +71,30 @@ def address(value, what):
     return number or None
 
 
+def text(value, what):
+    """`value` (a str, or bytes) as the bytes C reads: UTF-8, with no NUL inside. Raises TypeError
+    for another type, ValueError for a NUL or a str that is not encodable text (a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"refpool: {what} {value!r} is not text C can read: character {e.start} "
+                             f"({value[e.start]!r}) has no UTF-8 encoding") from None
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        raise TypeError(f"refpool: {what} must be a str, not {type(value).__name__}")
+    if b"\0" in data:
+        raise ValueError(f"refpool: {what} {value!r} holds a NUL character at {data.index(0)}: C would read only "
+                         "the text before it")
+    return data
+
+
+def optional_text(value, what):
+    """A char* argument: None (NULL) or text()."""
+    return None if value is None else text(value, what)
+
+
 def converter(ctype):
     """The check for parameters of `ctype`: (value, what) -> the value to pass. None where ctypes'
     own type check is enough (handles, structs and pointers to them, which this package makes)."""
@@ -80,6 +108,8 @@ def converter(ctype):
         return check_integer
     if ctype is ctypes.c_void_p:
         return address
+    if ctype is ctypes.c_char_p:
+        return optional_text
     return None
 
 
@@ -103,6 +133,8 @@ def checked_function(name, raw, parameters):
         scope[f"check{i}"], scope[f"what{i}"] = check, f"{name}: {parameter}"
         if ctype is ctypes.c_void_p:
             fast = f"{arg} is None or (type({arg}) is int and 0 < {arg} <= {ADDRESS_RANGE[1]})"
+        elif ctype is ctypes.c_char_p:
+            fast = f"{arg} is None or (type({arg}) is bytes and 0 not in {arg})"
         else:
             low, high = INTEGER_RANGES[ctype]
             fast = f"type({arg}) is int and {low} <= {arg} <= {high}"

@@ -73,16 +73,16 @@ def descriptions():
 
 def _text(option, value, what):
     if isinstance(value, str):
-        return value
+        return _checked.text(value, f"{what}: {option.name}")
     integer = option.ctype in _checked.INTEGER_RANGES
     if integer and not isinstance(value, bool) and hasattr(type(value), "__index__"):
-        return str(_checked.integer(option.ctype, value, f"{what}: {option.name}"))
+        return str(_checked.integer(option.ctype, value, f"{what}: {option.name}")).encode()
     raise TypeError(f"refpool: {what}: {option.name} must be a str{' or an int' if integer else ''} "
                     f"({option.allowed}), not {type(value).__name__}")
 
 
 def texts(values, what):
-    """name -> text of each option given (None: not given). Raises TypeError for an unknown name or
+    """name -> text of each option given (None: not given), as the bytes C reads. Raises TypeError for an unknown name or
     a value of the wrong type, ValueError or OverflowError for an int its C type cannot hold: all
     before anything reaches C."""
     options = table()
@@ -103,12 +103,13 @@ def cache_options(conf=None, values=None, from_environment=True, what="refpool.C
     if conf is not None and not isinstance(conf, str):
         raise TypeError(f"refpool: {what}: conf must be a str such as 'rounding:pow2:4,segments:off', "
                         f"not {type(conf).__name__}")
+    conf_text = None if conf is None else _checked.text(conf, f"{what}: conf")
     library = lib()
     options = struct_type()()
     init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
     library.call(init, ctypes.byref(options))
-    if conf is not None:
-        library.call("refpool_cache_options_parse", ctypes.byref(options), conf.encode())
+    if conf_text is not None:
+        library.call("refpool_cache_options_parse", ctypes.byref(options), conf_text)
     for name, text in checked.items():
-        library.call("refpool_cache_options_set", ctypes.byref(options), name.encode(), text.encode())
+        library.call("refpool_cache_options_set", ctypes.byref(options), name.encode(), text)
     return options

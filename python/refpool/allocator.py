@@ -37,7 +37,7 @@ def configure_if_given(runtime, kind, conf, options, what):
     The options are checked first either way, so a bad one fails the install."""
     given = _options.texts(options, what)
     if runtime != "cuda" or kind != "device" or conf is not None or given:
-        configure(runtime=runtime, kind=kind, conf=conf, **given)
+        configure(runtime=runtime, kind=kind, conf=conf, **options)
 
 
 def cache():

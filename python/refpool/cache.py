@@ -3,6 +3,7 @@ import ctypes
 import functools
 import threading
 
+from . import _checked
 from . import _types as t
 from ._handles import Owned
 from ._options import cache_options
@@ -10,20 +11,25 @@ from ._library import lib
 from .stats import cache_stats
 
 
-def _scope_options(plan, uncached_warmup_entries):
+def _scope_options(plan, uncached_warmup_entries, what):
     if plan is not None and not isinstance(plan, str):
-        raise TypeError(f"refpool: a plan key is a str, not {type(plan).__name__}")
+        raise TypeError(f"refpool: {what}: plan must be a str (the plan's key), not {type(plan).__name__}")
     if type(uncached_warmup_entries) is not int:  # checked (and refused) by ScopeOptions, uncached
-        return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
-    return _shared_scope_options(plan, uncached_warmup_entries)
+        return t.ScopeOptions(uncached_warmup_entries, _key(plan, what))
+    return _shared_scope_options(plan, uncached_warmup_entries, what)
+
+
+def _key(plan, what):
+    # "" is no key, as NULL is to C; a NUL inside a key would cut it short there.
+    return _checked.text(plan, f"{what}: plan") if plan else None
 
 
 @functools.lru_cache(maxsize=256)
-def _shared_scope_options(plan, uncached_warmup_entries):
+def _shared_scope_options(plan, uncached_warmup_entries, what):
     # One struct per (plan, warm-up) for every step and scope that uses it: C copies what it reads
     # and never writes it, and a framework opens one step per iteration (a new struct cost a third
     # of a step's time in Python).
-    return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
+    return t.ScopeOptions(uncached_warmup_entries, _key(plan, what))
 
 
 class Cache(Owned):
@@ -88,7 +94,7 @@ class Scope:
     def __init__(self, cache, plan=None, uncached_warmup_entries=0):
         self.cache = cache
         self.plan = plan
-        self._options = _scope_options(plan, uncached_warmup_entries)
+        self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.scope")
         self._handle = None
 
     def enter(self):
@@ -118,7 +124,7 @@ class Step:
     def __init__(self, cache, plan=None, uncached_warmup_entries=0):
         self.cache = cache
         self.plan = plan
-        self._options = _scope_options(plan, uncached_warmup_entries)
+        self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.step")
         self._handle = None
         self._lock = threading.Lock()
 
