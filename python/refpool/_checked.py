@@ -115,6 +115,10 @@ def converter(ctype):
 
 def size_array(values, what):
     """A size_t array of `values` (at least one element, for C's sake) and its length."""
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError(f"refpool: {what} must be a sequence of ints, not {type(values).__name__}") from None
     sizes = [integer(ctypes.c_size_t, value, f"{what}[{i}]") for i, value in enumerate(values)]
     return (ctypes.c_size_t * max(len(sizes), 1))(*sizes), len(sizes)
 

@@ -85,6 +85,8 @@ class BackendStats(Structure):
 
 def enum_value(table, name, what):
     """The C value of `name` in `table`, or a ValueError listing the accepted names."""
+    if not isinstance(name, str):
+        raise TypeError(f"refpool: {what} must be a str (one of: {', '.join(table)}), not {type(name).__name__}")
     try:
         return table[name]
     except KeyError:

@@ -111,7 +111,11 @@ def pool_ids():
 
 def pool_stats(pool):
     """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
-    first, second = pool
+    try:
+        first, second = pool
+    except (TypeError, ValueError):
+        raise TypeError(f"refpool: refpool.allocator.pool_stats: pool must be a (first, second) pair of ints, "
+                        f"not {pool!r}") from None
     with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second))) as pool_cache:
         return pool_cache.stats()
 

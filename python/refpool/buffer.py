@@ -1,15 +1,27 @@
 """Buffers (refpool_buffer): one reference to a block, with a shape and an element type; malloc makes them."""
 import ctypes
+import operator
 
 from . import _checked
 from . import _dtypes
 from . import _types as t
 from ._checked import size_array
-from ._handles import Owned
+from ._handles import Owned, handle_of
 from ._interfaces import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, check_extents, dlpack_capsule,
                           host_bytes)
 from ._library import lib
+from .backend import Backend
+from .cache import Cache
 from .streams import stream_pointer
+
+
+def _device_pair(dl_device):
+    try:
+        device_type, device_id = (operator.index(part) for part in dl_device)
+    except (TypeError, ValueError):
+        raise TypeError(f"refpool: refpool.Buffer.__dlpack__: dl_device must be a (device type, device id) pair of "
+                        f"ints, not {dl_device!r}") from None
+    return device_type, device_id
 
 
 class _Place:
@@ -29,10 +41,6 @@ class _Place:
         return self.kind in ("host", "pinned_host")
 
 
-def _dims_array(dims):
-    return size_array(dims, "dims")
-
-
 def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0):
     """A new uninitialised Buffer of `shape` (an int or a tuple of ints; () is one element) of `dtype`
     (a typestr such as "<f4", a NumPy name such as "float32", a NumPy dtype or np.float32, or an item
@@ -41,16 +49,20 @@ def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0)
     scope (the request belongs to the cache's open step). `stream`: the stream it is used on (an int
     address or a torch/CuPy/Numba stream). `alignment`: 0, or a power of two up to the backend's (256).
     The buffer goes back when the Buffer is closed (or garbage-collected) and no other handle shares it."""
+    backend_handle = handle_of(backend, Backend, "refpool.malloc: backend")
+    if isinstance(shape, (str, bytes)):
+        raise TypeError(f"refpool: refpool.malloc: shape must be an int or a sequence of ints, not {shape!r}")
     try:
         dims = tuple(shape)
     except TypeError:  # one dim (size_array checks it is a size)
         dims = (shape,)
     typestr, itemsize = _dtypes.resolve(dtype)
-    array, rank = _dims_array(dims)
-    options = t.AllocOptions(stream=_checked.address(stream_pointer(stream), "stream"), alignment=alignment)
+    array, rank = size_array(dims, "refpool.malloc: shape")
+    options = t.AllocOptions(stream=_checked.address(stream_pointer(stream), "refpool.malloc: stream"))
+    options.alignment = _checked.integer(ctypes.c_size_t, alignment, "refpool.malloc: alignment")
     if cache is not None:
-        options.cache = cache.handle
-    handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, itemsize, ctypes.byref(options))
+        options.cache = handle_of(cache, Cache, "refpool.malloc: cache")
+    handle = lib().new_handle("refpool_alloc", backend_handle, array, rank, itemsize, ctypes.byref(options))
     return Buffer(handle, typestr, _Place(backend.runtime, backend.device, backend.kind, options.stream or 0))
 
 
@@ -192,14 +204,14 @@ class Buffer(Owned):
         Refuses copy=True and another device (no copies are made)."""
         if copy:
             raise BufferError("refpool.Buffer.__dlpack__: copy=True is not supported (refpool exports views)")
-        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+        if dl_device is not None and _device_pair(dl_device) != self.__dlpack_device__():
             raise BufferError(f"refpool.Buffer.__dlpack__: the buffer is on {self.__dlpack_device__()}, not {dl_device}")
         shape, _ = self._checked_shape("__dlpack__")
         return dlpack_capsule(self.retain, self.ptr, shape, self._typestr, self.__dlpack_device__())
 
     def reshape(self, dims):
         """A new handle sharing the buffer with other dims (same element count)."""
-        array, rank = _dims_array(dims)
+        array, rank = size_array(dims, "refpool.Buffer.reshape: dims")
         return Buffer(lib().new_handle("refpool_reshape", self.handle, array, rank), self._typestr, self._place)
 
     def retain(self):

@@ -5,7 +5,7 @@ import threading
 
 from . import _checked
 from . import _types as t
-from ._handles import Owned
+from ._handles import Owned, handle_of
 from ._options import cache_options
 from ._library import lib
 from .stats import cache_stats
@@ -92,6 +92,7 @@ class Scope:
     """An active scope (refpool_scope): entered by `enter()` or `with`, exited on the same thread."""
 
     def __init__(self, cache, plan=None, uncached_warmup_entries=0):
+        handle_of(cache, Cache, "refpool.Scope: cache")
         self.cache = cache
         self.plan = plan
         self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.scope")
@@ -122,6 +123,7 @@ class Step:
     """An open step on a cache (refpool_step): begun by `begin()` or `with`; may end on another thread."""
 
     def __init__(self, cache, plan=None, uncached_warmup_entries=0):
+        handle_of(cache, Cache, "refpool.Step: cache")
         self.cache = cache
         self.plan = plan
         self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.step")

@@ -153,7 +153,7 @@ def test_addresses_outside_a_pointer_are_refused_before_c(world, entry, value, e
 
 def test_the_issues_two_cases():
     with refpool.Backend.new_host() as be, refpool.Cache(from_environment=False) as cache:
-        with pytest.raises(OverflowError, match=r"dims\[0\] is 18446744073709555712"):
+        with pytest.raises(OverflowError, match=r"shape\[0\] is 18446744073709555712"):
             refpool.malloc(be, 2**64 + 4096)
         assert be.stats()["allocation_count"] == 0
         with cache.scope():
@@ -243,3 +243,56 @@ def test_text_without_nul_still_reaches_c(world):
             refpool.malloc(world.backend, 64).close()
     with pytest.raises(refpool.ConfigError, match="segments"):
         refpool.Cache(segments="sideways", from_environment=False)
+
+
+# ---- arguments of the wrong kind (issue 38) ----------------------------------------------------------
+# Every bad argument is a TypeError or ValueError that names it (malloc(None, ...) was a bare
+# AttributeError), raised before anything reaches C.
+class Closed:
+    """Closed objects of each kind, made once the world exists."""
+
+    def __init__(self, w):
+        self.backend = refpool.Backend.new_host()
+        self.backend.close()
+        self.cache = refpool.Cache(from_environment=False)
+        self.cache.close()
+
+
+WRONG_ARGUMENTS = {
+    "malloc(backend=None)": (lambda w, c: refpool.malloc(None, 16), TypeError, "backend"),
+    "malloc(backend=cache)": (lambda w, c: refpool.malloc(w.cache, 16), TypeError, "backend"),
+    "malloc(backend closed)": (lambda w, c: refpool.malloc(c.backend, 16), ValueError, "backend"),
+    "malloc(shape=None)": (lambda w, c: refpool.malloc(w.backend, None), TypeError, "shape"),
+    "malloc(shape='16')": (lambda w, c: refpool.malloc(w.backend, "16"), TypeError, "shape"),
+    "malloc(shape=(4, 'a'))": (lambda w, c: refpool.malloc(w.backend, (4, "a")), TypeError, r"shape\[1\]"),
+    "malloc(dtype=None)": (lambda w, c: refpool.malloc(w.backend, 4, None), TypeError, "dtype"),
+    "malloc(dtype='quad')": (lambda w, c: refpool.malloc(w.backend, 4, "quad"), ValueError, "dtype"),
+    "malloc(cache=backend)": (lambda w, c: refpool.malloc(w.backend, 4, cache=w.backend), TypeError, "cache"),
+    "malloc(cache closed)": (lambda w, c: refpool.malloc(w.backend, 4, cache=c.cache), ValueError, "cache"),
+    "malloc(stream='s')": (lambda w, c: refpool.malloc(w.backend, 4, stream="s"), TypeError, "stream"),
+    "malloc(alignment=None)": (lambda w, c: refpool.malloc(w.backend, 4, alignment=None), TypeError, "alignment"),
+    "Buffer.reshape(None)": (lambda w, c: w.buffer.reshape(None), TypeError, "dims"),
+    "Buffer.record_stream(object())": (lambda w, c: w.buffer.record_stream(object()), TypeError, "stream"),
+    "Buffer.__dlpack__(dl_device=1)": (lambda w, c: w.buffer.__dlpack__(dl_device=1), TypeError, "dl_device"),
+    "Backend.cuda(kind=None)": (lambda w, c: refpool.Backend.cuda(0, kind=None), TypeError, "memory kind"),
+    "Backend.cuda(kind='vram')": (lambda w, c: refpool.Backend.cuda(0, kind="vram"), ValueError, "memory kind"),
+    "Scope(None)": (lambda w, c: refpool.Scope(None), TypeError, "cache"),
+    "Step(closed cache)": (lambda w, c: refpool.Step(c.cache), ValueError, "cache"),
+    "Cache.scope(plan=1)": (lambda w, c: w.cache.scope(plan=1), TypeError, "plan"),
+    "Cache(conf=b'...')": (lambda w, c: refpool.Cache(b"segments:off"), TypeError, "conf"),
+    "Cache(segments=[])": (lambda w, c: refpool.Cache(segments=[]), TypeError, "segments"),
+    "StatsRecorder(None)": (lambda w, c: refpool.StatsRecorder(None), TypeError, "cache"),
+    "allocator.configure(runtime=0)": (lambda w, c: refpool.allocator.configure(runtime=0), TypeError, "runtime"),
+    "allocator.pool_stats(pool=1)": (lambda w, c: refpool.allocator.pool_stats(1), TypeError, "pool"),
+}
+
+
+@pytest.mark.parametrize("entry", WRONG_ARGUMENTS)
+def test_a_bad_argument_is_a_type_or_value_error_naming_it(world, entry):
+    call, expected, name = WRONG_ARGUMENTS[entry]
+    closed = Closed(world)
+    before = world.state()
+    with pytest.raises(expected, match=rf"^refpool: .*{name}") as raised:
+        call(world, closed)
+    assert not isinstance(raised.value, refpool.RefpoolError)  # refused here, not by C
+    assert world.state() == before
