@@ -123,14 +123,53 @@ def size_array(values, what):
     return (ctypes.c_size_t * max(len(sizes), 1))(*sizes), len(sizes)
 
 
+class Struct:
+    """A struct parameter: the caller passes the ctypes struct (None: NULL) and C gets its address,
+    then, `sized`, its size in bytes as one more argument (refpool.h, "Structs that grow": the
+    caller passes sizeof its struct). So a function that gains a size parameter changes in its
+    signature only (BY_ADDRESS -> SIZED), never at its call sites."""
+
+    def __init__(self, sized):
+        self.sized = sized
+
+    def c_types(self):
+        return [ctypes.c_void_p, ctypes.c_size_t] if self.sized else [ctypes.c_void_p]
+
+
+BY_ADDRESS = Struct(sized=False)
+SIZED = Struct(sized=True)
+_STRUCTS = (ctypes.Structure, ctypes.Array)
+
+
+def struct_address(value, what):
+    """(address, size in bytes) of a ctypes struct (or array) argument."""
+    if not isinstance(value, _STRUCTS):
+        raise TypeError(f"refpool: {what} must be a ctypes struct, not {type(value).__name__}")
+    return ctypes.byref(value), ctypes.sizeof(value)
+
+
+def c_types(parameters):
+    """The C argument types of a signature's parameters (a Struct may stand for two)."""
+    return [c for _, ctype in parameters for c in (ctype.c_types() if isinstance(ctype, Struct) else [ctype])]
+
+
 def checked_function(name, raw, parameters):
     """`raw` (a ctypes function) behind a Python function of the same name and parameters that checks
     each argument first. Generated once per function, so the common case (an int in range, None for
     a pointer) costs one inline test per argument and no extra call."""
     names = [f"a{i}_{parameter}" for i, (parameter, _) in enumerate(parameters)]
-    scope = {"raw": raw}
+    scope = {"raw": raw, "struct_address": struct_address}
     lines = [f"def {name}({', '.join(names)}):"]
+    arguments = list(names)
     for i, ((parameter, ctype), arg) in enumerate(zip(parameters, names)):
+        if isinstance(ctype, Struct):
+            scope[f"what{i}"] = f"{name}: {parameter}"
+            lines.append(f"    size{i} = 0")  # NULL: C ignores the size
+            lines.append(f"    if {arg} is not None:")
+            lines.append(f"        {arg}, size{i} = struct_address({arg}, what{i})")
+            if ctype.sized:
+                arguments[i] = f"{arg}, size{i}"
+            continue
         check = converter(ctype)
         if check is None:
             continue
@@ -144,7 +183,7 @@ def checked_function(name, raw, parameters):
             fast = f"type({arg}) is int and {low} <= {arg} <= {high}"
         lines.append(f"    if not ({fast}):")
         lines.append(f"        {arg} = check{i}({arg}, what{i})")
-    lines.append(f"    return raw({', '.join(names)})")
+    lines.append(f"    return raw({', '.join(arguments)})")
     exec("\n".join(lines), scope)  # noqa: S102 (code made here from the signature table only)
     function = scope[name]
     function.raw = raw

@@ -115,9 +115,9 @@ def cache_options(conf=None, values=None, from_environment=True, what="refpool.C
     library = lib()
     options = struct_type()()
     init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
-    library.call(init, ctypes.byref(options))
+    library.call(init, options)
     if conf_text is not None:
-        library.call("refpool_cache_options_parse", ctypes.byref(options), conf_text)
+        library.call("refpool_cache_options_parse", options, conf_text)
     for name, text in checked.items():
-        library.call("refpool_cache_options_set", ctypes.byref(options), name.encode(), text)
+        library.call("refpool_cache_options_set", options, name.encode(), text)
     return options

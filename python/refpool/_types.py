@@ -8,6 +8,10 @@ from . import _checked
 
 # refpool_status values (stable, part of the ABI).
 OK = 0
+INVALID_ARGUMENT = 8
+
+# refpool_summary_detail
+SUMMARY_DETAILS = {"short": 0, "full": 1}
 
 # refpool_memory_kind
 MEMORY_KINDS = {"host": 0, "device": 1, "device_async": 2, "pinned_host": 3}

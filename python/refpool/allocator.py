@@ -25,11 +25,11 @@ def configure(runtime="cuda", kind="device", conf=None, **options):
     ConfigError after. A rejected call changes nothing."""
     cache_part = cache_options(conf, options, what="refpool.allocator.configure")
     filled = _options.allocator_options_type()()
-    lib().call("refpool_allocator_options_init", ctypes.byref(filled))
+    lib().call("refpool_allocator_options_init", filled)
     filled.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
     filled.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
     filled.cache = cache_part
-    lib().call("refpool_allocator_configure", ctypes.byref(filled))
+    lib().call("refpool_allocator_configure", filled)
 
 
 def configure_if_given(runtime, kind, conf, options, what):
@@ -62,6 +62,11 @@ def step(plan=None, uncached_warmup_entries=0):
 def stats():
     """The allocator cache's counters (see refpool.stats)."""
     return cache().stats()
+
+
+def summary(detail="short"):
+    """The allocator cache's counters as a table for people (see refpool.Cache.summary)."""
+    return cache().summary(detail)
 
 
 def reset_peaks():
@@ -120,5 +125,5 @@ def pool_stats(pool):
         return pool_cache.stats()
 
 
-__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free", "set_device_limit",
+__all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free", "set_device_limit",
            "empty_cache", "record_stream", "pool_ids", "pool_stats"]

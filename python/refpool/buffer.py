@@ -62,7 +62,7 @@ def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0)
     options.alignment = _checked.integer(ctypes.c_size_t, alignment, "refpool.malloc: alignment")
     if cache is not None:
         options.cache = handle_of(cache, Cache, "refpool.malloc: cache")
-    handle = lib().new_handle("refpool_alloc", backend_handle, array, rank, itemsize, ctypes.byref(options))
+    handle = lib().new_handle("refpool_alloc", backend_handle, array, rank, itemsize, options)
     return Buffer(handle, typestr, _Place(backend.runtime, backend.device, backend.kind, options.stream or 0))
 
 
@@ -139,7 +139,7 @@ class Buffer(Owned):
 
     def info(self):
         info = t.BufferInfo()
-        lib().call("refpool_buffer_get_info", self.handle, ctypes.byref(info))
+        lib().call("refpool_buffer_get_info", self.handle, info)
         return info
 
     @property

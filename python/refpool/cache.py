@@ -50,7 +50,7 @@ class Cache(Owned):
     def __init__(self, conf=None, from_environment=True, _handle=None, _owns=True, **options):
         if _handle is None:
             filled = cache_options(conf, options, from_environment, "refpool.Cache")
-            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(filled))
+            _handle = lib().new_handle("refpool_cache_create", filled)
         super().__init__(_handle, _owns)
 
     def __repr__(self):
@@ -70,6 +70,13 @@ class Cache(Owned):
     def stats(self):
         """The cache's counters as a dict (names as in refpool_stat_name)."""
         return cache_stats(self.handle)
+
+    def summary(self, detail="short"):
+        """The counters as a table for people, bytes in KiB, MiB, GiB: "short" (requests and hit rate,
+        allocated, reserved and idle bytes now and at their peaks, plans, backend calls, out of
+        memory), or "full" (every counter). Like torch.cuda.memory_summary(); the layout may change
+        between versions: programs read stats()."""
+        return lib().text("refpool_cache_summary", self.handle, t.enum_value(t.SUMMARY_DETAILS, detail, "detail"))
 
     def reset_peaks(self):
         """Restarts the peak counters (peak_live_bytes, peak_held_bytes) from the current values."""
@@ -101,8 +108,7 @@ class Scope:
     def enter(self):
         if self._handle is not None:
             raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
-        self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle,
-                                        ctypes.byref(self._options))
+        self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle, self._options)
         return self
 
     def exit(self):
@@ -134,7 +140,7 @@ class Step:
         with self._lock:
             if self._handle is not None:
                 raise RuntimeError("refpool: this step is already open (make a new one with cache.step())")
-            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, ctypes.byref(self._options))
+            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, self._options)
         return self
 
     def end(self):

@@ -227,11 +227,11 @@ def test_text_reaching_c_is_checked_at_the_c_call_too():
     # Every char* parameter and struct field, whoever fills it (the framework adapters too).
     library = refpool._library.lib()
     options = refpool._options.struct_type()()
-    library.call("refpool_cache_options_init", ctypes.byref(options))
+    library.call("refpool_cache_options_init", options)
     with pytest.raises(ValueError, match=r"refpool_cache_options_parse: conf .*NUL"):
-        library.call("refpool_cache_options_parse", ctypes.byref(options), b"segments:off\x00junk")
+        library.call("refpool_cache_options_parse", options, b"segments:off\x00junk")
     with pytest.raises(ValueError, match=r"refpool_cache_options_set: value .*NUL"):
-        library.call("refpool_cache_options_set", ctypes.byref(options), b"segments", b"off\x00")
+        library.call("refpool_cache_options_set", options, b"segments", b"off\x00")
     with pytest.raises(ValueError, match=r"ScopeOptions.plan .*NUL"):
         refpool._types.ScopeOptions(0, b"k\x00a")
 
@@ -296,3 +296,55 @@ def test_a_bad_argument_is_a_type_or_value_error_naming_it(world, entry):
         call(world, closed)
     assert not isinstance(raised.value, refpool.RefpoolError)  # refused here, not by C
     assert world.state() == before
+
+
+# ---- how the package passes structs and reads text (refpool.h: structs that grow) -------------------
+def test_a_struct_parameter_passes_its_address_and_when_sized_its_size():
+    calls = []
+    parameters = [("options", refpool._checked.SIZED), ("flag", ctypes.c_int), ("info", refpool._checked.BY_ADDRESS)]
+    function = refpool._checked.checked_function("refpool_stand_in", lambda *args: calls.append(args), parameters)
+    assert refpool._checked.c_types(parameters) == [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    options, info = refpool._types.ScopeOptions(), refpool._types.BufferInfo()
+    function(options, 1, info)
+    function(None, 0, None)
+    (address, size, flag, info_address), null_call = calls
+    assert address._obj is options and size == ctypes.sizeof(refpool._types.ScopeOptions) and flag == 1
+    assert info_address._obj is info
+    assert null_call == (None, 0, 0, None)  # NULL: the size is 0, which C ignores
+    with pytest.raises(TypeError, match="refpool_stand_in: options must be a ctypes struct, not dict"):
+        function({}, 0, None)
+
+
+def test_text_is_read_at_its_length_even_while_it_grows():
+    # A stand-in with refpool_cache_summary's contract: *length is set on every call; too small a
+    # capacity is INVALID_ARGUMENT with nothing written. The text grows once between the calls.
+    texts = iter([b"short", b"a longer text", b"a longer text"])
+    calls = []
+
+    def summary(cache, detail, text, capacity, length):
+        current = next(texts)
+        calls.append(capacity)
+        length._obj.value = len(current)
+        if capacity <= len(current):
+            return refpool._types.INVALID_ARGUMENT
+        ctypes.memmove(text, current + b"\0", len(current) + 1)
+        return refpool._types.OK
+
+    assert refpool._library.read_text(summary, (None, 0), RuntimeError) == "a longer text"
+    assert calls == [0, 6, 14]
+    with pytest.raises(RuntimeError):  # any other failure is the library's error
+        refpool._library.read_text(lambda *args: 9, (None, 0), RuntimeError)
+
+
+def test_summary():
+    library = refpool._library.lib()
+    if not library.has("refpool_cache_summary"):
+        pytest.skip("this librefpool has no refpool_cache_summary")
+    with refpool.Backend.new_host() as be, refpool.Cache(from_environment=False) as cache:
+        with cache.scope():
+            kept = refpool.malloc(be, 3 << 20)
+        short, full = cache.summary(), cache.summary("full")
+        assert "MiB" in short and len(full) > len(short)
+        with pytest.raises(ValueError, match="detail"):
+            cache.summary("long")
+        kept.close()
