@@ -76,12 +76,12 @@ def text(value, what):
     for another type, ValueError for a NUL or a str that is not encodable text (a lone surrogate)."""
     if isinstance(value, str):
         try:
-            data = value.encode("utf-8")
+            data = str.encode(value, "utf-8")  # not a subclass's encode()
         except UnicodeEncodeError as e:
             raise ValueError(f"refpool: {what} {value!r} is not text C can read: character {e.start} "
                              f"({value[e.start]!r}) has no UTF-8 encoding") from None
     elif isinstance(value, bytes):
-        data = value
+        data = bytes(value)
     else:
         raise TypeError(f"refpool: {what} must be a str, not {type(value).__name__}")
     if b"\0" in data:

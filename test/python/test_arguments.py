@@ -348,3 +348,18 @@ def test_summary():
         with pytest.raises(ValueError, match="detail"):
             cache.summary("long")
         kept.close()
+
+
+def test_hostile_text_and_dtype_objects(world):
+    # Objects that lie about themselves: a str whose encode() hides the NUL, a dtype whose .str is a
+    # typestr of Unicode digits.
+    class Lying(str):
+        def encode(self, *args, **kwargs):
+            return b"harmless"
+    with pytest.raises(ValueError, match="plan .*NUL"):
+        world.cache.step(plan=Lying("k\x00a"))
+
+    class Dtype:
+        str = "<f\u0664"
+    with pytest.raises(ValueError, match="dtype"):
+        refpool.malloc(world.backend, 4, Dtype())

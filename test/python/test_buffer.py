@@ -333,3 +333,19 @@ def test_exports_leak_nothing(backend):
         del views
         gc.collect()
         assert backend.stats()["outstanding_bytes"] == 0
+
+
+def test_an_export_checks_the_typestr_against_the_buffer_s_item_size(backend):
+    # A Buffer made over a handle with another typestr (Buffer's constructor is public) exports
+    # nothing that would make a consumer read past the block.
+    with refpool.malloc(backend, 4, "<f4") as b:
+        wide = Buffer(lib_retain(b), "<f8")
+        for export in (lambda: wide.__array_interface__, wide.__dlpack__):
+            with pytest.raises(BufferError, match="8-byte elements, the buffer's are 4 bytes"):
+                export()
+        wide.close()
+        assert b.use_count == 1
+
+
+def lib_retain(buffer):
+    return refpool._library.lib().new_handle("refpool_retain", buffer.handle)
