@@ -257,12 +257,6 @@ def test_dlpack_refuses_types_wider_than_its_bits_field(backend):
 
 
 # ---- a view outlives close(), never the memory (issue 38) ----------------------------------------
-@pytest.fixture
-def cache():
-    with refpool.Cache(from_environment=False) as c:
-        yield c
-
-
 def reused_by_the_next_request(backend, cache, address, nbytes):
     """Whether the cache hands the block at `address` to the next request of its size."""
     with refpool.malloc(backend, nbytes, cache=cache) as other:
