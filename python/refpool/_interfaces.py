@@ -41,7 +41,8 @@ def check_extents(shape, itemsize, what):
     for axis, stride in enumerate(contiguous_strides(shape, itemsize)):
         if stride > INT64_MAX:
             raise BufferError(f"{what}: shape {shape} of {itemsize}-byte elements has a stride of {stride} bytes on "
-                              f"axis {axis}, beyond int64 (2**63-1), the largest stride the format and its consumers hold")
+                              f"axis {axis}, beyond int64 (2**63-1), the largest stride the format and its "
+                              "consumers hold")
 
 
 def host_bytes(retain, ptr, nbytes, what):

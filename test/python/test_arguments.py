@@ -198,8 +198,8 @@ TEXT_ENTRIES = {
     "allocator.step(plan)": lambda w, v: refpool.allocator.step(plan=f"k{v}b"),
 }
 TEXT_NAMES = {"Cache(conf)": "conf", "Cache(option)": "segments", "Cache.scope(plan)": "plan",
-              "Cache.step(plan)": "plan", "allocator.configure(conf)": "conf", "allocator.configure(option)": "rounding",
-              "allocator.step(plan)": "plan"}
+              "Cache.step(plan)": "plan", "allocator.configure(conf)": "conf",
+              "allocator.configure(option)": "rounding", "allocator.step(plan)": "plan"}
 
 
 @pytest.mark.parametrize("value", [pytest.param("\x00", id="NUL"), pytest.param("\ud800", id="lone-surrogate")])
