@@ -14,6 +14,15 @@ def _release(function_name, handle_id):
         pass
 
 
+def handle_of(value, cls, what):
+    """The handle of `value`, an open `cls`: TypeError for another type, ValueError once closed."""
+    if not isinstance(value, cls):
+        raise TypeError(f"refpool: {what} must be a refpool.{cls.__name__}, not {type(value).__name__}")
+    if value.closed:
+        raise ValueError(f"refpool: {what} is a closed refpool.{cls.__name__}")
+    return value.handle
+
+
 class Owned:
     """A Python object owning one C handle: `handle` while open, released by `close()` (idempotent)
     or at garbage collection. Subclasses name the release function."""

@@ -2,14 +2,57 @@
 __cuda_array_interface__ (version 3) for CUDA device memory, __array_interface__ (version 3) for host
 memory, and DLPack (__dlpack__, __dlpack_device__) through a ctypes DLManagedTensor, with no
 framework imported. A DLPack export holds its own reference to the buffer (a retained handle) until
-the consumer deletes it; consumers of the array interfaces keep the Buffer object alive instead."""
+the consumer deletes it, as do the bytes object an __array_interface__ hands NumPy and a view()'s
+memoryview; consumers of __cuda_array_interface__ keep the Buffer object alive instead.
+
+Each format has limits of its own, checked before anything is exported: DLPack's shape and strides
+are int64, its ndim int32 and its bits a uint8; NumPy, CuPy and Numba index the array interfaces
+with a signed 64-bit intp; a buffer-protocol length is a Py_ssize_t. A zero-element buffer takes any
+dims ((0, 2**64-1) owns no memory), so these are reached (issue 35 row 9: DLPack got [0, -1])."""
 import ctypes
+import sys
 import threading
 
 # DLPack's DLDeviceType values (dlpack.h, v0.8 and later).
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST = 1, 2, 3, 10, 11
 # DLDataTypeCode by the typestr's kind letter.
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+_UINT8_MAX = 255
+
+
+def contiguous_strides(shape, itemsize):
+    """The byte strides of a C-contiguous array of `shape` (Python ints: nothing wraps)."""
+    strides, stride = [], itemsize
+    for dim in reversed(shape):
+        strides.append(stride)
+        stride *= dim
+    return tuple(reversed(strides))
+
+
+def check_extents(shape, itemsize, what):
+    """BufferError unless every dim, and every stride a consumer derives for a C-contiguous array
+    (in bytes, so in elements too), fits int64."""
+    for axis, dim in enumerate(shape):
+        if dim > INT64_MAX:
+            raise BufferError(f"{what}: dim {axis} of shape {shape} is {dim}, beyond int64 (2**63-1), the largest "
+                              "extent the format and its consumers hold")
+    for axis, stride in enumerate(contiguous_strides(shape, itemsize)):
+        if stride > INT64_MAX:
+            raise BufferError(f"{what}: shape {shape} of {itemsize}-byte elements has a stride of {stride} bytes on "
+                              f"axis {axis}, beyond int64 (2**63-1), the largest stride the format and its "
+                              "consumers hold")
+
+
+def host_bytes(retain, ptr, nbytes, what):
+    """A writable ctypes char array over `nbytes` at `ptr` that holds `retain()` (a new reference to
+    the buffer) while it lives: what memoryviews and NumPy arrays of host memory keep alive."""
+    if nbytes > sys.maxsize:
+        raise BufferError(f"{what}: {nbytes} bytes are beyond a buffer's length (Py_ssize_t, {sys.maxsize})")
+    array = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else (ctypes.c_char * 0)()
+    array.owner = retain()
+    return array
 
 
 class DLDevice(ctypes.Structure):
@@ -69,18 +112,30 @@ def _capsule_destructor(capsule):
 
 
 def dl_dtype(typestr):
-    """The DLDataType of an array-interface typestr; BufferError for kinds DLPack has no code for."""
-    kind, size = typestr[1], int(typestr[2:])
-    if kind not in _DL_CODES or (typestr[0] == ">" and size > 1):
+    """The DLDataType of a canonical typestr (_dtypes.parse); BufferError for a type DLPack has no
+    code for: another kind, big-endian, or wider than its uint8 bits."""
+    kind = typestr[1]
+    if kind not in _DL_CODES:
         raise BufferError(f"refpool: DLPack has no data type for typestr {typestr!r}")
+    size = int(typestr[2:])
+    if typestr[0] == ">" and size > 1:
+        raise BufferError(f"refpool: DLPack has no data type for typestr {typestr!r} (it is little-endian only)")
+    if 8 * size > _UINT8_MAX:
+        raise BufferError(f"refpool: DLPack has no data type for typestr {typestr!r}: {8 * size} bits, beyond its "
+                          f"8-bit field ({_UINT8_MAX})")
     return DLDataType(_DL_CODES[kind], 8 * size, 1)
 
 
-def dlpack_capsule(retained, ptr, shape, typestr, device):
-    """A "dltensor" PyCapsule over `retained` (a Buffer handle the export owns and closes in its deleter)."""
+def dlpack_capsule(retain, ptr, shape, typestr, device):
+    """A "dltensor" PyCapsule over `retain()` (a new Buffer handle the export owns and closes in its
+    deleter), made once everything else is checked (shape: check_extents)."""
+    if len(shape) > _INT32_MAX:
+        raise BufferError(f"refpool: DLPack's ndim is an int32; this buffer has {len(shape)} dims")
+    dtype = dl_dtype(typestr)
+    retained = retain()
     shape_array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     managed = DLManagedTensor()
-    managed.dl_tensor = DLTensor(ptr or None, DLDevice(*device), len(shape), dl_dtype(typestr),
+    managed.dl_tensor = DLTensor(ptr or None, DLDevice(*device), len(shape), dtype,
                                  ctypes.cast(shape_array, ctypes.POINTER(ctypes.c_int64)), None, 0)
     managed.manager_ctx = None
     managed.deleter = _delete

@@ -8,6 +8,7 @@ import time
 from ctypes import c_size_t, c_uint64
 
 from . import _types as t
+from ._handles import handle_of
 from ._library import lib
 
 # refpool_cache_get_stats writes sizeof(its struct): a buffer this large stays safe if the struct grew.
@@ -62,6 +63,8 @@ class StatsRecorder:
     has only requests). Times are seconds since the epoch, the clock of refpool's log."""
 
     def __init__(self, cache):
+        from .cache import Cache
+        handle_of(cache, Cache, "refpool.StatsRecorder: cache")
         self.cache = cache
         self.samples = []
 

@@ -1,7 +1,7 @@
 """Streams as the C API takes them: an opaque CUstream / hipStream_t address, None for the default."""
 
 
-def stream_pointer(stream):
+def stream_pointer(stream, what="stream"):
     """The address of `stream`: None or 0 (the default stream), an int, or a framework's stream object
     (torch.cuda.Stream's cuda_stream, CuPy's ptr, Numba's handle)."""
     if stream is None:
@@ -13,5 +13,5 @@ def stream_pointer(stream):
         if value is not None:
             value = getattr(value, "value", value)  # a ctypes pointer (Numba without NVIDIA bindings)
             return int(value) or None
-    raise TypeError(f"refpool: cannot take a stream address from {stream!r} (give an int, None, or a "
+    raise TypeError(f"refpool: {what}: cannot take a stream address from {stream!r} (give an int, None, or a "
                     "torch/CuPy/Numba stream)")
