@@ -56,6 +56,7 @@ HOOK_SIGNATURES = {
     "refpool_torch_hooks_set_oom_observer": (None, [c_void_p]),
     "refpool_torch_hooks_pool_allocations": (c_int64, [POINTER(c_uint64), c_int64]),
     "refpool_torch_hooks_hold_pool": (c_int, [c_int, c_uint64, c_uint64]),
+    "refpool_torch_hooks_set_installed": (None, []),
 }
 HISTORY_SIGNATURES = {
     "refpool_torch_history_tracker": (c_void_p, []),

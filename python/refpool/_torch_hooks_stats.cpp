@@ -80,6 +80,9 @@ device_stats* stats_of(int device) { return device >= 0 && device < max_devices 
 
 using oom_observer = void (*)(std::int64_t device, std::size_t size, std::size_t total, std::size_t free);
 std::atomic<oom_observer> observer{nullptr};
+// Whether the hooks serve PyTorch's requests (install()), rather than segments to PyTorch's own
+// allocator (mem_pool()), which reports its tensors to the profiler itself.
+std::atomic<bool> installed{false};
 
 // Sizes as PyTorch's messages print them ("800000000.00 GiB").
 std::string format_size(std::size_t size) {
@@ -104,7 +107,7 @@ void count_alloc(void* ptr, int device, std::size_t size) {
   device_stats* d = stats_of(device);
   if (d == nullptr) return;
   const std::int64_t allocated = d->update(size, [](stat& s, std::int64_t n) { s.increase(n); });
-  if (c10::memoryProfilingEnabled())
+  if (installed.load(std::memory_order_relaxed) && c10::memoryProfilingEnabled())
     c10::reportMemoryUsageToProfiler(ptr, static_cast<std::int64_t>(size), static_cast<std::size_t>(allocated), 0,
                                      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
@@ -113,7 +116,7 @@ void count_free(void* ptr, int device, std::size_t size) {
   device_stats* d = stats_of(device);
   if (d == nullptr) return;
   const std::int64_t allocated = d->update(size, [](stat& s, std::int64_t n) { s.decrease(n); });
-  if (c10::memoryProfilingEnabled())
+  if (installed.load(std::memory_order_relaxed) && c10::memoryProfilingEnabled())
     c10::reportMemoryUsageToProfiler(ptr, -static_cast<std::int64_t>(size), static_cast<std::size_t>(allocated), 0,
                                      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
@@ -202,6 +205,9 @@ double refpool_torch_hooks_memory_fraction(int device) {
   std::lock_guard lock(d->mutex);
   return d->fraction;
 }
+
+/// install() made these hooks PyTorch's allocator (from then on requests are reported to the profiler).
+void refpool_torch_hooks_set_installed() { installed.store(true, std::memory_order_relaxed); }
 
 /// Sets the function called before torch.OutOfMemoryError is raised (NULL: none), with PyTorch's
 /// observer arguments: device, bytes requested, the device's cap, its free bytes.

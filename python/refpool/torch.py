@@ -89,6 +89,8 @@ def install(kind="device", conf=None, patch_torch_cuda=True, hooks=True, **optio
             raise FrameworkError(f"refpool.torch.install(): PyTorch refused the allocator swap ({e}); it must "
                                  "happen before any CUDA allocation") from None
         _pluggable, _hooked = pluggable, hooks_library is not None
+        if hooks_library is not None:
+            hooks_library.refpool_torch_hooks_set_installed()
         _torch_stats.use_hooks(hooks_library)
         if patch_torch_cuda:
             from . import _torch_memory_api
