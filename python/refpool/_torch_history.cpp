@@ -156,8 +156,13 @@ void append_string(std::string& out, const std::string& text) {
   out += '"';
 }
 
+// The frames of traceback `index` of `symbols` (SIZE_MAX: none) as a JSON list.
 void append_frames(std::string& out, const torch::SymbolizedTracebacks& symbols, std::size_t index) {
   out += '[';
+  if (index == SIZE_MAX) {
+    out += ']';
+    return;
+  }
   bool first = true;
   for (const std::uint64_t f : symbols.tracebacks[index]) {
     const auto& frame = symbols.all_frames[f];
@@ -231,10 +236,7 @@ char* refpool_torch_history_dump() {
              ",\"time_us\":" + std::to_string(e.time_us) + ",\"user_metadata\":";
       append_string(out, e.user_metadata);
       out += ",\"frames\":";
-      if (entry_index[i] == SIZE_MAX)
-        out += "[]";
-      else
-        append_frames(out, symbols, entry_index[i]);
+      append_frames(out, symbols, entry_index[i]);
       out += '}';
     }
     out += "],\"live\":[";
@@ -244,10 +246,7 @@ char* refpool_torch_history_dump() {
       out += "{\"addr\":" + std::to_string(addr) + ",\"size\":" + std::to_string(b.size) +
              ",\"device\":" + std::to_string(b.device) + ",\"stream\":" + std::to_string(b.stream) + ",\"pool\":[" +
              std::to_string(b.pool.first) + "," + std::to_string(b.pool.second) + "],\"frames\":";
-      if (block_index[i] == SIZE_MAX)
-        out += "[]";
-      else
-        append_frames(out, symbols, block_index[i]);
+      append_frames(out, symbols, block_index[i]);
       out += '}';
     }
     out += "]}";
