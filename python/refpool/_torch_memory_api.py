@@ -264,4 +264,4 @@ def patch(torch, hooks):
 
 
 def _last_error():
-    return lib().fn("refpool_last_error")().decode()
+    return lib().last_error()

@@ -204,10 +204,21 @@ def max_memory_reserved(device=None):
 
 
 def reset_peak_memory_stats(device=None):
-    """Restarts the peaks: the hooks' per-device ones and refpool's (live and held bytes)."""
+    """Restarts the peaks: the hooks' per-device ones and refpool's (live and held bytes, reserved
+    bytes) of the allocator's cache and of each private pool."""
     if _hooks is not None:
         _hooks.refpool_torch_hooks_reset_peak_stats(_device_index(device))
     allocator.reset_peaks()
+    from . import _types as t
+    from ._library import lib
+    from .cache import Cache
+    from .errors import InvalidArgumentError
+    for first, second in allocator.pool_ids():
+        try:
+            with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second))) as pool:
+                pool.reset_peaks()
+        except InvalidArgumentError:  # the pool went meanwhile
+            pass
 
 
 def reset_accumulated_memory_stats(device=None):
