@@ -60,15 +60,24 @@ struct live_block {
   traceback frames;
 };
 
-std::mutex mutex;  // guards everything below
-settings recording;
-std::deque<entry> trace;
-std::unordered_map<std::uintptr_t, live_block> live;
-std::string user_metadata;
+struct history {
+  std::mutex mutex;  // guards everything below
+  settings recording;
+  std::deque<entry> trace;
+  std::unordered_map<std::uintptr_t, live_block> live;
+  std::string user_metadata;
+};
+
+// Leaked: PyTorch frees tensors from static destructors, after this library's own would have run.
+history& state() {
+  static auto* made = new history;
+  return *made;
+}
 
 settings current_settings() {
-  std::lock_guard lock(mutex);
-  return recording;
+  history& h = state();
+  std::lock_guard lock(h.mutex);
+  return h.recording;
 }
 
 traceback gather(bool wanted, bool cpp) { return wanted ? torch::CapturedTraceback::gather(true, true, cpp) : nullptr; }
@@ -78,12 +87,12 @@ std::int64_t now_us() {
       .count();
 }
 
-// Under the mutex.
-void record(const settings& s, int what, std::uintptr_t addr, std::size_t size, int device, std::uintptr_t stream,
-            traceback frames) {
+// Under h.mutex.
+void record(history& h, const settings& s, int what, std::uintptr_t addr, std::size_t size, int device,
+            std::uintptr_t stream, traceback frames) {
   if ((s.skip >> what) & 1U) return;
-  trace.push_back(entry{what, addr, size, device, stream, now_us(), std::move(frames), user_metadata});
-  while (trace.size() > s.max_entries) trace.pop_front();
+  h.trace.push_back(entry{what, addr, size, device, stream, now_us(), std::move(frames), h.user_metadata});
+  while (h.trace.size() > s.max_entries) h.trace.pop_front();
 }
 
 void on_alloc(void* ptr, std::size_t size, int device, void* stream, refpool_torch::pool_name pool) {
@@ -92,9 +101,10 @@ void on_alloc(void* ptr, std::size_t size, int device, void* stream, refpool_tor
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const auto on = reinterpret_cast<std::uintptr_t>(stream);
   try {
-    std::lock_guard lock(mutex);
-    live[addr] = live_block{size, device, on, pool, frames};
-    record(s, alloc_action, addr, size, device, on, s.when >= when_alloc ? frames : nullptr);
+    history& h = state();
+    std::lock_guard lock(h.mutex);
+    h.live[addr] = live_block{size, device, on, pool, frames};
+    record(h, s, alloc_action, addr, size, device, on, s.when >= when_alloc ? frames : nullptr);
   } catch (const std::exception&) {  // out of host memory: the allocation stands, unrecorded
   }
 }
@@ -105,12 +115,13 @@ void on_free(void* ptr, std::size_t size, int device, void* stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const auto on = reinterpret_cast<std::uintptr_t>(stream);
   try {
-    std::lock_guard lock(mutex);
-    live.erase(addr);
+    history& h = state();
+    std::lock_guard lock(h.mutex);
+    h.live.erase(addr);
     // refpool makes a freed block reusable at once (stream order permitting): requested and
     // completed together.
-    record(s, free_requested, addr, size, device, on, frames);
-    record(s, free_completed, addr, size, device, on, frames);
+    record(h, s, free_requested, addr, size, device, on, frames);
+    record(h, s, free_completed, addr, size, device, on, frames);
   } catch (const std::exception&) {}
 }
 
@@ -118,8 +129,9 @@ void on_oom(std::size_t size, int device, std::size_t device_free) {
   const settings s = current_settings();
   traceback frames = gather(s.when >= when_alloc, s.cpp);
   try {
-    std::lock_guard lock(mutex);
-    record(s, oom_action, device_free, size, device, 0, std::move(frames));
+    history& h = state();
+    std::lock_guard lock(h.mutex);
+    record(h, s, oom_action, device_free, size, device, 0, std::move(frames));
   } catch (const std::exception&) {}
 }
 
@@ -129,8 +141,9 @@ void on_empty_cache() {
   const settings s = current_settings();
   traceback frames = gather(s.when >= when_all, s.cpp);
   try {
-    std::lock_guard lock(mutex);
-    record(s, segment_free, 0, 0, 0, 0, std::move(frames));
+    history& h = state();
+    std::lock_guard lock(h.mutex);
+    record(h, s, segment_free, 0, 0, 0, 0, std::move(frames));
   } catch (const std::exception&) {}
 }
 
@@ -188,19 +201,21 @@ const void* refpool_torch_history_tracker() { return &history_tracker; }
 /// PyTorch's RecordContext (never, state, alloc, all), C++ frames too, the trace's length, the
 /// actions to skip (bits), and whether to clear what was recorded.
 void refpool_torch_history_configure(int when, int cpp, std::size_t max_entries, unsigned skip, int clear) {
-  std::lock_guard lock(mutex);
-  recording = settings{when, cpp != 0, max_entries == 0 ? 1 : max_entries, skip};
+  history& h = state();
+  std::lock_guard lock(h.mutex);
+  h.recording = settings{when, cpp != 0, max_entries == 0 ? 1 : max_entries, skip};
   if (clear != 0) {
-    trace.clear();
-    live.clear();
+    h.trace.clear();
+    h.live.clear();
   }
-  while (trace.size() > recording.max_entries) trace.pop_front();
+  while (h.trace.size() > h.recording.max_entries) h.trace.pop_front();
 }
 
 /// torch.cuda.memory._set_memory_metadata: attached to the actions recorded from now on.
 void refpool_torch_history_set_metadata(const char* text) {
-  std::lock_guard lock(mutex);
-  user_metadata = text == nullptr ? "" : text;
+  history& h = state();
+  std::lock_guard lock(h.mutex);
+  h.user_metadata = text == nullptr ? "" : text;
 }
 
 /// What is recorded, as JSON: {"trace": [...], "live": [...]} with symbolized frames. The caller
@@ -209,9 +224,10 @@ char* refpool_torch_history_dump() {
   std::vector<entry> entries;
   std::vector<std::pair<std::uintptr_t, live_block>> blocks;
   {
-    std::lock_guard lock(mutex);
-    entries.assign(trace.begin(), trace.end());
-    blocks.assign(live.begin(), live.end());
+    history& h = state();
+    std::lock_guard lock(h.mutex);
+    entries.assign(h.trace.begin(), h.trace.end());
+    blocks.assign(h.live.begin(), h.live.end());
   }
   try {
     std::vector<torch::CapturedTraceback*> to_symbolize;

@@ -22,9 +22,18 @@ struct pool_allocation {
 
 thread_local refpool_torch::pool_name routed;  // the pool the filter accepted this thread's request for
 
-std::mutex mutex;
-std::unordered_map<void*, pool_allocation> live;  // under mutex
-std::atomic<std::size_t> live_count{0};           // live.size(), read without the mutex
+struct pool_table {
+  std::mutex mutex;
+  std::unordered_map<void*, pool_allocation> live;  // under mutex
+};
+
+// Leaked: PyTorch frees tensors from static destructors, after this library's own would have run.
+pool_table& table() {
+  static auto* made = new pool_table;
+  return *made;
+}
+
+std::atomic<std::size_t> live_count{0};  // table().live.size(), read without the mutex
 
 }  // namespace
 
@@ -40,18 +49,20 @@ pool_name take_routed() {
 
 void track_pool_allocation(void* ptr, std::size_t size, int device, void* stream, pool_name pool) {
   try {
-    std::lock_guard lock(mutex);
-    live[ptr] = pool_allocation{size, device, stream, pool};
-    live_count.store(live.size(), std::memory_order_release);
+    pool_table& t = table();
+    std::lock_guard lock(t.mutex);
+    t.live[ptr] = pool_allocation{size, device, stream, pool};
+    live_count.store(t.live.size(), std::memory_order_release);
   } catch (const std::exception&) {  // out of host memory: the allocation stands, untracked
   }
 }
 
 void untrack_pool_allocation(void* ptr) {
   if (live_count.load(std::memory_order_acquire) == 0) return;
-  std::lock_guard lock(mutex);
-  live.erase(ptr);
-  live_count.store(live.size(), std::memory_order_release);
+  pool_table& t = table();
+  std::lock_guard lock(t.mutex);
+  t.live.erase(ptr);
+  live_count.store(t.live.size(), std::memory_order_release);
 }
 
 }  // namespace refpool_torch
@@ -62,9 +73,10 @@ extern "C" {
 /// stream, pool id first, pool id second. Writes up to `capacity` allocations into out[0..6 *
 /// capacity) and returns how many there are (call again with more room if that is more).
 std::int64_t refpool_torch_hooks_pool_allocations(std::uint64_t* out, std::int64_t capacity) {
-  std::lock_guard lock(mutex);
+  pool_table& t = table();
+  std::lock_guard lock(t.mutex);
   std::int64_t n = 0;
-  for (const auto& [ptr, a] : live) {
+  for (const auto& [ptr, a] : t.live) {
     if (out != nullptr && n < capacity) {
       std::uint64_t* row = out + 6 * n;
       row[0] = reinterpret_cast<std::uintptr_t>(ptr);

@@ -74,9 +74,11 @@ struct device_stats {
   }
 };
 
-std::array<device_stats, max_devices> devices;
-
-device_stats* stats_of(int device) { return device >= 0 && device < max_devices ? &devices[device] : nullptr; }
+// Leaked: PyTorch frees tensors from static destructors, after this library's own would have run.
+device_stats* stats_of(int device) {
+  static auto* devices = new std::array<device_stats, max_devices>;
+  return device >= 0 && device < max_devices ? &(*devices)[static_cast<std::size_t>(device)] : nullptr;
+}
 
 using oom_observer = void (*)(std::int64_t device, std::size_t size, std::size_t total, std::size_t free);
 std::atomic<oom_observer> observer{nullptr};
