@@ -31,7 +31,8 @@ SOURCE_EXTENSIONS = (".cpp", ".hpp", ".h", ".c", ".cu", ".inc", ".py", ".sh", ".
 # Files the build makes from a template of the same name plus ".in".
 GENERATED = {"config.hpp"}
 # Other projects' files that pages name by their base name.
-EXTERNAL = {"CUDAPluggableAllocator.h", "CUDACachingAllocator.h"}
+EXTERNAL = {"CUDAPluggableAllocator.h", "CUDAPluggableAllocator.cpp", "CUDACachingAllocator.h", "test_cuda.py",
+            "test_cudagraph_trees.py"}
 # In shell code: what follows these is written, not read.
 # A build folder's targets are no paths of the repository either.
 OUTPUT = re.compile(r"(?:>>?|\s-o|--out|--json|--picture)\s+\S+|\bln\s+-\w+\s+\S+\s+\S+"

@@ -165,6 +165,7 @@ void segment_source::add_counters(cache_stats& out) const {
     out.segments += st.segments;
     out.segment_bytes += st.committed_bytes;
     out.segment_free_bytes += st.free_bytes;
+    out.segment_free_ranges += st.free_ranges;
     add_events(events, st);
   }
   out.segment_grows = events.segments_made + events.grows;

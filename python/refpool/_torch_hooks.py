@@ -1,23 +1,30 @@
-"""Builds and loads refpool's hooks for PyTorch (_torch_hooks.cpp) against the PyTorch in use.
+"""Builds and loads refpool's hooks for PyTorch (_torch_hooks*.cpp) and its memory-history library
+(_torch_history.cpp) against the PyTorch in use.
 
 The hooks must be compiled against PyTorch's headers (the graph-pool hooks take C++ types, and
 torch.OutOfMemoryError comes only from a thrown c10::OutOfMemoryError), and refpool never depends on
 PyTorch to build. So they are compiled here, at first use, with torch.utils.cpp_extension (a C++
-compiler and ninja needed), into a folder named after the source's and PyTorch's versions: later
+compiler and ninja needed), into a folder named after the sources' and PyTorch's versions: later
 processes load the library without compiling. $REFPOOL_TORCH_HOOKS_DIR chooses the parent folder
-(default ~/.cache/refpool). docs/frameworks.md, "How the hooks are built"."""
+(default ~/.cache/refpool). The history library is built the same way when memory history is first
+recorded; where it cannot be built, only history is lost. docs/frameworks.md, "How the hooks are built"."""
 import ctypes
 import hashlib
 import os
 import threading
 import warnings
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
 
 from ._library import lib
 from .errors import FrameworkError
 
 NAME = "refpool_torch_hooks"
-SOURCE = Path(__file__).with_name("_torch_hooks.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / name for name in ("_torch_hooks.cpp", "_torch_hooks_stats.cpp", "_torch_hooks_pools.cpp")]
+HEADERS = [HERE / "_torch_hooks.hpp"]
+HISTORY_NAME = "refpool_torch_history"
+HISTORY_SOURCES = [HERE / "_torch_history.cpp"]
 DIR_ENV = "REFPOOL_TORCH_HOOKS_DIR"
 
 # librefpool's functions the hooks call, in the order of _torch_hooks.cpp's refpool_api struct.
@@ -37,16 +44,42 @@ SETTERS = {
     "set_release_pool": "refpool_torch_hooks_release_pool",
 }
 
+# The C signatures of what Python calls in the two libraries: name -> (restype, argtypes).
+HOOK_SIGNATURES = {
+    "refpool_torch_hooks_bind": (c_int, [c_void_p, c_int]),
+    "refpool_torch_hooks_set_tracker": (None, [c_void_p]),
+    "refpool_torch_hooks_stat_count": (c_int, []),
+    "refpool_torch_hooks_device_stats": (c_int, [c_int, POINTER(c_int64), c_int]),
+    "refpool_torch_hooks_reset_peak_stats": (None, [c_int]),
+    "refpool_torch_hooks_reset_accumulated_stats": (None, [c_int]),
+    "refpool_torch_hooks_memory_fraction": (c_double, [c_int]),
+    "refpool_torch_hooks_set_oom_observer": (None, [c_void_p]),
+    "refpool_torch_hooks_pool_allocations": (c_int64, [POINTER(c_uint64), c_int64]),
+    "refpool_torch_hooks_hold_pool": (c_int, [c_int, c_uint64, c_uint64]),
+    "refpool_torch_hooks_set_installed": (None, []),
+}
+HISTORY_SIGNATURES = {
+    "refpool_torch_history_tracker": (c_void_p, []),
+    "refpool_torch_history_configure": (None, [c_int, c_int, c_size_t, c_uint, c_int]),
+    "refpool_torch_history_set_metadata": (None, [c_char_p]),
+    "refpool_torch_history_dump": (c_void_p, []),
+    "refpool_torch_history_free": (None, [c_void_p]),
+}
+
 _lock = threading.Lock()
-_loaded = None  # (path, ctypes.CDLL)
+_loaded = None  # (path, ctypes.CDLL) of the hooks
+_history = None  # the history library's CDLL, once built
+_history_error = None  # why it could not be built
 
 
-def build_directory(torch):
-    """Where the hooks for this PyTorch and this source live."""
-    key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(f"{torch.__version__} {torch.version.cuda} {NAME}".encode())
+def build_directory(torch, name=NAME, files=None):
+    """Where the library `name` for this PyTorch and these sources lives."""
+    key = hashlib.sha256()
+    for path in files if files is not None else SOURCES + HEADERS:
+        key.update(path.read_bytes())
+    key.update(f"{torch.__version__} {torch.version.cuda} {name}".encode())
     parent = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "refpool").expanduser()
-    return parent / f"torch-hooks-{key.hexdigest()[:16]}"
+    return parent / f"{name.replace('refpool_', '').replace('_', '-')}-{key.hexdigest()[:16]}"
 
 
 def load(torch):
@@ -55,59 +88,90 @@ def load(torch):
     global _loaded
     with _lock:
         if _loaded is None:
-            path = _built(torch)
-            hooks = ctypes.CDLL(str(path))
+            path = _built(torch, NAME, SOURCES, SOURCES + HEADERS, retry_without_pluggable_header=True)
+            hooks = _declare(ctypes.CDLL(str(path)), HOOK_SIGNATURES)
             _bind(hooks)
             _loaded = (path, hooks)
     return _loaded
 
 
-def _built(torch):
-    folder = build_directory(torch)
-    path = folder / f"{NAME}.so"
+def loaded():
+    """The hooks' CDLL if this process loaded them, else None."""
+    return _loaded[1] if _loaded is not None else None
+
+
+def load_history(torch):
+    """The history library's CDLL, built if needed; None (with a warning saying why, once) where
+    it cannot be built: the hooks work without it."""
+    global _history, _history_error
+    with _lock:
+        if _history is None and _history_error is None:
+            try:
+                path = _built(torch, HISTORY_NAME, HISTORY_SOURCES, HISTORY_SOURCES + HEADERS)
+                _history = _declare(ctypes.CDLL(str(path)), HISTORY_SIGNATURES)
+            except (FrameworkError, OSError) as e:
+                _history_error = str(e)
+                warnings.warn(f"refpool.torch: memory history is not available: {e}")
+    return _history
+
+
+def history_error():
+    return _history_error
+
+
+def _built(torch, name, sources, keyed, retry_without_pluggable_header=False):
+    folder = build_directory(torch, name, keyed)
+    path = folder / f"{name}.so"
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        _compile(folder, [])
+        _compile(name, sources, folder, [])
     except Exception as first:  # noqa: BLE001 (compiler missing, ninja missing, headers missing: all said below)
+        if not retry_without_pluggable_header:
+            raise _build_error(torch, name, folder, first) from None
         # Without PyTorch's CUDAPluggableAllocator.h (only compile-time checks of the hook types use it).
         warnings.warn(f"refpool.torch: building the PyTorch hooks with CUDAPluggableAllocator.h failed ({first}); "
                       "retrying without it")
         try:
-            _compile(folder, ["-DREFPOOL_NO_PLUGGABLE_HEADER"])
+            _compile(name, sources, folder, ["-DREFPOOL_NO_PLUGGABLE_HEADER"])
         except Exception as e:  # noqa: BLE001
-            raise _build_error(torch, folder, e) from None
+            raise _build_error(torch, name, folder, e) from None
     if not path.is_file():
-        raise FrameworkError(f"refpool.torch: building the PyTorch hooks left no {path}")
+        raise FrameworkError(f"refpool.torch: building {name} left no {path}")
     return path
 
 
-def _compile(folder, flags):
+def _compile(name, sources, folder, flags):
     from torch.utils import cpp_extension
-    cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder), with_cuda=True,
+    cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(folder), with_cuda=True,
                        is_python_module=False, extra_cflags=["-O2", *flags], verbose=False)
 
 
-def _build_error(torch, folder, e):
+def _build_error(torch, name, folder, e):
     return FrameworkError(
-        f"refpool.torch: cannot build refpool's PyTorch hooks ({SOURCE.name}) against torch {torch.__version__} "
-        f"in {folder}: {e}. They need a C++ compiler, ninja and the CUDA headers; "
-        "refpool.torch.install(hooks=False) runs without them (docs/frameworks.md says what is lost)")
+        f"refpool.torch: cannot build {name} against torch {torch.__version__} in {folder}: {e}. It needs a C++ "
+        "compiler, ninja and the CUDA headers; refpool.torch.install(hooks=False) runs without the hooks "
+        "(docs/frameworks.md says what is lost)")
+
+
+def _declare(library, signatures):
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(library, name)
+        function.restype, function.argtypes = restype, argtypes
+    return library
 
 
 def _bind(hooks):
     library = lib()
-    addresses = (ctypes.c_void_p * len(IMPORTS))(*[library.address(name) for name in IMPORTS])
-    hooks.refpool_torch_hooks_bind.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    hooks.refpool_torch_hooks_bind.restype = ctypes.c_int
+    addresses = (c_void_p * len(IMPORTS))(*[library.address(name) for name in IMPORTS])
     if hooks.refpool_torch_hooks_bind(addresses, len(IMPORTS)) != 0:
         raise FrameworkError("refpool.torch: the PyTorch hooks library expects other refpool functions than this "
                              f"package gives ({len(IMPORTS)}); remove {DIR_ENV} or ~/.cache/refpool and retry")
 
 
 def address(hooks, name):
-    return ctypes.cast(getattr(hooks, name), ctypes.c_void_p).value
+    return ctypes.cast(getattr(hooks, name), c_void_p).value
 
 
 def set_hooks(pluggable, hooks):

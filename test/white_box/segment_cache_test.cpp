@@ -47,6 +47,8 @@ void check_books(const alloc_cache& cache, const backend& be, std::size_t uncach
   CHECK(be.outstanding_bytes() == st.held_bytes + st.segment_free_bytes + uncached);
   CHECK(st.reserved_bytes == be.outstanding_bytes());  // PyTorch's "reserved": everything held from the backend
   CHECK(st.peak_reserved_bytes >= st.reserved_bytes);
+  CHECK(st.reserved_allocated_bytes - st.reserved_freed_bytes == st.reserved_bytes);  // its totals in and out
+  CHECK((st.segment_free_ranges == 0) == (st.segment_free_bytes == 0));  // PyTorch's inactive split blocks
 }
 
 }  // namespace
