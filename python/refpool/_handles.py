@@ -41,6 +41,14 @@ class Owned:
         if self._finalizer is not None:
             self._finalizer()
 
+    def keep_past_exit(self):
+        """Leaves the handle to close() and garbage collection only: weakref.finalize's exit hook
+        releases every handle still alive, while a view holding this one may still be read after
+        it (an atexit function registered earlier, a daemon thread). Returns self."""
+        if self._finalizer is not None:
+            self._finalizer.atexit = False
+        return self
+
     @property
     def closed(self):
         return self._finalizer is not None and not self._finalizer.alive

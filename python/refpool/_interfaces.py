@@ -51,7 +51,7 @@ def host_bytes(retain, ptr, nbytes, what):
     if nbytes > sys.maxsize:
         raise BufferError(f"{what}: {nbytes} bytes are beyond a buffer's length (Py_ssize_t, {sys.maxsize})")
     array = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else (ctypes.c_char * 0)()
-    array.owner = retain()
+    array.owner = retain().keep_past_exit()
     return array
 
 
@@ -132,7 +132,7 @@ def dlpack_capsule(retain, ptr, shape, typestr, device):
     if len(shape) > _INT32_MAX:
         raise BufferError(f"refpool: DLPack's ndim is an int32; this buffer has {len(shape)} dims")
     dtype = dl_dtype(typestr)
-    retained = retain()
+    retained = retain().keep_past_exit()
     shape_array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     managed = DLManagedTensor()
     managed.dl_tensor = DLTensor(ptr or None, DLDevice(*device), len(shape), dtype,

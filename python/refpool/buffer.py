@@ -78,7 +78,9 @@ class Buffer(Owned):
     A NumPy array, a memoryview and a DLPack tensor hold their own reference to the buffer;
     consumers of `__cuda_array_interface__` (CuPy, Numba, PyTorch) hold this object instead, so once
     it has been exported that way, close() leaves a reference to the object, released when it is
-    garbage-collected. Nothing leaks: the last view's end gives the block back.
+    garbage-collected. Nothing leaks: the last view's end gives the block back. The references views
+    hold are left alone by the interpreter's exit hook, which releases every other handle: an atexit
+    function or a daemon thread may still read a view after it.
 
     Every export checks what its format can say: dims and C-contiguous strides within int64 (DLPack's
     fields; what NumPy and the CUDA consumers index with), a typestr of the buffer's item size, and
@@ -96,7 +98,7 @@ class Buffer(Owned):
     def close(self):
         """Drops this handle's reference (again: nothing). Views made from the buffer keep their own."""
         if self._held_by_consumers and not self.closed:
-            self._kept_for_consumers = self.retain()  # goes with this object, which consumers hold
+            self._kept_for_consumers = self.retain().keep_past_exit()  # goes with this object, which consumers hold
         super().close()
 
     def __repr__(self):
@@ -172,6 +174,7 @@ class Buffer(Owned):
         interface = {"shape": shape, "typestr": self._typestr, "data": (self.ptr, False), "strides": None,
                      "version": 3, "stream": self._place.stream or 1}
         self._held_by_consumers = True
+        self.keep_past_exit()
         return interface
 
     @property

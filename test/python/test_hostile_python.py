@@ -1,0 +1,57 @@
+"""A hostile review of the Python package: values and orders of calls an outsider would try, each
+checked for a clear error (TypeError, ValueError or BufferError naming the argument), for memory
+that stays valid while anything views it, and for nothing leaked (the backend's outstanding bytes
+back to 0). Run under ASan too (meson's build-asan: a read of freed memory aborts)."""
+import gc
+
+import pytest
+
+import refpool
+from conftest import run_python
+
+
+# ---- views outlive the interpreter's exit hook ------------------------------------------------------
+# weakref.finalize releases, at exit, every handle whose object is still alive, views' references
+# included; an atexit function registered before refpool's (or a daemon thread) then read freed
+# memory: a 1 MiB memoryview segfaulted (the host backend's block was unmapped), a NumPy array read
+# the allocator's free-list pointers.
+READ_AT_EXIT = """
+    import atexit
+    seen = {}
+
+    def read_at_exit():  # registered before refpool's exit hook, so it runs after it
+        for name, view in seen.items():
+            data = bytes(memoryview(view).cast("B"))
+            print(name, "intact" if data == b"\\x07" * len(data) else "changed", flush=True)
+
+    atexit.register(read_at_exit)
+    import refpool
+    backend = refpool.Backend.new_host()
+    cache = refpool.Cache(from_environment=False)
+    big = refpool.malloc(backend, 1 << 20)
+    seen["memoryview"] = big.view()
+    seen["memoryview"][:] = b"\\x07" * (1 << 20)
+    try:
+        import numpy
+    except ImportError:
+        numpy = None
+    if numpy is not None:
+        small = refpool.malloc(backend, 4096, cache=cache)
+        seen["numpy"] = numpy.asarray(small)
+        seen["numpy"][:] = 7
+        small.close()
+        if hasattr(numpy, "from_dlpack"):
+            exported = refpool.malloc(backend, 4096, "<u1", cache=cache)
+            with exported.view() as filler:
+                filler[:] = b"\x07" * 4096
+            seen["dlpack"] = numpy.from_dlpack(exported)  # read-only in NumPy
+            exported.close()
+"""
+
+
+def test_views_are_readable_after_the_exit_hook():
+    result = run_python(READ_AT_EXIT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split("\n")
+    assert "memoryview intact" in lines, result.stdout
+    assert "changed" not in result.stdout, result.stdout
