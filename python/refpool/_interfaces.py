@@ -7,8 +7,9 @@ memoryview; consumers of __cuda_array_interface__ keep the Buffer object alive i
 
 Each format has limits of its own, checked before anything is exported: DLPack's shape and strides
 are int64, its ndim int32 and its bits a uint8; NumPy, CuPy and Numba index the array interfaces
-with a signed 64-bit intp; a buffer-protocol length is a Py_ssize_t. A zero-element buffer takes any
-dims ((0, 2**64-1) owns no memory), so these are reached (issue 35 row 9: DLPack got [0, -1])."""
+with a signed 64-bit intp, and NumPy holds at most NPY_MAXDIMS dims; a buffer-protocol length is a
+Py_ssize_t. A zero-element buffer takes any dims ((0, 2**64-1) owns no memory), so these are
+reached (issue 35 row 9: DLPack got [0, -1])."""
 import ctypes
 import sys
 import threading
@@ -43,6 +44,19 @@ def check_extents(shape, itemsize, what):
             raise BufferError(f"{what}: shape {shape} of {itemsize}-byte elements has a stride of {stride} bytes on "
                               f"axis {axis}, beyond int64 (2**63-1), the largest stride the format and its "
                               "consumers hold")
+
+
+def check_numpy_dims(shape, what):
+    """BufferError unless NumPy can hold `shape`'s dims: NPY_MAXDIMS is 32 before NumPy 2 and 64
+    since. NumPy before 2.2.4 copies an __array_interface__ shape into a stack array of that size
+    without checking its length (numpy#27949), so more dims would overwrite its stack."""
+    numpy = sys.modules.get("numpy")
+    try:
+        limit = 64 if int(str(getattr(numpy, "__version__", "1")).split(".")[0]) >= 2 else 32
+    except ValueError:
+        limit = 32
+    if len(shape) > limit:
+        raise BufferError(f"{what}: the buffer has {len(shape)} dims; NumPy holds at most {limit} (NPY_MAXDIMS)")
 
 
 def host_bytes(retain, ptr, nbytes, what):

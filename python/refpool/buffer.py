@@ -7,8 +7,8 @@ from . import _dtypes
 from . import _types as t
 from ._checked import size_array
 from ._handles import Owned, handle_of
-from ._interfaces import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, check_extents, dlpack_capsule,
-                          host_bytes)
+from ._interfaces import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, check_extents, check_numpy_dims,
+                          dlpack_capsule, host_bytes)
 from ._library import lib
 from .backend import Backend
 from .cache import Cache
@@ -83,8 +83,9 @@ class Buffer(Owned):
     function or a daemon thread may still read a view after it.
 
     Every export checks what its format can say: dims and C-contiguous strides within int64 (DLPack's
-    fields; what NumPy and the CUDA consumers index with), a typestr of the buffer's item size, and
-    for DLPack a data type it has a code for. A BufferError says what does not fit."""
+    fields; what NumPy and the CUDA consumers index with), a typestr of the buffer's item size, for
+    __array_interface__ no more dims than NumPy holds, and for DLPack a data type it has a code for.
+    A BufferError says what does not fit."""
 
     _release_function = "refpool_release"
 
@@ -186,6 +187,7 @@ class Buffer(Owned):
             raise AttributeError(f"refpool.Buffer of {self._place.runtime} {self._place.kind} memory has no "
                                  "__array_interface__ (host memory only)")
         shape, info = self._checked_shape("__array_interface__")
+        check_numpy_dims(shape, "refpool.Buffer.__array_interface__")
         return {"shape": shape, "typestr": self._typestr, "data": self._host_bytes(info.bytes), "strides": None,
                 "version": 3}
 

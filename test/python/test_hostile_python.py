@@ -55,3 +55,24 @@ def test_views_are_readable_after_the_exit_hook():
     lines = result.stdout.split("\n")
     assert "memoryview intact" in lines, result.stdout
     assert "changed" not in result.stdout, result.stdout
+
+
+
+# ---- the array interface within NumPy's dims ------------------------------------------------------
+# NumPy before 2.2.4 copies an __array_interface__ shape into a stack array of NPY_MAXDIMS (32, 64
+# from NumPy 2) without checking its length (numpy#27949): numpy.asarray of a 100-dim host buffer
+# ended in "*** stack smashing detected ***".
+def test_the_array_interface_refuses_more_dims_than_numpy_holds(backend):
+    for rank in (65, 100):  # beyond every NumPy's
+        with refpool.malloc(backend, (1,) * rank, "<f4") as b:
+            with pytest.raises(BufferError, match=f"{rank} dims"):
+                b.__array_interface__
+            assert b.use_count == 1
+    numpy = pytest.importorskip("numpy")
+    limit = 64 if int(numpy.__version__.split(".")[0]) >= 2 else 32
+    with refpool.malloc(backend, (1,) * limit, "<f4") as b:
+        assert numpy.asarray(b).shape == (1,) * limit
+    with refpool.malloc(backend, (1,) * (limit + 1), "<f4") as b:
+        with pytest.raises(BufferError, match=f"{limit + 1} dims"):
+            numpy.asarray(b)
+    assert backend.stats()["outstanding_bytes"] == 0
