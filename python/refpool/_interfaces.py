@@ -18,6 +18,8 @@ import threading
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST = 1, 2, 3, 10, 11
 # DLDataTypeCode by the typestr's kind letter.
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+# The item sizes DLPack's float and complex codes mean an IEEE format for (as NumPy exports them).
+_DL_IEEE_SIZES = {"f": (2, 4, 8), "c": (8, 16)}
 INT64_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
 _UINT8_MAX = 255
@@ -127,7 +129,7 @@ def _capsule_destructor(capsule):
 
 def dl_dtype(typestr):
     """The DLDataType of a canonical typestr (_dtypes.parse); BufferError for a type DLPack has no
-    code for: another kind, big-endian, or wider than its uint8 bits."""
+    code for: another kind, big-endian, wider than its uint8 bits, or a long double."""
     kind = typestr[1]
     if kind not in _DL_CODES:
         raise BufferError(f"refpool: DLPack has no data type for typestr {typestr!r}")
@@ -137,6 +139,9 @@ def dl_dtype(typestr):
     if 8 * size > _UINT8_MAX:
         raise BufferError(f"refpool: DLPack has no data type for typestr {typestr!r}: {8 * size} bits, beyond its "
                           f"8-bit field ({_UINT8_MAX})")
+    if kind in _DL_IEEE_SIZES and size not in _DL_IEEE_SIZES[kind]:
+        raise BufferError(f"refpool: DLPack has no data type for typestr {typestr!r}: its floats are IEEE binary16, "
+                          "32 and 64, and a long double is another format (x87's 80 bits on x86)")
     return DLDataType(_DL_CODES[kind], 8 * size, 1)
 
 

@@ -2,6 +2,7 @@
 checked for a clear error (TypeError, ValueError or BufferError naming the argument), for memory
 that stays valid while anything views it, and for nothing leaked (the backend's outstanding bytes
 back to 0). Run under ASan too (meson's build-asan: a read of freed memory aborts)."""
+import ctypes
 import gc
 
 import pytest
@@ -75,4 +76,24 @@ def test_the_array_interface_refuses_more_dims_than_numpy_holds(backend):
     with refpool.malloc(backend, (1,) * (limit + 1), "<f4") as b:
         with pytest.raises(BufferError, match=f"{limit + 1} dims"):
             numpy.asarray(b)
+    assert backend.stats()["outstanding_bytes"] == 0
+
+
+# ---- DLPack's floats are IEEE binary16/32/64 --------------------------------------------------------
+# x86's long double (NumPy's float128, "<f16") is the 80-bit x87 format padded to 16 bytes: it was
+# exported as a DLPack float of 128 bits, which a consumer reads as IEEE binary128. NumPy's own
+# __dlpack__ refuses long doubles for that reason.
+def test_dlpack_exports_no_long_double(backend):
+    long_double = ctypes.sizeof(ctypes.c_longdouble)
+    if long_double <= 8:
+        pytest.skip("long double is double here")
+    for typestr in (f"<f{long_double}", f"<c{2 * long_double}"):
+        with refpool.malloc(backend, 2, typestr) as b:
+            with pytest.raises(BufferError, match="DLPack"):
+                b.__dlpack__()
+            assert b.use_count == 1
+    for typestr in ("<f2", "<f4", "<f8", "<c8", "<c16"):
+        with refpool.malloc(backend, 2, typestr) as b:
+            capsule = b.__dlpack__()
+            del capsule
     assert backend.stats()["outstanding_bytes"] == 0
