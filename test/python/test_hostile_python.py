@@ -8,6 +8,7 @@ import gc
 import pytest
 
 import refpool
+import refpool._dtypes
 from conftest import run_python
 
 
@@ -97,3 +98,36 @@ def test_dlpack_exports_no_long_double(backend):
             capsule = b.__dlpack__()
             del capsule
     assert backend.stats()["outstanding_bytes"] == 0
+
+
+# ---- typestrs of types NumPy has here ---------------------------------------------------------------
+# "<f12" and "<c24" (long doubles of 32-bit x86) and a datetime of any unit ("<M8[xyz]") were stored
+# and exported; NumPy on x86-64 reads none of them ("data type '<f12' not understood").
+LONG_DOUBLE = ctypes.sizeof(ctypes.c_longdouble)
+UNITS = ["Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "generic", "25us", "0ns", "02ns",
+         "xyz", "B", "H", "S", "Us", "ns2", "2147483648ns"]
+
+
+def test_typestrs_are_types_numpy_has_here(backend):
+    others = [size for size in (10, 12, 16) if size != LONG_DOUBLE]
+    for typestr in [f"<f{n}" for n in others] + [f"<c{2 * n}" for n in others] + ["<M8[xyz]", "<m8[H]", "<M8[ns2]"]:
+        with pytest.raises(ValueError, match=r"^refpool: dtype"):
+            refpool.malloc(backend, 2, typestr)
+    for typestr in (f"<f{LONG_DOUBLE}", f"<c{2 * LONG_DOUBLE}", "<M8[ns]", "<m8[25us]", "<M8[generic]"):
+        refpool.malloc(backend, 2, typestr).close()
+    assert backend.stats()["outstanding_bytes"] == 0
+
+
+def test_typestrs_agree_with_numpy(backend):
+    numpy = pytest.importorskip("numpy")
+
+    def accepted(parse, typestr):
+        try:
+            parse(typestr)
+            return True
+        except (TypeError, ValueError):
+            return False
+    typestrs = [f"<{kind}{size}" for kind in "fciub" for size in range(1, 41)]
+    typestrs += [f"<{kind}8[{unit}]" for kind in "mM" for unit in UNITS]
+    differ = [s for s in typestrs if accepted(refpool._dtypes.parse, s) != accepted(numpy.dtype, s)]
+    assert differ == []
