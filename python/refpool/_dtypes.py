@@ -27,8 +27,9 @@ _LONG_DOUBLE = ctypes.sizeof(ctypes.c_longdouble)
 _SIZES = {"b": {1}, "i": {1, 2, 4, 8}, "u": {1, 2, 4, 8}, "f": {2, 4, 8, _LONG_DOUBLE},
           "c": {8, 16, 2 * _LONG_DOUBLE}, "m": {8}, "M": {8}, "S": None, "U": None, "V": None}
 # A datetime's unit, with an optional multiplier (a C int to NumPy): "[ns]", "[25us]", "[generic]".
-_UNIT = re.compile(r"\[([0-9]*)(Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as|generic)\]\Z")
+_UNIT = re.compile(r"\[([0-9]{0,10})(Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as|generic)\]\Z")
 _INT_MAX = 2**31 - 1
+_SIZE_DIGITS = len(str(2**64 - 1))  # the most digits an item size can have
 # NumPy's names of the fixed-size types, so "float32" needs no NumPy.
 _NAMES = {"bool": "|b1", "int8": "|i1", "uint8": "|u1", "float16": "=f2", "float32": "=f4", "float64": "=f8",
           "complex64": "=c8", "complex128": "=c16",
@@ -94,6 +95,8 @@ def parse(text):
     if kind == "O":
         raise ValueError(f"refpool: dtype {text!r} holds Python objects; refpool memory holds raw bytes, which a "
                          "consumer would read as object references")
+    if len(digits.lstrip("0")) > _SIZE_DIGITS:  # before int(), which refuses more than 4300 digits
+        raise OverflowError(f"refpool: dtype {text[:40]!r}... has a size of {len(digits)} digits, beyond size_t")
     count = int(digits)
     if count == 0 or (sizes is not None and count not in sizes):
         allowed = ", ".join(map(str, sorted(sizes))) if sizes else "at least 1"

@@ -131,3 +131,12 @@ def test_typestrs_agree_with_numpy(backend):
     typestrs += [f"<{kind}8[{unit}]" for kind in "mM" for unit in UNITS]
     differ = [s for s in typestrs if accepted(refpool._dtypes.parse, s) != accepted(numpy.dtype, s)]
     assert differ == []
+
+
+def test_typestrs_of_thousands_of_digits_are_refused_naming_the_dtype(backend):
+    # Python's int() refuses more than 4300 digits with a ValueError that names nothing.
+    for typestr, error in (("<V" + "9" * 5000, OverflowError), ("|S" + "1" * 4301, OverflowError),
+                           ("<M8[" + "9" * 5000 + "ns]", ValueError)):
+        with pytest.raises(error, match=r"^refpool: dtype"):
+            refpool.malloc(backend, 2, typestr)
+    assert backend.stats()["allocation_count"] == 0
