@@ -34,10 +34,17 @@ ADDRESS_RANGE = _unsigned(ctypes.c_void_p)
 _C_OBJECTS = (ctypes._SimpleCData, ctypes.Array, ctypes._Pointer, type(ctypes.byref(ctypes.c_int())))
 
 
+def is_bool(value):
+    """Whether `value` is a bool: Python's, or NumPy's (numpy.bool_, which NumPy 1.x still lets
+    operator.index read as 0 or 1, with a DeprecationWarning), without importing NumPy."""
+    kind = type(value)
+    return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"))
+
+
 def _as_int(value, what):
     # bool is an int to Python, but True as a byte count is a bug; floats would be truncated.
-    if isinstance(value, bool):
-        raise TypeError(f"refpool: {what} must be an int, not bool")
+    if is_bool(value):
+        raise TypeError(f"refpool: {what} must be an int, not {type(value).__name__}")
     try:
         return operator.index(value)  # int, or an int-like such as numpy.int64
     except TypeError:

@@ -18,6 +18,8 @@ from .streams import stream_pointer
 def _device_pair(dl_device):
     try:
         device_type, device_id = (operator.index(part) for part in dl_device)
+        if any(_checked.is_bool(part) for part in dl_device):
+            raise TypeError
     except (TypeError, ValueError):
         raise TypeError(f"refpool: refpool.Buffer.__dlpack__: dl_device must be a (device type, device id) pair of "
                         f"ints, not {dl_device!r}") from None

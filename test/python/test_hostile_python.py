@@ -140,3 +140,48 @@ def test_typestrs_of_thousands_of_digits_are_refused_naming_the_dtype(backend):
         with pytest.raises(error, match=r"^refpool: dtype"):
             refpool.malloc(backend, 2, typestr)
     assert backend.stats()["allocation_count"] == 0
+
+
+# ---- a bool is no count, whoever made it --------------------------------------------------------------
+# True was refused as a size, but NumPy's True_ (what `array.any()` returns) passed as 1 with only a
+# DeprecationWarning; a str where a switch is expected ("False") was true; dl_device=(True, 0) was
+# the CPU.
+def numpy_bool_calls():
+    numpy = pytest.importorskip("numpy")
+    yes = numpy.True_
+    return {
+        "malloc(nbytes)": lambda w: refpool.malloc(w.backend, yes),
+        "malloc(shape[0])": lambda w: refpool.malloc(w.backend, (yes, 4)),
+        "malloc(dtype)": lambda w: refpool.malloc(w.backend, 4, yes),
+        "malloc(alignment)": lambda w: refpool.malloc(w.backend, 4, alignment=yes),
+        "Buffer.reshape(dims)": lambda w: w.buffer.reshape((yes, 16)),
+        "Cache.reclaim(keep_bytes)": lambda w: w.cache.reclaim(yes),
+        "Cache(max_idle_bytes)": lambda w: refpool.Cache(max_idle_bytes=yes, from_environment=False),
+        "Backend.host_limited(capacity_bytes)": lambda w: refpool.Backend.host_limited(yes),
+    }
+
+
+class World:
+    def __init__(self, backend, cache):
+        self.backend, self.cache = backend, cache
+        self.buffer = refpool.malloc(backend, 16)
+
+
+def test_a_numpy_bool_is_no_count(backend, cache):
+    world = World(backend, cache)
+    for name, call in numpy_bool_calls().items():
+        with pytest.raises(TypeError, match=r"^refpool: .*bool"):
+            call(world)
+    world.buffer.close()
+    assert backend.stats()["allocation_count"] == 1
+
+
+def test_switches_take_bools_only(backend):
+    numpy = pytest.importorskip("numpy")
+    with refpool.Cache(segments=numpy.False_, auto_plans=numpy.True_, from_environment=False) as cache:
+        assert cache.stats()["steps"] == 0
+    with pytest.raises(TypeError, match="from_environment"):
+        refpool.Cache(from_environment="False")
+    with refpool.malloc(backend, 4) as b:
+        with pytest.raises(TypeError, match="dl_device"):
+            b.__dlpack__(dl_device=(True, 0))
