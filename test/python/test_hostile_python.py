@@ -185,3 +185,32 @@ def test_switches_take_bools_only(backend):
     with refpool.malloc(backend, 4) as b:
         with pytest.raises(TypeError, match="dl_device"):
             b.__dlpack__(dl_device=(True, 0))
+
+
+# ---- stream objects ---------------------------------------------------------------------------------
+# A framework's stream is read for its address (torch's cuda_stream, CuPy's ptr, Numba's handle):
+# int() took a float (4096.9 became 4096) and a str, and Numba's default stream under its ctypes
+# binding (a c_void_p holding NULL) was a bare TypeError from int(None).
+class NumbaDefaultStream:
+    handle = ctypes.c_void_p()
+
+
+class NumbaStream:
+    handle = ctypes.c_void_p(0x1000)
+
+
+class Attribute:
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+def test_stream_objects_are_read_for_an_address_or_refused(backend):
+    numpy = pytest.importorskip("numpy")
+    for stream in (NumbaDefaultStream(), NumbaStream(), Attribute(ptr=0), numpy.int64(0x1000), numpy.uint64(0)):
+        with refpool.malloc(backend, 16, stream=stream) as b:
+            b.record_stream(stream)
+    for stream in (Attribute(ptr=4096.9), Attribute(cuda_stream="4096"), Attribute(handle="abc"),
+                   Attribute(ptr=True), Attribute(ptr=b"\x00"), numpy.True_, 4096.0):
+        with pytest.raises(TypeError, match=r"^refpool: .*stream"):
+            refpool.malloc(backend, 16, stream=stream)
+    assert backend.stats()["outstanding_bytes"] == 0 and backend.stats()["allocation_count"] == 5
