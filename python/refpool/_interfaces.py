@@ -14,6 +14,8 @@ import ctypes
 import sys
 import threading
 
+from ._library import lib
+
 # DLPack's DLDeviceType values (dlpack.h, v0.8 and later).
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST = 1, 2, 3, 10, 11
 # DLDataTypeCode by the typestr's kind letter.
@@ -98,33 +100,44 @@ _exports = {}
 _exports_lock = threading.Lock()
 
 
-@_DELETER
-def _delete(managed):
-    address = ctypes.cast(managed, ctypes.c_void_p).value
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _release_export(address):
+    # Called by the deleter and the capsule's destructor of dlpack_glue.cpp, which are C: a consumer
+    # may call them with its exception pending, which Python code run by ctypes cannot survive.
     with _exports_lock:
         entry = _exports.pop(address, None)
     if entry is not None:
         entry[2].close()  # the retained buffer
 
 
-# The capsule's destructor gets the capsule while it is being destroyed: as a plain address, never
-# as a Python object (a new reference to it there would bring it back to life).
-_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
-_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi))
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
+class _PythonApi(ctypes.Structure):
+    """What dlpack_glue.cpp calls (its struct python_api): the Python C API functions it needs, and
+    _release_export."""
+    _fields_ = [(name, ctypes.c_void_p) for name in ("capsule_is_valid", "capsule_pointer", "gil_ensure",
+                                                      "gil_release", "error_fetch", "error_restore", "release_export")]
 
 
-@_CAPSULE_DESTRUCTOR
-def _capsule_destructor(capsule):
-    # A capsule still named "dltensor" was never consumed: its owner must delete the tensor. A
-    # consumer renames it "used_dltensor" and calls the deleter itself.
-    if _capsule_is_valid(capsule, b"dltensor"):
-        _delete(ctypes.cast(_capsule_pointer(capsule, b"dltensor"), ctypes.POINTER(DLManagedTensor)))
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+_glue_lock = threading.Lock()
+_glue = []  # (the deleter, the capsule destructor's address), once set up
+
+
+def _dlpack_glue():
+    """dlpack_glue.cpp's deleter (as the DLManagedTensor field takes it) and capsule destructor (an
+    address), set up on first use."""
+    with _glue_lock:
+        if not _glue:
+            library = lib()
+            api = ctypes.pythonapi
+            names = ("PyCapsule_IsValid", "PyCapsule_GetPointer", "PyGILState_Ensure", "PyGILState_Release",
+                     "PyErr_Fetch", "PyErr_Restore")
+            functions = [ctypes.cast(getattr(api, name), ctypes.c_void_p).value for name in names]
+            release = ctypes.cast(_release_export, ctypes.c_void_p).value
+            library.fn("refpool_python_dlpack_setup")(_PythonApi(*functions, release))
+            _glue.extend([_DELETER(library.address("refpool_python_dlpack_deleter")),
+                          library.address("refpool_python_capsule_destructor")])
+        return _glue
 
 
 def dl_dtype(typestr):
@@ -156,9 +169,10 @@ def dlpack_capsule(retain, ptr, shape, typestr, device):
     managed = DLManagedTensor()
     managed.dl_tensor = DLTensor(ptr or None, DLDevice(*device), len(shape), dtype,
                                  ctypes.cast(shape_array, ctypes.POINTER(ctypes.c_int64)), None, 0)
+    deleter, capsule_destructor = _dlpack_glue()
     managed.manager_ctx = None
-    managed.deleter = _delete
+    managed.deleter = deleter
     address = ctypes.addressof(managed)
     with _exports_lock:
         _exports[address] = (managed, shape_array, retained)
-    return _capsule_new(address, b"dltensor", _capsule_destructor)
+    return _capsule_new(address, b"dltensor", capsule_destructor)

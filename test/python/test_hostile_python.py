@@ -4,6 +4,7 @@ that stays valid while anything views it, and for nothing leaked (the backend's 
 back to 0). Run under ASan too (meson's build-asan: a read of freed memory aborts)."""
 import ctypes
 import gc
+import threading
 
 import pytest
 
@@ -214,3 +215,58 @@ def test_stream_objects_are_read_for_an_address_or_refused(backend):
         with pytest.raises(TypeError, match=r"^refpool: .*stream"):
             refpool.malloc(backend, 16, stream=stream)
     assert backend.stats()["outstanding_bytes"] == 0 and backend.stats()["allocation_count"] == 5
+
+
+# ---- a DLPack consumer that fails drops the capsule with its error pending --------------------------
+# A consumer that refuses the tensor (NumPy: too many dims, a dtype it lacks) releases the capsule
+# in its error path, with its exception set. The capsule's destructor was Python code run by
+# ctypes: its first ctypes call failed on that exception (ArgumentError), so the export was never
+# deleted and held its buffer for good, and ctypes then cleared the consumer's error: NumPy raised
+# SystemError ("returned NULL without setting an exception"), and list(map(...)) ended silently.
+def exports_of(buffer):
+    """A generator yielding one DLPack capsule of `buffer`: its consumer holds the only reference."""
+    yield buffer.__dlpack__()
+
+
+def test_a_capsule_dropped_with_an_error_pending_keeps_the_error_and_leaks_nothing(backend, monkeypatch):
+    ignored = []
+    monkeypatch.setattr("sys.unraisablehook", lambda unraisable: ignored.append(unraisable))
+    with refpool.malloc(backend, 16, "<f4") as b:
+        # int(capsule) fails in C, and map drops the capsule with that TypeError set, as a
+        # consumer's error path does.
+        with pytest.raises(TypeError, match="PyCapsule"):
+            list(map(int, exports_of(b)))
+        assert b.use_count == 1  # the export's reference went with the capsule
+    assert ignored == []
+    assert backend.stats()["outstanding_bytes"] == 0
+
+
+def test_numpy_refusing_a_capsule_raises_its_error_and_leaks_nothing(backend):
+    numpy = pytest.importorskip("numpy")
+    if not hasattr(numpy, "from_dlpack"):
+        pytest.skip("NumPy without from_dlpack")
+    with refpool.malloc(backend, (1,) * 100, "<f8") as b:  # more dims than any NumPy holds
+        with pytest.raises((RuntimeError, ValueError, BufferError)) as raised:
+            numpy.from_dlpack(b)
+        assert not isinstance(raised.value, SystemError)
+        assert b.use_count == 1
+    assert backend.stats()["outstanding_bytes"] == 0
+
+
+def test_a_consumer_deletes_the_tensor_from_another_thread_without_the_gil(backend):
+    # The deleter is C: it takes the GIL itself (PyTorch frees tensors on its own threads).
+    from refpool import _interfaces
+    b = refpool.malloc(backend, 64, "<f4")
+    capsule = b.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    rename = ctypes.pythonapi.PyCapsule_SetName
+    rename.restype, rename.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    managed = ctypes.cast(get(capsule, b"dltensor"), ctypes.POINTER(_interfaces.DLManagedTensor))
+    assert rename(capsule, b"used_dltensor") == 0
+    del capsule
+    b.close()
+    worker = threading.Thread(target=managed.contents.deleter, args=(managed,))  # CFUNCTYPE: no GIL in the call
+    worker.start()
+    worker.join()
+    assert backend.stats()["outstanding_bytes"] == 0
