@@ -100,14 +100,22 @@ _exports = {}
 _exports_lock = threading.Lock()
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _release_export(address):
+def _release_function(exports, lock):
     # Called by the deleter and the capsule's destructor of dlpack_glue.cpp, which are C: a consumer
-    # may call them with its exception pending, which Python code run by ctypes cannot survive.
-    with _exports_lock:
-        entry = _exports.pop(address, None)
-    if entry is not None:
-        entry[2].close()  # the retained buffer
+    # may call them with its exception pending, which Python code run by ctypes cannot survive. It
+    # holds what it uses itself, as module globals are gone when a tensor kept in builtins or sys
+    # is deleted at exit.
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def release_export(address):
+        with lock:
+            entry = exports.pop(address, None)
+        if entry is not None:
+            entry[2].close()  # the retained buffer
+    return release_export
+
+
+_release_export = _release_function(_exports, _exports_lock)
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_release_export))  # never freed: C calls it as long as tensors live
 
 
 class _PythonApi(ctypes.Structure):

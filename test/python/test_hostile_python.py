@@ -270,3 +270,29 @@ def test_a_consumer_deletes_the_tensor_from_another_thread_without_the_gil(backe
     worker.start()
     worker.join()
     assert backend.stats()["outstanding_bytes"] == 0
+
+
+# ---- DLPack exports outlive the package's modules at exit -------------------------------------------
+# Objects kept in builtins or sys die after every other module's globals were cleared at exit: a
+# NumPy array from from_dlpack kept there then called a deleter whose ctypes callback had been freed
+# with refpool's module (SIGSEGV, before and after the deleter became C).
+DLPACK_PAST_TEARDOWN = """
+    import builtins, sys
+    import numpy
+    import refpool
+    backend = refpool.Backend.new_host()
+    b = refpool.malloc(backend, 4096, "<u1")
+    builtins._refpool_kept = numpy.from_dlpack(b)
+    sys._refpool_kept = numpy.from_dlpack(b)
+    builtins._refpool_capsule = b.__dlpack__()  # never consumed
+    b.close()
+"""
+
+
+def test_dlpack_exports_outlive_the_package_s_modules_at_exit():
+    numpy = pytest.importorskip("numpy")
+    if not hasattr(numpy, "from_dlpack"):
+        pytest.skip("NumPy without from_dlpack")
+    result = run_python(DLPACK_PAST_TEARDOWN, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Exception ignored" not in result.stderr, result.stderr
