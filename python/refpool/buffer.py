@@ -78,9 +78,9 @@ class Buffer(Owned):
     A view outlives close(), never the memory: each export holds a reference of its own, so the
     block goes back only when the last view is gone (as a DLPack tensor holds its producer's memory).
     A NumPy array, a memoryview and a DLPack tensor hold their own reference to the buffer;
-    consumers of `__cuda_array_interface__` (CuPy, Numba, PyTorch) hold this object instead, so once
-    it has been exported that way, close() leaves a reference to the object, released when it is
-    garbage-collected. Nothing leaks: the last view's end gives the block back. The references views
+    consumers of `__cuda_array_interface__` (CuPy, Numba, PyTorch) hold this object instead, so the
+    first such export takes a reference that goes with the object (close() leaves it), released when
+    the object is garbage-collected. Nothing leaks: the last view's end gives the block back. The references views
     hold are left alone by the interpreter's exit hook, which releases every other handle: an atexit
     function or a daemon thread may still read a view after it.
 
@@ -95,13 +95,10 @@ class Buffer(Owned):
         super().__init__(handle)
         self._typestr = _dtypes.parse(typestr)[0]
         self._place = place or _Place()
-        self._held_by_consumers = False  # __cuda_array_interface__ was exported
-        self._kept_for_consumers = None
+        self._kept_for_consumers = None  # the reference __cuda_array_interface__ consumers hold
 
     def close(self):
         """Drops this handle's reference (again: nothing). Views made from the buffer keep their own."""
-        if self._held_by_consumers and not self.closed:
-            self._kept_for_consumers = self.retain().keep_past_exit()  # goes with this object, which consumers hold
         super().close()
 
     def __repr__(self):
@@ -174,11 +171,13 @@ class Buffer(Owned):
             raise AttributeError(f"refpool.Buffer of {self._place.runtime} {self._place.kind} memory has no "
                                  "__cuda_array_interface__ (CUDA device memory only)")
         shape, _ = self._checked_shape("__cuda_array_interface__")
-        interface = {"shape": shape, "typestr": self._typestr, "data": (self.ptr, False), "strides": None,
-                     "version": 3, "stream": self._place.stream or 1}
-        self._held_by_consumers = True
-        self.keep_past_exit()
-        return interface
+        # The pointer is read through the consumers' own reference, taken first: a close() on another
+        # thread comes before it (retain fails) or leaves the memory to it.
+        kept = self._kept_for_consumers
+        if kept is None:
+            kept = self._kept_for_consumers = self.retain().keep_past_exit()
+        return {"shape": shape, "typestr": self._typestr, "data": (kept.ptr, False), "strides": None,
+                "version": 3, "stream": self._place.stream or 1}
 
     @property
     def __array_interface__(self):

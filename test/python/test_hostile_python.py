@@ -10,6 +10,7 @@ import pytest
 
 import refpool
 import refpool._dtypes
+import refpool._library
 from conftest import run_python
 
 
@@ -296,3 +297,33 @@ def test_dlpack_exports_outlive_the_package_s_modules_at_exit():
     result = run_python(DLPACK_PAST_TEARDOWN, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+# ---- __cuda_array_interface__ and a close() on another thread ----------------------------------------
+# The export read the pointer, then marked the object as held by consumers; a close() landing between
+# the two (another thread's) saw no consumer, gave the block back, and the consumer got a pointer
+# to freed memory. Reproduced here by a buffer that closes itself once its pointer is read.
+class ClosedByAnotherThread(refpool.Buffer):
+    @property
+    def ptr(self):
+        address = super().ptr
+        self.close()
+        return address
+
+
+def test_a_close_during_the_cuda_array_interface_export_leaves_the_memory_held(backend):
+    from refpool.buffer import _Place
+    with refpool.malloc(backend, 64) as host:
+        retained = refpool._library.lib().new_handle("refpool_retain", host.handle)
+        device = ClosedByAnotherThread(retained, "|u1", _Place("cuda", 0, "device", 0))
+    try:
+        interface = device.__cuda_array_interface__
+    except refpool.InvalidHandleError:
+        interface = None  # refused: as good
+    if interface is not None:
+        assert backend.stats()["outstanding_bytes"] == 64  # what the consumer points at is held
+    device.close()
+    del device
+    gc.collect()
+    assert backend.stats()["outstanding_bytes"] == 0
+
