@@ -30,6 +30,9 @@ class Owned:
     _release_function = None
 
     def __init__(self, handle, owns=True):
+        if not isinstance(handle, t.Handle):
+            raise TypeError(f"refpool: refpool.{type(self).__name__}: handle must be a refpool handle (from "
+                            f"refpool.malloc, refpool.Backend.host()...), not {type(handle).__name__}")
         self._handle = handle
         self._finalizer = weakref.finalize(self, _release, self._release_function, handle.id) if owns else None
 

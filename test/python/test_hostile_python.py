@@ -327,3 +327,10 @@ def test_a_close_during_the_cuda_array_interface_export_leaves_the_memory_held(b
     gc.collect()
     assert backend.stats()["outstanding_bytes"] == 0
 
+
+# ---- a Buffer or Backend made over something that is no handle ---------------------------------------
+def test_constructors_refuse_what_is_no_handle():
+    from refpool.buffer import Buffer
+    for make in (lambda: Buffer(None), lambda: Buffer(0x400000040000000), lambda: refpool.Backend(None, "host")):
+        with pytest.raises(TypeError, match=r"^refpool: .*handle"):
+            make()
