@@ -14,6 +14,8 @@ from .stats import cache_stats
 def _scope_options(plan, uncached_warmup_entries, what):
     if plan is not None and not isinstance(plan, str):
         raise TypeError(f"refpool: {what}: plan must be a str (the plan's key), not {type(plan).__name__}")
+    if plan is not None and type(plan) is not str:
+        plan = str.__str__(plan)  # its text: a subclass may compare equal to another key, or be false
     if type(uncached_warmup_entries) is not int:  # checked (and refused) by ScopeOptions, uncached
         return t.ScopeOptions(uncached_warmup_entries, _key(plan, what))
     return _shared_scope_options(plan, uncached_warmup_entries, what)

@@ -334,3 +334,21 @@ def test_constructors_refuse_what_is_no_handle():
     for make in (lambda: Buffer(None), lambda: Buffer(0x400000040000000), lambda: refpool.Backend(None, "host")):
         with pytest.raises(TypeError, match=r"^refpool: .*handle"):
             make()
+
+
+# ---- a str subclass cannot pass for another plan key ---------------------------------------------------
+# Scope options are cached by key: a str subclass equal to everything (and of the same hash) was
+# given the options, so the plan, of another key.
+class EqualToAll(str):
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return hash("first")
+
+
+def test_a_plan_key_is_its_own_text(cache):
+    assert cache.scope(plan="first")._options.plan == b"first"
+    assert cache.scope(plan=EqualToAll("second"))._options.plan == b"second"
+    assert cache.step(plan=EqualToAll("third"))._options.plan == b"third"
+
