@@ -120,8 +120,15 @@ def converter(ctype):
     return None
 
 
+# What is no sequence of dims though it iterates: text and bytes (their items are characters or
+# bytes) and sets (their order is arbitrary: {3, 1} may give (1, 3)).
+NOT_DIMS = (str, bytes, bytearray, memoryview, set, frozenset)
+
+
 def size_array(values, what):
     """A size_t array of `values` (at least one element, for C's sake) and its length."""
+    if isinstance(values, NOT_DIMS):
+        raise TypeError(f"refpool: {what} must be a sequence of ints, not {type(values).__name__}")
     try:
         values = list(values)
     except TypeError:

@@ -52,7 +52,7 @@ def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0)
     address or a torch/CuPy/Numba stream). `alignment`: 0, or a power of two up to the backend's (256).
     The buffer goes back when the Buffer is closed (or garbage-collected) and no other handle shares it."""
     backend_handle = handle_of(backend, Backend, "refpool.malloc: backend")
-    if isinstance(shape, (str, bytes)):
+    if isinstance(shape, _checked.NOT_DIMS):
         raise TypeError(f"refpool: refpool.malloc: shape must be an int or a sequence of ints, not {shape!r}")
     try:
         dims = tuple(shape)

@@ -352,3 +352,16 @@ def test_a_plan_key_is_its_own_text(cache):
     assert cache.scope(plan=EqualToAll("second"))._options.plan == b"second"
     assert cache.step(plan=EqualToAll("third"))._options.plan == b"third"
 
+
+# ---- shapes are ordered ----------------------------------------------------------------------------------
+# A set's order is arbitrary ({3, 1} may be (1, 3)) and a bytearray's items are its bytes: both were
+# taken as dims.
+@pytest.mark.parametrize("dims", [{3, 1}, frozenset({4, 2}), bytearray(b"\x04\x04"), memoryview(b"\x02")],
+                         ids=["set", "frozenset", "bytearray", "memoryview"])
+def test_shapes_from_unordered_or_byte_collections_are_refused(backend, dims):
+    with pytest.raises(TypeError, match=r"^refpool: refpool.malloc: shape"):
+        refpool.malloc(backend, dims)
+    with refpool.malloc(backend, 16) as b:
+        with pytest.raises(TypeError, match=r"^refpool: refpool.Buffer.reshape: dims"):
+            b.reshape(dims)
+    assert backend.stats()["allocation_count"] == 1
