@@ -56,6 +56,12 @@ class Owned:
     def closed(self):
         return self._finalizer is not None and not self._finalizer.alive
 
+    def __reduce_ex__(self, protocol):
+        # A copy would share (copy) or lose (deepcopy) the finalizer while naming the same handle,
+        # and a pickle would carry a handle id that means nothing in another process.
+        raise TypeError(f"refpool: a refpool.{type(self).__name__} owns a handle of this process and cannot be "
+                        "copied or pickled (a Buffer is shared with retain())")
+
     def __enter__(self):
         return self
 

@@ -2,8 +2,10 @@
 checked for a clear error (TypeError, ValueError or BufferError naming the argument), for memory
 that stays valid while anything views it, and for nothing leaked (the backend's outstanding bytes
 back to 0). Run under ASan too (meson's build-asan: a read of freed memory aborts)."""
+import copy
 import ctypes
 import gc
+import pickle
 import threading
 
 import pytest
@@ -365,3 +367,15 @@ def test_shapes_from_unordered_or_byte_collections_are_refused(backend, dims):
         with pytest.raises(TypeError, match=r"^refpool: refpool.Buffer.reshape: dims"):
             b.reshape(dims)
     assert backend.stats()["allocation_count"] == 1
+
+
+# ---- handles are not copied -----------------------------------------------------------------------------
+# copy.copy(buffer) shared the original's finalizer (closing either closed both), copy.deepcopy gave a
+# "(released)" Buffer still acting on the original's handle, and pickle wrote a bare handle id.
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps], ids=["copy", "deepcopy", "pickle"])
+def test_handles_cannot_be_copied_or_pickled(backend, cache, copier):
+    with refpool.malloc(backend, 64) as b:
+        for owner in (b, backend, cache):
+            with pytest.raises(TypeError, match=rf"^refpool: .*refpool.{type(owner).__name__}.* copied"):
+                copier(owner)
+        assert b.use_count == 1
