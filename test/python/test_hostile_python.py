@@ -379,3 +379,31 @@ def test_handles_cannot_be_copied_or_pickled(backend, cache, copier):
             with pytest.raises(TypeError, match=rf"^refpool: .*refpool.{type(owner).__name__}.* copied"):
                 copier(owner)
         assert b.use_count == 1
+
+
+# ---- one Scope object entered by two threads at once ----------------------------------------------------
+# enter() checked that the scope was not active, then entered it in C (the GIL released): two threads
+# both passed the check, one handle was overwritten, and its thread stayed inside a scope nobody could
+# exit.
+def test_a_scope_object_is_entered_once_even_by_racing_threads(backend, cache):
+    for _ in range(30):
+        scope = cache.scope()
+        barrier = threading.Barrier(2)
+        entered, refused = [], []
+
+        def enter():
+            barrier.wait()
+            try:
+                scope.enter()
+                entered.append(threading.get_ident())
+            except RuntimeError:
+                refused.append(threading.get_ident())
+            barrier.wait()  # both tried before the one inside exits
+            if entered and entered[0] == threading.get_ident():
+                scope.exit()
+        threads = [threading.Thread(target=enter) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert (len(entered), len(refused)) == (1, 1)
