@@ -70,6 +70,9 @@ def _from_numpy(dtype):
     except ImportError:
         numpy = None
     if numpy is not None:
+        if isinstance(dtype, numpy.generic):  # numpy.dtype() would read the value's .dtype
+            raise TypeError(f"refpool: dtype must be {_EXAMPLES}, not the NumPy value {dtype!r} (its type is "
+                            f"numpy.{type(dtype).__name__})")
         try:
             return parse(numpy.dtype(dtype).str)
         except (TypeError, ValueError) as e:

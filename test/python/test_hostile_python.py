@@ -407,3 +407,18 @@ def test_a_scope_object_is_entered_once_even_by_racing_threads(backend, cache):
         for t in threads:
             t.join()
         assert (len(entered), len(refused)) == (1, 1)
+
+
+# ---- a NumPy value is no dtype ---------------------------------------------------------------------------
+# numpy.dtype() reads a value's .dtype: malloc(..., numpy.float32(2.0)) made float32 elements and
+# numpy.datetime64("2020") years, while numpy.float64(2.0) (a float) was refused and numpy.int8(3)
+# is an item size of 3 (an int).
+def test_a_numpy_value_is_no_dtype(backend):
+    numpy = pytest.importorskip("numpy")
+    for value in (numpy.float32(2.0), numpy.float64(2.0), numpy.complex64(1j), numpy.datetime64("2020"),
+                  numpy.void(b"\x00")):
+        with pytest.raises(TypeError, match=r"^refpool: dtype"):
+            refpool.malloc(backend, 2, value)
+    with refpool.malloc(backend, 2, numpy.int8(3)) as b:  # an int: the item size
+        assert b.typestr == "|V3"
+    assert backend.stats()["allocation_count"] == 1
