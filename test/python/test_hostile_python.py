@@ -422,3 +422,17 @@ def test_a_numpy_value_is_no_dtype(backend):
     with refpool.malloc(backend, 2, numpy.int8(3)) as b:  # an int: the item size
         assert b.typestr == "|V3"
     assert backend.stats()["allocation_count"] == 1
+
+
+# ---- the allocator's cache handle closed by its user -----------------------------------------------------
+# refpool.allocator.cache() is a Cache, so a context manager: `with refpool.allocator.cache() as c:`
+# closed the one handle the module kept, and every later allocator.stats(), step(), reclaim() (and
+# the framework adapters' step()) failed for the rest of the process.
+def test_closing_the_allocator_s_cache_handle_breaks_nothing():
+    with refpool.allocator.cache() as handle:
+        steps = handle.stats()["steps"]
+    assert handle.closed
+    assert refpool.allocator.stats()["steps"] == steps
+    assert refpool.allocator.reclaim() == 0
+    assert not refpool.allocator.cache().closed
+    refpool.allocator.step(uncached_warmup_entries=0)  # a Step over an open handle
