@@ -7,6 +7,7 @@
 // No Python headers: the package hands over the few C API functions it needs (ctypes.pythonapi).
 /// Filled by refpool_python_dlpack_setup; the field order is _interfaces.py's _PythonApi.
 struct python_api {
+  int (*is_initialized)();
   int (*capsule_is_valid)(void* capsule, const char* name);
   void* (*capsule_pointer)(void* capsule, const char* name);
   int (*gil_ensure)();  // PyGILState_STATE is an enum
@@ -21,6 +22,9 @@ namespace {
 python_api api{};
 
 void release_with_error_set_aside(void* managed) noexcept {
+  // Past Python's finalization (a framework's static object deleting a tensor), nothing can run: the
+  // buffer stays held until the process ends.
+  if (api.is_initialized() == 0) return;
   const int gil = api.gil_ensure();  // a consumer may delete the tensor on any thread
   void* type = nullptr;
   void* value = nullptr;

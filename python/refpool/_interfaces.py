@@ -121,8 +121,9 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_release_export))  # never freed: C 
 class _PythonApi(ctypes.Structure):
     """What dlpack_glue.cpp calls (its struct python_api): the Python C API functions it needs, and
     _release_export."""
-    _fields_ = [(name, ctypes.c_void_p) for name in ("capsule_is_valid", "capsule_pointer", "gil_ensure",
-                                                      "gil_release", "error_fetch", "error_restore", "release_export")]
+    _fields_ = [(name, ctypes.c_void_p) for name in ("is_initialized", "capsule_is_valid", "capsule_pointer",
+                                                      "gil_ensure", "gil_release", "error_fetch", "error_restore",
+                                                      "release_export")]
 
 
 _capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
@@ -138,8 +139,8 @@ def _dlpack_glue():
         if not _glue:
             library = lib()
             api = ctypes.pythonapi
-            names = ("PyCapsule_IsValid", "PyCapsule_GetPointer", "PyGILState_Ensure", "PyGILState_Release",
-                     "PyErr_Fetch", "PyErr_Restore")
+            names = ("Py_IsInitialized", "PyCapsule_IsValid", "PyCapsule_GetPointer", "PyGILState_Ensure",
+                     "PyGILState_Release", "PyErr_Fetch", "PyErr_Restore")
             functions = [ctypes.cast(getattr(api, name), ctypes.c_void_p).value for name in names]
             release = ctypes.cast(_release_export, ctypes.c_void_p).value
             library.fn("refpool_python_dlpack_setup")(_PythonApi(*functions, release))
