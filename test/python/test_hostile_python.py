@@ -16,13 +16,15 @@ import refpool._library
 from conftest import run_python
 
 
-# ---- views outlive the interpreter's exit hook ------------------------------------------------------
+# ---- views outlive the interpreter's exit hook and its module teardown ------------------------------
 # weakref.finalize releases, at exit, every handle whose object is still alive, views' references
 # included; an atexit function registered before refpool's (or a daemon thread) then read freed
 # memory: a 1 MiB memoryview segfaulted (the host backend's block was unmapped), a NumPy array read
-# the allocator's free-list pointers.
-READ_AT_EXIT = """
-    import atexit
+# the allocator's free-list pointers. Objects kept in builtins or sys die after every other module's
+# globals were cleared: a from_dlpack array kept there called a deleter whose ctypes callback had
+# been freed with refpool's module (SIGSEGV).
+AT_EXIT = """
+    import atexit, builtins, sys
     seen = {}
 
     def read_at_exit():  # registered before refpool's exit hook, so it runs after it
@@ -46,22 +48,24 @@ READ_AT_EXIT = """
         seen["numpy"] = numpy.asarray(small)
         seen["numpy"][:] = 7
         small.close()
-        if hasattr(numpy, "from_dlpack"):
-            exported = refpool.malloc(backend, 4096, "<u1", cache=cache)
-            with exported.view() as filler:
-                filler[:] = b"\x07" * 4096
-            seen["dlpack"] = numpy.from_dlpack(exported)  # read-only in NumPy
-            exported.close()
+    if numpy is not None and hasattr(numpy, "from_dlpack"):
+        exported = refpool.malloc(backend, 4096, "<u1", cache=cache)
+        with exported.view() as filler:
+            filler[:] = b"\\x07" * 4096
+        seen["dlpack"] = numpy.from_dlpack(exported)  # read-only in NumPy
+        builtins._refpool_kept = numpy.from_dlpack(exported)  # deleted during module teardown
+        sys._refpool_kept = numpy.from_dlpack(exported)
+        builtins._refpool_capsule = exported.__dlpack__()  # never consumed
+        exported.close()
 """
 
 
-def test_views_are_readable_after_the_exit_hook():
-    result = run_python(READ_AT_EXIT, check=False)
+def test_views_outlive_the_exit_hook_and_module_teardown():
+    result = run_python(AT_EXIT, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")
-    assert "memoryview intact" in lines, result.stdout
+    assert "memoryview intact" in result.stdout.split("\n"), result.stdout
     assert "changed" not in result.stdout, result.stdout
-
+    assert "Exception ignored" not in result.stderr, result.stderr
 
 
 # ---- the array interface within NumPy's dims ------------------------------------------------------
@@ -273,32 +277,6 @@ def test_a_consumer_deletes_the_tensor_from_another_thread_without_the_gil(backe
     worker.start()
     worker.join()
     assert backend.stats()["outstanding_bytes"] == 0
-
-
-# ---- DLPack exports outlive the package's modules at exit -------------------------------------------
-# Objects kept in builtins or sys die after every other module's globals were cleared at exit: a
-# NumPy array from from_dlpack kept there then called a deleter whose ctypes callback had been freed
-# with refpool's module (SIGSEGV, before and after the deleter became C).
-DLPACK_PAST_TEARDOWN = """
-    import builtins, sys
-    import numpy
-    import refpool
-    backend = refpool.Backend.new_host()
-    b = refpool.malloc(backend, 4096, "<u1")
-    builtins._refpool_kept = numpy.from_dlpack(b)
-    sys._refpool_kept = numpy.from_dlpack(b)
-    builtins._refpool_capsule = b.__dlpack__()  # never consumed
-    b.close()
-"""
-
-
-def test_dlpack_exports_outlive_the_package_s_modules_at_exit():
-    numpy = pytest.importorskip("numpy")
-    if not hasattr(numpy, "from_dlpack"):
-        pytest.skip("NumPy without from_dlpack")
-    result = run_python(DLPACK_PAST_TEARDOWN, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "Exception ignored" not in result.stderr, result.stderr
 
 
 # ---- __cuda_array_interface__ and a close() on another thread ----------------------------------------
