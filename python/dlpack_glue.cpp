@@ -5,6 +5,8 @@
 // afterwards, so the buffer was never released and the consumer failed with SystemError. Here the
 // pending exception is set aside around the package's release (a ctypes callback) and restored.
 // No Python headers: the package hands over the few C API functions it needs (ctypes.pythonapi).
+#include <cstddef>
+
 /// Filled by refpool_python_dlpack_setup; the field order is _interfaces.py's _PythonApi.
 struct python_api {
   int (*is_initialized)();
@@ -39,8 +41,13 @@ void release_with_error_set_aside(void* managed) noexcept {
 
 extern "C" {
 
-__attribute__((visibility("default"))) void refpool_python_dlpack_setup(const python_api* given) noexcept {
+/// Returns 0, or -1 (nothing set up) when `size` is not this library's sizeof(python_api): a
+/// package and a library built from different sources (REFPOOL_LIBRARY).
+__attribute__((visibility("default"))) int refpool_python_dlpack_setup(const python_api* given,
+                                                                       std::size_t size) noexcept {
+  if (size != sizeof(python_api)) return -1;
   api = *given;
+  return 0;
 }
 
 /// DLManagedTensor::deleter of every export.

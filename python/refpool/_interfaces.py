@@ -15,6 +15,7 @@ import sys
 import threading
 
 from ._library import lib
+from .errors import LibraryError
 
 # DLPack's DLDeviceType values (dlpack.h, v0.8 and later).
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST = 1, 2, 3, 10, 11
@@ -143,7 +144,9 @@ def _dlpack_glue():
                      "PyGILState_Release", "PyErr_Fetch", "PyErr_Restore")
             functions = [ctypes.cast(getattr(api, name), ctypes.c_void_p).value for name in names]
             release = ctypes.cast(_release_export, ctypes.c_void_p).value
-            library.fn("refpool_python_dlpack_setup")(_PythonApi(*functions, release))
+            if library.fn("refpool_python_dlpack_setup")(_PythonApi(*functions, release)) != 0:
+                raise LibraryError(f"refpool: {library.path} was built from another refpool than this package (its "
+                                   "DLPack glue differs); rebuild both from one source")
             _glue.extend([_DELETER(library.address("refpool_python_dlpack_deleter")),
                           library.address("refpool_python_capsule_destructor")])
         return _glue

@@ -414,3 +414,13 @@ def test_closing_the_allocator_s_cache_handle_breaks_nothing():
     assert refpool.allocator.reclaim() == 0
     assert not refpool.allocator.cache().closed
     refpool.allocator.step(uncached_warmup_entries=0)  # a Step over an open handle
+
+
+def test_the_dlpack_glue_refuses_a_package_of_another_layout():
+    # REFPOOL_LIBRARY may name a library built from other sources: its glue must not read the
+    # package's struct with another layout (it called the wrong Python C API functions: SIGSEGV).
+    from refpool import _interfaces
+    setup = refpool._library.lib().fn("refpool_python_dlpack_setup").raw
+    api = _interfaces._PythonApi()
+    for size in (ctypes.sizeof(api) - 8, ctypes.sizeof(api) + 8):
+        assert setup(ctypes.byref(api), size) == -1
