@@ -6,6 +6,7 @@ import copy
 import ctypes
 import gc
 import pickle
+import sys
 import threading
 
 import pytest
@@ -57,6 +58,21 @@ AT_EXIT = """
         sys._refpool_kept = numpy.from_dlpack(exported)
         builtins._refpool_capsule = exported.__dlpack__()  # never consumed
         exported.close()
+
+    class Node:  # garbage at exit in every order: cycles, open steps and scopes, closed caches
+        pass
+    for i in range(4):
+        node = Node()
+        node.self = node
+        node.backend = refpool.Backend.new_host() if i % 2 else refpool.Backend.host()
+        node.cache = refpool.Cache(from_environment=False)
+        node.buffer = refpool.malloc(node.backend, 4096, cache=node.cache)
+        node.view = node.buffer.view()
+        node.step = node.cache.step(plan=f"p{i}").begin()
+        node.in_step = refpool.malloc(node.backend, 1024, cache=node.cache)
+        (node.cache.close, node.backend.close, node.buffer.close, lambda: None)[i]()
+    refpool.Cache(from_environment=False).scope(plan="open at exit").enter()
+    refpool.malloc(backend, 64)
 """
 
 
@@ -414,6 +430,91 @@ def test_closing_the_allocator_s_cache_handle_breaks_nothing():
     assert refpool.allocator.reclaim() == 0
     assert not refpool.allocator.cache().closed
     refpool.allocator.step(uncached_warmup_entries=0)  # a Step over an open handle
+
+
+# ---- cases that held (kept as guards) -------------------------------------------------------------------
+def test_every_method_of_a_closed_buffer_is_an_invalid_handle_error(backend):
+    b = refpool.malloc(backend, 64, "<f4")
+    b.close()
+    b.close()  # again: nothing
+    calls = [lambda: b.ptr, lambda: b.shape, lambda: b.nbytes, lambda: b.use_count, lambda: b.view(),
+             lambda: b.__array_interface__, b.__dlpack__, b.retain, lambda: b.reshape((16,)), b.unsafe_free,
+             lambda: b.record_stream(None)]
+    for call in calls:
+        with pytest.raises(refpool.InvalidHandleError, match="already released"):
+            call()
+    assert repr(b) == "<refpool.Buffer (released)>" and backend.stats()["outstanding_bytes"] == 0
+
+
+def test_views_hold_their_memory_through_unsafe_free_and_closed_caches_and_backends():
+    numpy = pytest.importorskip("numpy")
+    backend = refpool.Backend.new_host()
+    cache = refpool.Cache(from_environment=False)
+    b = refpool.malloc(backend, 64, "<i8", cache=cache)
+    array, view = numpy.asarray(b), b.view()
+    array[:] = 3
+    b.unsafe_free()
+    cache.close()
+    backend.close()
+    with refpool.malloc(refpool.Backend.host(), 512) as other:  # would take the block if it were free
+        other.view()[:] = b"\x09" * 512
+    assert (array == 3).all() and bytes(view[:8]) == (3).to_bytes(8, sys.byteorder)
+    view.release()
+    del array
+    gc.collect()
+
+
+@pytest.mark.parametrize("bad", ["\x00", "device\x00", "\ud800"], ids=["NUL", "trailing-NUL", "lone-surrogate"])
+def test_names_refuse_nul_and_surrogates(cache, bad):
+    calls = {"memory kind": lambda: refpool.Backend.cuda(0, kind=bad), "runtime": lambda: refpool.allocator.configure(
+        runtime=bad), "detail": lambda: cache.summary(bad), "unknown option": lambda: refpool.Cache(**{bad: "on"})}
+    for name, call in calls.items():
+        with pytest.raises((TypeError, ValueError), match=rf"^refpool: .*{name}"):
+            call()
+
+
+def test_threads_closing_buffers_while_others_export_them(backend):
+    numpy = pytest.importorskip("numpy")
+    cache = refpool.Cache(from_environment=False)
+    shared, lock, stop, bad = [], threading.Lock(), threading.Event(), []
+
+    def produce():
+        while not stop.is_set():
+            b = refpool.malloc(backend, 256, cache=cache)
+            b.view()[:] = b"\x07" * 256
+            with lock:
+                shared.append(b)
+                del shared[:-8]
+
+    def close():
+        while not stop.is_set():
+            with lock:
+                b = shared[len(shared) // 2] if shared else None
+            if b is not None:
+                b.unsafe_free() if len(shared) % 2 else b.close()
+
+    def export():
+        while not stop.is_set():
+            with lock:
+                b = shared[-1] if shared else None
+            try:
+                views = [b.view(), numpy.asarray(b), numpy.from_dlpack(b)] if b is not None else []
+            except (refpool.InvalidHandleError, refpool.UseAfterFreeError):
+                continue
+            if any(bytes(memoryview(v).cast("B")) != b"\x07" * 256 for v in views):
+                bad.append(views)
+    threads = [threading.Thread(target=f) for f in (produce, close, close, export, export)]
+    for t in threads:
+        t.start()
+    stop.wait(0.3)
+    stop.set()
+    for t in threads:
+        t.join()
+    del shared[:]
+    gc.collect()
+    assert bad == []
+    cache.close()
+    assert backend.stats()["outstanding_bytes"] == 0
 
 
 def test_the_dlpack_glue_refuses_a_package_of_another_layout():
