@@ -278,16 +278,9 @@ def test_numpy_refusing_a_capsule_raises_its_error_and_leaks_nothing(backend):
 
 def test_a_consumer_deletes_the_tensor_from_another_thread_without_the_gil(backend):
     # The deleter is C: it takes the GIL itself (PyTorch frees tensors on its own threads).
-    from refpool import _interfaces
+    from test_buffer import _consume
     b = refpool.malloc(backend, 64, "<f4")
-    capsule = b.__dlpack__()
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    rename = ctypes.pythonapi.PyCapsule_SetName
-    rename.restype, rename.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
-    managed = ctypes.cast(get(capsule, b"dltensor"), ctypes.POINTER(_interfaces.DLManagedTensor))
-    assert rename(capsule, b"used_dltensor") == 0
-    del capsule
+    managed = _consume(b.__dlpack__())
     b.close()
     worker = threading.Thread(target=managed.contents.deleter, args=(managed,))  # CFUNCTYPE: no GIL in the call
     worker.start()
