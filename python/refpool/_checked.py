@@ -34,10 +34,17 @@ ADDRESS_RANGE = _unsigned(ctypes.c_void_p)
 _C_OBJECTS = (ctypes._SimpleCData, ctypes.Array, ctypes._Pointer, type(ctypes.byref(ctypes.c_int())))
 
 
+def is_bool(value):
+    """Whether `value` is a bool: Python's, or NumPy's (numpy.bool_, which NumPy 1.x still lets
+    operator.index read as 0 or 1, with a DeprecationWarning), without importing NumPy."""
+    kind = type(value)
+    return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"))
+
+
 def _as_int(value, what):
     # bool is an int to Python, but True as a byte count is a bug; floats would be truncated.
-    if isinstance(value, bool):
-        raise TypeError(f"refpool: {what} must be an int, not bool")
+    if is_bool(value):
+        raise TypeError(f"refpool: {what} must be an int, not {type(value).__name__}")
     try:
         return operator.index(value)  # int, or an int-like such as numpy.int64
     except TypeError:
@@ -113,8 +120,15 @@ def converter(ctype):
     return None
 
 
+# What is no sequence of dims though it iterates: text and bytes (their items are characters or
+# bytes) and sets (their order is arbitrary: {3, 1} may give (1, 3)).
+NOT_DIMS = (str, bytes, bytearray, memoryview, set, frozenset)
+
+
 def size_array(values, what):
     """A size_t array of `values` (at least one element, for C's sake) and its length."""
+    if isinstance(values, NOT_DIMS):
+        raise TypeError(f"refpool: {what} must be a sequence of ints, not {type(values).__name__}")
     try:
         values = list(values)
     except TypeError:

@@ -6,8 +6,9 @@ or scalar type (np.dtype("f4"), np.float32: anything numpy.dtype() takes, where 
 a PyTorch dtype of the same name (torch.float32), or an int item size for opaque elements ("|V<n>").
 Each is checked here, so what a Buffer exports is a typestr its consumers read as meant: sizes are
 ASCII digits ('<f\\u0664' was stored and exported: issue 35 row 10), each kind has the sizes NumPy
-gives it ("<f3" is no type), "U" counts 4-byte characters, and "O" (Python object pointers) is
-refused: a consumer would read refpool's raw bytes as references to objects."""
+gives it on this machine ("<f3" is no type; "<f12" is a long double of 32-bit x86 only), a datetime
+has a unit NumPy knows, "U" counts 4-byte characters, and "O" (Python object pointers) is refused:
+a consumer would read refpool's raw bytes as references to objects."""
 import ctypes
 import functools
 import re
@@ -20,9 +21,15 @@ _TYPESTR = re.compile(r"([<>|=]?)([biufcmMOSUV])([0-9]*)(\[[0-9]*[A-Za-z]+\])?\Z
 # What is handed to numpy.dtype() as a name ("single", "datetime64[ns]"): NumPy also reads '<f 4'
 # and '<f+4' as '<f4', which no typestr is.
 _NUMPY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\[[0-9]*[A-Za-z]+\])?\Z")
-# kind -> the item sizes NumPy has for it (None: any size of at least one)
-_SIZES = {"b": {1}, "i": {1, 2, 4, 8}, "u": {1, 2, 4, 8}, "f": {2, 4, 8, 12, 16}, "c": {8, 16, 24, 32},
-          "m": {8}, "M": {8}, "S": None, "U": None, "V": None}
+# kind -> the item sizes NumPy has for it here (None: any size of at least one): its long double is
+# C's, 16 bytes on x86-64 (12 on 32-bit x86, 8 where it is a double).
+_LONG_DOUBLE = ctypes.sizeof(ctypes.c_longdouble)
+_SIZES = {"b": {1}, "i": {1, 2, 4, 8}, "u": {1, 2, 4, 8}, "f": {2, 4, 8, _LONG_DOUBLE},
+          "c": {8, 16, 2 * _LONG_DOUBLE}, "m": {8}, "M": {8}, "S": None, "U": None, "V": None}
+# A datetime's unit, with an optional multiplier (a C int to NumPy): "[ns]", "[25us]", "[generic]".
+_UNIT = re.compile(r"\[([0-9]{0,10})(Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as|generic)\]\Z")
+_INT_MAX = 2**31 - 1
+_SIZE_DIGITS = len(str(2**64 - 1))  # the most digits an item size can have
 # NumPy's names of the fixed-size types, so "float32" needs no NumPy.
 _NAMES = {"bool": "|b1", "int8": "|i1", "uint8": "|u1", "float16": "=f2", "float32": "=f4", "float64": "=f8",
           "complex64": "=c8", "complex128": "=c16",
@@ -63,6 +70,9 @@ def _from_numpy(dtype):
     except ImportError:
         numpy = None
     if numpy is not None:
+        if isinstance(dtype, numpy.generic):  # numpy.dtype() would read the value's .dtype
+            raise TypeError(f"refpool: dtype must be {_EXAMPLES}, not the NumPy value {dtype!r} (its type is "
+                            f"numpy.{type(dtype).__name__})")
         try:
             return parse(numpy.dtype(dtype).str)
         except (TypeError, ValueError) as e:
@@ -88,12 +98,18 @@ def parse(text):
     if kind == "O":
         raise ValueError(f"refpool: dtype {text!r} holds Python objects; refpool memory holds raw bytes, which a "
                          "consumer would read as object references")
+    if len(digits.lstrip("0")) > _SIZE_DIGITS:  # before int(), which refuses more than 4300 digits
+        raise OverflowError(f"refpool: dtype {text[:40]!r}... has a size of {len(digits)} digits, beyond size_t")
     count = int(digits)
     if count == 0 or (sizes is not None and count not in sizes):
         allowed = ", ".join(map(str, sorted(sizes))) if sizes else "at least 1"
         raise ValueError(f"refpool: dtype {text!r} has no type: kind {kind!r} comes in {allowed} bytes")
     if unit and kind not in "mM":
         raise ValueError(f"refpool: dtype {text!r}: only datetime kinds (m, M) take a unit")
+    unit_match = _UNIT.match(unit or "")
+    if unit and (unit_match is None or int(unit_match.group(1) or 1) > _INT_MAX):
+        raise ValueError(f"refpool: dtype {text!r} has no datetime unit NumPy knows: [N]UNIT with UNIT one of Y, M, "
+                         "W, D, h, m, s, ms, us, ns, ps, fs, as, generic")
     size = _checked.integer(ctypes.c_size_t, 4 * count if kind == "U" else count, f"dtype {text!r} (item size)")
     if size == 1 or kind in "bSV":
         order = "|"

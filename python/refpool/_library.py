@@ -101,6 +101,10 @@ SIGNATURES = {
     "refpool_torch_free": (None, [("address", c_void_p), ("size", _ssize_t), ("device", c_int), ("stream", c_void_p)]),
     "refpool_cupy_malloc": (c_void_p, [("param", c_void_p), ("size", c_size_t), ("device", c_int)]),
     "refpool_cupy_free": (None, [("param", c_void_p), ("address", c_void_p), ("device", c_int)]),
+    # the package's DLPack capsule destructor and deleter (python/dlpack_glue.cpp: its library only)
+    "refpool_python_dlpack_setup": (c_int, [("api", _checked.SIZED)]),
+    "refpool_python_dlpack_deleter": (None, [("managed", c_void_p)]),
+    "refpool_python_capsule_destructor": (None, [("capsule", c_void_p)]),
 }
 
 

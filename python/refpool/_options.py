@@ -79,10 +79,10 @@ _SWITCH_KINDS = ("on_off", "segment_policy")
 def _text(option, value, what):
     if isinstance(value, str):
         return _checked.text(value, f"{what}: {option.name}")
-    if isinstance(value, bool) and option.kind in _SWITCH_KINDS:
+    if _checked.is_bool(value) and option.kind in _SWITCH_KINDS:
         return b"on" if value else b"off"
     integer = option.ctype in _checked.INTEGER_RANGES and option.kind not in _SWITCH_KINDS
-    if integer and not isinstance(value, bool) and hasattr(type(value), "__index__"):
+    if integer and not _checked.is_bool(value) and hasattr(type(value), "__index__"):
         return str(_checked.integer(option.ctype, value, f"{what}: {option.name}")).encode()
     accepted = "a str" + (" or an int" if integer else "") + (" or a bool" if option.kind in _SWITCH_KINDS else "")
     raise TypeError(f"refpool: {what}: {option.name} must be {accepted} ({option.allowed}), not "
@@ -108,6 +108,8 @@ def cache_options(conf=None, values=None, from_environment=True, what="refpool.C
     """A filled refpool_cache_options: the defaults (with REFPOOL_CONF's cache options unless
     from_environment is False), then `conf`, then each option of `values` (name -> text or int)."""
     checked = texts(values or {}, what)
+    if not _checked.is_bool(from_environment):  # "False" would be true
+        raise TypeError(f"refpool: {what}: from_environment must be True or False, not {from_environment!r}")
     if conf is not None and not isinstance(conf, str):
         raise TypeError(f"refpool: {what}: conf must be a str such as 'rounding:pow2:4,segments:off', "
                         f"not {type(conf).__name__}")

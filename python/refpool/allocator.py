@@ -41,13 +41,16 @@ def configure_if_given(runtime, kind, conf, options, what):
 
 
 def cache():
-    """The allocator's cache (one handle per process, kept by this module)."""
+    """The allocator's cache: a handle kept by this module, and a new one once a caller closed it
+    (`with refpool.allocator.cache() as c:` closes it; the cache itself lives on)."""
     global _cache
-    if _cache is None:
+    kept = _cache
+    if kept is None or kept.closed:
         with _lock:
-            if _cache is None:
+            if _cache is None or _cache.closed:
                 _cache = Cache(_handle=lib().new_handle("refpool_allocator_cache"))
-    return _cache
+            kept = _cache
+    return kept
 
 
 def step(plan=None, uncached_warmup_entries=0):

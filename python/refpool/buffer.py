@@ -7,8 +7,8 @@ from . import _dtypes
 from . import _types as t
 from ._checked import size_array
 from ._handles import Owned, handle_of
-from ._interfaces import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, check_extents, dlpack_capsule,
-                          host_bytes)
+from ._interfaces import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, check_extents, check_numpy_dims,
+                          dlpack_capsule, host_bytes)
 from ._library import lib
 from .backend import Backend
 from .cache import Cache
@@ -18,6 +18,8 @@ from .streams import stream_pointer
 def _device_pair(dl_device):
     try:
         device_type, device_id = (operator.index(part) for part in dl_device)
+        if any(_checked.is_bool(part) for part in dl_device):
+            raise TypeError
     except (TypeError, ValueError):
         raise TypeError(f"refpool: refpool.Buffer.__dlpack__: dl_device must be a (device type, device id) pair of "
                         f"ints, not {dl_device!r}") from None
@@ -50,7 +52,7 @@ def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0)
     address or a torch/CuPy/Numba stream). `alignment`: 0, or a power of two up to the backend's (256).
     The buffer goes back when the Buffer is closed (or garbage-collected) and no other handle shares it."""
     backend_handle = handle_of(backend, Backend, "refpool.malloc: backend")
-    if isinstance(shape, (str, bytes)):
+    if isinstance(shape, _checked.NOT_DIMS):
         raise TypeError(f"refpool: refpool.malloc: shape must be an int or a sequence of ints, not {shape!r}")
     try:
         dims = tuple(shape)
@@ -76,13 +78,16 @@ class Buffer(Owned):
     A view outlives close(), never the memory: each export holds a reference of its own, so the
     block goes back only when the last view is gone (as a DLPack tensor holds its producer's memory).
     A NumPy array, a memoryview and a DLPack tensor hold their own reference to the buffer;
-    consumers of `__cuda_array_interface__` (CuPy, Numba, PyTorch) hold this object instead, so once
-    it has been exported that way, close() leaves a reference to the object, released when it is
-    garbage-collected. Nothing leaks: the last view's end gives the block back.
+    consumers of `__cuda_array_interface__` (CuPy, Numba, PyTorch) hold this object instead, so the
+    first such export takes a reference that goes with the object (close() leaves it), released when
+    the object is garbage-collected. Nothing leaks: the last view's end gives the block back. The references views
+    hold are left alone by the interpreter's exit hook, which releases every other handle: an atexit
+    function or a daemon thread may still read a view after it.
 
     Every export checks what its format can say: dims and C-contiguous strides within int64 (DLPack's
-    fields; what NumPy and the CUDA consumers index with), a typestr of the buffer's item size, and
-    for DLPack a data type it has a code for. A BufferError says what does not fit."""
+    fields; what NumPy and the CUDA consumers index with), a typestr of the buffer's item size, for
+    __array_interface__ no more dims than NumPy holds, and for DLPack a data type it has a code for.
+    A BufferError says what does not fit."""
 
     _release_function = "refpool_release"
 
@@ -90,13 +95,10 @@ class Buffer(Owned):
         super().__init__(handle)
         self._typestr = _dtypes.parse(typestr)[0]
         self._place = place or _Place()
-        self._held_by_consumers = False  # __cuda_array_interface__ was exported
-        self._kept_for_consumers = None
+        self._kept_for_consumers = None  # the reference __cuda_array_interface__ consumers hold
 
     def close(self):
         """Drops this handle's reference (again: nothing). Views made from the buffer keep their own."""
-        if self._held_by_consumers and not self.closed:
-            self._kept_for_consumers = self.retain()  # goes with this object, which consumers hold
         super().close()
 
     def __repr__(self):
@@ -169,10 +171,13 @@ class Buffer(Owned):
             raise AttributeError(f"refpool.Buffer of {self._place.runtime} {self._place.kind} memory has no "
                                  "__cuda_array_interface__ (CUDA device memory only)")
         shape, _ = self._checked_shape("__cuda_array_interface__")
-        interface = {"shape": shape, "typestr": self._typestr, "data": (self.ptr, False), "strides": None,
-                     "version": 3, "stream": self._place.stream or 1}
-        self._held_by_consumers = True
-        return interface
+        # The pointer is read through the consumers' own reference, taken first: a close() on another
+        # thread comes before it (retain fails) or leaves the memory to it.
+        kept = self._kept_for_consumers
+        if kept is None:
+            kept = self._kept_for_consumers = self.retain().keep_past_exit()
+        return {"shape": shape, "typestr": self._typestr, "data": (kept.ptr, False), "strides": None,
+                "version": 3, "stream": self._place.stream or 1}
 
     @property
     def __array_interface__(self):
@@ -183,6 +188,7 @@ class Buffer(Owned):
             raise AttributeError(f"refpool.Buffer of {self._place.runtime} {self._place.kind} memory has no "
                                  "__array_interface__ (host memory only)")
         shape, info = self._checked_shape("__array_interface__")
+        check_numpy_dims(shape, "refpool.Buffer.__array_interface__")
         return {"shape": shape, "typestr": self._typestr, "data": self._host_bytes(info.bytes), "strides": None,
                 "version": 3}
 

@@ -14,6 +14,8 @@ from .stats import cache_stats
 def _scope_options(plan, uncached_warmup_entries, what):
     if plan is not None and not isinstance(plan, str):
         raise TypeError(f"refpool: {what}: plan must be a str (the plan's key), not {type(plan).__name__}")
+    if plan is not None and type(plan) is not str:
+        plan = str.__str__(plan)  # its text: a subclass may compare equal to another key, or be false
     if type(uncached_warmup_entries) is not int:  # checked (and refused) by ScopeOptions, uncached
         return t.ScopeOptions(uncached_warmup_entries, _key(plan, what))
     return _shared_scope_options(plan, uncached_warmup_entries, what)
@@ -104,19 +106,22 @@ class Scope:
         self.plan = plan
         self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.scope")
         self._handle = None
+        self._lock = threading.Lock()  # one object entered from two threads: one enters, one is refused
 
     def enter(self):
-        if self._handle is not None:
-            raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
-        self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle, self._options)
+        with self._lock:
+            if self._handle is not None:
+                raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
+            self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle, self._options)
         return self
 
     def exit(self):
         """Ends the scope: buffers it handed out that are still referenced count as escapes."""
-        if self._handle is None:
-            raise RuntimeError("refpool: this scope is not active")
-        lib().call("refpool_scope_exit", self._handle)  # a ScopeError leaves it active: keep the handle
-        self._handle = None
+        with self._lock:
+            if self._handle is None:
+                raise RuntimeError("refpool: this scope is not active")
+            lib().call("refpool_scope_exit", self._handle)  # a ScopeError leaves it active: keep the handle
+            self._handle = None
 
     def __enter__(self):
         return self.enter()
