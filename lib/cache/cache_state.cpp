@@ -98,8 +98,8 @@ void cache_state::give_back(slot* s) noexcept {
     if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) free_slots_.push_back(s);
   }
   clock_.fetch_add(1, std::memory_order_relaxed);
+  if (over_limit) enforce_idle_limit();  // while the lease still keeps the state
   drop_slot_ref(*s);  // the lease's; the last one if the cache closed and no block is homed here
-  if (over_limit) enforce_idle_limit();
 }
 
 bool cache_state::count_entry(std::size_t warmup) noexcept {
@@ -230,7 +230,9 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
     } while (!s.handed_off.compare_exchange_weak(head, b, std::memory_order_release, std::memory_order_relaxed));
     return;
   }
-  // Nobody owns the slot, or an idle limit must hold at once: put the block back ourselves.
+  // Nobody owns the slot, or an idle limit must hold at once: put the block back ourselves. Once
+  // it is back nothing of ours keeps the state (a close() on another thread may free the block
+  // and end the state), so enforcing the limit holds a count of its own.
   bool over_limit = false;
   {
     std::lock_guard guard(mutex_);
@@ -241,12 +243,14 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
       over_limit |= release_in_slot(s, b, via_unsafe_free);
       s.lock.unlock();
       b = nullptr;
+      if (over_limit) retain();  // under mutex_, before close() can take the block
     }
   }
   if (b != nullptr) {
     release_orphaned(s, b);
   } else if (over_limit) {
     enforce_idle_limit();
+    release();
   }
 }
 

@@ -81,6 +81,21 @@ class gated_resource final : public test::forwarding_resource {
   gated_virtual_memory vm_;
 };
 
+/// A host resource whose first free after the gate is armed waits at the gate; later frees pass
+/// (a cache's close frees its blocks through it while the first one waits).
+class gated_free_resource final : public test::forwarding_resource {
+ public:
+  explicit gated_free_resource(gate& g) : gate_(g) {}
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    if (gate_.armed() && !held_.exchange(true)) gate_.pass();
+    forwarding_resource::deallocate(ptr, bytes, stream);
+  }
+
+ private:
+  gate& gate_;
+  std::atomic<bool> held_{false};
+};
+
 /// Destroys the cache while a miss waits at the gate, then lets the miss go on. The gate opens
 /// from here after a pause, not after the destruction: with segments the destruction itself waits
 /// for the heap the miss is growing.
@@ -164,6 +179,29 @@ TEST_CASE("a cache destroyed while a step's end makes the arena of its new plan:
   g.open();
   ender.join();
   CHECK(be.outstanding_bytes() == 0);  // the plan came too late for the store: no arena is kept
+  CHECK(be.allocation_count() == be.deallocation_count());
+}
+
+TEST_CASE("a release over the idle limit frees while another thread destroys the cache: the state outlives it",
+          "[lifetime][threads][idle-limit]") {
+  // The release puts its block back, finds the cache over its limit and frees idle blocks; the
+  // free waits in the backend while the cache is destroyed. The releasing thread holds the cache's
+  // state until its last access (ASan: heap-use-after-free in free_idle without it). Whole blocks:
+  // a segment's trim waits under its heap's lock, which close() takes too (the stress test races it).
+  gate g;
+  const backend be(std::make_shared<gated_free_resource>(g));
+  cache_options options = with_segments(segment_policy::off);
+  options.max_idle_bytes = 0;
+  auto cache = std::make_unique<alloc_cache>(options);
+  data_ref kept;
+  std::thread([&] { kept = cache->allocate(be, std::size_t{3} << 20); }).join();  // nobody owns its slot now
+  g.arm();
+  std::thread releaser([&] { kept.reset(); });  // over the limit at once: frees it (and trims) itself
+  g.wait_for_arrival();
+  cache.reset();
+  g.open();
+  releaser.join();
+  CHECK(be.outstanding_bytes() == 0);
   CHECK(be.allocation_count() == be.deallocation_count());
 }
 
