@@ -154,38 +154,6 @@ void cache_state::begin_step(request_router* router) {
   step_epoch_.store(epoch + 1, std::memory_order_release);  // after the router (thread_step_router)
 }
 
-__thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-__thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec"))) = 0;
-__thread request_router* kept_step_router __attribute__((tls_model("initial-exec"))) = nullptr;
-
-namespace {
-
-// Gives the thread's kept router back when the thread ends.
-struct kept_router_release {
-  bool armed = false;
-  ~kept_router_release() {
-    kept_step_cache = nullptr;
-    if (request_router* r = std::exchange(kept_step_router, nullptr)) r->release_router();
-  }
-};
-thread_local kept_router_release release_kept_router_at_exit;
-
-}  // namespace
-
-router_ref cache_state::thread_step_router(std::uint64_t epoch) noexcept {
-  router_ref fresh = retain_step_router();
-  // Kept only when it is the router of the step this epoch names: a step begun (odd) and not
-  // ended since (a step ending now passes its router to this call only).
-  if (!fresh || epoch % 2 == 0 || step_epoch_.load(std::memory_order_acquire) != epoch) return fresh;
-  release_kept_router_at_exit.armed = true;  // registers its destructor (at the first kept router)
-  fresh->retain_router();
-  request_router* const dropped = std::exchange(kept_step_router, fresh.get());
-  kept_step_cache = this;
-  kept_step_epoch = epoch;
-  if (dropped != nullptr) dropped->release_router();  // may end an old run, and its cache
-  return fresh;
-}
-
 router_ref cache_state::retain_step_router() const noexcept {
   // Under the lock, so the router cannot lose its last reference between the load and the retain.
   std::lock_guard guard(router_lock_);

@@ -139,7 +139,7 @@ class cache_state;
 // cache's step epoch) it last sent a request to (cache_state::step_router). The router retains
 // its cache, so `kept_step_cache` cannot name another cache made at the same address. Plain
 // initial-exec variables, read on every step request without a call (a thread_local with a
-// destructor is reached through __tls_get_addr); given back when the thread ends (cache_state.cpp).
+// destructor is reached through __tls_get_addr); given back when the thread ends (thread_holdings.cpp).
 extern __thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec")));
 extern __thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec")));
 extern __thread request_router* kept_step_router __attribute__((tls_model("initial-exec")));  // counted
@@ -162,7 +162,8 @@ class cache_state : public ref_counted<cache_state> {
 
   // ---- cache-level allocations and steps ------------------------------------------------------
   /// The calling thread's slot for allocations through this cache without a scope, leased at
-  /// first use until the thread ends; null when the cache is closed (hit_path.cpp).
+  /// first use until the thread ends; null when the cache is closed, or once the thread's
+  /// thread_local destructors ran (thread_holdings.cpp): the request then runs uncached.
   slot* ambient_slot();
   /// A new slot for the calling thread's cache-level allocations; null when closed.
   slot* lease_ambient();
@@ -309,6 +310,9 @@ class cache_state : public ref_counted<cache_state> {
   /// step_router() when the calling thread keeps no router of step `epoch` of this cache: takes a
   /// counted one, and keeps it when that step is still open.
   router_ref thread_step_router(std::uint64_t epoch) noexcept;
+  /// ambient_slot() when the thread's most recent lease is of another cache: finds or makes the
+  /// thread's lease of this one (thread_holdings.cpp).
+  slot* lease_ambient_for_thread();
   slot* lease_locked(std::vector<slot*>& free, const void* thread);
   bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
