@@ -140,10 +140,18 @@ void cache_state::roll_epoch(slot& s, std::uint64_t epoch) noexcept {
   s.epoch = epoch;
 }
 
+namespace {
+
+// A step's epoch is the next odd number of one process-wide sequence, so that it names one step
+// of one cache: a thread's kept (cache, epoch) never matches a step of a later cache made at the
+// same address, and a kept router need not keep its cache (cache_state.hpp, kept_step_cache).
+std::atomic<std::uint64_t> next_step_epoch{1};
+
+}  // namespace
+
 void cache_state::begin_step(request_router* router) {
   std::lock_guard guard(mutex_);
-  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
-  if (epoch % 2 == 1)
+  if (step_epoch_.load(std::memory_order_relaxed) % 2 == 1)
     throw scope_error("refpool: a step is already open on this cache (steps of one cache do not nest; end it first)");
   counters_.steps.fetch_add(1, std::memory_order_relaxed);
   if (router != nullptr) {
@@ -151,7 +159,8 @@ void cache_state::begin_step(request_router* router) {
     std::lock_guard publish(router_lock_);
     step_router_.store(router, std::memory_order_relaxed);
   }
-  step_epoch_.store(epoch + 1, std::memory_order_release);  // after the router (thread_step_router)
+  const std::uint64_t epoch = next_step_epoch.fetch_add(2, std::memory_order_relaxed);
+  step_epoch_.store(epoch, std::memory_order_release);  // after the router (thread_step_router)
 }
 
 router_ref cache_state::retain_step_router() const noexcept {

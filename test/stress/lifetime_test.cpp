@@ -322,6 +322,80 @@ TEST_CASE("a thread's kept step router outlives its step and its cache, and goes
   CHECK(stats.plan_hits == 6);
 }
 
+namespace {
+
+/// A host resource that says when it is destroyed.
+class watched_resource final : public test::forwarding_resource {
+ public:
+  explicit watched_resource(std::atomic<bool>& destroyed) : destroyed_(destroyed) {}
+  ~watched_resource() override { destroyed_.store(true); }
+
+ private:
+  std::atomic<bool>& destroyed_;
+};
+
+}  // namespace
+
+TEST_CASE("a thread that makes no more steps keeps nothing of its last step: its backend goes with the cache",
+          "[lifetime][threads][step][plan]") {
+  // The worker keeps a reference to the router of the step it called (cache_state::step_router)
+  // and then makes no request for a long time. That finished router must hold neither the cache's
+  // state (whose segment heaps and plans hold backends) nor a backend of its own.
+  const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
+  const bool warmup = GENERATE(false, true);
+  CAPTURE(policy == segment_policy::on, warmup);
+  std::atomic<bool> destroyed{false};
+  auto be = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+  auto cache = std::make_unique<alloc_cache>(with_segments(policy));
+  std::atomic<int> stage{0};
+  std::thread worker;
+  {
+    scope_options options;  // no key: planned under the cache's own (auto_plans)
+    if (warmup) options.uncached_warmup_entries = 1;
+    step st(*cache, options);
+    worker = std::thread([&] {
+      for (int i = 0; i < 3; ++i) (void)cache->allocate(*be, 4096 * (i + 1));
+      stage.store(1);
+      stage.notify_all();
+      while (stage.load() != 2) stage.wait(1);  // alive, and no more requests
+    });
+    while (stage.load() != 1) stage.wait(0);
+  }
+  cache.reset();
+  be.reset();
+  CHECK(destroyed.load());
+  stage.store(2);
+  stage.notify_all();
+  worker.join();
+  CHECK(destroyed.load());
+}
+
+TEST_CASE("a thread that keeps a lease of a destroyed cache keeps nothing of its backends",
+          "[lifetime][threads][segments]") {
+  // The worker's cache-level lease keeps the closed cache's state until its next request or its
+  // end; the state's segment heaps, each holding its backend, go at close() when they hold nothing.
+  std::atomic<bool> destroyed{false};
+  auto be = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+  auto cache = std::make_unique<alloc_cache>(with_segments(segment_policy::on));
+  std::atomic<int> stage{0};
+  std::thread worker([&] {
+    data_ref r = cache->allocate(*be, 4096);  // a piece of a segment
+    std::memset(r.data(), 1, r.bytes());
+    r.reset();
+    stage.store(1);
+    stage.notify_all();
+    while (stage.load() != 2) stage.wait(1);
+  });
+  while (stage.load() != 1) stage.wait(0);
+  cache.reset();
+  be.reset();
+  CHECK(destroyed.load());
+  stage.store(2);
+  stage.notify_all();
+  worker.join();
+  CHECK(destroyed.load());
+}
+
 TEST_CASE("a double free racing pointer_ref: exactly one of the two frees is accepted",
           "[lifetime][threads][pointer]") {
   const backend be = make_host_backend();
