@@ -460,7 +460,8 @@ recording* plan_run::make_recording(std::uint64_t end, std::vector<lifetime> reg
     // A release read on another thread may lag: it is never before its own allocation.
     lifetimes[p].second = std::clamp<std::uint64_t>(lifetimes[p].second, p + 1, end + 1);
   }
-  return new recording{std::move(sequence), std::move(lifetimes)};
+  refpool::backend held = hold_backend(sequence);  // released if new throws
+  return new recording{std::move(sequence), std::move(lifetimes), std::move(held)};
 }
 
 }  // namespace refpool::detail

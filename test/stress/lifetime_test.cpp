@@ -396,6 +396,32 @@ TEST_CASE("a thread that keeps a lease of a destroyed cache keeps nothing of its
   CHECK(destroyed.load());
 }
 
+TEST_CASE("a pending recording of a backend that went becomes a plan safely: the recording holds its backend",
+          "[lifetime][step][plan]") {
+  // A sequence seen once waits as a recording; when another sequence of its key comes again,
+  // every pending one becomes a plan, with an arena of its backend. Here the first backend has
+  // gone by then (its handle dropped, the cache's idle blocks of it reclaimed, its run ended).
+  std::atomic<bool> destroyed{false};
+  auto first = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+  const backend second = make_host_backend();
+  alloc_cache cache{with_segments(segment_policy::off)};
+  const auto run = [&](const backend& be) {
+    step st(cache, {.plan = "two-backends"});
+    data_ref a = cache.allocate(be, 4096);
+    data_ref b = cache.allocate(be, 8192);
+    std::memset(a.data(), 1, a.bytes());
+  };
+  run(*first);   // pending
+  run(second);   // pending
+  cache.reclaim(0);
+  first.reset();
+  run(second);  // came again: both become plans, the first one's arena on its own backend
+  const cache_stats stats = cache.stats();
+  CHECK(stats.plans == 2);
+  CHECK_FALSE(destroyed.load());  // its plan holds it now
+  cache.reclaim(0);
+}
+
 TEST_CASE("a double free racing pointer_ref: exactly one of the two frees is accepted",
           "[lifetime][threads][pointer]") {
   const backend be = make_host_backend();
