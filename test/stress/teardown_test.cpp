@@ -42,6 +42,7 @@ void write_and_check(const data_ref& r, int fill, const char* where) {
 /// step with and without a plan key, by pointer; releases; stats; the C API with an error.
 void use_everything(alloc_cache& cache, const backend& be, const char* where) {
   write_and_check(cache.allocate(be, 4096), 1, where);
+  write_and_check(cache.allocate(host_backend(), 2000), 8, where);  // the process-wide host backend
   {
     scope s(cache);
     write_and_check(allocate(be, 512), 2, where);
