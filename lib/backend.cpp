@@ -80,7 +80,8 @@ std::uint64_t backend::deallocation_count() const noexcept { return state_ ? sta
 resource& backend::underlying() const noexcept { return state_->res(); }
 
 backend host_backend() {
-  static const backend shared = make_host_backend();
+  // Never destroyed: static destructors may still ask for it (made after them, it would go first).
+  static const backend& shared = *new backend(make_host_backend());
   return shared;
 }
 

@@ -29,6 +29,7 @@ struct scope_state {
 
 /// Serves every request of an uncached (warm-up) step straight from the backend, for its cache.
 /// Counted like every step router: a late request may still come through it after the step.
+/// It holds its cache until its step ends (end()); a late request's caller holds the cache then.
 class uncached_router final : public request_router, public ref_counted<uncached_router> {
  public:
   explicit uncached_router(cache_state& cache) : cache_(cache) { cache.retain(); }
@@ -37,11 +38,19 @@ class uncached_router final : public request_router, public ref_counted<uncached
   }
   void retain_router() noexcept override { retain(); }
   void release_router() noexcept override { release(); }
+  /// Its step ended (once, by the step, which still holds the cache).
+  void end() noexcept {
+    ended_ = true;
+    cache_.release();
+  }
 
  private:
   friend class ref_counted<uncached_router>;
-  ~uncached_router() { cache_.release(); }
+  ~uncached_router() {
+    if (!ended_) cache_.release();  // a step that never opened
+  }
   cache_state& cache_;
+  bool ended_ = false;  // written before the step drops its reference, read after the last one
 };
 
 /// What a step owns.
@@ -208,7 +217,8 @@ void step::end() noexcept {
   if (!state_->open.exchange(false)) return;
   state_->cache.end_step();
   if (state_->run != nullptr) state_->run->finish();  // late requests go to the plain cache
-  state_->release_routers();                          // requests in flight hold their own references
+  if (state_->uncached != nullptr) state_->uncached->end();
+  state_->release_routers();  // requests in flight hold their own references
   state_->cache.release();
 }
 

@@ -25,16 +25,36 @@ namespace refpool::c_api {
 // The last error of this thread. TLS stays small on purpose: the core's initial-exec TLS makes
 // this library's whole TLS block static, and a library loaded with dlopen (Python ctypes) gets
 // only glibc's small surplus of static TLS. `last_text` points at `last_message` or at a
-// string literal, so reporting std::bad_alloc never needs memory.
-inline thread_local std::string last_message;
+// string literal, so reporting std::bad_alloc never needs memory. After the thread's
+// thread_local destructors ran (a call from a later one, or from a static destructor: glibc
+// destroys the main thread's thread_locals first) the message's storage is gone, and errors
+// report a fixed text; the status still says which error it was.
 inline thread_local const char* last_text = "";
+inline thread_local bool last_message_gone = false;  // no destructor: readable to the thread's end
 
 inline void set_static_error(const char* literal) noexcept { last_text = literal; }
 
+constexpr const char* message_after_thread_end =
+    "refpool: an error occurred after this thread's thread_local storage was destroyed; its message "
+    "cannot be kept (the status code names the error)";
+
+struct thread_message {
+  std::string text;
+  ~thread_message() {
+    last_message_gone = true;
+    if (last_text == text.c_str()) last_text = message_after_thread_end;
+  }
+};
+inline thread_local thread_message last_message;
+
 inline void set_error(const char* message) noexcept {
+  if (last_message_gone) {
+    set_static_error(message_after_thread_end);
+    return;
+  }
   try {
-    last_message.assign(message);
-    last_text = last_message.c_str();
+    last_message.text.assign(message);
+    last_text = last_message.text.c_str();
   } catch (...) {
     set_static_error("refpool: an error occurred, and there was no memory left to record its message");
   }

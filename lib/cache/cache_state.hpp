@@ -43,7 +43,9 @@ namespace refpool::detail {
 /// Serves the requests of a planned scope or step (lib/plan implements it), or of a warm-up
 /// step, so the core routes to them without knowing them. Counted: a step's router is reached
 /// by any thread through the cache (step_router), so it goes with its last reference, never
-/// with the step that made it (docs/design.md, "Lifetimes").
+/// with the step that made it (docs/design.md, "Lifetimes"). Once its step or scope ended it
+/// holds no count on its cache or a backend (a thread may keep it long): a late request comes
+/// through the cache, whose caller holds it.
 class request_router {
  public:
   /// A live block of `bytes` for `stream`. `lease` is the slot plain-cache fallbacks come from
@@ -136,10 +138,12 @@ class cache_extension {
 class cache_state;
 
 // The calling thread's reference to the router of the step (of one cache, identified by the
-// cache's step epoch) it last sent a request to (cache_state::step_router). The router retains
-// its cache, so `kept_step_cache` cannot name another cache made at the same address. Plain
-// initial-exec variables, read on every step request without a call (a thread_local with a
-// destructor is reached through __tls_get_addr); given back when the thread ends (cache_state.cpp).
+// cache's step epoch) it last sent a request to (cache_state::step_router). Step epochs are unique
+// in the process (begin_step), so `kept_step_cache` (compared, never followed) cannot match a step
+// of another cache made at the same address; a router whose step ended holds neither its cache nor
+// a backend, so a thread that makes no more steps keeps nothing of them. Plain initial-exec
+// variables, read on every step request without a call (a thread_local with a destructor is
+// reached through __tls_get_addr); given back when the thread ends (thread_holdings.cpp).
 extern __thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec")));
 extern __thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec")));
 extern __thread request_router* kept_step_router __attribute__((tls_model("initial-exec")));  // counted
@@ -162,7 +166,8 @@ class cache_state : public ref_counted<cache_state> {
 
   // ---- cache-level allocations and steps ------------------------------------------------------
   /// The calling thread's slot for allocations through this cache without a scope, leased at
-  /// first use until the thread ends; null when the cache is closed (hit_path.cpp).
+  /// first use until the thread ends; null when the cache is closed, or once the thread's
+  /// thread_local destructors ran (thread_holdings.cpp): the request then runs uncached.
   slot* ambient_slot();
   /// A new slot for the calling thread's cache-level allocations; null when closed.
   slot* lease_ambient();
@@ -309,6 +314,9 @@ class cache_state : public ref_counted<cache_state> {
   /// step_router() when the calling thread keeps no router of step `epoch` of this cache: takes a
   /// counted one, and keeps it when that step is still open.
   router_ref thread_step_router(std::uint64_t epoch) noexcept;
+  /// ambient_slot() when the thread's most recent lease is of another cache: finds or makes the
+  /// thread's lease of this one (thread_holdings.cpp).
+  slot* lease_ambient_for_thread();
   slot* lease_locked(std::vector<slot*>& free, const void* thread);
   bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
@@ -368,7 +376,8 @@ class cache_state : public ref_counted<cache_state> {
   std::unique_ptr<cache_extension> extension_;
   std::vector<block*> giving_back_;  // give_back_idle_pieces' list, under mutex_
 
-  // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
+  // Steps: the epoch of cache-level allocations is odd inside a step (unique in the process:
+  // begin_step), even outside.
   std::atomic<std::uint64_t> step_epoch_{0};
   std::atomic<request_router*> step_router_{nullptr};  // a counted reference; changes under router_lock_
   mutable spinlock router_lock_;                       // taken only while a step has a router

@@ -7,12 +7,12 @@
 #include <refpool/error.hpp>
 
 #include <utility>
-#include <vector>
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"
 #include "cache/region_block.hpp"
 #include "cache/scope_frame.hpp"
+#include "cache/thread_holdings.hpp"
 #include "config/alloc_log.hpp"
 #include "config/env_config.hpp"
 
@@ -22,55 +22,10 @@ namespace detail {
 
 __thread scope_frame* current_frame __attribute__((tls_model("initial-exec"))) = nullptr;
 
-namespace {
-
-// The calling thread's most recent cache-level lease (one entry, initial-exec: no call to read).
-__thread cache_state* ambient_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-__thread slot* ambient_lease __attribute__((tls_model("initial-exec"))) = nullptr;
-
-// Every cache-level lease of this thread, given back when the thread ends. Each holds its cache.
-struct thread_leases {
-  std::vector<std::pair<cache_state*, slot*>> leases;
-  ~thread_leases() {
-    ambient_cache = nullptr;
-    ambient_lease = nullptr;
-    for (const auto& [cache, s] : leases) {
-      cache->give_back_ambient(s);
-      cache->release();
-    }
-  }
-};
-thread_local thread_leases leases_of_this_thread;
-
-}  // namespace
-
 slot* cache_state::ambient_slot() {
   if (ambient_cache == this) [[likely]]
     return ambient_lease;
-  auto& mine = leases_of_this_thread.leases;
-  for (const auto& [cache, s] : mine) {
-    if (cache == this) {
-      ambient_cache = this;
-      ambient_lease = s;
-      return s;
-    }
-  }
-  // Leases on destroyed caches are given back first, so a long-lived thread keeps nothing of them.
-  ambient_cache = nullptr;
-  std::erase_if(mine, [](const std::pair<cache_state*, slot*>& lease) {
-    if (!lease.first->closed()) return false;
-    lease.first->give_back_ambient(lease.second);
-    lease.first->release();
-    return true;
-  });
-  mine.reserve(mine.size() + 1);
-  slot* s = lease_ambient();
-  if (s == nullptr) return nullptr;
-  retain();
-  mine.emplace_back(this, s);
-  ambient_cache = this;
-  ambient_lease = s;
-  return s;
+  return lease_ambient_for_thread();
 }
 
 namespace {

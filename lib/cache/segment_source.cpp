@@ -66,8 +66,6 @@ std::vector<heap_use> segment_source::use_heaps_locked(const backend_state* only
 
 std::vector<std::unique_ptr<cache_heap>> segment_source::drop_empty_heaps_locked() noexcept {
   std::vector<std::unique_ptr<cache_heap>> dropped;
-  // After close() heaps stay until the cache's state goes (pieces still out come back to them).
-  if (cache_.closed()) return dropped;
   try {
     dropped.reserve(heaps_.size());
   } catch (...) {
@@ -135,6 +133,12 @@ std::size_t segment_source::trim(std::size_t keep, const backend_state* only, bo
   return given;
 }
 
+void segment_source::drop_empty_heaps() noexcept {
+  std::vector<std::unique_ptr<cache_heap>> dropped;  // destroyed last, with no lock held
+  std::lock_guard guard(mutex_);
+  dropped = drop_empty_heaps_locked();
+}
+
 void segment_source::close() noexcept {
   std::vector<heap_use> heaps;
   try {
@@ -155,6 +159,10 @@ void segment_source::close() noexcept {
       fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
     }
   }
+  // Heaps that hold nothing go now: the closed state may be kept long (a thread's lease of it), and
+  // a heap holds its backend. The others go with their last piece (take_back).
+  heaps.clear();
+  drop_empty_heaps();
 }
 
 void segment_source::add_counters(cache_stats& out) const {
@@ -301,21 +309,26 @@ std::size_t segment_source::take_back(block* taken) noexcept {
   // Back to its heap. After the cache is gone nothing carves from the heap any more, so its free
   // memory goes back to the backend at once (all of it with the last piece).
   cache_heap* h = b->heap;
-  std::lock_guard lock(h->mutex);
-  h->heap.give_back(b->piece, streams_of(*b));
-  if (cache_.closed()) {
-    const committed_change change(reserved_, *h);
-    try {
-      if (h->heap.stats().pieces_out == 0)
-        h->heap.release_all();
-      else
-        h->heap.trim(0);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+  bool emptied = false;
+  {
+    std::lock_guard lock(h->mutex);
+    h->heap.give_back(b->piece, streams_of(*b));
+    if (cache_.closed()) {
+      const committed_change change(reserved_, *h);
+      try {
+        if (h->heap.stats().pieces_out == 0)
+          h->heap.release_all();
+        else
+          h->heap.trim(0);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+      }
+      emptied = h->heap.stats().segments == 0;
     }
+    b->backend->release();  // never the last reference: the heap holds one
+    delete b;
   }
-  b->backend->release();  // never the last reference: the heap holds one
-  delete b;
+  if (emptied) drop_empty_heaps();  // the heap (and its backend) need not wait for the state
   return 0;  // stays in the heap until a trim
 }
 

@@ -69,10 +69,11 @@ bool parse_no_caching(std::string_view value) {
 }
 
 const env_config& environment() {
-  static const env_config config = [] {
-    env_config loaded = load();
-    // Never closed: frees may be logged by static destructors until the process ends.
-    if (!loaded.log_path.empty()) log_pointer = new alloc_log(loaded.log_path);
+  // Never destroyed (nor the log closed): requests and frees may come from static destructors
+  // until the process ends, also from those of objects made before the first use of this one.
+  static const env_config& config = *[] {
+    auto* loaded = new env_config(load());
+    if (!loaded->log_path.empty()) log_pointer = new alloc_log(loaded->log_path);
     return loaded;
   }();
   return config;
