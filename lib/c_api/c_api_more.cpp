@@ -66,11 +66,13 @@ refpool_status refpool_free(void* ptr) {
 
 // ---- steps --------------------------------------------------------------------------------
 
-refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options, refpool_step* out) {
+refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options, size_t options_size,
+                                  refpool_step* out) {
   return guarded([&] {
     refpool_step& result = required(out, "refpool_step_begin", "out");
     const auto object = lookup<cache_object>(cache, "refpool_step_begin");
-    auto begun = std::make_shared<step_object>(object->cache, scope_options_from(options), object->owner);
+    const refpool::scope_options chosen = scope_options_from(options, options_size, "refpool_step_begin");
+    auto begun = std::make_shared<step_object>(object->cache, chosen, object->owner);
     result = make_handle<refpool_step>(std::move(begun));
   });
 }

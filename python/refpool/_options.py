@@ -35,7 +35,8 @@ def table():
     library = lib()
     options = {}
     for index in range(library.fn("refpool_cache_option_count")()):
-        info = library.fn("refpool_cache_option_info")(index).contents
+        info = t.OptionInfo()
+        library.call("refpool_cache_option_info", index, ctypes.byref(info), ctypes.sizeof(info))
         name, kind = info.name.decode(), info.kind.decode()
         ctype = KIND_CTYPES.get(kind)
         if ctype is None:
@@ -56,13 +57,6 @@ def struct_type():
             raise LibraryError(f"refpool: refpool_cache_options.{o.name} is at offset {o.offset}, {o.size} bytes, "
                                "in librefpool but not here: rebuild the library and the package from one source")
     return struct
-
-
-@functools.lru_cache(maxsize=None)
-def allocator_options_type():
-    """refpool_allocator_options (it holds a refpool_cache_options, so it is made after the table)."""
-    return type("AllocatorOptions", (t.Checked,), {"_fields_": [("runtime", c_int), ("kind", c_int),
-                                                                 ("cache", struct_type())]})
 
 
 def descriptions():
@@ -106,9 +100,10 @@ def cache_options(conf=None, values=None, from_environment=True, what="refpool.C
     library = lib()
     options = struct_type()()
     init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
-    library.call(init, ctypes.byref(options))
+    size = ctypes.sizeof(options)
+    library.call(init, ctypes.byref(options), size)
     if conf is not None:
-        library.call("refpool_cache_options_parse", ctypes.byref(options), conf.encode())
+        library.call("refpool_cache_options_parse", ctypes.byref(options), size, conf.encode())
     for name, text in checked.items():
-        library.call("refpool_cache_options_set", ctypes.byref(options), name.encode(), text.encode())
+        library.call("refpool_cache_options_set", ctypes.byref(options), size, name.encode(), text.encode())
     return options

@@ -24,12 +24,12 @@ def configure(runtime="cuda", kind="device", conf=None, **options):
     those not given come from REFPOOL_CONF). Only before the allocator's first allocation:
     ConfigError after. A rejected call changes nothing."""
     cache_part = cache_options(conf, options, what="refpool.allocator.configure")
-    filled = _options.allocator_options_type()()
-    lib().call("refpool_allocator_options_init", ctypes.byref(filled))
+    filled = t.AllocatorOptions()
+    lib().call("refpool_allocator_options_init", ctypes.byref(filled), ctypes.sizeof(filled))
     filled.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
     filled.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-    filled.cache = cache_part
-    lib().call("refpool_allocator_configure", ctypes.byref(filled))
+    lib().call("refpool_allocator_configure", ctypes.byref(filled), ctypes.sizeof(filled), ctypes.byref(cache_part),
+               ctypes.sizeof(cache_part))
 
 
 def configure_if_given(runtime, kind, conf, options, what):

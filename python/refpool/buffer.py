@@ -77,7 +77,8 @@ def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0)
     options = t.AllocOptions(stream=_checked.address(stream_pointer(stream), "stream"), alignment=alignment)
     if cache is not None:
         options.cache = cache.handle
-    handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, itemsize, ctypes.byref(options))
+    handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, itemsize, ctypes.byref(options),
+                              ctypes.sizeof(options))
     return Buffer(handle, typestr, _Place(backend.runtime, backend.device, backend.kind, options.stream or 0))
 
 
@@ -136,7 +137,7 @@ class Buffer(Owned):
 
     def info(self):
         info = t.BufferInfo()
-        lib().call("refpool_buffer_get_info", self.handle, ctypes.byref(info))
+        lib().call("refpool_buffer_get_info", self.handle, ctypes.byref(info), ctypes.sizeof(info))
         return info
 
     @property

@@ -44,7 +44,7 @@ class Cache(Owned):
     def __init__(self, conf=None, from_environment=True, _handle=None, _owns=True, **options):
         if _handle is None:
             filled = cache_options(conf, options, from_environment, "refpool.Cache")
-            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(filled))
+            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(filled), ctypes.sizeof(filled))
         super().__init__(_handle, _owns)
 
     def __repr__(self):
@@ -95,7 +95,7 @@ class Scope:
         if self._handle is not None:
             raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
         self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle,
-                                        ctypes.byref(self._options))
+                                        ctypes.byref(self._options), ctypes.sizeof(self._options))
         return self
 
     def exit(self):
@@ -126,7 +126,8 @@ class Step:
         with self._lock:
             if self._handle is not None:
                 raise RuntimeError("refpool: this step is already open (make a new one with cache.step())")
-            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, ctypes.byref(self._options))
+            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, ctypes.byref(self._options),
+                                            ctypes.sizeof(self._options))
         return self
 
     def end(self):
