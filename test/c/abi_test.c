@@ -1,8 +1,8 @@
 /* Structs that grow (refpool.h, "Structs that grow"), from C11: programs built against older and
  * newer headers than this library's, with copies of those headers' structs. Each caller struct lives
- * in a heap block of exactly its size followed by guard bytes, so a write past it is reported by
- * ASan (heap-buffer-overflow) and, in any build, by the guard check; the fields it knows must be
- * right and the fields only a newer header has must be 0.
+ * in a heap block of exactly its size under ASan, which reports a write past it
+ * (heap-buffer-overflow), and is followed by guard bytes that are checked in other builds; the
+ * fields it knows must be right and the fields only a newer header has must be 0.
  *
  * stats_0_2 is refpool_cache_stats as refpool 0.2 first shipped it, 46 counters (before
  * peak_plan_live_bytes, arena_lendings, segment_trims and segment_trimmed_bytes were appended with
@@ -53,10 +53,21 @@ typedef struct stats_newer {
   uint64_t appended[3];
 } stats_newer;
 
-enum { guard_bytes = 64, guard_value = 0xA5 };
+/* Under ASan the block is exactly the struct, so its redzone follows the struct directly; in other
+ * builds guard bytes follow it in the same block and are checked. */
+#if defined(__SANITIZE_ADDRESS__)
+#define GUARD_BYTES 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GUARD_BYTES 0
+#endif
+#endif
+#ifndef GUARD_BYTES
+#define GUARD_BYTES 64
+#endif
+enum { guard_bytes = GUARD_BYTES, guard_value = 0xA5 };
 
-/* A heap block of exactly `size` bytes, then guard bytes (a block of its own, so that ASan's
- * redzone follows the struct directly; the guards catch a write past it in builds without ASan). */
+/* A heap block for a caller's struct of `size` bytes, filled with `fill`, and its guards. */
 typedef struct caller_struct {
   unsigned char* bytes;
   size_t size;
@@ -71,7 +82,8 @@ static caller_struct caller_new(size_t size, unsigned char fill) {
 
 /* Checks nothing was written past the caller's struct, and frees it. */
 static void caller_free(caller_struct s, const char* what) {
-  for (size_t i = 0; i < guard_bytes; ++i) {
+  const size_t guards = guard_bytes;
+  for (size_t i = 0; i < guards; ++i) {
     if (s.bytes[s.size + i] != guard_value) {
       fprintf(stderr, "%s: byte %zu past the caller's %zu-byte struct was written\n", what, i, s.size);
       ++failures;
