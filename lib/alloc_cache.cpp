@@ -62,6 +62,7 @@ void alloc_cache::reset_peaks() noexcept { state_->reset_peaks(); }
 std::size_t alloc_cache::reclaim(std::size_t keep_bytes) { return state_->reclaim(keep_bytes); }
 void alloc_cache::set_max_idle_bytes(std::size_t bytes) { state_->set_max_idle_bytes(bytes); }
 std::size_t alloc_cache::max_idle_bytes() const noexcept { return state_->max_idle_bytes(); }
+std::string alloc_cache::summary() const { return refpool::summary(stats()); }
 const rounding_policy& alloc_cache::rounding() const noexcept { return state_->rounding(); }
 
 }  // namespace refpool

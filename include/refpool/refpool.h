@@ -446,16 +446,42 @@ REFPOOL_C_API refpool_status refpool_cache_get_stat_values(refpool_cache cache, 
 /// Restarts the cache's peaks (peak_held_bytes, peak_live_bytes) from the current values.
 REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
 
+/* ---- stats for people ---------------------------------------------------------------------- */
+
+/// How much refpool_cache_summary says.
+typedef enum refpool_summary_detail REFPOOL_ENUM_BASE {
+  /// A short table (refpool::alloc_cache::summary; REFPOOL_CONF's stats_at_exit:on): requests and
+  /// hit rate, allocated, reserved and idle bytes now and at their peaks, plans, backend calls,
+  /// out-of-memory failures. Bytes in B, KiB, MiB, GiB, TiB.
+  REFPOOL_SUMMARY_SHORT = 0,
+  /// Every counter, each figure once (refpool::to_string(cache_stats); stats_at_exit:full).
+  REFPOOL_SUMMARY_FULL = 1
+} refpool_summary_detail;
+
+/// The cache's counters as text for a person, into text[0..capacity), NUL-terminated. *length
+/// receives the text's length without the NUL, also when `text` is too small, so a binding sizes its
+/// buffer: call with text NULL and capacity 0, then with capacity *length + 1; while other threads
+/// use the cache the text may grow between the two calls, so repeat until REFPOOL_OK. The layout is
+/// for people and may change between versions: programs read counters from refpool_cache_get_stats
+/// or refpool_cache_get_stat_values. Errors: INVALID_ARGUMENT (length NULL, text NULL with capacity
+/// > 0, capacity <= *length: nothing written; a detail that is neither SHORT nor FULL),
+/// INVALID_HANDLE, OUT_OF_MEMORY.
+REFPOOL_C_API refpool_status refpool_cache_summary(refpool_cache cache, refpool_summary_detail detail, char* text,
+                                                   size_t capacity, size_t* length);
+
 /* ---- the framework allocator -------------------------------------------------------------- */
 
-/// Fills *options with the defaults (CUDA, device memory, cache options from REFPOOL_CONF).
-/// Errors: INVALID_ARGUMENT, CONFIG.
-REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options);
+/// Fills *options of `options_size` bytes (sizeof(refpool_allocator_options)) with the defaults:
+/// CUDA, device memory. Errors: INVALID_ARGUMENT.
+REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options, size_t options_size);
 
-/// Sets the framework allocator's options. Only before its first allocation (or its cache was
-/// asked for): CONFIG afterwards, naming what is in use. Every field is checked before any is
-/// taken: a rejected call leaves the allocator as it was. Errors: INVALID_ARGUMENT, CONFIG.
-REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options);
+/// Sets the framework allocator's options and its cache's options (`cache` NULL: from REFPOOL_CONF,
+/// as refpool_cache_options_from_environment). Each struct comes with its size. Only before the
+/// allocator's first allocation (or its cache was asked for): CONFIG afterwards, naming what is in
+/// use. Every field is checked before any is taken: a rejected call leaves the allocator as it
+/// was. Errors: INVALID_ARGUMENT (also a bad size), CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options, size_t options_size,
+                                                         const refpool_cache_options* cache, size_t cache_size);
 
 /// A new handle to the framework allocator's cache, for steps, stats and reclaim (made at first
 /// use with the configured options). refpool_cache_destroy on it drops this handle only: the

@@ -1,6 +1,6 @@
 /* The C API from C11: the seed case (16 floats, then 4x4 floats, one buffer), use after
  * unsafe_free, double release and every other stale handle, stats, errors, scope options (warm-up,
- * planned scopes), scopes across threads.
+ * planned scopes), scopes across threads, the stats as text (refpool_cache_summary).
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
@@ -489,6 +489,49 @@ static void test_threads(void) {
   OK(refpool_backend_release(threads_backend));
 }
 
+/* The stats as text for people, into a caller's buffer: sized first with NULL, refused when too
+ * small (nothing written, the length still given), and the full table. */
+static void test_summary(void) {
+  refpool_backend be = {0};
+  OK(refpool_backend_new_host(&be));
+  refpool_cache cache = exact_cache();
+  refpool_scope scope = {0};
+  OK(refpool_scope_enter(cache, &scope));
+  const size_t dims[] = {3 << 20}; /* 3 MiB of bytes */
+  refpool_buffer b = {0};
+  OK(refpool_alloc(be, dims, 1, 1, NULL, 0, &b));
+  OK(refpool_release(b));
+  OK(refpool_scope_exit(scope));
+
+  size_t length = 0;
+  OK(refpool_cache_summary(cache, REFPOOL_SUMMARY_SHORT, NULL, 0, &length));
+  CHECK(length > 100 && length < 2000);
+  char text[4096];
+  memset(text, 'x', sizeof text);
+  EXPECT(refpool_cache_summary(cache, REFPOOL_SUMMARY_SHORT, text, length, &length), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(text[0] == 'x' && error_mentions("room for"));
+  size_t exact = 0;
+  OK(refpool_cache_summary(cache, REFPOOL_SUMMARY_SHORT, text, length + 1, &exact));
+  CHECK(exact == length && text[length] == '\0' && strlen(text) == length);
+  CHECK(strstr(text, "requests") != NULL && strstr(text, "reserved") != NULL);
+  CHECK(strstr(text, "3 MiB") != NULL && strstr(text, "3145728") == NULL); /* binary units */
+
+  size_t full_length = 0;
+  OK(refpool_cache_summary(cache, REFPOOL_SUMMARY_FULL, text, sizeof text, &full_length));
+  CHECK(full_length > length && strstr(text, "backend_allocations") != NULL);
+  CHECK(strstr(text, "held_bytes") == NULL); /* live + idle: one name per figure */
+
+  EXPECT(refpool_cache_summary(cache, REFPOOL_SUMMARY_SHORT, text, sizeof text, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_cache_summary(cache, REFPOOL_SUMMARY_SHORT, NULL, 8, &length), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_cache_summary(cache, (refpool_summary_detail)7, text, sizeof text, &length),
+         REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("REFPOOL_SUMMARY_SHORT"));
+  OK(refpool_cache_destroy(cache));
+  EXPECT(refpool_cache_summary(cache, REFPOOL_SUMMARY_SHORT, text, sizeof text, &length),
+         REFPOOL_ERROR_INVALID_HANDLE);
+  OK(refpool_backend_release(be));
+}
+
 int main(void) {
   test_seed_case();
   test_use_after_unsafe_free();
@@ -498,5 +541,6 @@ int main(void) {
   test_scope_options();
   test_scope_order();
   test_threads();
+  test_summary();
   return finish("c_api_test");
 }

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
-#include <refpool/stats_format.hpp>
 
 #include "support/host_fixture.hpp"
 
@@ -330,24 +329,4 @@ TEST_CASE_METHOD(host_fixture, "stable addresses: iteration n gets the same buff
   }
   for (int iteration = 2; iteration < 10; ++iteration) CHECK(pointers[iteration] == pointers[1]);
   CHECK(be.allocation_count() == 3);
-}
-
-TEST_CASE_METHOD(host_fixture, "the stats formatter prints every counter", "[cache][stats]") {
-  {
-    scope s(cache);
-    auto a = allocate(be, 10);
-  }
-  const cache_stats st = cache.stats();
-  const std::string table = fmt::format("{}", st);
-  REQUIRE(stat_count() > 25);
-  for (std::size_t i = 0; i < stat_count(); ++i) {
-    // Each counter has a row of its own: its name, then its value.
-    const std::string row = fmt::format("{:<24}{:>16}\n", stat_at(i).name, stat_value(st, i));
-    CHECK_THAT(table, Catch::Contains(row));
-    CHECK_FALSE(stat_at(i).description.empty());
-  }
-  CHECK(stat_value(st, 1) == st.misses);  // the order of refpool/stats_fields.h
-  CHECK(st.misses == 1);
-  CHECK_THAT(table, Catch::Contains("hit_rate"));
-  CHECK(st.hit_rate() == 0.0);
 }

@@ -37,8 +37,9 @@ TEST_CASE("out of memory after reclaim throws an error naming sizes and cache st
   auto live = allocate(be, 3000);
   { auto idle = allocate(be, 1000); }
   CHECK_THROWS_MATCHES(allocate(be, 2048), out_of_memory,
-                       oom_for(2048, -1) && what(Contains("2048 B") && Contains("3000 B live") &&
-                                                 Contains("reclaiming 1000 B") && Contains("device -1")));
+                       oom_for(2048, -1) && what(Contains("allocate 2 KiB") && Contains("2.93 KiB live") &&
+                                                 Contains("reclaiming 1000 B") && Contains("of host memory") &&
+                                                 Contains("What to do")));
   const auto st = cache.stats();
   CHECK(st.oom_retries == 1);
   CHECK(st.ooms == 1);
