@@ -17,26 +17,36 @@ static int same_options(const refpool_cache_options* a, const refpool_cache_opti
 static void test_defaults(void) {
   refpool_cache_options options;
   memset(&options, 0xAB, sizeof options);
-  OK(refpool_cache_options_init(&options));
+  OK(refpool_cache_options_init(&options, sizeof options));
   CHECK(options.rounding.mode == REFPOOL_ROUNDING_EXACT);
   CHECK(options.max_idle_bytes == REFPOOL_UNLIMITED);
   CHECK(options.segments == REFPOOL_SEGMENTS_AUTO);
-  EXPECT(refpool_cache_options_init(NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_cache_options_init(NULL, 0), REFPOOL_ERROR_INVALID_ARGUMENT);
 }
 
 static void test_conf_strings(void) {
   refpool_cache_options options;
-  OK(refpool_cache_options_init(&options));
-  OK(refpool_cache_options_parse(&options, "rounding:pow2:4,max_idle_bytes:512M"));
+  OK(refpool_cache_options_init(&options, sizeof options));
+  OK(refpool_cache_options_parse(&options, sizeof options, "rounding:pow2:4,max_idle_bytes:512M"));
   CHECK(options.rounding.mode == REFPOOL_ROUNDING_POW2 && options.rounding.parameter == 4);
   CHECK(options.max_idle_bytes == (size_t)512 << 20);
   CHECK(options.segments == REFPOOL_SEGMENTS_AUTO); /* not named: kept */
-  OK(refpool_cache_options_set(&options, "segments", "off"));
+  OK(refpool_cache_options_set(&options, sizeof options, "segments", "off"));
   CHECK(options.segments == REFPOOL_SEGMENTS_OFF);
-  OK(refpool_cache_options_set(&options, "rounding", "step:512"));
+  OK(refpool_cache_options_set(&options, sizeof options, "rounding", "step:512"));
   CHECK(options.rounding.mode == REFPOOL_ROUNDING_STEP && options.rounding.parameter == 512);
-  OK(refpool_cache_options_set(&options, "max_idle_bytes", "unlimited"));
+  OK(refpool_cache_options_set(&options, sizeof options, "max_idle_bytes", "unlimited"));
   CHECK(options.max_idle_bytes == REFPOOL_UNLIMITED);
+  /* Switches: on/off, true/false, yes/no, 1/0 in any case; anything else names on, off. */
+  OK(refpool_cache_options_set(&options, sizeof options, "auto_plans", "False"));
+  CHECK(options.auto_plans == REFPOOL_OFF);
+  OK(refpool_cache_options_parse(&options, sizeof options, "auto_plans:YES,segments:1"));
+  CHECK(options.auto_plans == REFPOOL_ON && options.segments == REFPOOL_SEGMENTS_ON);
+  OK(refpool_cache_options_set(&options, sizeof options, "segments", "no"));
+  CHECK(options.segments == REFPOOL_SEGMENTS_OFF);
+  EXPECT(refpool_cache_options_set(&options, sizeof options, "auto_plans", "maybe"), REFPOOL_ERROR_CONFIG);
+  CHECK(error_mentions("'auto_plans' has value 'maybe'") && error_mentions("allowed: on, off"));
+  CHECK(options.auto_plans == REFPOOL_ON);
 
   /* A cache made from them rounds 100 bytes up to 512. */
   refpool_backend be = {0};
