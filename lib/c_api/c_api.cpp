@@ -10,10 +10,12 @@ using namespace refpool::c_api;
 
 namespace refpool::c_api {
 
+// Input structs end with their last field, without padding (sized_struct.hpp). A field appended:
+// name it here; one that would leave padding comes with an explicit padding field.
 static_assert(ends_without_padding<refpool_scope_options, offsetof(refpool_scope_options, plan) + sizeof(const char*)>,
-              "refpool_scope_options ends in padding: append an explicit padding field with the new field");
+              "refpool_scope_options does not end with `plan`, or ends in padding");
 static_assert(ends_without_padding<refpool_alloc_options, offsetof(refpool_alloc_options, cache) + sizeof(refpool_cache)>,
-              "refpool_alloc_options ends in padding: append an explicit padding field with the new field");
+              "refpool_alloc_options does not end with `cache`, or ends in padding");
 
 refpool::scope_options scope_options_from(const refpool_scope_options* options, std::size_t size,
                                           const char* function) {

@@ -163,7 +163,7 @@ extern "C" {
 
 constexpr refpool_allocator_options default_allocator_options{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE};
 static_assert(ends_without_padding<refpool_allocator_options, sizeof(refpool_runtime) + sizeof(refpool_memory_kind)>,
-              "refpool_allocator_options ends in padding: append an explicit padding field with the new field");
+              "refpool_allocator_options does not end with `kind`, or ends in padding (c_api.cpp says why)");
 
 refpool_status refpool_allocator_options_init(refpool_allocator_options* options, size_t options_size) {
   return guarded([&] {
