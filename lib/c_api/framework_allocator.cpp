@@ -33,7 +33,8 @@ class framework_allocator {
 
   // Validates every field before it changes anything, so a rejected configure leaves the
   // allocator exactly as it was (issue 23 row 5: a rejected runtime used to stick).
-  void configure(const refpool_allocator_options& options, const refpool::cache_options& checked) {
+  // `cache`: the cache's options, whole (read_options), or null for REFPOOL_CONF's.
+  void configure(const refpool_allocator_options& options, const refpool_cache_options* cache) {
     std::lock_guard guard(mutex_);
     if (cache_ != nullptr)
       fail(REFPOOL_ERROR_CONFIG,
@@ -50,6 +51,9 @@ class framework_allocator {
       fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.kind is {}; allowed: "
                                              "REFPOOL_MEMORY_DEVICE (1), REFPOOL_MEMORY_DEVICE_ASYNC (2)",
                                              static_cast<int>(options.kind)));
+    // config_error for a bad rounding or segments, or a bad REFPOOL_CONF
+    const refpool::cache_options checked =
+        cache != nullptr ? from_c(*cache) : refpool::cache_options::from_environment();
     options_ = options;  // nothing below throws
     cache_options_ = checked;
     configured_ = true;
@@ -178,10 +182,12 @@ refpool_status refpool_allocator_configure(const refpool_allocator_options* opti
     const char* function = "refpool_allocator_configure";
     const refpool_allocator_options chosen = read_sized(&required(options, function, "options"), options_size,
                                                         default_allocator_options, function, "refpool_allocator_options");
-    // Checked here, before the allocator changes: config_error for a bad rounding or segments.
-    const refpool::cache_options cache_options = cache == nullptr ? refpool::cache_options::from_environment()
-                                                                  : from_c(read_options(cache, cache_size, function));
-    framework_allocator::instance().configure(chosen, cache_options);
+    if (cache == nullptr) {
+      framework_allocator::instance().configure(chosen, nullptr);
+    } else {
+      const refpool_cache_options whole = read_options(cache, cache_size, function);
+      framework_allocator::instance().configure(chosen, &whole);
+    }
   });
 }
 
