@@ -15,6 +15,7 @@
 #include "c_api/cache_options_c.hpp"
 #include "c_api/pool_resource.hpp"
 #include "c_api/private_pools.hpp"
+#include "c_api/sized_struct.hpp"
 #include "c_api/support.hpp"
 
 using namespace refpool::c_api;
@@ -32,7 +33,8 @@ class framework_allocator {
 
   // Validates every field before it changes anything, so a rejected configure leaves the
   // allocator exactly as it was (issue 23 row 5: a rejected runtime used to stick).
-  void configure(const refpool_allocator_options& options) {
+  // `cache`: the cache's options, whole (read_options), or null for REFPOOL_CONF's.
+  void configure(const refpool_allocator_options& options, const refpool_cache_options* cache) {
     std::lock_guard guard(mutex_);
     if (cache_ != nullptr)
       fail(REFPOOL_ERROR_CONFIG,
@@ -49,8 +51,10 @@ class framework_allocator {
       fail(REFPOOL_ERROR_CONFIG, fmt::format("refpool: refpool_allocator_options.kind is {}; allowed: "
                                              "REFPOOL_MEMORY_DEVICE (1), REFPOOL_MEMORY_DEVICE_ASYNC (2)",
                                              static_cast<int>(options.kind)));
-    refpool::cache_options checked = from_c(options.cache);  // throws config_error for a bad rounding or segments
-    options_ = options;                                      // nothing below throws
+    // config_error for a bad rounding or segments, or a bad REFPOOL_CONF
+    const refpool::cache_options checked =
+        cache != nullptr ? from_c(*cache) : refpool::cache_options::from_environment();
+    options_ = options;  // nothing below throws
     cache_options_ = checked;
     configured_ = true;
   }
@@ -144,7 +148,7 @@ class framework_allocator {
   }
 
   std::mutex mutex_;
-  refpool_allocator_options options_{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE, {}};
+  refpool_allocator_options options_{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE};
   refpool::cache_options cache_options_;
   bool configured_ = false;
   refpool::cache_options in_use_options_;  // the cache's, once made
@@ -161,17 +165,30 @@ private_pools::id pool_id(refpool_pool_id pool) { return {pool.first, pool.secon
 
 extern "C" {
 
-refpool_status refpool_allocator_options_init(refpool_allocator_options* options) {
+constexpr refpool_allocator_options default_allocator_options{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE};
+static_assert(ends_without_padding<refpool_allocator_options, sizeof(refpool_runtime) + sizeof(refpool_memory_kind)>,
+              "refpool_allocator_options does not end with `kind`, or ends in padding (c_api.cpp says why)");
+
+refpool_status refpool_allocator_options_init(refpool_allocator_options* options, size_t options_size) {
   return guarded([&] {
-    refpool_allocator_options& result = required(options, "refpool_allocator_options_init", "options");
-    result = refpool_allocator_options{REFPOOL_RUNTIME_CUDA, REFPOOL_MEMORY_DEVICE,
-                                       to_c(refpool::cache_options::from_environment())};
+    write_sized(default_allocator_options, options, options_size, "refpool_allocator_options_init",
+                "refpool_allocator_options");
   });
 }
 
-refpool_status refpool_allocator_configure(const refpool_allocator_options* options) {
-  return guarded(
-      [&] { framework_allocator::instance().configure(required(options, "refpool_allocator_configure", "options")); });
+refpool_status refpool_allocator_configure(const refpool_allocator_options* options, size_t options_size,
+                                           const refpool_cache_options* cache, size_t cache_size) {
+  return guarded([&] {
+    const char* function = "refpool_allocator_configure";
+    const refpool_allocator_options chosen = read_sized(&required(options, function, "options"), options_size,
+                                                        default_allocator_options, function, "refpool_allocator_options");
+    if (cache == nullptr) {
+      framework_allocator::instance().configure(chosen, nullptr);
+    } else {
+      const refpool_cache_options whole = read_options(cache, cache_size, function);
+      framework_allocator::instance().configure(chosen, &whole);
+    }
+  });
 }
 
 refpool_status refpool_allocator_cache(refpool_cache* out) {

@@ -4,13 +4,18 @@
 
 #include <refpool/error.hpp>
 
+#include "byte_text.hpp"
+#include "cache/oom_text.hpp"
+
 namespace refpool::c_api {
 
 namespace {
 [[noreturn]] void pool_out_of_memory(std::string_view pool, std::size_t bytes, int device) {
-  throw out_of_memory(fmt::format("refpool: out of memory: {} could not get {} B more on device {} (a private "
-                                  "pool's memory is never reclaimed while graphs may replay into it)",
-                                  pool, bytes, device),
+  throw out_of_memory(fmt::format("refpool: out of memory: {} could not get {} more {} (a private pool's memory is "
+                                  "never reclaimed while graphs may replay into it). What to do: release the pools "
+                                  "of graphs no longer replayed (refpool_allocator_release_pool), or call "
+                                  "refpool_allocator_empty_cache to free the allocator's idle memory",
+                                  pool, refpool::detail::scaled_bytes(bytes), refpool::detail::memory_place(device)),
                       bytes, device);
 }
 }  // namespace

@@ -327,15 +327,10 @@ refpool_status backend_handle(Make make, refpool_backend* out, const char* funct
   });
 }
 
-/// The C++ options of `options` (NULL: the defaults). The plan text is copied by the scope or step.
-inline refpool::scope_options scope_options_from(const refpool_scope_options* options) {
-  refpool::scope_options chosen;
-  if (options != nullptr) {
-    chosen.uncached_warmup_entries = options->uncached_warmup_entries;
-    if (options->plan != nullptr) chosen.plan = options->plan;
-  }
-  return chosen;
-}
+/// The C++ options of `options` (NULL: the defaults), a caller's struct of `size` bytes. The plan
+/// text is copied by the scope or step.
+refpool::scope_options scope_options_from(const refpool_scope_options* options, std::size_t size,
+                                          const char* function);
 
 /// A new buffer handle of `dims` x `element_size` bytes from `backend` for `stream`.
 /// refpool_alloc_options::alignment: 0, or a power of two no larger than what every buffer of the
@@ -352,12 +347,12 @@ inline void check_alignment(std::size_t alignment, const refpool::backend& be) {
                      alignment, be.name(), be.alignment()));
 }
 
-inline refpool_status enter_scope(refpool_cache cache, const refpool_scope_options* options, refpool_scope* out,
-                                  const char* function) {
+inline refpool_status enter_scope(refpool_cache cache, const refpool_scope_options* options, std::size_t size,
+                                  refpool_scope* out, const char* function) {
   return guarded([&] {
     refpool_scope& result = required(out, function, "out");
     const auto object = lookup<cache_object>(cache, function);
-    const refpool::scope_options chosen = scope_options_from(options);
+    const refpool::scope_options chosen = scope_options_from(options, size, function);
     // Made on the heap and never moved: the thread's scope stack points at it. If making the
     // handle fails, destroying `entered` ends the scope again (it is innermost).
     auto entered = std::make_shared<scope_object>(object->cache, chosen);

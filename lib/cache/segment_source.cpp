@@ -14,7 +14,9 @@
 
 #include <refpool/error.hpp>
 
+#include "byte_text.hpp"
 #include "cache/cache_state.hpp"
+#include "cache/oom_text.hpp"
 
 namespace refpool::detail {
 
@@ -261,13 +263,14 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
   const cache_stats now = cache_.stats();
   backend_state& backend = *h.backend;
   throw out_of_memory(
-      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, even after "
-                  "reclaiming {} B of idle cache; its segments hold {} B in {} segments, {} B of it free (largest "
-                  "free range {} B) and {} B in {} pieces; the cache now holds {} B live in {} blocks and {} B "
-                  "idle; the backend has {} B outstanding",
-                  backend.res().name(), bytes, requested, backend.device(), freed, st.committed_bytes, st.segments,
-                  st.free_bytes, st.largest_free_bytes, st.used_bytes, st.pieces_out, now.live_bytes, now.live_blocks,
-                  now.idle_bytes, backend.outstanding_bytes()),
+      fmt::format("refpool: out of memory: {} could not allocate {} (request {}) {}, even after reclaiming {} of idle "
+                  "cache; its segments hold {} in {} segments, {} of it free (largest free range {}) and {} in {} "
+                  "pieces; the cache now holds {} live in {} blocks and {} idle; the backend has {} outstanding. {}",
+                  backend.res().name(), scaled_bytes(bytes), scaled_bytes(requested), memory_place(backend.device()),
+                  scaled_bytes(freed), scaled_bytes(st.committed_bytes), st.segments, scaled_bytes(st.free_bytes),
+                  scaled_bytes(st.largest_free_bytes), scaled_bytes(st.used_bytes), st.pieces_out,
+                  scaled_bytes(now.live_bytes), now.live_blocks, scaled_bytes(now.idle_bytes),
+                  scaled_bytes(backend.outstanding_bytes()), oom_advice(now)),
       bytes, backend.device());
 }
 

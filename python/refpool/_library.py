@@ -23,9 +23,10 @@ _ssize_t = _checked.ssize_t
 
 # name: (restype, [(parameter, C type)...]) as in refpool.h. restype c_int means a refpool_status,
 # checked by call(). Every argument is checked against its C type before the call (_checked).
-# A struct parameter is BY_ADDRESS (callers pass the struct; C gets its address) or SIZED (its
-# size follows: refpool.h's structs that grow), so a size parameter changes a line here only.
-_STRUCT = _checked.BY_ADDRESS
+# A struct parameter is SIZED: callers pass the struct (None: NULL) and C gets its address, then
+# its sizeof (refpool.h, "Structs that grow": every struct passed by address carries its size).
+# _checked.BY_ADDRESS passes the address alone, for a struct that does not grow.
+_SIZED = _checked.SIZED
 SIGNATURES = {
     "refpool_last_error": (c_char_p, []),
     "refpool_status_name": (c_char_p, [("status", c_int)]),
@@ -37,19 +38,19 @@ SIGNATURES = {
     "refpool_backend_cuda": (c_int, [("device", c_int), ("kind", c_int), ("out", _handle_p)]),
     "refpool_backend_hip": (c_int, [("device", c_int), ("kind", c_int), ("out", _handle_p)]),
     "refpool_backend_release": (c_int, [("backend", t.Handle)]),
-    "refpool_backend_get_stats": (c_int, [("backend", t.Handle), ("out", _STRUCT)]),
+    "refpool_backend_get_stats": (c_int, [("backend", t.Handle), ("out", _SIZED)]),
     "refpool_retire_stream": (c_int, [("backend", t.Handle), ("stream", c_void_p)]),
     # caches
     # cache options: the struct is laid out from the library's table (_options)
-    "refpool_cache_options_init": (c_int, [("options", _STRUCT)]),
-    "refpool_cache_options_from_environment": (c_int, [("options", _STRUCT)]),
-    "refpool_cache_options_parse": (c_int, [("options", _STRUCT), ("conf", c_char_p)]),
-    "refpool_cache_options_set": (c_int, [("options", _STRUCT), ("name", c_char_p), ("value", c_char_p)]),
+    "refpool_cache_options_init": (c_int, [("options", _SIZED)]),
+    "refpool_cache_options_from_environment": (c_int, [("options", _SIZED)]),
+    "refpool_cache_options_parse": (c_int, [("options", _SIZED), ("conf", c_char_p)]),
+    "refpool_cache_options_set": (c_int, [("options", _SIZED), ("name", c_char_p), ("value", c_char_p)]),
     "refpool_cache_option_count": (c_size_t, []),
-    "refpool_cache_option_info": (POINTER(t.OptionInfo), [("index", c_size_t)]),
-    "refpool_cache_create": (c_int, [("options", _STRUCT), ("out", _handle_p)]),
+    "refpool_cache_option_info": (c_int, [("index", c_size_t), ("out", _SIZED)]),
+    "refpool_cache_create": (c_int, [("options", _SIZED), ("out", _handle_p)]),
     "refpool_cache_destroy": (c_int, [("cache", t.Handle)]),
-    "refpool_cache_get_stats": (c_int, [("cache", t.Handle), ("out", _STRUCT)]),
+    "refpool_cache_get_stats": (c_int, [("cache", t.Handle), ("out", _SIZED)]),
     "refpool_cache_reclaim": (c_int, [("cache", t.Handle), ("keep_bytes", c_size_t), ("freed", _size_p)]),
     "refpool_cache_set_max_idle_bytes": (c_int, [("cache", t.Handle), ("max_idle_bytes", c_size_t)]),
     "refpool_cache_reset_peaks": (c_int, [("cache", t.Handle)]),
@@ -57,13 +58,13 @@ SIGNATURES = {
                                       ("capacity", c_size_t), ("length", _size_p)]),
     # scopes and steps
     "refpool_scope_enter": (c_int, [("cache", t.Handle), ("out", _handle_p)]),
-    "refpool_scope_enter_with_options": (c_int, [("cache", t.Handle), ("options", _STRUCT), ("out", _handle_p)]),
+    "refpool_scope_enter_with_options": (c_int, [("cache", t.Handle), ("options", _SIZED), ("out", _handle_p)]),
     "refpool_scope_exit": (c_int, [("scope", t.Handle)]),
-    "refpool_step_begin": (c_int, [("cache", t.Handle), ("options", _STRUCT), ("out", _handle_p)]),
+    "refpool_step_begin": (c_int, [("cache", t.Handle), ("options", _SIZED), ("out", _handle_p)]),
     "refpool_step_end": (c_int, [("step", t.Handle)]),
     # buffers
     "refpool_alloc": (c_int, [("backend", t.Handle), ("dims", _size_p), ("rank", c_size_t),
-                              ("element_size", c_size_t), ("options", _STRUCT), ("out", _handle_p)]),
+                              ("element_size", c_size_t), ("options", _SIZED), ("out", _handle_p)]),
     "refpool_record_stream": (c_int, [("buffer", t.Handle), ("stream", c_void_p)]),
     "refpool_reshape": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("rank", c_size_t), ("out", _handle_p)]),
     "refpool_retain": (c_int, [("buffer", t.Handle), ("out", _handle_p)]),
@@ -72,7 +73,7 @@ SIGNATURES = {
     "refpool_use_count": (c_int, [("buffer", t.Handle), ("out", POINTER(ctypes.c_long))]),
     "refpool_data": (c_int, [("buffer", t.Handle), ("out", POINTER(c_void_p))]),
     "refpool_dims": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("capacity", c_size_t), ("rank", _size_p)]),
-    "refpool_buffer_get_info": (c_int, [("buffer", t.Handle), ("out", _STRUCT)]),
+    "refpool_buffer_get_info": (c_int, [("buffer", t.Handle), ("out", _SIZED)]),
     # free by address (what refpool_allocator_alloc handed out)
     "refpool_free": (c_int, [("address", c_void_p)]),
     # stats by name
@@ -82,8 +83,9 @@ SIGNATURES = {
     "refpool_cache_get_stat_values": (c_int, [("cache", t.Handle), ("values", POINTER(c_uint64)),
                                               ("capacity", c_size_t), ("count", _size_p)]),
     # the process-wide framework allocator and its entry points
-    "refpool_allocator_options_init": (c_int, [("options", _STRUCT)]),
-    "refpool_allocator_configure": (c_int, [("options", _STRUCT)]),
+    "refpool_allocator_options_init": (c_int, [("options", _SIZED)]),
+    # the framework allocator's options and its cache's options (NULL: REFPOOL_CONF), each with its size
+    "refpool_allocator_configure": (c_int, [("options", _SIZED), ("cache", _SIZED)]),
     "refpool_allocator_cache": (c_int, [("out", _handle_p)]),
     "refpool_allocator_alloc": (c_int, [("bytes", c_size_t), ("device", c_int), ("stream", c_void_p),
                                         ("out", POINTER(c_void_p))]),

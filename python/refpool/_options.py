@@ -36,7 +36,8 @@ def table():
     library = lib()
     options = {}
     for index in range(library.fn("refpool_cache_option_count")()):
-        info = library.fn("refpool_cache_option_info")(index).contents
+        info = t.OptionInfo()
+        library.call("refpool_cache_option_info", index, info)
         name, kind = info.name.decode(), info.kind.decode()
         ctype = KIND_CTYPES.get(kind)
         if ctype is None:
@@ -57,13 +58,6 @@ def struct_type():
             raise LibraryError(f"refpool: refpool_cache_options.{o.name} is at offset {o.offset}, {o.size} bytes, "
                                "in librefpool but not here: rebuild the library and the package from one source")
     return struct
-
-
-@functools.lru_cache(maxsize=None)
-def allocator_options_type():
-    """refpool_allocator_options (it holds a refpool_cache_options, so it is made after the table)."""
-    return type("AllocatorOptions", (t.Checked,), {"_fields_": [("runtime", c_int), ("kind", c_int),
-                                                                 ("cache", struct_type())]})
 
 
 def descriptions():

@@ -66,9 +66,15 @@ class AllocOptions(Checked):
     _fields_ = [("stream", ctypes.c_void_p), ("alignment", c_size_t), ("cache", Handle)]
 
 
+class AllocatorOptions(Checked):
+    """refpool_allocator_options: the framework allocator's runtime and memory kind (its cache's
+    options are a refpool_cache_options of their own)."""
+    _fields_ = [("runtime", c_int), ("kind", c_int)]
+
+
 class OptionInfo(Structure):
-    """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options and
-    refpool_allocator_options are laid out from these at first use (_options)."""
+    """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options is
+    laid out from these at first use (_options)."""
     _fields_ = [("name", c_char_p), ("kind", c_char_p), ("offset", c_size_t), ("size", c_size_t),
                 ("default_text", c_char_p), ("allowed", c_char_p), ("description", c_char_p)]
 

@@ -24,12 +24,11 @@ def configure(runtime="cuda", kind="device", conf=None, **options):
     those not given come from REFPOOL_CONF). Only before the allocator's first allocation:
     ConfigError after. A rejected call changes nothing."""
     cache_part = cache_options(conf, options, what="refpool.allocator.configure")
-    filled = _options.allocator_options_type()()
+    filled = t.AllocatorOptions()
     lib().call("refpool_allocator_options_init", filled)
     filled.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
     filled.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-    filled.cache = cache_part
-    lib().call("refpool_allocator_configure", filled)
+    lib().call("refpool_allocator_configure", filled, cache_part)
 
 
 def configure_if_given(runtime, kind, conf, options, what):

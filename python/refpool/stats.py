@@ -11,9 +11,6 @@ from . import _types as t
 from ._handles import handle_of
 from ._library import lib
 
-# refpool_cache_get_stats writes sizeof(its struct): a buffer this large stays safe if the struct grew.
-_STRUCT_ROOM = 4096
-
 
 def stat_names():
     """The counter names, in the library's order (stable: new ones are appended)."""
@@ -40,9 +37,8 @@ def _by_name(handle):
 
 
 def _by_struct(handle, struct_type, function):
-    room = ctypes.create_string_buffer(max(_STRUCT_ROOM, ctypes.sizeof(struct_type)))
-    lib().call(function, handle, room)
-    snapshot = struct_type.from_buffer_copy(room)
+    snapshot = struct_type()  # the library writes only sizeof(snapshot) bytes (refpool.h, "Structs that grow")
+    lib().call(function, handle, snapshot)
     return {name: getattr(snapshot, name) for name, _ in struct_type._fields_}
 
 

@@ -440,8 +440,8 @@ TEST_CASE("segments: out of memory gives idle pieces back, trims, retries once, 
       FAIL("no exception");
     } catch (const out_of_memory& e) {
       CHECK(e.requested_bytes() == 2 * MiB);
-      CHECK_THAT(e.what(), Catch::Contains("its segments hold 4194304 B in 1 segments") &&
-                               Catch::Contains("1048576 B of it free") && Catch::Contains("3145728 B live"));
+      CHECK_THAT(e.what(), Catch::Contains("its segments hold 4 MiB in 1 segments") &&
+                               Catch::Contains("1 MiB of it free") && Catch::Contains("3 MiB live"));
     }
     cache_stats st = cache.stats();
     CHECK(st.ooms == 1);
