@@ -1,6 +1,5 @@
-// The fault injection of refpool/testing.hpp: fault_schedule, failing_resource and
-// failing_virtual_memory.
-#include <refpool/testing.hpp>
+// Fault injection (fault_injection.hpp): fault_schedule, failing_resource and failing_virtual_memory.
+#include "fault_injection.hpp"
 
 #include <fmt/format.h>
 

@@ -1,10 +1,8 @@
-// Test tooling for embedders: resources and virtual memory that fail chosen calls, so a program
-// built on refpool can test its own out-of-memory and driver-failure paths (refpool's own tests
-// use the same). Not included by refpool/refpool.hpp; include this header where tests need it.
-// Installed with the other headers; nothing in the library depends on it.
+// Fault injection for failure tests: resources and virtual memory that fail chosen calls, so the
+// tests reach every out-of-memory and driver-failure path. Test tooling, not part of librefpool:
+// built into the test-support library (test/support/meson.build); the names stay in namespace
+// refpool, as the tests have always used them.
 #pragma once
-
-#include <refpool/detail/export.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -22,7 +20,7 @@ namespace refpool {
 /// `backend_error`. Shared by a failing_resource and its address space, so "the Nth call"
 /// counts allocations, reservations and commits in the order they happen; `arm_only` counts
 /// one kind or a few (every reservation refused, say). Thread-safe.
-class REFPOOL_API fault_schedule {
+class fault_schedule {
  public:
   enum class failure { out_of_memory, backend_error };
   /// Kinds of call, as bits to combine with `|` for arm_only().
@@ -59,7 +57,7 @@ class REFPOOL_API fault_schedule {
 /// returns false (out of memory) or throws `backend_error`. Both kinds of call count in the
 /// schedule; decommit and release never fail. `upstream` is not owned and must outlive the
 /// adaptor. Thread-safe.
-class REFPOOL_API failing_virtual_memory final : public virtual_memory {
+class failing_virtual_memory final : public virtual_memory {
  public:
   explicit failing_virtual_memory(virtual_memory& upstream,
                                   std::shared_ptr<fault_schedule> schedule = std::make_shared<fault_schedule>());
@@ -85,7 +83,7 @@ class REFPOOL_API failing_virtual_memory final : public virtual_memory {
 /// address space (a failing_virtual_memory over the upstream's, sharing the schedule, when the
 /// upstream has one). Counting them in one sequence lets a sweep that fails "the Nth call"
 /// reach every path, whether a segment grows through virtual memory or by allocation.
-class REFPOOL_API failing_resource final : public resource_adaptor {
+class failing_resource final : public resource_adaptor {
  public:
   using failure = fault_schedule::failure;
 

@@ -1,15 +1,13 @@
 // Reading the targets of clang offload bundles and AMDGPU ELF code objects (LLVM's AMDGPUUsage:
 // "Code Object Target Identification", "AMDGPU ELF Header").
-#include "code_object.hpp"
+#include "hip_code_object.hpp"
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
-namespace refpool::detail::hip {
+namespace refpool::test::hip_code_object {
 
 namespace {
 
@@ -104,39 +102,4 @@ bool runs_on(std::string_view target, std::string_view device) {
   return true;
 }
 
-hipError_t check_code_object(int ordinal, std::string_view image, std::string* why) {
-  const runtime_api& api = runtime();
-  const std::string version = version_text(api.version);
-  if (api.hipGetDeviceProperties == nullptr) {
-    *why =
-        fmt::format("refpool cannot check code objects on HIP {}: the runtime lacks hipGetDeviceProperties", version);
-    return hipErrorNotSupported;
-  }
-  device_properties_5 properties{};
-  if (const hipError_t r = call(api.hipGetDeviceProperties, &properties, ordinal); r != hipSuccess) {
-    *why = fmt::format("refpool cannot read device {}'s target (hipGetDeviceProperties: {})", ordinal,
-                       api.hipGetErrorName(r));
-    return r;
-  }
-  const std::string_view device(properties.gcnArchName, strnlen(properties.gcnArchName, sizeof properties.gcnArchName));
-  const std::string aborts = fmt::format(
-      "HIP {} aborts the process on a code object without code for the device, so "
-      "refpool checks first; HIP {} and newer report it",
-      version, version_text(minimum_checked_load_version));
-  const auto targets = code_object_targets(image);
-  if (!targets) {
-    *why = fmt::format(
-        "refpool cannot read what device {} ({}) would run: the image is neither a clang offload "
-        "bundle nor an AMDGPU ELF ({})",
-        ordinal, device, aborts);
-    return hipErrorInvalidImage;
-  }
-  for (const std::string& target : *targets)
-    if (runs_on(target, device)) return hipSuccess;
-  const std::string found = targets->empty() ? "no GPU" : fmt::format("{}", fmt::join(*targets, ", "));
-  *why = fmt::format("the code object has no code for device {} ({}): it has code for {} ({})", ordinal, device, found,
-                     aborts);
-  return hipErrorNoBinaryForGpu;
-}
-
-}  // namespace refpool::detail::hip
+}  // namespace refpool::test::hip_code_object

@@ -1,12 +1,12 @@
-// segment_heap's views for tests and its consistency check: every invariant the heap keeps,
-// verified from scratch.
+// segment_heap's views for tests and its consistency check, every invariant the heap keeps verified
+// from scratch. Test tooling, not part of librefpool: white-box tests link it with refpool's objects.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "segment_heap.hpp"
+#include "segments/segment_heap.hpp"
 
 namespace refpool::detail {
 

@@ -1,6 +1,6 @@
 // What a HIP code object has code for, read before loading it where the runtime cannot be trusted
 // to say so: HIP before 5.4 abort()s the process on a code object without code for the device,
-// where later releases return hipErrorNoBinaryForGpu.
+// where later releases return hipErrorNoBinaryForGpu. Test tooling (the GPU tests' modules).
 #pragma once
 
 #include <optional>
@@ -8,9 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime.hpp"
-
-namespace refpool::detail::hip {
+namespace refpool::test::hip_code_object {
 
 /// The targets ("gfx90a:xnack-") a code object has code for: each amdgcn entry of a clang offload
 /// bundle (what `hipcc --genco` writes), or the machine and features in a bare AMDGPU ELF's
@@ -21,12 +19,4 @@ std::optional<std::vector<std::string>> code_object_targets(std::string_view ima
 /// ("gfx90a:sramecc+:xnack-"): the same processor, and each feature the code sets set alike.
 bool runs_on(std::string_view target, std::string_view device);
 
-/// Oldest runtime that reports a code object without code for the device as an error.
-inline constexpr int minimum_checked_load_version = 50'400'000;
-
-/// hipSuccess if `image` has code that runs on device `ordinal`; else hipErrorNoBinaryForGpu or
-/// hipErrorInvalidImage (neither format) with `*why` saying what the image and device have.
-/// Before HIP 5.4 the module loader calls this first.
-hipError_t check_code_object(int ordinal, std::string_view image, std::string* why);
-
-}  // namespace refpool::detail::hip
+}  // namespace refpool::test::hip_code_object
