@@ -1,10 +1,16 @@
-// The captured training-step traces (bench/traces/*.csv: step,event,index,bytes), read into steps
-// of events, for the benchmarks that replay them (trace_replay, segment_bench).
+// The captured training-step traces (bench/traces/*.csv.xz: step,event,index,bytes), read into steps
+// of events, for the benchmarks that replay them (trace_replay, segment_bench). The traces are kept
+// xz-compressed (19x smaller than the text, 1.7x smaller than gzip) and read through liblzma, the
+// library xz itself is built on (Debian's liblzma-dev); a plain .csv (a fresh capture) reads too.
 #pragma once
+
+#include <lzma.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -20,10 +26,42 @@ struct trace_event {
 };
 using trace_step = std::vector<trace_event>;
 
-/// The steps of a trace file, in order. Throws std::runtime_error if the file cannot be read.
+/// The text of `path`, decompressed when it ends in ".xz". Throws std::runtime_error if it cannot
+/// be read or is no valid xz file.
+inline std::string read_text(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::runtime_error("cannot read " + path);
+  const std::string raw{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (!path.ends_with(".xz")) return raw;
+  lzma_stream z = LZMA_STREAM_INIT;
+  if (lzma_stream_decoder(&z, UINT64_MAX, 0) != LZMA_OK) throw std::runtime_error("liblzma: no decoder");
+  std::string text;
+  char chunk[1 << 16];
+  z.next_in = reinterpret_cast<const std::uint8_t*>(raw.data());
+  z.avail_in = raw.size();
+  lzma_ret r = LZMA_OK;
+  while (r == LZMA_OK) {
+    z.next_out = reinterpret_cast<std::uint8_t*>(chunk);
+    z.avail_out = sizeof chunk;
+    r = lzma_code(&z, LZMA_FINISH);
+    text.append(chunk, sizeof chunk - z.avail_out);
+  }
+  lzma_end(&z);
+  if (r != LZMA_STREAM_END)
+    throw std::runtime_error(path + " is no valid xz file (liblzma error " + std::to_string(r) + ")");
+  return text;
+}
+
+/// The name tables show for a trace file: "gpt.csv" for bench/traces/gpt.csv.xz.
+inline std::string trace_name(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  return name.ends_with(".xz") ? name.substr(0, name.size() - 3) : name;
+}
+
+/// The steps of a trace file (.csv or .csv.xz), in order. Throws std::runtime_error if the file
+/// cannot be read.
 inline std::vector<trace_step> read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path);
+  std::istringstream in(read_text(path));
   std::string line;
   std::getline(in, line);  // header
   std::vector<trace_step> steps;
