@@ -1,14 +1,15 @@
 // The captured training-step traces (bench/traces/*.csv.xz: step,event,index,bytes), read into steps
 // of events, for the benchmarks that replay them (trace_replay, segment_bench). The traces are kept
-// xz-compressed (19x smaller than the text, 1.7x smaller than gzip) and read through liblzma, the
-// library xz itself is built on (Debian's liblzma-dev); a plain .csv (a fresh capture) reads too.
+// xz-compressed (19x smaller than the text, 1.7x smaller than gzip) and decompressed by the xz tool
+// (`xz -dc`), which every Debian and Ubuntu machine has (the GPU machines lack liblzma-dev); a
+// plain .csv (a fresh capture) reads too.
 #pragma once
 
-#include <lzma.h>
+#include <stdio.h>  // popen, pclose
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -26,29 +27,23 @@ struct trace_event {
 };
 using trace_step = std::vector<trace_event>;
 
-/// The text of `path`, decompressed when it ends in ".xz". Throws std::runtime_error if it cannot
-/// be read or is no valid xz file.
+/// The text of `path`, decompressed by `xz -dc` when it ends in ".xz". Throws std::runtime_error if
+/// it cannot be read or decompressed.
 inline std::string read_text(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw std::runtime_error("cannot read " + path);
-  const std::string raw{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  if (!path.ends_with(".xz")) return raw;
-  lzma_stream z = LZMA_STREAM_INIT;
-  if (lzma_stream_decoder(&z, UINT64_MAX, 0) != LZMA_OK) throw std::runtime_error("liblzma: no decoder");
+  if (!path.ends_with(".xz")) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw std::runtime_error("cannot read " + path);
+    return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  }
+  std::string quoted = "'";  // for the shell: every ' closed, escaped and reopened
+  for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  std::FILE* pipe = ::popen(("xz -dc -- " + quoted).c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("cannot run xz for " + path);
   std::string text;
   char chunk[1 << 16];
-  z.next_in = reinterpret_cast<const std::uint8_t*>(raw.data());
-  z.avail_in = raw.size();
-  lzma_ret r = LZMA_OK;
-  while (r == LZMA_OK) {
-    z.next_out = reinterpret_cast<std::uint8_t*>(chunk);
-    z.avail_out = sizeof chunk;
-    r = lzma_code(&z, LZMA_FINISH);
-    text.append(chunk, sizeof chunk - z.avail_out);
-  }
-  lzma_end(&z);
-  if (r != LZMA_STREAM_END)
-    throw std::runtime_error(path + " is no valid xz file (liblzma error " + std::to_string(r) + ")");
+  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) text.append(chunk, n);
+  if (::pclose(pipe) != 0) throw std::runtime_error("xz -dc could not decompress " + path);
   return text;
 }
 
