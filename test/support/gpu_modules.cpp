@@ -71,7 +71,8 @@ void* load_module(runtime r, int ordinal, std::string_view image) {
   device_guard guard(r, api, ordinal);
   void* module = nullptr;
   std::string details;
-  check(api, api.load(&module, ordinal, image, &details), api.load_call,
+  const status code = api.load(&module, ordinal, image, &details);  // before `details` is formatted
+  check(api, code, api.load_call,
         fmt::format("device {}, {} B image{}{}", ordinal, image.size(), details.empty() ? "" : "; ", details));
   return module;
 }
