@@ -283,9 +283,9 @@ class cache_state : public ref_counted<cache_state> {
   /// other slots'), where they coalesce. Returns how many. Takes mutex_.
   std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
 
-  /// For tests: checks every segment heap (segment_heap::check) and that the bytes of pieces
-  /// the heaps have out equal the bytes of this cache's blocks that are pieces, live and idle.
-  /// Throws std::logic_error naming the first violation.
+  /// For tests (defined in test/support/cache_check.cpp, not in the library): checks every segment heap
+  /// (segment_heap::check) and that the bytes of pieces the heaps have out equal the bytes of this cache's blocks that
+  /// are pieces, live and idle. Throws std::logic_error naming the first violation.
   void check_segments() const;
 
  private:

@@ -185,16 +185,6 @@ void segment_source::add_counters(cache_stats& out) const {
   out.segment_trimmed_bytes = events.trimmed_bytes;
 }
 
-void segment_source::check(std::size_t& used_bytes, std::size_t& pieces_out) const {
-  for (const auto& h : heaps_) {
-    std::lock_guard lock(h->mutex);
-    h->heap.check();
-    const segment_heap_stats st = h->heap.stats();
-    used_bytes += st.used_bytes;
-    pieces_out += st.pieces_out;
-  }
-}
-
 // ---- a miss -------------------------------------------------------------------------------
 
 block* segment_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,

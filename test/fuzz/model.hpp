@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <refpool/stats.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "plan_model.hpp"
 #include "tracking_resource.hpp"

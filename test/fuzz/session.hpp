@@ -28,7 +28,7 @@
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "harness.hpp"
 #include "model.hpp"

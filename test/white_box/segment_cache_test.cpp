@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"
