@@ -218,8 +218,9 @@ typedef struct refpool_scope_options {
   /// warm-up allocations are never kept.
   size_t uncached_warmup_entries;
   /// NULL or "": a plain scope. Otherwise a planned scope under this key (docs/design.md,
-  /// "Planned scopes"): the first run records its requests, later runs with the same sequence get
-  /// regions of one arena. The text is copied.
+  /// "Planned scopes"): a run with no plan for its sequence is served by the plain cache and
+  /// records its requests; when a recorded sequence repeats, its plan (one arena) is made, and
+  /// later runs with that sequence get regions of the arena. The text is copied.
   const char* plan;
 } refpool_scope_options;
 
