@@ -66,8 +66,7 @@ class atomic_counters {
   std::int64_t add(int k, int c, std::int64_t delta) {
     const std::int64_t now = current_[k][c].fetch_add(delta, std::memory_order_relaxed) + delta;
     std::int64_t seen = peak_[k][c].load(std::memory_order_relaxed);
-    while (now > seen && !peak_[k][c].compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-    }
+    while (now > seen && !peak_[k][c].compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
     return now;
   }
   std::int64_t change(std::size_t size, int sign) {
@@ -190,8 +189,8 @@ int main(int argc, char** argv) {
   std::size_t pairs = 0;
   std::string variant = "atomic";
   app.add_option("--json", json_path, "where to write the JSON rows");
-  app.add_option("--threads", max_threads, "up to this many threads share one device's counters")->check(
-      CLI::Range(1, 64));
+  app.add_option("--threads", max_threads, "up to this many threads share one device's counters")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--instructions", instructions, "also count instructions per request under callgrind (valgrind)");
   app.add_option("--pairs", pairs, "only count this many requests of --variant (for callgrind)");
   app.add_option("--variant", variant, "mutex or atomic")->check(CLI::IsMember({"mutex", "atomic"}));
@@ -209,7 +208,10 @@ int main(int argc, char** argv) {
     const double atomic = ns_per_request<atomic_counters>(threads, sizes);
     fmt::print("{:<28} {:>8} {:>14.1f} {:>14.1f} {:>8.2f}\n", "time per request", threads, mutex, atomic,
                atomic / mutex);
-    rows.add(json{{"measure", "ns per request"}, {"threads", threads}, {"mutex", mutex}, {"atomic", atomic},
+    rows.add(json{{"measure", "ns per request"},
+                  {"threads", threads},
+                  {"mutex", mutex},
+                  {"atomic", atomic},
                   {"atomic_over_mutex", atomic / mutex}});
   }
   if (instructions) {
@@ -217,8 +219,11 @@ int main(int argc, char** argv) {
     const double atomic = instructions_per_request(argv[0], "atomic", 100000);
     fmt::print("{:<28} {:>8} {:>14.1f} {:>14.1f} {:>8.2f}\n", "instructions per request", 1, mutex, atomic,
                atomic / mutex);
-    rows.add(json{{"measure", "instructions per request (callgrind)"}, {"threads", 1}, {"mutex", mutex},
-                  {"atomic", atomic}, {"atomic_over_mutex", atomic / mutex}});
+    rows.add(json{{"measure", "instructions per request (callgrind)"},
+                  {"threads", 1},
+                  {"mutex", mutex},
+                  {"atomic", atomic},
+                  {"atomic_over_mutex", atomic / mutex}});
   }
   if (!rows.write(json_path)) {
     fmt::print(stderr, "cannot write {}\n", json_path);

@@ -17,38 +17,12 @@ start=$SECONDS
 total=${TOTAL:-450}
 out=${OUT:-h200-out}; mkdir -p "$out"
 build=${BUILD_DIR:-/tmp/b}
-# shellcheck source=/dev/null
-[ -f .device-deps/setup.sh ] && source .device-deps/setup.sh
-export PYTHONUNBUFFERED=1 REFPOOL_TORCH_HOOKS_DIR=${REFPOOL_TORCH_HOOKS_DIR:-/tmp/refpool-hooks}
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "no nvidia-smi"
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1 | tail -1
-  git log -1 --format='commit %H %s' 2>/dev/null; cat COMMIT 2>/dev/null; } | tee "$out/machine.txt"
-
-reconfigure=(); [ -d "$build/meson-private" ] && reconfigure=(--reconfigure)
-if [ -n "${REFPOOL_LIBRARY:-}" ] && [ -f "$REFPOOL_LIBRARY" ]; then  # given (carried, or built already)
-  REFPOOL_LIBRARY=$(readlink -f "$REFPOOL_LIBRARY"); export REFPOOL_LIBRARY
-  echo "librefpool given: $REFPOOL_LIBRARY" >"$out/build-lib.txt" &
-else
-  export REFPOOL_LIBRARY=$build/python/librefpool.so
-  ( timeout 300 meson setup "${reconfigure[@]}" "$build" --buildtype=release -Db_ndebug=true -Dtests=disabled \
-      -Dbenchmarks=disabled -Ddemo=disabled && timeout 300 ninja -C "$build" python/librefpool.so ) \
-    >"$out/build-lib.txt" 2>&1 &
-fi
-lib_job=$!
-timeout 300 python3 bench/h200/torch_build.py --status "$out/build-status.txt" >"$out/build-hooks.txt" 2>&1 &
-hooks_job=$!
-wait $lib_job; lib_rc=$?
-wait $hooks_job; hooks_rc=$?
-echo "== builds done at $((SECONDS - start)) s (librefpool: exit $lib_rc, hooks: exit $hooks_rc)"
-cat "$out/build-hooks.txt"
+# shellcheck source=bench/h200/torch_build.sh
+source bench/h200/torch_build.sh
 could_not=()
 if [ "$lib_rc" -ne 0 ]; then
-  echo "== librefpool did NOT build; first errors:"
-  grep -m 12 -E "error|Error|FAILED" "$out/build-lib.txt" || tail -12 "$out/build-lib.txt"
   could_not+=("everything that uses refpool: librefpool did not build")
 elif [ "$hooks_rc" -ne 0 ]; then
-  echo "== refpool's PyTorch hooks did NOT build (errors above): what needs install() fails with that error"
   could_not+=("the benchmark's refpool mode and the tests that install() refpool: the hooks did not build")
 fi
 

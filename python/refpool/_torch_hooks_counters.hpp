@@ -35,9 +35,9 @@ class alignas(64) device_counters {  // a line of its own: devices' threads do n
   static constexpr std::size_t block_granule = 512;                // PyTorch's kMinBlockSize (allocated_bytes)
 
   /// A request of `size` bytes was served. Returns allocated_bytes.all.current after it.
-  std::int64_t on_alloc(std::size_t size) noexcept { return change(size, +1); }
+  std::int64_t on_alloc(std::size_t size) noexcept { return change<true>(size); }
   /// A request of `size` bytes that on_alloc counted was freed. Returns allocated_bytes.all.current after it.
-  std::int64_t on_free(std::size_t size) noexcept { return change(size, -1); }
+  std::int64_t on_free(std::size_t size) noexcept { return change<false>(size); }
 
   /// A request that could not be served (num_ooms). Returns allocated_bytes.all.current.
   std::int64_t on_oom() noexcept {
@@ -78,23 +78,29 @@ class alignas(64) device_counters {  // a line of its own: devices' threads do n
     std::int64_t value[fields] = {};
   };
 
-  std::int64_t change(std::size_t size, int sign) noexcept {
+  template <bool alloc>
+  static void apply(stat& s, std::int64_t amount) noexcept {
+    if constexpr (alloc) {
+      s.value[current] += amount;
+      s.value[allocated] += amount;
+      if (s.value[current] > s.value[peak]) s.value[peak] = s.value[current];
+    } else {
+      s.value[current] -= amount;
+      s.value[freed] += amount;
+    }
+  }
+
+  template <bool alloc>
+  std::int64_t change(std::size_t size) noexcept {
     const int pool = size <= small_size ? small_pool : large_pool;
     const auto block = static_cast<std::int64_t>((size + block_granule - 1) / block_granule * block_granule);
-    const std::int64_t amounts[kinds] = {1, block, static_cast<std::int64_t>(size)};
+    const auto requested = static_cast<std::int64_t>(size);
     std::lock_guard lock(mutex_);
-    for (int k = 0; k < kinds; ++k)
-      for (const int c : {int{all_classes}, pool}) {
-        std::int64_t* v = stats_[k][c].value;
-        if (sign > 0) {
-          v[current] += amounts[k];
-          v[allocated] += amounts[k];
-          if (v[current] > v[peak]) v[peak] = v[current];
-        } else {
-          v[current] -= amounts[k];
-          v[freed] += amounts[k];
-        }
-      }
+    for (const int c : {int{all_classes}, pool}) {
+      apply<alloc>(stats_[allocation][c], 1);
+      apply<alloc>(stats_[allocated_bytes][c], block);
+      apply<alloc>(stats_[requested_bytes][c], requested);
+    }
     return stats_[allocated_bytes][all_classes].value[current];
   }
 
