@@ -2,7 +2,8 @@
 one allocator mode, unchanged.
 
 - REFPOOL_PTESTS_MODE=refpool: refpool.torch.install() before the test files are imported (they
-  initialise CUDA at import), in every pytest process (with pytest-xdist, in each worker).
+  initialise CUDA at import), in every pytest process (with pytest-xdist, in each worker);
+  REFPOOL_PTESTS_HOOKS=0: install(hooks=False), for a run whose hooks did not build.
 - Import shims: the test files may be newer than the installed PyTorch. A name they import from
   torch.* that this PyTorch lacks is given a stand-in (False for flags, () for architecture lists,
   else a decorator that skips the test saying which name is missing), and a missing `expecttest`
@@ -21,7 +22,7 @@ import sys
 import types
 import unittest
 
-MODE_ENV, RESULTS_ENV = "REFPOOL_PTESTS_MODE", "REFPOOL_PTESTS_RESULTS"
+MODE_ENV, RESULTS_ENV, HOOKS_ENV = "REFPOOL_PTESTS_MODE", "REFPOOL_PTESTS_RESULTS", "REFPOOL_PTESTS_HOOKS"
 FLAG_PREFIXES = ("TEST_", "IS_", "HAS_", "PLATFORM_SUPPORTS_", "SM")
 
 
@@ -30,7 +31,7 @@ def pytest_configure(config):
         return  # pytest-xdist's controller: its workers import the tests
     if os.environ.get(MODE_ENV) == "refpool":  # first: PyTorch's test helpers initialise CUDA on import
         import refpool.torch
-        refpool.torch.install()
+        refpool.torch.install(hooks=os.environ.get(HOOKS_ENV, "1") != "0")
     _shim_expecttest()
     for path in config.args:
         if path.split("::")[0].endswith(".py") and os.path.isfile(path.split("::")[0]):
@@ -54,7 +55,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_report_header(config):
-    return f"allocator mode: {os.environ.get(MODE_ENV, 'torch')}"
+    hooks = "" if os.environ.get(HOOKS_ENV, "1") != "0" else " (install(hooks=False))"
+    return f"allocator mode: {os.environ.get(MODE_ENV, 'torch')}{hooks}"
 
 
 def pytest_runtest_logreport(report):

@@ -9,7 +9,11 @@ test crashes it. The time budget is shared out as the runs go; what a run could 
 run". Prints a table of the differences (test, PyTorch's result, refpool's, the first line of the
 failure) and the counts, and writes <out>/torch_tests.json and <out>/torch_tests.md.
 
-    python3 bench/h200/torch_tests.py --tests .ptests --out OUT [--budget 330] [-k FILTER] [--files F,...]"""
+    python3 bench/h200/torch_tests.py --tests .ptests --out OUT [--budget 330] [-k FILTER] [--files F,...]
+        [--modes torch,refpool] [--note TEXT]
+
+With one mode only (refpool's could not run), the table lists that mode's results that are not
+passes, and --note says why the other did not run."""
 import argparse
 import collections
 import json
@@ -33,6 +37,7 @@ def parse_args(argv=None):
     parser.add_argument("-k", dest="filter", default=None, help="pytest -k expression")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--files", default=",".join(name for name, _ in FILES), help="test files to run, in order")
+    parser.add_argument("--note", default="", help="what the table's reader must know (a mode that could not run)")
     return parser.parse_args(argv)
 
 
@@ -97,7 +102,11 @@ def run_pytest(test_file, mode, out, seconds, args, xdist, timeouts):
             subprocess.run(command, env=env, stdout=output, stderr=subprocess.STDOUT, timeout=max(seconds, 1))
         except subprocess.TimeoutExpired:
             output.write(f"\n== stopped: the run's {seconds:.0f} s of the budget were spent\n")
-    return read_results(results), time.monotonic() - start, log
+    found = read_results(results)
+    if not found:  # pytest did not start, or collected nothing: what it said
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-6:]
+        print(f"{test_file.name} with {mode}: no test results; the log ends:\n    " + "\n    ".join(tail), flush=True)
+    return found, time.monotonic() - start, log
 
 
 def differences(by_mode):
@@ -118,8 +127,9 @@ def counts(results):
     return dict(collections.Counter(r["result"] for r in results.values()))
 
 
-def markdown(rows, by_mode, seconds):
-    lines = ["| test | PyTorch's allocator | refpool | first line of the failure |", "|---|---|---|---|"]
+def markdown(rows, by_mode, seconds, note=""):
+    lines = [f"**{note}**", ""] if note else []
+    lines += ["| test | PyTorch's allocator | refpool | first line of the failure |", "|---|---|---|---|"]
     for row in rows:
         failure = row["failure"].replace("|", "\\|")
         lines.append(f"| `{row['test']}` | {row['torch']} | {row['refpool']} | {failure} |")
@@ -128,6 +138,14 @@ def markdown(rows, by_mode, seconds):
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts(results).items()))
         lines.append(f"- {mode}: {len(results)} tests ({summary}) in {seconds.get(mode, 0):.0f} s")
     return "\n".join(lines) + "\n"
+
+
+def not_passing(results, mode):
+    """Rows for one mode's results that are not passes (the table when the other mode did not run)."""
+    return [{"test": nodeid.split("::", 1)[-1], "file": nodeid.split("::", 1)[0],
+             "torch": r["result"] if mode == "torch" else "not run",
+             "refpool": r["result"] if mode == "refpool" else "not run", "failure": r["message"]}
+            for nodeid, r in sorted(results.items()) if r["result"] not in ("passed", "skipped")]
 
 
 def main(argv=None):
@@ -152,13 +170,22 @@ def main(argv=None):
         by_mode[mode].update(results)
         print(f"{test_file.name} with {mode}: {len(results)} tests in {took:.0f} s ({counts(results)}); log {log}",
               flush=True)
-    rows = differences(by_mode)
-    table = markdown(rows, by_mode, seconds)
-    print(f"\n{len(rows)} tests differ between PyTorch's allocator and refpool:\n")
+    silent = [mode for mode in modes if not by_mode[mode]]
+    if silent:  # pytest could not start in that mode: every test of it reads "not run"
+        args.note = "; ".join(filter(None, [args.note, f"{', '.join(silent)} mode gave no test results "
+                                            "(its pytest log says why)"]))
+    if len(modes) == 2:
+        rows = differences(by_mode)
+        print(f"\n{len(rows)} tests differ between PyTorch's allocator and refpool:\n")
+    else:
+        rows = not_passing(by_mode[modes[0]], modes[0])
+        print(f"\nOnly {modes[0]}'s mode ran; its {len(rows)} tests that did not pass or skip:\n")
+    table = markdown(rows, by_mode, seconds, args.note)
     print(table)
     report = {"modes": {m: {"seconds": round(seconds[m], 1), "counts": counts(r), "results": r}
                         for m, r in by_mode.items()},
-              "differences": rows, "budget": args.budget, "xdist": xdist, "tests": str(args.tests)}
+              "differences": rows, "budget": args.budget, "xdist": xdist, "tests": str(args.tests),
+              "note": args.note, "refpool_hooks": os.environ.get("REFPOOL_PTESTS_HOOKS", "1") != "0"}
     try:
         import torch
         report["torch"] = torch.__version__

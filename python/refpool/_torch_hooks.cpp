@@ -8,8 +8,12 @@
 // once (refpool_torch_hooks_bind), so this library links nothing of refpool and uses the very
 // librefpool the refpool package loaded. Beside the hooks, the library keeps what PyTorch's
 // allocator would report and the pluggable interface cannot ask refpool: per-device statistics
-// (_torch_hooks_stats.cpp) and the requests private pools served (_torch_hooks_pools.cpp).
+// (_torch_hooks_stats.cpp, _torch_hooks_counters.cpp) and the requests private pools served
+// (_torch_hooks_pools.cpp). Every PyTorch declaration used here, with its file and line, is in
+// docs/frameworks.md ("How the hooks are built"); c10::cuda::MempoolId_t is c10::MempoolId_t in newer
+// PyTorch, kept in namespace c10::cuda by CUDACachingAllocator.h, included first for that.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,7 @@
 // What the files of refpool's PyTorch hooks library share (_torch_hooks.cpp, _torch_hooks_stats.cpp,
-// _torch_hooks_pools.cpp). Compiled at run time against the PyTorch in use, like them; never part of
-// refpool's build (refpool/_torch_hooks.py, docs/frameworks.md "How the hooks are built").
+// _torch_hooks_counters.cpp, _torch_hooks_pools.cpp). Compiled at run time against the PyTorch in
+// use, like them; never part of refpool's build (refpool/_torch_hooks.py, docs/frameworks.md "How
+// the hooks are built"). Torch-free: it includes no PyTorch header.
 #pragma once
 
 #include <cstddef>
@@ -26,10 +27,17 @@ struct tracker {
 };
 const tracker* current_tracker();
 
-// PyTorch's per-device counters (_torch_hooks_stats.cpp), and PyTorch's profiler while it records memory.
+// The per-device counters and memory fractions (_torch_hooks_counters.cpp, torch-free): null and
+// 1.0 for a device out of range.
+class device_counters;
+device_counters* counters_of(int device);
+void remember_memory_fraction(int device, double fraction);
+double memory_fraction(int device);
+
+// A request served or freed: counted, and shown to PyTorch's profiler while it records memory
+// (_torch_hooks_stats.cpp).
 void count_alloc(void* ptr, int device, std::size_t size);
 void count_free(void* ptr, int device, std::size_t size);
-void remember_memory_fraction(int device, double fraction);
 // A request refpool could not serve: counts it (num_ooms), shows it to the tracker and to PyTorch's
 // out-of-memory observers (device, bytes, the device's cap: its memory fraction of the total or the
 // total, its free bytes), and returns the start of PyTorch's message ("CUDA out of memory. Tried to

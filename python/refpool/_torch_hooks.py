@@ -7,7 +7,9 @@ PyTorch to build. So they are compiled here, at first use, with torch.utils.cpp_
 compiler and ninja needed), into a folder named after the sources' and PyTorch's versions: later
 processes load the library without compiling. $REFPOOL_TORCH_HOOKS_DIR chooses the parent folder
 (default ~/.cache/refpool). The history library is built the same way when memory history is first
-recorded; where it cannot be built, only history is lost. docs/frameworks.md, "How the hooks are built"."""
+recorded; where it cannot be built, only history is lost. A build that failed says why (the
+compiler's first errors; all of them in the build folder's build-failed.log) and is not tried again
+until that folder is removed. docs/frameworks.md, "How the hooks are built"."""
 import ctypes
 import hashlib
 import os
@@ -21,11 +23,19 @@ from .errors import FrameworkError
 
 NAME = "refpool_torch_hooks"
 HERE = Path(__file__).parent
-SOURCES = [HERE / name for name in ("_torch_hooks.cpp", "_torch_hooks_stats.cpp", "_torch_hooks_pools.cpp")]
-HEADERS = [HERE / "_torch_hooks.hpp"]
+SOURCES = [HERE / name for name in ("_torch_hooks.cpp", "_torch_hooks_stats.cpp", "_torch_hooks_counters.cpp",
+                                    "_torch_hooks_pools.cpp")]
+HEADERS = [HERE / "_torch_hooks.hpp", HERE / "_torch_hooks_counters.hpp"]
 HISTORY_NAME = "refpool_torch_history"
 HISTORY_SOURCES = [HERE / "_torch_history.cpp"]
 DIR_ENV = "REFPOOL_TORCH_HOOKS_DIR"
+# Built without PyTorch's CUDAPluggableAllocator.h where that header does not compile outside
+# PyTorch (only compile-time checks of the hook types use it): a library of its own name, since
+# torch.utils.cpp_extension renames a library rebuilt in one process with other flags (name_v1.so).
+FALLBACK = ("_portable", ["-DREFPOOL_NO_PLUGGABLE_HEADER"])
+# The compiler's lines a build error shows; all of them go to FAILED_LOG in the build folder.
+ERROR_LINES = 12
+FAILED_LOG = "build-failed.log"
 
 # librefpool's functions the hooks call, in the order of _torch_hooks.cpp's refpool_api struct.
 IMPORTS = ("refpool_allocator_alloc", "refpool_free", "refpool_last_error",
@@ -88,7 +98,7 @@ def load(torch):
     global _loaded
     with _lock:
         if _loaded is None:
-            path = _built(torch, NAME, SOURCES, SOURCES + HEADERS, retry_without_pluggable_header=True)
+            path = build(torch)
             hooks = _declare(ctypes.CDLL(str(path)), HOOK_SIGNATURES)
             _bind(hooks)
             _loaded = (path, hooks)
@@ -107,7 +117,7 @@ def load_history(torch):
     with _lock:
         if _history is None and _history_error is None:
             try:
-                path = _built(torch, HISTORY_NAME, HISTORY_SOURCES, HISTORY_SOURCES + HEADERS)
+                path = build_history(torch)
                 _history = _declare(ctypes.CDLL(str(path)), HISTORY_SIGNATURES)
             except (FrameworkError, OSError) as e:
                 _history_error = str(e)
@@ -119,40 +129,93 @@ def history_error():
     return _history_error
 
 
-def _built(torch, name, sources, keyed, retry_without_pluggable_header=False):
+def build(torch):
+    """The hooks library's path, compiled if needed, neither loaded nor bound (librefpool is not
+    needed: bench/h200 builds it while librefpool builds). Raises FrameworkError as load()."""
+    return _built(torch, NAME, SOURCES, SOURCES + HEADERS, fallback=FALLBACK)
+
+
+def build_history(torch):
+    """The memory-history library's path, compiled if needed, not loaded. Raises FrameworkError."""
+    return _built(torch, HISTORY_NAME, HISTORY_SOURCES, HISTORY_SOURCES + HEADERS)
+
+
+def _built(torch, name, sources, keyed, fallback=None):
+    """The library's path in its build folder, compiled there first if needed. A build that failed
+    is not tried again by later processes (each would spend the compiler's time to fail the same
+    way): its errors are raised again until the folder is removed."""
     folder = build_directory(torch, name, keyed)
-    path = folder / f"{name}.so"
-    if path.is_file():
-        return path
+    attempts = [(name, [])] + ([(name + fallback[0], fallback[1])] if fallback else [])
+    for library, _ in attempts:
+        if (folder / f"{library}.so").is_file():
+            return folder / f"{library}.so"
+    failed = folder / FAILED_LOG
+    if failed.is_file():
+        raise _build_error(torch, name, folder, failed.read_text(errors="replace"), earlier=True)
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        _compile(name, sources, folder, [])
-    except Exception as first:  # noqa: BLE001 (compiler missing, ninja missing, headers missing: all said below)
-        if not retry_without_pluggable_header:
-            raise _build_error(torch, name, folder, first) from None
-        # Without PyTorch's CUDAPluggableAllocator.h (only compile-time checks of the hook types use it).
-        warnings.warn(f"refpool.torch: building the PyTorch hooks with CUDAPluggableAllocator.h failed ({first}); "
-                      "retrying without it")
+    outputs = []
+    for i, (library, flags) in enumerate(attempts):
         try:
-            _compile(name, sources, folder, ["-DREFPOOL_NO_PLUGGABLE_HEADER"])
-        except Exception as e:  # noqa: BLE001
-            raise _build_error(torch, name, folder, e) from None
-    if not path.is_file():
-        raise FrameworkError(f"refpool.torch: building {name} left no {path}")
-    return path
+            path = Path(_compile(library, sources, folder, flags))
+        except Exception as e:  # noqa: BLE001 (compiler missing, ninja missing, headers missing: all said below)
+            outputs.append(f"== {library} {' '.join(flags)}: {type(e).__name__}\n{e}")
+            if i + 1 < len(attempts):
+                warnings.warn(f"{_build_error(torch, library, folder, str(e))}; retrying with "
+                              f"{' '.join(attempts[i + 1][1])}")
+            continue
+        if not path.is_file():
+            raise FrameworkError(f"refpool.torch: building {library} left no {path}")
+        return path
+    text = "\n".join(outputs)
+    try:
+        failed.write_text(text)
+    except OSError:
+        pass
+    raise _build_error(torch, name, folder, text) from None
 
 
 def _compile(name, sources, folder, flags):
+    """Builds library `name` in `folder`; returns its path. No device query: cpp_extension asks the
+    GPU for its architecture (which initialises CUDA, after which PyTorch refuses to swap its
+    allocator) unless TORCH_CUDA_ARCH_LIST names one; these sources have no CUDA kernels, so any
+    architecture does."""
     from torch.utils import cpp_extension
-    cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(folder), with_cuda=True,
-                       is_python_module=False, extra_cflags=["-O2", *flags], verbose=False)
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+    try:
+        built = cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(folder),
+                                   with_cuda=True, is_python_module=False, extra_cflags=["-O2", *flags], verbose=False)
+        return built if isinstance(built, str) else folder / f"{name}.so"  # the path it built, renamed or not
+    finally:
+        if arch is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch
 
 
-def _build_error(torch, name, folder, e):
+def compiler_errors(text, limit=ERROR_LINES):
+    """The first `limit` lines of a failed build's output that say what went wrong: the compiler's
+    errors with the source line and caret that follow each, undefined references, and ninja's
+    FAILED lines (not the long command lines); the first lines of `text` if it has none."""
+    lines = text.splitlines()
+    picked = {}  # line number -> line, in order
+    for i, line in enumerate(lines):
+        if "error:" in line or "undefined reference" in line or line.startswith("FAILED:"):
+            for j in range(i, min(i + 3, len(lines)) if "error:" in line else i + 1):
+                picked.setdefault(j, lines[j][:300])
+    shown = list(picked.values()) or [line[:300] for line in lines if line.strip()]
+    return "\n".join(shown[:limit])
+
+
+def _build_error(torch, name, folder, text, earlier=False):
+    log = folder / FAILED_LOG
+    when = "could not be built earlier" if earlier else "cannot be built"
     return FrameworkError(
-        f"refpool.torch: cannot build {name} against torch {torch.__version__} in {folder}: {e}. It needs a C++ "
-        "compiler, ninja and the CUDA headers; refpool.torch.install(hooks=False) runs without the hooks "
-        "(docs/frameworks.md says what is lost)")
+        f"refpool.torch: {name} {when} against torch {torch.__version__} in {folder}; the compiler said:\n"
+        f"{compiler_errors(text)}\n"
+        + (f"(all of it: {log}; remove {folder} to build again) " if log.is_file() else "")
+        + "It needs a C++ compiler, ninja and the CUDA headers; refpool.torch.install(hooks=False) runs without "
+        "the hooks (docs/frameworks.md says what is lost)")
 
 
 def _declare(library, signatures):

@@ -299,3 +299,228 @@ def test_without_hooks_install_replaces_empty_cache_and_refuses_what_is_lost():
     with pytest.raises(FrameworkError, match="wait_stream"):
         torch.Tensor.record_stream(None, None)
     assert "OutOfMemoryError" in _torch_stats.LOST_FEATURES["out_of_memory"]
+
+
+# ---- the hooks' real counters, built on the host (they are torch-free) ----------------------------
+
+# Test-only entry points over the counters: count requests, and a thread race with a known peak.
+COUNTER_DRIVER = r"""
+#include "_torch_hooks_counters.cpp"  // the hooks' own file: one compiler run builds both
+
+#include <thread>
+#include <vector>
+
+extern "C" long long count_request(int device, unsigned long long size, int alloc) {
+  refpool_torch::device_counters* c = refpool_torch::counters_of(device);
+  return c == nullptr ? -1 : alloc != 0 ? c->on_alloc(size) : c->on_free(size);
+}
+extern "C" void count_oom(int device) { refpool_torch::counters_of(device)->on_oom(); }
+extern "C" void set_fraction(int device, double f) { refpool_torch::remember_memory_fraction(device, f); }
+
+// `threads` threads, `rounds` times: each makes `burst` requests of its own size (thread t: t+1
+// small blocks, or t+1 MiB and a byte, large, on odd rounds), all wait until every one has, then
+// free them, and wait again.
+extern "C" void race(int device, int threads, int rounds, int burst) {
+  std::atomic<int> arrived{0};
+  auto wait_for = [&](int target) { arrived.fetch_add(1); while (arrived.load() < target) std::this_thread::yield(); };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([=, &wait_for] {
+      for (int r = 0; r < rounds; ++r) {
+        const unsigned long long size = r % 2 == 0 ? 512ULL * (t + 1) : (1ULL << 20) * (t + 1) + 1;
+        for (int i = 0; i < burst; ++i) count_request(device, size, 1);
+        wait_for((2 * r + 1) * threads);
+        for (int i = 0; i < burst; ++i) count_request(device, size, 0);
+        wait_for((2 * r + 2) * threads);
+      }
+    });
+  for (auto& t : pool) t.join();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def counters(tmp_path_factory):
+    """_torch_hooks_counters.cpp with COUNTER_DRIVER built into a library, with the sanitizer this
+    process runs under (CI's ASan pass preloads it)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the hooks' counters with")
+    source_dir = Path(refpool.__file__).parent
+    folder = tmp_path_factory.mktemp("counters")
+    (folder / "driver.cpp").write_text(COUNTER_DRIVER)
+    preload = os.environ.get("LD_PRELOAD", "")
+    sanitize = (["-fsanitize=address,undefined"] if "libasan" in preload else
+                ["-fsanitize=thread"] if "libtsan" in preload else [])
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the compiler runs plain
+    subprocess.run([compiler, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", *sanitize, f"-I{source_dir}",
+                    str(folder / "driver.cpp"), "-o", str(folder / "counters.so")], check=True, env=env,
+                   capture_output=True)
+    from refpool import _torch_hooks
+    library = _torch_hooks._declare(ctypes.CDLL(str(folder / "counters.so")),
+                                    {name: _torch_hooks.HOOK_SIGNATURES[name] for name in (
+                                        "refpool_torch_hooks_stat_count", "refpool_torch_hooks_device_stats",
+                                        "refpool_torch_hooks_reset_peak_stats",
+                                        "refpool_torch_hooks_reset_accumulated_stats",
+                                        "refpool_torch_hooks_memory_fraction")})
+    library.count_request.restype, library.count_request.argtypes = ctypes.c_longlong, [
+        ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int]
+    library.count_oom.argtypes = [ctypes.c_int]
+    library.set_fraction.argtypes = [ctypes.c_int, ctypes.c_double]
+    library.race.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return library
+
+
+def counted(library, device):
+    return _torch_stats.hook_values_to_keys(_torch_stats.device_stat_values(library, device))
+
+
+def test_hook_counters_count_each_request_as_pytorchs_allocator_does(counters):
+    # PyTorch's rules: up to 1 MiB is the small pool, allocated bytes are 512-byte blocks.
+    small, large = 100, 3 * (1 << 20) + 1
+    assert counters.count_request(0, small, 1) == 512
+    assert counters.count_request(0, large, 1) == 512 + 3 * (1 << 20) + 512
+    assert counters.count_request(0, small, 0) == 3 * (1 << 20) + 512
+    keys = counted(counters, 0)
+    assert [keys[f"allocation.all.{f}"] for f in ("current", "peak", "allocated", "freed")] == [1, 2, 2, 1]
+    assert [keys[f"allocation.small_pool.{f}"] for f in ("current", "peak", "allocated", "freed")] == [0, 1, 1, 1]
+    assert [keys[f"allocation.large_pool.{f}"] for f in ("current", "peak", "allocated", "freed")] == [1, 1, 1, 0]
+    assert keys["allocated_bytes.all.peak"] == 512 + 3 * (1 << 20) + 512
+    assert keys["allocated_bytes.small_pool.freed"] == 512
+    assert [keys[f"requested_bytes.all.{f}"] for f in ("current", "peak", "allocated", "freed")] == [
+        large, small + large, small + large, small]
+    assert keys["active_bytes.large_pool.current"] == 3 * (1 << 20) + 512 and keys["num_ooms"] == 0
+
+    counters.count_oom(0)
+    counters.refpool_torch_hooks_reset_peak_stats(0)
+    keys = counted(counters, 0)
+    assert keys["num_ooms"] == 1 and keys["allocation.all.peak"] == 1
+    assert keys["allocated_bytes.small_pool.peak"] == 0
+    assert keys["allocated_bytes.all.allocated"] == 512 + 3 * (1 << 20) + 512
+
+    counters.refpool_torch_hooks_reset_accumulated_stats(0)
+    counters.count_request(0, large, 0)
+    keys = counted(counters, 0)
+    assert keys["num_ooms"] == 0 and keys["allocation.all.current"] == 0
+    assert keys["allocation.all.allocated"] == 0 and keys["allocation.all.freed"] == 1
+    assert keys["requested_bytes.large_pool.freed"] == large and keys["requested_bytes.large_pool.peak"] == large
+
+
+def test_hook_counters_are_exact_with_threads_racing(counters):
+    threads, rounds, burst = 4, 200, 64
+    counters.race(1, threads, rounds, burst)
+    keys = counted(counters, 1)
+    assert keys["allocation.all.current"] == 0 and keys["allocated_bytes.all.current"] == 0
+    assert keys["allocation.all.allocated"] == keys["allocation.all.freed"] == threads * rounds * burst
+    # All threads' requests are live together at each round's barrier, and never more.
+    assert keys["allocation.all.peak"] == keys["allocation.small_pool.peak"] == threads * burst
+    small = burst * sum(512 * (t + 1) for t in range(threads))
+    large_blocks = burst * sum((1 << 20) * (t + 1) + 512 for t in range(threads))
+    assert keys["allocated_bytes.small_pool.peak"] == small
+    assert keys["allocated_bytes.large_pool.peak"] == keys["allocated_bytes.all.peak"] == large_blocks
+    assert keys["requested_bytes.large_pool.peak"] == burst * sum((1 << 20) * (t + 1) + 1 for t in range(threads))
+    assert keys["requested_bytes.all.allocated"] == keys["requested_bytes.all.freed"]
+
+
+def test_hook_counters_memory_fraction_and_devices_out_of_range(counters):
+    assert counters.refpool_torch_hooks_memory_fraction(2) == 1.0
+    counters.set_fraction(2, 0.25)
+    assert counters.refpool_torch_hooks_memory_fraction(2) == 0.25
+    assert counters.refpool_torch_hooks_memory_fraction(64) == 1.0
+    assert counters.count_request(64, 512, 1) == -1 and counters.count_request(-1, 512, 1) == -1
+    with pytest.raises(ValueError, match="out of range"):
+        _torch_stats.device_stat_values(counters, 64)
+
+
+# ---- building the hooks: what a failed build says, and what is tried ------------------------------
+
+GCC_FAILURE = """Error building extension 'refpool_torch_hooks': [1/5] c++ -MMD -MF _torch_hooks.o.d \
+-DTORCH_EXTENSION_NAME=refpool_torch_hooks -isystem /site/torch/include -c /pkg/_torch_hooks.cpp -o _torch_hooks.o
+FAILED: _torch_hooks.o
+c++ -MMD -MF _torch_hooks.o.d -DTORCH_EXTENSION_NAME=refpool_torch_hooks -c /pkg/_torch_hooks.cpp -o _torch_hooks.o
+/pkg/_torch_hooks.cpp: In function 'void {anonymous}::fail(int, const char*)':
+/pkg/_torch_hooks.cpp:71:3: error: 'OutOfMemoryErrorX' is not a member of 'c10'
+   71 |   TORCH_CHECK_WITH(OutOfMemoryErrorX, status != refpool_error_out_of_memory, api.last_error());
+      |   ^~~~~~~~~~~~~~~~
+ninja: build stopped: subcommand failed.
+"""
+
+
+def test_compiler_errors_show_the_errors_not_the_command_lines():
+    from refpool._torch_hooks import compiler_errors
+    shown = compiler_errors(GCC_FAILURE)
+    assert "FAILED: _torch_hooks.o" in shown and "71:3: error: 'OutOfMemoryErrorX'" in shown
+    assert "TORCH_CHECK_WITH(OutOfMemoryErrorX" in shown and "-isystem" not in shown
+    assert compiler_errors("Ninja is required to load C++ extensions") == "Ninja is required to load C++ extensions"
+    assert len(compiler_errors("\n".join(f"x.cpp:{i}:1: error: e{i}" for i in range(40))).splitlines()) == 12
+
+
+class FailingCppExtension:
+    """torch.utils.cpp_extension's load, failing as a compiler would for the first `failures` calls,
+    then 'building' by writing the file it names (renamed as cpp_extension renames a rebuild)."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.calls = []
+
+    def load(self, name, sources, build_directory, extra_cflags, **options):
+        import os
+        self.calls.append((name, list(extra_cflags), os.environ.get("TORCH_CUDA_ARCH_LIST")))
+        if len(self.calls) <= self.failures:
+            raise RuntimeError(GCC_FAILURE)
+        path = f"{build_directory}/{name}_v1.so"
+        open(path, "w").close()
+        return path
+
+
+@pytest.fixture
+def fake_cpp_extension(monkeypatch, tmp_path):
+    import sys
+    monkeypatch.setenv("REFPOOL_TORCH_HOOKS_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+
+    def install(failures):
+        extension = FailingCppExtension(failures)
+        torch = types.ModuleType("torch")
+        torch.__version__, torch.version = "2.11.0+test", types.SimpleNamespace(cuda="13.0")
+        torch.utils = types.ModuleType("torch.utils")
+        torch.utils.cpp_extension = extension
+        for name, module in (("torch", torch), ("torch.utils", torch.utils),
+                             ("torch.utils.cpp_extension", extension)):
+            monkeypatch.setitem(sys.modules, name, module)
+        return torch, extension
+    return install
+
+
+def test_a_failed_build_says_what_the_compiler_said_and_is_not_compiled_again(fake_cpp_extension):
+    import os
+    from refpool import _torch_hooks
+    torch, extension = fake_cpp_extension(failures=2)
+    with pytest.warns(UserWarning, match="retrying with -DREFPOOL_NO_PLUGGABLE_HEADER"):
+        with pytest.raises(FrameworkError, match="(?s)cannot be built.*71:3: error: 'OutOfMemoryErrorX'") as first:
+            _torch_hooks.build(torch)
+    assert [(name, flags) for name, flags, _ in extension.calls] == [
+        ("refpool_torch_hooks", ["-O2"]),
+        ("refpool_torch_hooks_portable", ["-O2", "-DREFPOOL_NO_PLUGGABLE_HEADER"])]
+    # cpp_extension must not ask the GPU its architecture (that initialises CUDA): one is named.
+    assert {arch for _, _, arch in extension.calls} == {"9.0"} and "TORCH_CUDA_ARCH_LIST" not in os.environ
+    assert "build-failed.log" in str(first.value) and "-isystem" not in str(first.value)
+    with pytest.raises(FrameworkError, match="(?s)could not be built earlier.*OutOfMemoryErrorX"):
+        _torch_hooks.build(torch)
+    assert len(extension.calls) == 2
+
+
+def test_the_fallback_build_is_found_under_the_name_cpp_extension_gave_it(fake_cpp_extension, monkeypatch):
+    from refpool import _torch_hooks
+    torch, extension = fake_cpp_extension(failures=1)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    with pytest.warns(UserWarning, match="OutOfMemoryErrorX"):
+        path = _torch_hooks.build(torch)
+    assert path.name == "refpool_torch_hooks_portable_v1.so" and path.is_file()
+    assert extension.calls[-1][2] == "9.0"
+    import os
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0"  # the user's, back
