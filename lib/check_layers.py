@@ -88,7 +88,7 @@ PAIRINGS = {
 
 SOURCE = (".cpp", ".hpp", ".h", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(refpool/[^>]+)>)')
-CLASS = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:class|struct)\s+(?:REFPOOL_API\s+)?(\w+)\b[^;]*$")
+CLASS = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:class|struct)\s+(?:REFPOOL_API\s+|alignas\([^)]*\)\s+)?(\w+)\b[^;]*$")
 MEMBER = re.compile(r"^(?!\s|//|#|}|{)[^(=;]*?\b(\w+)::~?\w+\s*\(")
 
 
