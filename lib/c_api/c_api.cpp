@@ -1,7 +1,6 @@
 // The C API (include/refpool/refpool.h): errors, backends, caches, scopes, buffers. Cache
-// options are in cache_options_c.cpp; GPU
-// backends, streams, pointers, steps and stats by name are in c_api_more.cpp; the framework
-// allocator in framework_allocator.cpp.
+// options are in cache_options_c.cpp; GPU backends, streams, pointers, steps and stats by name are
+// in c_api_more.cpp; the framework allocator's entry points in framework_c.cpp.
 #include "c_api/cache_options_c.hpp"
 #include "c_api/sized_struct.hpp"
 #include "c_api/support.hpp"

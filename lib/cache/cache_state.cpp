@@ -1,7 +1,7 @@
 // The slow paths of a cache that concern its slots: holding other threads' slots, leases and
 // steps, releases from other threads and after the cache is gone, and its destruction. Misses are
 // in cache_misses.cpp, reclaim and limits in cache_reclaim.cpp, stats in cache_stats.cpp, the hit
-// path in hit_path.cpp.
+// path in hit_path.hpp and hit_path.cpp.
 #include "cache/cache_state.hpp"
 
 #include <algorithm>

@@ -47,7 +47,7 @@ void cache_state::check_segments() const {
     const std::size_t idle_before = idle_pieces;
     s->buckets.for_each([&](const bucket& bk) {
       if (bk.unused()) return;  // holds no block, so nothing holds its key's backend
-      const bool segmented = bk.key.backend->piece_unit(segments_) != 1;
+      const bool segmented = piece_unit(*bk.key.backend, segments_) != 1;
       if ((bk.pieces != nullptr) != segmented)
         fail(fmt::format("refpool: the bucket of {} B has the wrong piece list", bk.key.bytes));
       if (!segmented) return;

@@ -1,10 +1,12 @@
-#include "c_api/private_pools.hpp"
+#include "framework/private_pools.hpp"
 
 #include <algorithm>
 
-#include "c_api/support.hpp"
+#include <fmt/format.h>
 
-namespace refpool::c_api {
+#include <refpool/error.hpp>
+
+namespace refpool::detail {
 
 namespace {
 std::string name_of(private_pools::id pool) { return fmt::format("private pool ({}, {})", pool.first, pool.second); }
@@ -19,20 +21,18 @@ private_pools::~private_pools() {
   for (const active_route& r : active_) drop_context(r.drop, r.context);
 }
 
-void private_pools::begin(int device, id pool_id, refpool_stream_filter filter, void* context, void (*drop)(void*),
+void private_pools::begin(int device, id pool_id, stream_filter filter, void* context, void (*drop)(void*),
                           const cache_options& options, const backend_maker& make_backend) {
   try {
-    if (filter == nullptr)
-      fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_allocator_begin_pool: filter is NULL");
-    if (pool_id == id{0, 0})
-      fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_allocator_begin_pool: pool {0, 0} names no pool");
+    if (filter == nullptr) throw invalid_argument("refpool: refpool_allocator_begin_pool: filter is NULL");
+    if (pool_id == id{0, 0}) throw invalid_argument("refpool: refpool_allocator_begin_pool: pool {0, 0} names no pool");
     backend be = make_backend(device, pool_id);  // before the lock: it may load a driver
     std::lock_guard guard(mutex_);
     for (const active_route& r : active_)
       if (r.device == device && r.pool == pool_id)
-        fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_begin_pool: requests of device {} "
-                                                         "are already routed to {}",
-                                                         device, name_of(pool_id)));
+        throw invalid_argument(
+            fmt::format("refpool: refpool_allocator_begin_pool: requests of device {} are already routed to {}", device,
+                        name_of(pool_id)));
     active_.reserve(active_.size() + 1);  // nothing below throws once the pool exists
     auto found = pools_.find(pool_id);
     if (found == pools_.end()) {
@@ -60,9 +60,8 @@ void private_pools::end(int device, id pool_id) {
     auto it = std::find_if(active_.begin(), active_.end(),
                            [&](const active_route& r) { return r.device == device && r.pool == pool_id; });
     if (it == active_.end())
-      fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_end_pool: no requests of device {} "
-                                                       "are routed to {}",
-                                                       device, name_of(pool_id)));
+      throw invalid_argument(fmt::format(
+          "refpool: refpool_allocator_end_pool: no requests of device {} are routed to {}", device, name_of(pool_id)));
     ended = *it;
     active_.erase(it);
     routes_.fetch_sub(1, std::memory_order_release);
@@ -78,9 +77,9 @@ void private_pools::release(int device, id pool_id) {
     if (found == pools_.end()) return;
     for (const active_route& r : active_)
       if (r.pool == pool_id)
-        fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: refpool_allocator_release_pool: requests of device "
-                                                         "{} are still routed to {}",
-                                                         r.device, name_of(pool_id)));
+        throw invalid_argument(
+            fmt::format("refpool: refpool_allocator_release_pool: requests of device {} are still routed to {}",
+                        r.device, name_of(pool_id)));
     (void)device;  // PyTorch names the capture's device; the pool's uses span every device
     if (--found->second.uses > 0) return;
     last = std::move(found->second.cache);
@@ -112,4 +111,4 @@ std::shared_ptr<alloc_cache> private_pools::cache_of(id pool_id) {
   return found == pools_.end() ? nullptr : found->second.cache;
 }
 
-}  // namespace refpool::c_api
+}  // namespace refpool::detail

@@ -1,4 +1,4 @@
-#include "c_api/pool_resource.hpp"
+#include "framework/pool_resource.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include "byte_text.hpp"
 #include "cache/oom_text.hpp"
 
-namespace refpool::c_api {
+namespace refpool::detail {
 
 namespace {
 [[noreturn]] void pool_out_of_memory(std::string_view pool, std::size_t bytes, int device) {
@@ -15,7 +15,7 @@ namespace {
                                   "never reclaimed while graphs may replay into it). What to do: release the pools "
                                   "of graphs no longer replayed (refpool_allocator_release_pool), or call "
                                   "refpool_allocator_empty_cache to free the allocator's idle memory",
-                                  pool, refpool::detail::scaled_bytes(bytes), refpool::detail::memory_place(device)),
+                                  pool, scaled_bytes(bytes), memory_place(device)),
                       bytes, device);
 }
 }  // namespace
@@ -49,4 +49,4 @@ void* pool_resource::allocate(std::size_t bytes, stream_ref stream) {
   return ptr;
 }
 
-}  // namespace refpool::c_api
+}  // namespace refpool::detail

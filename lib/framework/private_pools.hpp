@@ -12,14 +12,15 @@
 #include <utility>
 #include <vector>
 
-#include <refpool/refpool.h>
-#include <refpool/refpool.hpp>
+#include <refpool/alloc_cache.hpp>
 
-namespace refpool::c_api {
+namespace refpool::detail {
 
 class private_pools {
  public:
   using id = std::pair<std::uint64_t, std::uint64_t>;
+  /// Whether a request on `stream` goes to the pool (nonzero): refpool_stream_filter.
+  using stream_filter = int (*)(void* context, void* stream);
   /// Makes a device's pool resource: its cache's backend (see pool_resource).
   using backend_maker = std::function<backend(int device, id pool)>;
 
@@ -29,12 +30,13 @@ class private_pools {
   ~private_pools();
 
   /// refpool_allocator_begin_pool. `options` and `make_backend` make the pool if it is new.
-  /// Takes `context` in every case (dropped when the route ends, or at once on failure).
-  void begin(int device, id pool, refpool_stream_filter filter, void* context, void (*drop)(void*),
+  /// Takes `context` in every case (dropped when the route ends, or at once on failure). Throws
+  /// invalid_argument for a null filter, pool {0, 0}, or a route to the pool already on `device`.
+  void begin(int device, id pool, stream_filter filter, void* context, void (*drop)(void*),
              const cache_options& options, const backend_maker& make_backend);
-  /// refpool_allocator_end_pool.
+  /// refpool_allocator_end_pool; invalid_argument if no such route is in force.
   void end(int device, id pool);
-  /// refpool_allocator_release_pool.
+  /// refpool_allocator_release_pool; invalid_argument while a route to the pool remains.
   void release(int device, id pool);
 
   /// True while a route is in force (relaxed: a request racing a begin may miss the new route,
@@ -61,7 +63,7 @@ class private_pools {
   struct active_route {
     int device;
     id pool;
-    refpool_stream_filter filter;
+    stream_filter filter;
     void* context;
     void (*drop)(void*);
   };
@@ -72,4 +74,4 @@ class private_pools {
   std::atomic<std::size_t> routes_{0};
 };
 
-}  // namespace refpool::c_api
+}  // namespace refpool::detail

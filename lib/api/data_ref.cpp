@@ -1,5 +1,5 @@
 // data_ref: what is not inline (assignments, source, streams, unsafe_free, the freed-handle error).
-// Where a block goes after its last handle is the release path in cache/hit_path.cpp.
+// Where a block goes after its last handle is the release path (allocate.cpp).
 #include <refpool/data_ref.hpp>
 #include <refpool/error.hpp>
 

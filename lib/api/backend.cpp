@@ -1,4 +1,4 @@
-// backend handles and their accounting, and the host backend.
+// backend handles (over backend_state, backend_state.cpp) and the host backend.
 #include <refpool/adaptors.hpp>
 #include <refpool/backend.hpp>
 #include <refpool/error.hpp>
@@ -6,47 +6,13 @@
 #include <utility>
 
 #include "backend_state.hpp"
-#include "segments/segment_options.hpp"
+#include "cache/piece_units.hpp"
 
 namespace refpool {
 
-namespace detail {
-
-backend_state::backend_state(std::shared_ptr<resource> res)
-    : resource_(std::move(res)),
-      device_(resource_->device()),
-      kind_(resource_->kind()),
-      alignment_(resource_->alignment()) {
-  // Decided once: the unit is part of every cache key of this backend (docs/design.md, "Segments").
-  // The cache's heaps use the default options; the heap's constructor asks the same rule.
-  const std::size_t unit = choose_piece_unit(alignment_, segment_heap_options{}).unit;
-  const bool segmentable = unit != 0;
-  const bool device_vm = kind_ == memory_kind::device && resource_->address_space() != nullptr;
-  piece_units_[static_cast<std::size_t>(segment_policy::off)] = 1;
-  piece_units_[static_cast<std::size_t>(segment_policy::on)] = segmentable ? unit : 1;
-  piece_units_[static_cast<std::size_t>(segment_policy::automatic)] = segmentable && device_vm ? unit : 1;
-}
-
-void* backend_state::allocate(std::size_t bytes, stream_ref stream) {
-  void* ptr = resource_->allocate(bytes, stream);
-  if (ptr != nullptr) {
-    outstanding_.fetch_add(bytes, std::memory_order_relaxed);
-    allocations_.fetch_add(1, std::memory_order_relaxed);
-  }
-  return ptr;
-}
-
-void backend_state::deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept {
-  resource_->deallocate(ptr, bytes, stream);
-  outstanding_.fetch_sub(bytes, std::memory_order_relaxed);
-  deallocations_.fetch_add(1, std::memory_order_relaxed);
-}
-
-}  // namespace detail
-
 backend::backend(std::shared_ptr<resource> res) {
   if (!res) throw invalid_argument("refpool: backend made from a null resource");
-  state_ = new detail::backend_state(std::move(res));
+  state_ = new detail::backend_state(std::move(res), detail::piece_units);
 }
 
 backend::backend(const backend& other) noexcept : state_(other.state_) {

@@ -12,7 +12,7 @@
 #include <refpool/resource.hpp>
 #include <refpool/virtual_memory.hpp>
 
-namespace refpool::c_api {
+namespace refpool::detail {
 
 class pool_resource final : public resource {
  public:
@@ -43,4 +43,4 @@ class pool_resource final : public resource {
   std::unique_ptr<virtual_memory> address_space_;
 };
 
-}  // namespace refpool::c_api
+}  // namespace refpool::detail
