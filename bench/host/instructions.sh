@@ -15,7 +15,7 @@ for t in "${traces[@]}"; do
     printf '%-12s %-8s' "$t" "$row"
     for b in "$@"; do
       out=$(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/dev/null \
-        "$b/bench/trace_replay" --only "$row" --iterations 12 "$here/bench/traces/$t.csv" 2>&1)
+        "$b/bench/trace_replay" --only "$row" --iterations 12 "$here/bench/traces/$t.csv.xz" 2>&1)
       ir=$(echo "$out" | awk '/Collected/ { print $4 }')
       requests=$(echo "$out" | awk -v t="$t.csv" '$1 == t { print $NF }')
       awk -v ir="$ir" -v n="$requests" 'BEGIN { printf " %14.1f", ir / n }'

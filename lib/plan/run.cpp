@@ -16,7 +16,7 @@ bool overlap(std::size_t a, std::size_t an, std::size_t b, std::size_t bn) noexc
 plan_run::plan_run(cache_state& cache, std::string_view key, bool shared)
     : cache_(cache), store_(plan_store::of(cache)), shared_(shared), thread_(shared ? nullptr : this_thread_token()) {
   key_ = store_.begin_run(key, this, candidates_, may_record_);
-  cache_.retain();  // releases of this run's blocks may come after the scope and the cache ended
+  cache_.retain();  // until its end (finish)
 }
 
 plan_run::~plan_run() {
@@ -24,9 +24,9 @@ plan_run::~plan_run() {
   if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
     store_.abandon_run(this);
     for (plan* p : candidates_) p->release();
+    if (first_backend_ != nullptr) first_backend_->release();
+    cache_.release();  // a finished run gave both back at its end
   }
-  if (first_backend_ != nullptr) first_backend_->release();
-  cache_.release();
 }
 
 // ---- serving requests ---------------------------------------------------------------------
@@ -348,6 +348,10 @@ void plan_run::finish() noexcept {
   // is served by the plain cache at once, not after them (issue 35: 10-23 s under ASan).
   store_.end_run(this, key_, out);
   for (plan* p : started_with) p->release();
+  // A thread may keep this router long after (cache_state::step_router): it keeps neither a
+  // backend nor the cache (a late request's caller holds the cache; its step or scope does now).
+  if (first_backend_ != nullptr) std::exchange(first_backend_, nullptr)->release();
+  cache_.release();
 }
 
 // Everything of the end that later requests could see: O(n) in the run's requests.
@@ -471,7 +475,8 @@ recording* plan_run::make_recording(std::uint64_t end, std::vector<lifetime> reg
     // A release read on another thread may lag: it is never before its own allocation.
     lifetimes[p].second = std::clamp<std::uint64_t>(lifetimes[p].second, p + 1, end + 1);
   }
-  return new recording{std::move(sequence), std::move(lifetimes)};
+  refpool::backend held = hold_backend(sequence);  // released if new throws
+  return new recording{std::move(sequence), std::move(lifetimes), std::move(held)};
 }
 
 }  // namespace refpool::detail
