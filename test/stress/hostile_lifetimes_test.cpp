@@ -29,11 +29,6 @@ using namespace refpool;
 
 namespace {
 
-int rounds(int by_default) {
-  const char* text = std::getenv("REFPOOL_HOSTILE_ROUNDS");
-  return text != nullptr && std::atoi(text) > 0 ? std::atoi(text) : by_default;
-}
-
 /// Runs `body` in a pthread key's destructor of a new thread that does nothing else: the
 /// thread's first call into refpool comes after its thread_local destructors ran. `argument`
 /// must not be null (a key's destructor runs only for a value).
@@ -74,4 +69,16 @@ TEST_CASE("hostile: a thread whose first request comes from a pthread key's dest
   const cache_stats stats = cache.stats();
   CHECK(stats.steals == 0);  // a slot still leased to the gone thread: the block is stolen from it
   CHECK(stats.live_blocks == 0);
+}
+
+TEST_CASE("hostile: a C API error from a pthread key's destructor keeps its message and leaks nothing",
+          "[hostile][teardown][c-api]") {
+  static std::string seen;
+  in_key_destructor_of_a_new_thread(
+      [](void*) {
+        int not_refpools = 0;
+        if (refpool_free(&not_refpools) == REFPOOL_ERROR_INVALID_ARGUMENT) seen = refpool_last_error();
+      },
+      &seen);
+  CHECK(seen.find("refpool") != std::string::npos);
 }
