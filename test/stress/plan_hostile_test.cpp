@@ -591,3 +591,68 @@ TEST_CASE("lending, in-place growth and the out-of-memory ladder's decommits on 
   }
   CHECK(limited->used() == 0);
 }
+
+// Two keys with one sequence share an arena, so their plans place every request at the same
+// address. A region of key a's plan was handed over once (the pointer table keeps a node for it
+// while the block lives); when key b's run hands over its region at that address, the node moves
+// to b's block: node_of writes the pointer field of a's region block. Key a's plan, dropped (stale)
+// and kept only by a run of key a on another thread (a candidate), is destroyed there when that run
+// ends: ~block reads the moved field with a relaxed load and frees the block with no happens-before
+// to the write (TSan: data race on operator delete[]; lib/cache/block.hpp ~block, lib/pointer_table.cpp
+// node_of). The threads signal each other with relaxed atomics only, so nothing else orders them.
+TEST_CASE("a region's pointer-table node moves to another plan's region while the first plan is destroyed",
+          "[plan][hostile][pointer]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  const auto run = [&](const char* key, bool hold, bool hand_over_pad) {
+    scope s(cache, {.plan = key});
+    const data_ref pad = allocate(be, 1024);
+    void* pad_at = pad.data();
+    if (hand_over_pad) {
+      data_ref copy = pad;
+      free_pointer(to_pointer(std::move(copy)));  // the pad's block gets a node, kept while it lives
+    }
+    data_ref a = allocate(be, 512);
+    if (!hold) a = {};
+    const data_ref b = allocate(be, 512);
+    return pad_at;  // held: `a` released after `b`, the plan is stale
+  };
+  {  // an arena of 8 KiB first: the plans below fit it, the stale run's re-recording too (no replacement)
+    for (int i = 0; i < 2; ++i) {
+      scope s(cache, {.plan = "big"});
+      const data_ref x = allocate(be, 8192);
+    }
+  }
+  for (int i = 0; i < 2; ++i) run("a", false, false);  // a plan of key a
+  for (int i = 0; i < 2; ++i) run("b", false, false);  // the same layout, in the same arena
+  void* const pad_of_a = run("a", false, true);        // a's pad region gets a node
+  std::atomic<int> began{0}, moved{0}, ended{0};
+  std::thread other([&] {
+    scope s(cache, {.plan = "a"});  // key a's plan is its candidate (retained) until its end
+    const data_ref x = allocate(be, 333);  // no plan starts so: recorded, no arena claimed
+    began.store(1, std::memory_order_release);
+    while (moved.load(std::memory_order_relaxed) == 0) std::this_thread::yield();
+    s.close();  // the dropped plan's last reference: its region blocks are deleted here
+    ended.store(1, std::memory_order_relaxed);
+  });
+  while (began.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+  run("a", true, false);  // stale: key a's plan is replaced; the other thread's run keeps it
+  REQUIRE(cache.stats().plan_evictions == 1);
+  REQUIRE(cache.stats().arena_replacements == 0);
+  bool same_address = false;
+  {
+    scope s(cache, {.plan = "b"});
+    data_ref pad = allocate(be, 1024);
+    same_address = pad.data() == pad_of_a;      // b's pad region, at a's pad region's address
+    void* handed = to_pointer(std::move(pad));  // the node moves from a's block to b's
+    moved.store(1, std::memory_order_relaxed);
+    while (ended.load(std::memory_order_relaxed) == 0) std::this_thread::yield();
+    free_pointer(handed);
+  }
+  other.join();
+  CHECK(same_address);
+  const auto stats = cache.stats();
+  CHECK(stats.live_bytes == 0);
+  CHECK(stats.plan_live_bytes == 0);
+  CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+}
