@@ -523,7 +523,7 @@ TEST_CASE("lending, in-place growth and the out-of-memory ladder's decommits on 
   constexpr std::size_t mib = std::size_t{1} << 20;
   const auto limited = std::make_shared<limiting_resource>(make_host_resource(), 320 * mib);
   const backend be(limited);
-  const int steps = rounds(300);
+  const int steps = rounds(150);
   std::atomic<int> broken{0}, refused{0}, ladders{0};
   {
     alloc_cache cache{cache_options{}};
@@ -655,4 +655,134 @@ TEST_CASE("a region's pointer-table node moves to another plan's region while th
   CHECK(stats.live_bytes == 0);
   CHECK(stats.plan_live_bytes == 0);
   CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+}
+
+// Backend errors and out of memory in arenas with virtual memory: a failing resource over the host
+// fails random calls (allocations, reservations, commits), as out of memory or as backend_error,
+// while key-less steps replay on this thread (their arenas commit again at each claim after the
+// ladder or a lending decommitted them) and planned scopes of another key replay on a second
+// thread. Callers see out_of_memory or backend_error; no buffer is handed out twice, nothing is lost.
+TEST_CASE("backend errors and out of memory on commits and reservations while arenas replay", "[plan][hostile][vm]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const auto failing = std::make_shared<failing_resource>(make_host_resource());
+  const backend be(failing);
+  const int steps = rounds(80);
+  std::atomic<int> broken{0}, refused{0};
+  {
+    alloc_cache cache{cache_options{}};
+    pointer_mailbox box;
+    pointer_freer freer(box, broken, 59);
+    std::atomic<bool> stop{false};
+    std::thread chaos([&] {
+      std::mt19937 rng(61);
+      while (!stop) {
+        const auto how = rng() % 2 == 0 ? failing_resource::failure::out_of_memory
+                                        : failing_resource::failure::backend_error;
+        failing->arm(1 + rng() % 12, 1 + rng() % 2, how);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      failing->disarm();
+    });
+    const auto request = [&](auto&& make, std::vector<held>& live) {
+      try {
+        live.push_back(stamp(make()));
+      } catch (const out_of_memory&) {
+        refused += 1;
+      } catch (const backend_error&) {
+        refused += 1;
+      }
+    };
+    std::thread scoper([&] {
+      std::mt19937 rng(67);
+      for (int i = 0; !stop; ++i) {
+        scope s(cache, {.plan = "scoped"});
+        std::vector<held> live;
+        for (int k = 0; k < 3; ++k)
+          request([&] { return allocate(be, (12 + 4 * static_cast<std::size_t>(i / 6 % 3)) * mib); }, live);
+        for (held& h : live) {
+          broken += h.intact() ? 0 : 1;
+          if (rng() % 8 == 0) box.put(std::move(h));
+        }
+      }
+    });
+    std::mt19937 rng(71);
+    for (int s = 0; s < steps; ++s) {
+      const unsigned sequence = rng() % 6 == 0 ? 3 + static_cast<unsigned>(s) : static_cast<unsigned>(s % 3);
+      const std::vector<std::size_t> sizes = sequence_sizes(sequence, 4, 2 * mib);
+      step st(cache);
+      std::vector<held> live;
+      for (std::size_t b : sizes) request([&] { return cache.allocate(be, b); }, live);
+      for (held& h : live) {
+        broken += h.intact() ? 0 : 1;
+        if (rng() % 6 == 0) box.put(std::move(h));
+      }
+    }
+    stop = true;
+    scoper.join();
+    chaos.join();
+    freer.finish();
+    const auto stats = cache.stats();
+    report("faults", stats);
+    CHECK(broken.load() == 0);
+    CHECK(refused.load() > 0);
+    CHECK(stats.live_bytes == 0);
+    CHECK(stats.plan_live_bytes == 0);
+    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+  }
+  CHECK(be.outstanding_bytes() == 0);
+}
+
+// Sequences with shared prefixes (a run switches plans where they part), 18 of them under one key
+// (more than plans_per_key: plans dropped while others' runs replay them), on three threads whose
+// runs of the key meet on its arena (busy; then an arena of its own). Regions of the plan a run
+// leaves stay live across the switch, some escape by pointer.
+TEST_CASE("runs switching between plans with shared prefixes while the plans are dropped", "[plan][hostile]") {
+  const backend be = make_host_backend();
+  constexpr int threads = 3;
+  const int iterations = rounds(250);
+  std::atomic<int> broken{0};
+  {
+    alloc_cache cache{cache_options{}};
+    pointer_mailbox box;
+    pointer_freer freer(box, broken, 73);
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::mt19937 rng(static_cast<unsigned>(t) + 79);
+        for (int i = 0; i < iterations; ++i) {
+          const unsigned sequence = static_cast<unsigned>(rng() % 18);
+          // A common prefix of 6, then one of 3 middles, then one of 6 tails.
+          std::vector<std::size_t> sizes = sequence_sizes(0, 6, 256);
+          for (std::size_t b : sequence_sizes(100 + sequence % 3, 4, 256)) sizes.push_back(b);
+          for (std::size_t b : sequence_sizes(200 + sequence, 3, 256)) sizes.push_back(b);
+          scope s(cache, {.plan = "prefixed"});
+          std::vector<held> live;
+          for (std::size_t k = 0; k < sizes.size(); ++k) {
+            live.push_back(stamp(allocate(be, sizes[k])));
+            if (live.size() > 4) {  // the oldest goes; sometimes later than the plan recorded
+              const std::size_t victim = rng() % 16 == 0 ? live.size() - 1 : 0;
+              broken += live[victim].intact() ? 0 : 1;
+              if (rng() % 10 == 0)
+                box.put(std::move(live[victim]));
+              live.erase(live.begin() + static_cast<std::ptrdiff_t>(victim));
+            }
+          }
+          for (held& h : live) {
+            broken += h.intact() ? 0 : 1;
+            if (rng() % 5 == 0) box.put(std::move(h));
+          }
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    freer.finish();
+    const auto stats = cache.stats();
+    report("prefixes", stats);
+    CHECK(broken.load() == 0);
+    CHECK(stats.plan_hits > 0);
+    CHECK(stats.live_bytes == 0);
+    CHECK(stats.plan_live_bytes == 0);
+    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+  }
+  CHECK(be.outstanding_bytes() == 0);
 }
