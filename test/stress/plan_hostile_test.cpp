@@ -293,10 +293,10 @@ TEST_CASE("a planned step and planned scopes of one key on other threads; escape
   CHECK(be.outstanding_bytes() == 0);
 }
 
-// Caches destroyed under open steps: each round a fresh cache, a planned step that two threads
-// serve (the sequence repeats, so later rounds' caches... each cache lives three steps: record,
-// record again (a plan), replay), escapes kept past the cache by pointer; the cache goes while the
-// last step is open and the freer frees its escapes; then the step ends on a worker thread.
+// Caches destroyed under open steps: each cache lives three key-less steps that two threads serve
+// (recorded, recorded again: a plan, replayed), and half their buffers escape by pointer, freed on
+// another thread. The cache is destroyed while the third step is open and its escapes are being
+// freed; that step then ends on another thread.
 TEST_CASE("caches destroyed under open steps whose escapes are freed by pointer meanwhile", "[plan][hostile]") {
   const backend be = make_host_backend();
   const int caches = rounds(60);
