@@ -13,6 +13,7 @@
 namespace refpool::detail {
 
 struct segment;
+struct segment_span;
 
 /// The two pools of a heap (docs/segments.md, "Size classes").
 enum class pool_id : std::uint8_t { small = 0, large = 1 };
@@ -26,6 +27,8 @@ struct range {
   range* prev = nullptr;
   range* next = nullptr;
   bool free = true;
+  /// A span's range (not free): its record (span.hpp). Null for pieces and free ranges.
+  segment_span* span = nullptr;
   /// Free ranges: every stream whose work may still touch these bytes. Pieces: unused.
   stream_set streams;
 
@@ -49,7 +52,7 @@ struct segment {
   /// commits, never crossing a hole.
   range* first = nullptr;
   range* last = nullptr;
-  std::size_t pieces = 0;
+  std::size_t pieces = 0;  ///< ranges that are not free: pieces and spans (either keeps the segment)
   /// Heap tick of the last carve or give_back here (trim returns the least recent first).
   std::uint64_t last_use = 0;
 
