@@ -107,8 +107,9 @@ void segment_heap::check() const {
         if (indexed) fail(fmt::format("segment {}: piece at {:#x} is indexed as free", seg.id, r->address));
         used += r->bytes;
         ++seg_pieces;
-        if (r->span != nullptr) {
-          if (r->span->node != r || r->span->home != r->address || r->span->bytes != r->bytes)
+        if (r->span) {
+          const auto record = std::find_if(spans_.begin(), spans_.end(), [&](const auto& s) { return s->node == r; });
+          if (record == spans_.end() || (*record)->home != r->address || (*record)->bytes != r->bytes)
             fail(fmt::format("segment {}: the span at {:#x} and its record disagree", seg.id, r->address));
           spanned += r->bytes;
           ++span_ranges;
@@ -145,7 +146,7 @@ void segment_heap::check_spans(std::size_t span_ranges) const {
     }
     ++placed;
     const range* r = s->node;
-    if (r == nullptr || r->free || r->span != s.get())
+    if (r == nullptr || r->free || !r->span)
       fail(fmt::format("span {} is placed but its range is not a span range of it", s->id));
     if (std::none_of(segments_.begin(), segments_.end(), [&](const auto& seg) { return seg.get() == r->owner; }))
       fail(fmt::format("span {} lies in no segment of the heap", s->id));

@@ -182,7 +182,7 @@ std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool
 
 std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
   range* r = p.node;
-  assert(r != nullptr && !r->free && r->span == nullptr && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
+  assert(r != nullptr && !r->free && !r->span && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
          r->bytes == p.bytes);
   --pieces_out_;
   return free_range(r, used_on);
@@ -192,7 +192,7 @@ std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexce
   segment& seg = *r->owner;
   pool_state& pool = pools_[static_cast<std::size_t>(seg.pool)];
   r->free = true;
-  r->span = nullptr;
+  r->span = false;
   r->streams = used_on;
   if (host_visible_) poison_bytes(r->address, r->bytes);
   used_ -= r->bytes;

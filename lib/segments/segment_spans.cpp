@@ -31,7 +31,7 @@ std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t by
 
 void segment_heap::place_span(segment_span& s, const carved& c) noexcept {
   range* r = c.p.node;
-  r->span = &s;
+  r->span = true;
   --pieces_out_;  // take() counted a piece
   spanned_ += r->bytes;
   s.node = r;
