@@ -199,6 +199,13 @@ std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexce
   --seg.pieces;
   seg.last_use = ++tick_;
   fully_trimmed_ = false;
+  r = coalesce(pool, r, &counts_.merges);
+  pool.free.insert(r);
+  return r->bytes;
+}
+
+range* segment_heap::coalesce(pool_state& pool, range* r, std::uint64_t* merges) noexcept {
+  segment& seg = *r->owner;
   if (range* before = r->prev; joinable(before, r)) {
     pool.free.erase(before);
     before->bytes += r->bytes;
@@ -206,7 +213,7 @@ std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexce
     unlink(seg, r);
     keep_spare(r);
     r = before;
-    ++counts_.merges;
+    if (merges != nullptr) ++*merges;
   }
   if (range* after = r->next; joinable(r, after)) {
     pool.free.erase(after);
@@ -214,10 +221,9 @@ std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexce
     r->streams.merge(after->streams);
     unlink(seg, after);
     keep_spare(after);
-    ++counts_.merges;
+    if (merges != nullptr) ++*merges;
   }
-  pool.free.insert(r);
-  return r->bytes;
+  return r;
 }
 
 void segment_heap::keep_spare(range* r) noexcept {

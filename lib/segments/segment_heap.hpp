@@ -207,6 +207,9 @@ class segment_heap {
                                       std::size_t growth_step);
   /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it.
   std::size_t free_range(range* r, const stream_set& used_on) noexcept;
+  /// Joins free range `r` (not indexed) with the free ranges touching it, uniting their streams, and
+  /// returns the joined range (not indexed); counts each join in `merges` when given.
+  range* coalesce(pool_state& pool, range* r, std::uint64_t* merges) noexcept;
 
   // Spans (segment_spans.cpp).
   void check_spans(std::size_t span_ranges) const;  // segment_check.cpp: the records against the ranges

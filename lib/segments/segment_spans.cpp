@@ -217,22 +217,7 @@ void segment_heap::adopt_commit(segment& seg, std::unique_ptr<range> fresh, std:
   ++physical_;
   ++counts_.grows;
   fully_trimmed_ = false;
-  // New bytes carry no stream; the free ranges they join keep theirs.
-  if (joinable(before, r)) {
-    pool.free.erase(before);
-    before->bytes += r->bytes;
-    unlink(seg, r);
-    keep_spare(r);
-    r = before;
-  }
-  if (range* after = r->next; joinable(r, after)) {
-    pool.free.erase(after);
-    r->bytes += after->bytes;
-    r->streams.merge(after->streams);
-    unlink(seg, after);
-    keep_spare(after);
-  }
-  pool.free.insert(r);
+  pool.free.insert(coalesce(pool, r, nullptr));  // new bytes carry no stream; the ranges they join keep theirs
 }
 
 }  // namespace refpool::detail

@@ -40,13 +40,6 @@ struct shadow_totals {
   std::uint64_t plan_recordings = 0, plan_hits = 0, lendings = 0;
 } totals;
 
-std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 rp::stream_ref stream_of(std::uint64_t h) {
   const std::uint64_t s = h % 12;  // mostly the default stream; ten others, so sets can overflow
   return {s < 2 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s) << 12)};

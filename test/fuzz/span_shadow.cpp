@@ -32,13 +32,6 @@ struct span_totals {
   std::uint64_t operations = 0, spans = 0, yields = 0, held_at_home = 0, moved = 0, extended = 0, failures = 0;
 } totals;
 
-std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 rp::stream_ref stream_of(std::uint64_t h) {
   return {h % 4 == 0 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(h % 4) << 12)};
 }

@@ -27,6 +27,14 @@
 
 namespace refpool::test::fuzz {
 
+/// A 64-bit mix (splitmix64's): the shadows' sizes, streams and stamps from the seed and an operation's number.
+inline std::uint64_t mix(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 class span_shadow {
  public:
   explicit span_shadow(std::uint64_t seed);
