@@ -129,11 +129,11 @@ void segment_heap::check() const {
   for (std::size_t i = 0; i < 2; ++i)
     if (pools_[i].free.size() != free_ranges[i])
       fail(fmt::format("pool {} indexes {} free ranges, segments have {}", i, pools_[i].free.size(), free_ranges[i]));
-  if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ + span_ranges ||
+  if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ ||
       physical != physical_ || spanned != spanned_)
     fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces and spans {}/{}, physical {}/{}, "
                      "in spans {}/{}",
-                     reserved, reserved_, committed, committed_, used, used_, pieces, pieces_out_ + span_ranges,
+                     reserved, reserved_, committed, committed_, used, used_, pieces, pieces_out_,
                      physical, physical_, spanned, spanned_));
 }
 

@@ -41,11 +41,11 @@ segment_heap::segment_heap(backend be, segment_heap_options options)
 }
 
 segment_heap::~segment_heap() {
-  if (pieces_out_ != 0 || !spans_.empty())
+  if (pieces_out_ != placed_spans() || !spans_.empty())
     fmt::print(stderr,
                "refpool: segment heap of {} destroyed with {} pieces ({} B) and {} spans ({} B placed) still out; "
                "their segments are left allocated\n",
-               backend_.name(), pieces_out_, used_ - spanned_, spans_.size(), spanned_);
+               backend_.name(), pieces_out_ - placed_spans(), used_ - spanned_, spans_.size(), spanned_);
   // Whole free segments go back. Those holding pieces keep their memory, so that the pieces
   // stay valid (a caller bug, reported above); only their records go.
   for (std::size_t i = segments_.size(); i-- > 0;) {
@@ -97,9 +97,9 @@ std::optional<segment_heap::fit> segment_heap::find_fit(pool_state& pool, std::s
 
 void segment_heap::prepare_carve(pool_state& pool) {
   // Index nodes for the carve's worst case (a grown range and two remainders) and one more per
-  // piece or span out, so that give_back never allocates: each pool keeps at least as many spare
-  // nodes as it has pieces and spans out, and a give_back uses at most one.
-  pool.free.reserve(pieces_out_ + spans_.size() + 3);
+  // piece or placed span out (pieces_out_ counts both), so that give_back never allocates: each
+  // pool keeps at least as many spare nodes as ranges are out, and a give_back uses at most one.
+  pool.free.reserve(pieces_out_ + 3);
   while (spare_ranges_.size() < 2) spare_ranges_.push_back(std::make_unique<range>());
   // Room to keep the records give_back frees, so that a carve after it needs no allocation.
   if (spare_ranges_.capacity() < spare_records) spare_ranges_.reserve(spare_records);
@@ -170,7 +170,8 @@ std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool
                                                                 placement where, std::size_t growth_step) {
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   // Before the pool grows: the bytes of idle spans (docs/segments.md, "One memory space").
-  if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
+  if (!spans_.empty())
+    if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
   range* r = grow(pool, id, n, where, stream, growth_step);
   if (r == nullptr) return std::nullopt;
@@ -192,38 +193,15 @@ std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexce
   segment& seg = *r->owner;
   pool_state& pool = pools_[static_cast<std::size_t>(seg.pool)];
   r->free = true;
-  r->span = false;
   r->streams = used_on;
   if (host_visible_) poison_bytes(r->address, r->bytes);
   used_ -= r->bytes;
   --seg.pieces;
   seg.last_use = ++tick_;
   fully_trimmed_ = false;
-  r = coalesce(pool, r, &counts_.merges);
+  r = join_free_neighbours(seg, pool.free, r, &counts_.merges, [this](range* q) { keep_spare(q); });
   pool.free.insert(r);
   return r->bytes;
-}
-
-range* segment_heap::coalesce(pool_state& pool, range* r, std::uint64_t* merges) noexcept {
-  segment& seg = *r->owner;
-  if (range* before = r->prev; joinable(before, r)) {
-    pool.free.erase(before);
-    before->bytes += r->bytes;
-    before->streams.merge(r->streams);
-    unlink(seg, r);
-    keep_spare(r);
-    r = before;
-    if (merges != nullptr) ++*merges;
-  }
-  if (range* after = r->next; joinable(r, after)) {
-    pool.free.erase(after);
-    r->bytes += after->bytes;
-    r->streams.merge(after->streams);
-    unlink(seg, after);
-    keep_spare(after);
-    if (merges != nullptr) ++*merges;
-  }
-  return r;
 }
 
 void segment_heap::keep_spare(range* r) noexcept {
@@ -239,6 +217,8 @@ void segment_heap::forget_streams() noexcept {
   for (const auto& seg : segments_)
     for (range* r = seg->first; r != nullptr; r = r->next)
       if (r->free) r->streams.clear();
+  for (const auto& s : spans_)
+    if (s->now == segment_span::state::idle) s->used_on.clear();  // its owner uses none of its bytes
 }
 
 std::size_t segment_heap::physical_allocations(const piece& p) const noexcept {
@@ -267,7 +247,7 @@ segment_heap_stats segment_heap::stats() const noexcept {
   s.free_bytes = committed_ - used_;
   s.largest_free_bytes = std::max(pools_[0].free.largest(), pools_[1].free.largest());
   s.free_ranges = pools_[0].free.size() + pools_[1].free.size();
-  s.pieces_out = pieces_out_;
+  s.pieces_out = pieces_out_ - placed_spans();
   s.physical_allocations = physical_;
   return s;
 }

@@ -130,7 +130,7 @@ class segment_heap {
   std::size_t trim(std::size_t keep_bytes = 0);
   /// Gives every segment back. Throws `invalid_argument` (and changes nothing) if a piece or a span is out.
   void release_all();
-  /// Forgets the streams of all free ranges: call after waiting for all work on the device.
+  /// Forgets the streams of all free ranges and idle spans: call after waiting for all work on the device.
   void forget_streams() noexcept;
 
   /// Rounded size a request of `bytes` gets; throws `size_error` for 0 or on overflow.
@@ -205,14 +205,13 @@ class segment_heap {
   /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth.
   std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where,
                                       std::size_t growth_step);
-  /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it.
+  /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it
+  /// (and clears a span's flag).
   std::size_t free_range(range* r, const stream_set& used_on) noexcept;
-  /// Joins free range `r` (not indexed) with the free ranges touching it, uniting their streams, and
-  /// returns the joined range (not indexed); counts each join in `merges` when given.
-  range* coalesce(pool_state& pool, range* r, std::uint64_t* merges) noexcept;
 
   // Spans (segment_spans.cpp).
   void check_spans(std::size_t span_ranges) const;  // segment_check.cpp: the records against the ranges
+  [[nodiscard]] std::size_t placed_spans() const noexcept;
   /// The piece just taken becomes the range of span `s`, which is placed there.
   void place_span(segment_span& s, const carved& c) noexcept;
   /// Idle span `s` goes back to the free ranges.
@@ -284,7 +283,7 @@ class segment_heap {
   std::size_t committed_ = 0;
   std::size_t used_ = 0;     ///< bytes of ranges that are not free: pieces and placed spans
   std::size_t spanned_ = 0;  ///< of used_, in placed spans
-  std::size_t pieces_out_ = 0;
+  std::size_t pieces_out_ = 0;  ///< ranges out: pieces and placed spans (each may need an index node back)
   std::vector<std::unique_ptr<segment_span>> spans_;  ///< records from carve_span to give_back_span
   std::uint64_t next_span_id_ = 1;
   std::size_t physical_ = 0;

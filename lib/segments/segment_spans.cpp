@@ -32,7 +32,6 @@ std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t by
 void segment_heap::place_span(segment_span& s, const carved& c) noexcept {
   range* r = c.p.node;
   r->span = true;
-  --pieces_out_;  // take() counted a piece
   spanned_ += r->bytes;
   s.node = r;
   s.home = r->address;
@@ -100,6 +99,8 @@ std::size_t segment_heap::yield_span(segment_span& s) noexcept {
   s.node = nullptr;
   s.now = segment_span::state::yielded;
   ++counts_.span_yields;
+  r->span = false;
+  --pieces_out_;
   free_range(r, s.used_on);
   s.used_on.clear();
   return bytes;
@@ -129,11 +130,18 @@ std::size_t segment_heap::yield_idle_spans() noexcept {
 void segment_heap::give_back_span(segment_span* s, const stream_set& used_on) noexcept {
   if (s->node != nullptr) {
     spanned_ -= s->node->bytes;
+    s->node->span = false;
+    --pieces_out_;
     free_range(s->node, used_on);
   }
   const auto it = std::find_if(spans_.begin(), spans_.end(), [&](const auto& p) { return p.get() == s; });
   assert(it != spans_.end());
   spans_.erase(it);
+}
+
+std::size_t segment_heap::placed_spans() const noexcept {
+  return static_cast<std::size_t>(
+      std::count_if(spans_.begin(), spans_.end(), [](const auto& s) { return s->placed(); }));
 }
 
 std::vector<const segment_span*> segment_heap::spans() const {
@@ -175,7 +183,7 @@ std::optional<segment_heap::carved> segment_heap::carve_at(segment& seg, std::ui
   if (!commits.empty() && !seg.virtual_memory()) return std::nullopt;  // not reached: plain segments have no holes
 
   // Records before the backend is called, so that nothing after the commits can fail.
-  pools_[static_cast<std::size_t>(seg.pool)].free.reserve(pieces_out_ + spans_.size() + commits.size() + 3);
+  pools_[static_cast<std::size_t>(seg.pool)].free.reserve(pieces_out_ + commits.size() + 3);
   std::vector<std::unique_ptr<range>> fresh(commits.size());
   for (auto& f : fresh) f = std::make_unique<range>();
   std::size_t done = 0;
@@ -217,7 +225,8 @@ void segment_heap::adopt_commit(segment& seg, std::unique_ptr<range> fresh, std:
   ++physical_;
   ++counts_.grows;
   fully_trimmed_ = false;
-  pool.free.insert(coalesce(pool, r, nullptr));  // new bytes carry no stream; the ranges they join keep theirs
+  // New bytes carry no stream; the ranges they join keep theirs.
+  pool.free.insert(join_free_neighbours(seg, pool.free, r, nullptr, [this](range* q) { keep_spare(q); }));
 }
 
 }  // namespace refpool::detail

@@ -226,6 +226,12 @@ TEST_CASE("idle and held again without a yield: the same bytes, the streams it w
   const auto again = heap.hold_span(s, stream(1));  // held already: nothing to do
   REQUIRE(again.has_value());
   CHECK(again->waits.empty());
+  // After a device-wide wait an idle span's users are done too.
+  heap.idle_span(s, stream_set(stream(2)));
+  heap.forget_streams();
+  const auto after_wait = heap.hold_span(s, stream(1));
+  REQUIRE(after_wait.has_value());
+  CHECK(after_wait->waits.empty());
   heap.give_back_span(&s, {});
   heap.check();
 }
