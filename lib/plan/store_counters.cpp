@@ -31,6 +31,9 @@ void plan_store::add_counters(cache_stats& out) const {
   out.arena_growths = growths_;
   out.arena_replacements = replacements_;
   out.arena_lendings = lendings_;
+  out.plan_pass_runs = pass_runs_;
+  out.plan_probe_runs = probe_runs_;
+  out.plan_pass_entries = pass_entries_;
 }
 
 void plan_store::reset_peaks() noexcept {
