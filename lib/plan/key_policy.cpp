@@ -113,12 +113,12 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
               repeat_detector::change::enter_pass;
     pass_entries_ += passing ? 1 : 0;
   }
+  if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
   if (passing) {
     delete outcome.made;  // a sequence of a key that does not repeat: no plan
     enter_pass(*key);
     return;
   }
-  if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
   bool rerecorded = false;
   if (outcome.made != nullptr || outcome.busy_other_key) {
     // One end at a time decides, places (O(n log n) a plan) and adds, so that two ends of a key
