@@ -19,6 +19,10 @@
 // - Plans go to one arena per (backend, stream), shared by keys until a run finds it held by
 //   another key's run; a plan that needs more replaces it (the old one freed first when nothing
 //   reaches it). 16 plans per key; 4 re-recordings in 16 runs pause the key for 64 runs, doubling.
+// - A key whose last 32 runs in learn repeated fewer than 4 times (a run repeats when it replayed a
+//   plan to its end or hashes like one of the last 16) passes: its plans and pending recordings
+//   go, its runs get no router for 64 runs, then 32 probe (the plain cache, hashed); 4 repeats and
+//   it learns again, else the pass doubles (up to 4096) (model_plan_store.cpp, observe_repeats).
 //
 // This file: plans, arenas and runs; model_plan_store.cpp: a run's end and the store.
 #include <algorithm>
