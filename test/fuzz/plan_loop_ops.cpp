@@ -72,7 +72,7 @@ void session::op_plan_sweep(int t) {
   if (frames_[t].size() >= max_depth) return;
   const std::uint8_t code = in_.byte();
   const int c = code & 1;
-  if ((code >> 1) % 4 == 3) return plan_stream(t, c, (code >> 3) % 2 == 0);
+  if ((code >> 1) % 16 == 15) return plan_stream(t, c, (code >> 5) % 2 == 0);  // one sweep in 16
   const std::size_t n = 17 + in_.below(8);
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < n; ++i) order.push_back(i);
@@ -106,14 +106,16 @@ void session::op_plan_sweep(int t) {
   }
 }
 
-// A serving loop under one key: 40 to 140 runs of sequences never seen before (the key passes
+// A serving loop under one key: 40 to 100 runs of sequences never seen before (the key passes
 // after 32: its runs then have no router), then, half the time, a few sequences in turn until the
 // probes see them repeat, the key learns again and replays. As planned steps or scopes.
 void session::plan_stream(int t, int c, bool as_step) {
   if (as_step && open_steps_[c]) return;
-  const std::size_t fresh = 40 + in_.below(101);
+  // Pass at run 32 at the latest, for 64 runs, then 32 probes: by run 128 the repeating sequences
+  // have been probed, and two rounds of them later they replay.
+  const std::size_t fresh = 40 + in_.below(61);
   const std::size_t cycle = 1 + in_.below(4);
-  const std::size_t total = in_.below(2) == 0 ? fresh : 300 + in_.below(40);
+  const std::size_t total = in_.below(2) == 0 ? fresh : 140 + in_.below(40);
   trace("thread {}: plan stream on cache {} ({}): {} new sequences, then {} in turn to run {}", t, c,
         as_step ? "steps" : "scopes", fresh, cycle, total);
   for (std::size_t run = 0; run < total && steps_ < max_operations; ++run) {
