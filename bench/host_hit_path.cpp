@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -86,9 +87,15 @@ int pairs_only(std::size_t n, std::string_view kind) {
 }
 
 int main(int argc, char** argv) {
-  if (argc > 2 && std::string_view(argv[1]) == "--pairs")
-    return pairs_only(std::strtoull(argv[2], nullptr, 10), argc > 3 ? argv[3] : "handle");
-  const std::string json_path = argc > 1 ? argv[1] : "host_hit_path.json";
+  std::string json_path = "host_hit_path.json";
+  std::vector<std::string> pairs;
+  CLI::App app{"refpool's host hit path against malloc and a mutex-guarded map, by size and threads"};
+  app.add_option("json", json_path, "Write the rows to this file")->capture_default_str();
+  app.add_option("--pairs", pairs, "Only N pairs of 256 B on this thread, of KIND handle, cache-level or pointer")
+      ->expected(1, 2)
+      ->type_name("N [KIND]");
+  CLI11_PARSE(app, argc, argv);
+  if (!pairs.empty()) return pairs_only(std::stoull(pairs[0]), pairs.size() > 1 ? pairs[1] : "handle");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<int> thread_counts{1};
   for (int t = 2; t <= static_cast<int>(cores) && t <= 16; t *= 2) thread_counts.push_back(t);
@@ -140,10 +147,14 @@ int main(int argc, char** argv) {
       });
       fmt::print("{:>8} {:>7} | {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f} {:>10.1f} | {:>11.1f}x\n", bytes, threads, ours,
                  arrays, by_pointer, plain, locked, locked / ours);
-      json.add(fmt::format(R"({{"workload": "host_hit_path", "bytes": {}, "threads": {}, "refpool_ns": {:.2f}, )"
-                           R"("refpool_array_ns": {:.2f}, "refpool_pointer_ns": {:.2f}, "malloc_ns": {:.2f}, )"
-                           R"("mutex_map_ns": {:.2f}}})",
-                           bytes, threads, ours, arrays, by_pointer, plain, locked));
+      json.add({{"workload", "host_hit_path"},
+                {"bytes", bytes},
+                {"threads", threads},
+                {"refpool_ns", ours},
+                {"refpool_array_ns", arrays},
+                {"refpool_pointer_ns", by_pointer},
+                {"malloc_ns", plain},
+                {"mutex_map_ns", locked}});
     }
   }
   const auto st = cache.stats();

@@ -1,10 +1,10 @@
-// Placement of plans (issue 35): for every step of the captured traces (bench/traces/*.csv, one
+// Placement of plans (issue 35): for every step of the captured traces (bench/traces/*.csv.xz, one
 // plan each) and for the step shapes of issue 35's reproduction (4 KiB requests whose lifetimes
 // never overlap; all alive together), the library's placement side by side with the walk over
 // every placed request it replaced: arena bytes (the packing), the peak of live bytes (the floor),
 // whether the offsets are the same, and CPU time. White-box: it calls lib/plan/placement.
 //
-//   placement [--json FILE] TRACE.csv...   (default placement.json)
+//   placement [--json FILE] TRACE.csv.xz...   (default placement.json)
 //
 // Prints a table and writes JSON.
 #include <algorithm>
@@ -12,9 +12,9 @@
 #include <map>
 #include <numeric>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "plan/placement.hpp"
@@ -76,7 +76,7 @@ struct run_shape {
 std::vector<run_shape> shapes_of(const std::string& path) {
   std::vector<run_shape> out;
   const auto steps = refpool::bench::read_trace(path);
-  const std::string file = path.substr(path.find_last_of('/') + 1);
+  const std::string file = refpool::bench::trace_name(path);
   for (std::size_t s = 0; s < steps.size(); ++s) {
     run_shape r{fmt::format("{} step {}", file, s), {}, {}};
     std::map<std::size_t, std::size_t> request_of;
@@ -108,15 +108,16 @@ run_shape four_kib(std::size_t n, bool all_alive) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json = "placement.json";
+  std::string json_path = "placement.json";
+  std::vector<std::string> traces;
+  CLI::App app{"Placement of plans against the walk over every placed request it replaced"};
+  app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
+  app.add_option("trace", traces, "Trace files (bench/traces/*.csv.xz, or a capture's .csv)")
+      ->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
   std::vector<run_shape> shapes;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--json" && i + 1 < argc) {
-      json = argv[++i];
-      continue;
-    }
-    for (auto& s : shapes_of(argv[i])) shapes.push_back(std::move(s));
-  }
+  for (const std::string& path : traces)
+    for (auto& s : shapes_of(path)) shapes.push_back(std::move(s));
   for (const std::size_t n : {2000, 8000, 32000}) shapes.push_back(four_kib(n, false));
   for (const std::size_t n : {2000, 8000}) shapes.push_back(four_kib(n, true));
   fmt::print("{:<48} {:>8} {:>14} {:>14} {:>14} {:>6} {:>11} {:>11} {:>7}\n", "run", "requests", "peak live B",
@@ -135,14 +136,19 @@ int main(int argc, char** argv) {
     const bool same = walked == now;
     fmt::print("{:<48} {:>8} {:>14} {:>14} {:>14} {:>6} {:>11.2f} {:>11.2f} {:>6.2f}x\n", r.name, r.sizes.size(), peak,
                walked.second, now.second, same ? "yes" : "no", walk_ms, now_ms, now_ms > 0 ? walk_ms / now_ms : 0);
-    rows.add(fmt::format(R"({{"run": "{}", "requests": {}, "peak_live_bytes": {}, "arena_walk_bytes": {}, )"
-                         R"("arena_bytes": {}, "same_offsets": {}, "walk_ms": {:.3f}, "ms": {:.3f}}})",
-                         r.name, r.sizes.size(), peak, walked.second, now.second, same, walk_ms, now_ms));
+    rows.add({{"run", r.name},
+              {"requests", r.sizes.size()},
+              {"peak_live_bytes", peak},
+              {"arena_walk_bytes", walked.second},
+              {"arena_bytes", now.second},
+              {"same_offsets", same},
+              {"walk_ms", walk_ms},
+              {"ms", now_ms}});
   }
-  if (!rows.write(json)) {
-    fmt::print(stderr, "cannot write {}\n", json);
+  if (!rows.write(json_path)) {
+    fmt::print(stderr, "cannot write {}\n", json_path);
     return 1;
   }
-  fmt::print("JSON: {}\n", json);
+  fmt::print("JSON: {}\n", json_path);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
@@ -254,7 +255,7 @@ outcome run(Make make, Workload workload, int repeats, std::optional<outcome> me
   return measured;
 }
 
-// --- traces (bench/traces/*.csv: step,event,index,bytes) ---
+// --- traces (bench/traces/*.csv.xz: step,event,index,bytes) ---
 
 using event = refpool::bench::trace_event;
 using step = refpool::bench::trace_step;
@@ -316,31 +317,28 @@ segment_heap_options plain_defaults() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::strcmp(argv[1], "--malloc-measure") == 0) {
-    malloc_allocator a;
-    const outcome o = random_allocations(a, std::stoull(argv[2]), std::stoi(argv[3]), std::stoull(argv[4]), true);
-    fmt::print("{} {}\n", o.peak_live, o.peak_held);
-    return 0;
-  }
   std::string json_path = "segment_bench.json";
   int ops = 20000;            // as on the H200 (docs/benchmarks.md §4)
   std::size_t cap = 8 * GiB;  // the H200 run's live cap
   bool sweep = false;
   std::string only;  // rows whose label contains this, e.g. "cache"
   std::vector<std::string> traces;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc)
-      json_path = argv[++i];
-    else if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc)
-      ops = std::stoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--cap") == 0 && i + 1 < argc)
-      cap = std::stoull(argv[++i]);
-    else if (std::strcmp(argv[i], "--sweep") == 0)
-      sweep = true;
-    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-      only = argv[++i];
-    else
-      traces.emplace_back(argv[i]);
+  std::vector<std::size_t> malloc_measure;  // the child of malloc_in_new_process: MAX OPS CAP
+  CLI::App app{"The segment heap against idle blocks and malloc: speed and held/live"};
+  app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
+  app.add_option("--ops", ops, "Operations of each random run")->capture_default_str();
+  app.add_option("--cap", cap, "Live bytes at most in the random runs")->capture_default_str();
+  app.add_flag("--sweep", sweep, "Also held/live under each change of one heap option");
+  app.add_option("--only", only, "Only the rows whose label contains this");
+  app.add_option("--malloc-measure", malloc_measure)->expected(3)->group("");  // internal: one malloc run
+  app.add_option("trace", traces, "Trace files (bench/traces/*.csv.xz)")->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
+  if (!malloc_measure.empty()) {
+    malloc_allocator a;
+    const outcome o =
+        random_allocations(a, malloc_measure[0], static_cast<int>(malloc_measure[1]), malloc_measure[2], true);
+    fmt::print("{} {}\n", o.peak_live, o.peak_held);
+    return 0;
   }
   // The idle-block caches "run out of memory" at 16x the live cap: about where the H200
   // (141 GB) stopped refpool's exact-key cache in the 8 GiB run.
@@ -376,11 +374,16 @@ int main(int argc, char** argv) {
       const outcome o = run(
           make, [&](auto& a, bool m) { return random_allocations(a, max, ops, cap, m); }, repeats, elsewhere);
       line += fmt::format(" {:>9.0f} {:>8.3f}x {:>8} |", o.ns_per_op, o.ratio(), o.backend_calls);
-      json.add(
-          fmt::format(R"({{"workload": "random", "max_bytes": {}, "ops": {}, "live_cap": {}, "allocator": "{}", )"
-                      R"("ns_per_op": {:.1f}, "peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
-                      R"("backend_calls": {}}})",
-                      max, ops, cap, label, o.ns_per_op, o.peak_live, o.peak_held, o.ratio(), o.backend_calls));
+      json.add({{"workload", "random"},
+                {"max_bytes", max},
+                {"ops", ops},
+                {"live_cap", cap},
+                {"allocator", label},
+                {"ns_per_op", o.ns_per_op},
+                {"peak_live_bytes", o.peak_live},
+                {"peak_held_bytes", o.peak_held},
+                {"held_over_live", o.ratio()},
+                {"backend_calls", o.backend_calls}});
     }
     line.pop_back();
     fmt::print("{}\n", line);
@@ -405,16 +408,20 @@ int main(int argc, char** argv) {
     fmt::print("{:<16} {:<28} | {:>9} {:>9} {:>12}\n", "trace", "allocator", "ns/req", "held/live", "steady calls");
     for (const std::string& path : traces) {
       const auto steps = read_trace(path);
-      const std::string name = path.substr(path.find_last_of('/') + 1);
+      const std::string name = refpool::bench::trace_name(path);
       const auto trace_row = [&](const std::string& label, auto make) {
         if (!only.empty() && label.find(only) == std::string::npos) return;
         const outcome o = run(
             make, [&](auto& a, bool m) { return replay(a, steps, iterations, m); }, repeats);
         fmt::print("{:<16} {:<28} | {:>9.0f} {:>8.3f}x {:>12}\n", name, label, o.ns_per_op, o.ratio(), o.backend_calls);
-        json.add(fmt::format(R"({{"workload": "trace", "trace": "{}", "allocator": "{}", "ns_per_request": {:.1f}, )"
-                             R"("peak_live_bytes": {}, "peak_held_bytes": {}, "held_over_live": {:.4f}, )"
-                             R"("steady_backend_calls": {}}})",
-                             name, label, o.ns_per_op, o.peak_live, o.peak_held, o.ratio(), o.backend_calls));
+        json.add({{"workload", "trace"},
+                  {"trace", name},
+                  {"allocator", label},
+                  {"ns_per_request", o.ns_per_op},
+                  {"peak_live_bytes", o.peak_live},
+                  {"peak_held_bytes", o.peak_held},
+                  {"held_over_live", o.ratio()},
+                  {"steady_backend_calls", o.backend_calls}});
       };
       trace_row("segment heap, virtual mem.", make_heap(vm_defaults(), "heap vm"));
       trace_row("segment heap, allocations", make_heap(plain_defaults(), "heap plain"));
@@ -431,8 +438,7 @@ int main(int argc, char** argv) {
     // at most 64 KiB, half up to 64 MiB), and the traces, under each change of one option.
     const int seeds = 5;
     std::vector<std::pair<std::string, std::vector<step>>> loaded;
-    for (const std::string& path : traces)
-      loaded.emplace_back(path.substr(path.find_last_of('/') + 1), read_trace(path));
+    for (const std::string& path : traces) loaded.emplace_back(refpool::bench::trace_name(path), read_trace(path));
     fmt::print("\nsize classes: held/live under one changed option (random: mean of {} seeds)\n", seeds);
     std::string header = fmt::format("{:<36} | {:>8} {:>8} {:>8}", "heap, option", "1M", "64M", "mixed");
     for (const auto& [name, steps] : loaded) header += fmt::format(" {:>14}", name);
@@ -462,7 +468,7 @@ int main(int argc, char** argv) {
     add("no own segments", [](segment_heap_options& o) { o.own_segment_min = SIZE_MAX; });
     for (const variant& v : variants) {
       std::string line = fmt::format("{:<36} |", v.label);
-      std::string fields;
+      refpool::bench::json row{{"workload", "sweep"}, {"variant", v.label}, {"seeds", seeds}};
       const auto mean_ratio = [&](std::size_t max, double small_share) {
         double sum = 0;
         for (int seed = 1; seed <= seeds; ++seed) {
@@ -473,15 +479,17 @@ int main(int argc, char** argv) {
       };
       const double r1 = mean_ratio(1 * MiB, 0), r64 = mean_ratio(64 * MiB, 0), mixed = mean_ratio(64 * MiB, 0.5);
       line += fmt::format(" {:>7.3f}x {:>7.3f}x {:>7.3f}x", r1, r64, mixed);
-      fields += fmt::format(R"("random_1m": {:.4f}, "random_64m": {:.4f}, "mixed": {:.4f})", r1, r64, mixed);
+      row["random_1m"] = r1;
+      row["random_64m"] = r64;
+      row["mixed"] = mixed;
       for (const auto& [name, steps] : loaded) {
         heap_allocator a(v.options, v.label);
         const double r = replay(a, steps, 30, true).ratio();
         line += fmt::format(" {:>13.3f}x", r);
-        fields += fmt::format(R"(, "{}": {:.4f})", name, r);
+        row[name] = r;
       }
       fmt::print("{}\n", line);
-      json.add(fmt::format(R"({{"workload": "sweep", "variant": "{}", "seeds": {}, {}}})", v.label, seeds, fields));
+      json.add(std::move(row));
     }
   }
 

@@ -17,12 +17,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
@@ -139,28 +138,17 @@ row run(int threads, bool planned, std::size_t steps) {
   return out;
 }
 
-std::vector<int> parse_threads(std::string_view text) {
-  std::vector<int> out;
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    out.push_back(std::atoi(std::string(text.substr(0, comma)).c_str()));
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json = "step_end.json";
+  std::string json_path = "step_end.json";
   std::size_t steps = 300;
   std::vector<int> thread_counts = {2, 4, 8};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    if (flag == "--json") json = argv[i + 1];
-    if (flag == "--steps") steps = static_cast<std::size_t>(std::atoll(argv[i + 1]));
-    if (flag == "--threads") thread_counts = parse_threads(argv[i + 1]);
-  }
+  CLI::App app{"Step ends against requests of other threads, automatic plans on and off"};
+  app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
+  app.add_option("--steps", steps, "Steps a row")->capture_default_str();
+  app.add_option("--threads", thread_counts, "Worker threads, one row pair each")->delimiter(',')->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   fmt::print("{:>7} {:>11} {:>9} {:>6} {:>9} | {:>11} {:>11} {:>11} {:>11} | {:>14} {:>14} | {:>17}\n", "threads",
              "steps", "requests", "plans", "plan hits", "end max ms", "(cpu ms)", "end p99 ms", "end med ms",
              "request max ms", "request p99 ms", "request max/plain");
@@ -175,19 +163,26 @@ int main(int argc, char** argv) {
           "{:>7} {:>11} {:>9} {:>6} {:>9} | {:>11.3f} {:>11.3f} {:>11.3f} {:>11.3f} | {:>14.3f} {:>14.4f} | {:>16.1f}x\n",
           r.threads, fmt::format("{} {}", r.steps, r.planned ? "auto" : "plain"), r.requests, r.plans_made, r.plan_hits,
           r.end_max_ms, r.end_cpu_max_ms, r.end_p99_ms, r.end_median_ms, r.request_max_ms, r.request_p99_ms, ratio);
-      rows.add(fmt::format(
-          R"({{"threads": {}, "steps": "{}", "count": {}, "requests": {}, "plans_made": {}, "plan_hits": {}, )"
-          R"("end_max_ms": {:.4f}, "end_cpu_max_ms": {:.4f}, "end_p99_ms": {:.4f}, "end_median_ms": {:.4f}, )"
-          R"("request_max_ms": {:.4f}, )"
-          R"("request_p99_ms": {:.5f}, "request_max_vs_plain": {:.2f}, "seconds": {:.2f}}})",
-          r.threads, r.planned ? "auto" : "plain", r.steps, r.requests, r.plans_made, r.plan_hits, r.end_max_ms,
-          r.end_cpu_max_ms, r.end_p99_ms, r.end_median_ms, r.request_max_ms, r.request_p99_ms, ratio, r.seconds));
+      rows.add({{"threads", r.threads},
+                {"steps", r.planned ? "auto" : "plain"},
+                {"count", r.steps},
+                {"requests", r.requests},
+                {"plans_made", r.plans_made},
+                {"plan_hits", r.plan_hits},
+                {"end_max_ms", r.end_max_ms},
+                {"end_cpu_max_ms", r.end_cpu_max_ms},
+                {"end_p99_ms", r.end_p99_ms},
+                {"end_median_ms", r.end_median_ms},
+                {"request_max_ms", r.request_max_ms},
+                {"request_p99_ms", r.request_p99_ms},
+                {"request_max_vs_plain", ratio},
+                {"seconds", r.seconds}});
     }
   }
-  if (!rows.write(json)) {
-    fmt::print(stderr, "cannot write {}\n", json);
+  if (!rows.write(json_path)) {
+    fmt::print(stderr, "cannot write {}\n", json_path);
     return 1;
   }
-  fmt::print("JSON: {}\n", json);
+  fmt::print("JSON: {}\n", json_path);
   return 0;
 }

@@ -1,13 +1,16 @@
-// Timing helpers for the benchmarks: median of repeated samples, and a JSON writer.
+// Timing helpers for the benchmarks: median of repeated samples, and the JSON rows they write.
+// The median is the few lines below (Google Benchmark, Debian's libbenchmark-dev, would own the
+// benchmarks' loops and output; they compare allocators side by side in one table instead). The
+// JSON is nlohmann's (Debian's nlohmann-json3-dev, header-only), which escapes what it writes.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace refpool::bench {
 
@@ -32,20 +35,22 @@ inline void keep(const T& value) {
   asm volatile("" : : "r,m"(value) : "memory");
 }
 
+/// A JSON object whose keys keep the order they were added in (the column order of the tables).
+using json = nlohmann::ordered_json;
+
 /// One JSON object per row, in an array.
 class json_rows {
  public:
-  void add(std::string row) { rows_.push_back(std::move(row)); }
+  void add(json row) { rows_.push_back(std::move(row)); }
+  /// Writes the rows to `path`; false if it cannot be written.
   bool write(const std::string& path) const {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) return false;
-    fmt::print(f, "[\n  {}\n]\n", fmt::join(rows_, ",\n  "));
-    std::fclose(f);
-    return true;
+    std::ofstream f(path);
+    f << rows_.dump(2) << "\n";
+    return static_cast<bool>(f);
   }
 
  private:
-  std::vector<std::string> rows_;
+  json rows_ = json::array();
 };
 
 }  // namespace refpool::bench

@@ -1,4 +1,4 @@
-// Replays captured allocation traces (bench/traces/*.csv: step,event,index,bytes; a training
+// Replays captured allocation traces (bench/traces/*.csv.xz: step,event,index,bytes; a training
 // step or a serving request per step) through refpool's plain cache, through what users get by
 // default and through a planned scope, on the host backend or a CUDA device, and reports peak
 // memory reserved against peak live bytes, ns per request and driver calls in steady state. Every
@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
@@ -74,6 +75,7 @@ using event = refpool::bench::trace_event;
 using step = refpool::bench::trace_step;
 using refpool::bench::peak_live;
 using refpool::bench::read_trace;
+using refpool::bench::trace_name;
 
 // The trace's steps as `count` sequences: sizes scaled by (count + v) / count, rounded up to 256 B.
 std::vector<step> variants(const std::vector<step>& steps, int count) {
@@ -113,7 +115,7 @@ std::vector<step> concatenated(const std::vector<step>& steps, int copies) {
 struct result {
   double ns_per_request = 0;
   double us_per_step_bounds = 0;  ///< of that time: opening and closing the scope or step, a step
-  std::size_t held_bytes = 0;  ///< backend bytes outstanding after the last iteration
+  std::size_t held_bytes = 0;     ///< backend bytes outstanding after the last iteration
   std::uint64_t steady_driver_allocations = 0;
   std::uint64_t steady_requests = 0;
   int measured_steps = 0;
@@ -214,29 +216,22 @@ int main(int argc, char** argv) {
   bool time_bounds = false;
   std::string json_path = "trace_replay.json";
   std::vector<std::string> traces;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--cuda") == 0) {
-      use_cuda = true;
-    } else if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc) {
-      iterations = std::stoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
-      variant_count = std::stoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--sequences") == 0 && i + 1 < argc) {
-      sequence_count = static_cast<std::size_t>(std::stoul(argv[++i]));
-    } else if (std::strcmp(argv[i], "--fresh") == 0) {
-      fresh = true;
-    } else if (std::strcmp(argv[i], "--concat") == 0 && i + 1 < argc) {
-      copies = std::stoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--bounds") == 0) {
-      time_bounds = true;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      traces.emplace_back(argv[i]);
-    }
-  }
+  CLI::App app{"Replays captured allocation traces through refpool's caches, side by side"};
+  app.add_flag("--cuda", use_cuda, "On CUDA device 0 instead of the host");
+  app.add_option("--iterations", iterations, "Steps measured, at least (6 x the trace's steps)")->capture_default_str();
+  app.add_option("--variants", variant_count, "Copies of each step with sizes varied, as distinct sequences")
+      ->capture_default_str();
+  app.add_option("--sequences", sequence_count, "Keep the first N steps (after --variants), 0: all")
+      ->capture_default_str();
+  app.add_flag("--fresh", fresh, "No sequence ever comes twice (each iteration's largest request grows)");
+  app.add_option("--concat", copies, "Copies of the trace one after another")->capture_default_str();
+  app.add_flag("--bounds", time_bounds, "Time the step bounds (us a step)");
+  app.add_option("--only", only, "Only the rows whose label contains this");
+  app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
+  app.add_option("trace", traces, "Trace files (bench/traces/*.csv.xz, or a capture's .csv)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
   if (use_cuda && !refpool::cuda::available()) {
     fmt::print("--cuda needs a CUDA device: {}\n", refpool::cuda::unavailable_reason());
     return 77;
@@ -254,7 +249,7 @@ int main(int argc, char** argv) {
     std::size_t requests = 0;
     for (const auto& st : steps)
       for (const auto& e : st) requests += e.alloc;
-    std::string name = path.substr(path.find_last_of('/') + 1);
+    std::string name = trace_name(path);
     if (variant_count > 1) name += fmt::format(" x{}", variant_count);
     if (copies > 1) name += fmt::format(" +{}", copies);
     if (sequence_count != 0) name += fmt::format(" /{}", steps.size());
@@ -292,18 +287,27 @@ int main(int argc, char** argv) {
                  name, c.label, requests / steps.size(), live / 1e6, reserved / 1e6,
                  static_cast<double>(reserved) / live, r.ns_per_request, r.us_per_step_bounds,
                  r.steady_driver_allocations, r.stats.plan_hits, r.steady_requests);
-      json.add(fmt::format(
-          R"({{"trace": "{}", "config": "{}", "backend": "{}", "sequences": {}, "peak_live_bytes": {}, )"
-          R"("held_bytes": {}, "ns_per_request": {:.1f}, "steady_driver_allocations": {}, )"
-          R"("steady_requests": {}, "plan_hits": {}, "plan_misses": {}, "arena_bytes": {}, )"
-          R"("peak_reserved_bytes": {}, "peak_reserved_over_live": {:.4f}, "segment_grows": {}, "hits": {}, )"
-          R"("misses": {}, "measured_steps": {}, "us_per_step_bounds": {:.2f}}})",
-          name, c.label, use_cuda ? "cuda" : "host", steps.size(), live, held, r.ns_per_request,
-          r.steady_driver_allocations, r.steady_requests, r.stats.plan_hits, r.stats.plan_misses, r.stats.arena_bytes,
-          reserved, static_cast<double>(reserved) / live, r.stats.segment_grows, r.stats.hits, r.stats.misses,
-          r.measured_steps, r.us_per_step_bounds));
+      json.add({{"trace", name},
+                {"config", c.label},
+                {"backend", use_cuda ? "cuda" : "host"},
+                {"sequences", steps.size()},
+                {"peak_live_bytes", live},
+                {"held_bytes", held},
+                {"ns_per_request", r.ns_per_request},
+                {"steady_driver_allocations", r.steady_driver_allocations},
+                {"steady_requests", r.steady_requests},
+                {"plan_hits", r.stats.plan_hits},
+                {"plan_misses", r.stats.plan_misses},
+                {"arena_bytes", r.stats.arena_bytes},
+                {"peak_reserved_bytes", reserved},
+                {"peak_reserved_over_live", static_cast<double>(reserved) / live},
+                {"segment_grows", r.stats.segment_grows},
+                {"hits", r.stats.hits},
+                {"misses", r.stats.misses},
+                {"measured_steps", r.measured_steps},
+                {"us_per_step_bounds", r.us_per_step_bounds}});
     }
   }
-  json.write(json_path);
+  if (!json.write(json_path)) fmt::print(stderr, "cannot write {}\n", json_path);
   return 0;
 }

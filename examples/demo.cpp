@@ -1,6 +1,8 @@
 // refpool-demo: a loop whose body allocates arrays of changing shapes (the same byte sizes)
 // inside a cache scope, on the GPU when one is usable, else on the host. From the second
-// iteration on every request is a hit and no memory is allocated from the backend.
+// iteration on every request is a hit and no memory is allocated from the backend. A bad
+// REFPOOL_CONF (or REFPOOL_NO_CACHING) is reported with what to fix, and exit status 2.
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -42,9 +44,7 @@ void step(const device_context& ctx) {
   fill(ctx, c.data(), 4, c.bytes());
 }
 
-}  // namespace
-
-int main() {
+int run() {
   device_context ctx{refpool::host_backend(), {}, false};
   std::unique_ptr<refpool::cuda::stream> stream;
   if (refpool::cuda::available()) {
@@ -65,6 +65,30 @@ int main() {
                after.misses - before.misses, ctx.be.allocation_count() - allocations_before);
   }
   if (ctx.gpu) refpool::cuda::synchronize(ctx.stream);
-  fmt::print("\nbackend {}:\n{}", ctx.be.name(), cache.stats());
+  fmt::print("\nbackend {}:\n{}", ctx.be.name(), cache.summary());
   return 0;
+}
+
+// The environment's configuration is read at the first cache; its errors name the key and the
+// values allowed, so the demo says so and which variables to look at, instead of aborting.
+void explain(const refpool::config_error& e) {
+  const char* conf = std::getenv("REFPOOL_CONF");
+  const char* no_caching = std::getenv("REFPOOL_NO_CACHING");
+  fmt::print(stderr, "refpool-demo: refpool's configuration has an error:\n  {}\n", e.what());
+  if (conf != nullptr) fmt::print(stderr, "REFPOOL_CONF is '{}'.\n", conf);
+  if (no_caching != nullptr) fmt::print(stderr, "REFPOOL_NO_CACHING is '{}'.\n", no_caching);
+  fmt::print(stderr,
+             "Fix the value named above (or unset the variable) and run again; docs/design.md, "
+             "\"Configuration\", lists every key.\n");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const refpool::config_error& e) {
+    explain(e);
+    return 2;
+  }
 }

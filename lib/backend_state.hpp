@@ -3,31 +3,34 @@
 // plan arena. So a resource lives exactly as long as something can still use or free its memory.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
-#include <refpool/alloc_cache.hpp>
 #include <refpool/resource.hpp>
 
 #include "ref_counted.hpp"
 
 namespace refpool::detail {
 
+/// The units caches round this backend's request sizes up to in their keys, one for each way a
+/// cache may serve the backend. The rule that picks them, and which entry is which, belong to the
+/// cache's segment source (cache/piece_units.hpp); they are kept here, beside the facts every key
+/// copies, so that a request reads its unit in one load.
+using key_units = std::array<std::size_t, 3>;
+
 class backend_state : public ref_counted<backend_state> {
  public:
-  explicit backend_state(std::shared_ptr<resource> res);
+  /// `choose_units` picks the key units from the state's facts, once, at the end of construction.
+  backend_state(std::shared_ptr<resource> res, key_units (*choose_units)(const backend_state&));
 
   [[nodiscard]] resource& res() const noexcept { return *resource_; }
   [[nodiscard]] device_id device() const noexcept { return device_; }
   [[nodiscard]] memory_kind kind() const noexcept { return kind_; }
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
-  /// What a cache with segment policy `p` rounds this backend's keys up to: the piece unit of
-  /// its segment heap when the policy gives this backend segments, else 1 (plain blocks).
-  [[nodiscard]] std::size_t piece_unit(segment_policy p) const noexcept {
-    return piece_units_[static_cast<std::size_t>(p)];
-  }
+  [[nodiscard]] const key_units& units() const noexcept { return units_; }
 
   // The backend's accounting, changed only here: whole allocations through allocate and
   // deallocate, commits of virtual-memory regions through their vm_region (lib/vm), and the driver
@@ -55,7 +58,7 @@ class backend_state : public ref_counted<backend_state> {
   device_id device_;
   memory_kind kind_;
   std::size_t alignment_;
-  std::size_t piece_units_[3];  // by segment_policy: off, on, automatic
+  key_units units_{};
 
   std::atomic<std::size_t> outstanding_{0};
   std::atomic<std::uint64_t> allocations_{0};

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -24,7 +25,7 @@ std::string optional_text(const std::optional<std::uint64_t>& v) { return v ? fm
 std::string optional_bytes(const std::optional<std::size_t>& v) {
   return v ? fmt::format("{:.1f} MiB", static_cast<double>(*v) / (1 << 20)) : "n/a";
 }
-std::string json_optional(const std::optional<std::uint64_t>& v) { return v ? fmt::format("{}", *v) : "null"; }
+json json_optional(const std::optional<std::uint64_t>& v) { return v ? json(*v) : json(nullptr); }
 
 // The cheapest of several repeated allocations is slow for the raw driver: fewer operations there.
 template <class A>
@@ -51,9 +52,12 @@ struct runner {
         const double ns = refpool::bench::hit_path(a, bytes, scaled<A>(200000, bytes), s());
         rows[a.name()].push_back(ns);
         const auto c = a.report();
-        json.add(fmt::format(R"({{"workload": "hit_path", "allocator": "{}", "bytes": {}, "ns_per_pair": {:.1f}, )"
-                             R"("driver_allocations": {}, "hits": {}}})",
-                             a.name(), bytes, ns, json_optional(c.driver_allocations), json_optional(c.hits)));
+        json.add({{"workload", "hit_path"},
+                  {"allocator", a.name()},
+                  {"bytes", bytes},
+                  {"ns_per_pair", ns},
+                  {"driver_allocations", json_optional(c.driver_allocations)},
+                  {"hits", json_optional(c.hits)}});
       }
     };
     // "refpool": the default, pieces of segments on device memory. "refpool blocks": plain blocks;
@@ -101,11 +105,14 @@ struct runner {
       const auto c = a.report();
       fmt::print("{:<16} {:>12.1f} {:>9.1f}x {:>8} {:>8} {:>18}\n", a.name(), ns, ns / ours, optional_text(c.hits),
                  optional_text(c.misses), optional_text(c.driver_allocations));
-      json.add(
-          fmt::format(R"({{"workload": "reshape", "allocator": "{}", "iterations": {}, "requests_per_iteration": {}, )"
-                      R"("ns_per_request": {:.1f}, "hits": {}, "misses": {}, "driver_allocations": {}}})",
-                      a.name(), iterations, requests, ns, json_optional(c.hits), json_optional(c.misses),
-                      json_optional(c.driver_allocations)));
+      json.add({{"workload", "reshape"},
+                {"allocator", a.name()},
+                {"iterations", iterations},
+                {"requests_per_iteration", requests},
+                {"ns_per_request", ns},
+                {"hits", json_optional(c.hits)},
+                {"misses", json_optional(c.misses)},
+                {"driver_allocations", json_optional(c.driver_allocations)}});
     });
   }
 
@@ -126,12 +133,13 @@ struct runner {
                  r.driver_count_known ? fmt::format("{}", r.steady_driver_allocations) : "n/a",
                  r.used_bytes.empty() ? 0.0 : *hi / mib,
                  r.used_bytes.empty() ? "-" : fmt::format("{:.0f}..{:.0f}", *lo / mib, *hi / mib));
-      json.add(
-          fmt::format(R"({{"workload": "training", "allocator": "{}", "iterations": {}, "us_per_iteration": {:.3f}, )"
-                      R"("steady_driver_allocations": {}, "used_bytes_every_100": [{}]}})",
-                      a.name(), iterations, r.us_per_iteration,
-                      r.driver_count_known ? fmt::format("{}", r.steady_driver_allocations) : "null",
-                      fmt::join(r.used_bytes, ", ")));
+      json.add({{"workload", "training"},
+                {"allocator", a.name()},
+                {"iterations", iterations},
+                {"us_per_iteration", r.us_per_iteration},
+                {"steady_driver_allocations",
+                 r.driver_count_known ? refpool::bench::json(r.steady_driver_allocations) : refpool::bench::json()},
+                {"used_bytes_every_100", r.used_bytes}});
     });
   }
 
@@ -149,11 +157,15 @@ struct runner {
                fmt::format("{} MiB", max_bytes >> 20), r.ns_per_op, r.ns_per_op / ours, hit_rate,
                optional_bytes(c.peak_reserved_bytes),
                c.peak_reserved_bytes ? fmt::format("{:.2f}x", held_ratio) : "n/a");
-    json.add(
-        fmt::format(R"({{"workload": "random", "allocator": "{}", "max_bytes": {}, "ops": {}, "ns_per_op": {:.1f}, )"
-                    R"("hits": {}, "misses": {}, "peak_live_bytes": {}, "peak_reserved_bytes": {}}})",
-                    a.name(), max_bytes, ops, r.ns_per_op, json_optional(c.hits), json_optional(c.misses),
-                    r.peak_live_bytes, json_optional(c.peak_reserved_bytes)));
+    json.add({{"workload", "random"},
+              {"allocator", a.name()},
+              {"max_bytes", max_bytes},
+              {"ops", ops},
+              {"ns_per_op", r.ns_per_op},
+              {"hits", json_optional(c.hits)},
+              {"misses", json_optional(c.misses)},
+              {"peak_live_bytes", r.peak_live_bytes},
+              {"peak_reserved_bytes", json_optional(c.peak_reserved_bytes)}});
   }
 
   void random() {
@@ -218,9 +230,7 @@ struct runner {
         const double rate = threaded_pairs(a, t, 64u << 10, pairs);
         if (t == 1) single = rate;
         fmt::print("{:<16} {:>8} {:>16.2f} {:>17.1f}x\n", a.name(), t, rate / 1e6, rate / single);
-        json.add(
-            fmt::format(R"({{"workload": "threads", "allocator": "{}", "threads": {}, "pairs_per_second": {:.0f}}})",
-                        a.name(), t, rate));
+        json.add({{"workload", "threads"}, {"allocator", a.name()}, {"threads", t}, {"pairs_per_second", rate}});
       }
     });
   }
@@ -230,14 +240,13 @@ struct runner {
 
 int main(int argc, char** argv) {
   std::string json_path = "gpu_bench.json";
-  std::set<std::string> chosen;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      chosen.insert(argv[i]);
-    }
-  }
+  std::vector<std::string> workloads;
+  CLI::App app{"refpool's GPU allocation benchmarks against the driver's allocators, CUB and PyTorch"};
+  app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
+  app.add_option("workload", workloads, "Run only these (default: all)")
+      ->check(CLI::IsMember({"hit_path", "reshape", "training", "random", "threads"}));
+  CLI11_PARSE(app, argc, argv);
+  const std::set<std::string> chosen(workloads.begin(), workloads.end());
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not swallow the lines before it
   if (!refpool::cuda::available()) {
     fmt::print("gpu_bench needs a CUDA device: {}\n", refpool::cuda::unavailable_reason());
@@ -253,8 +262,10 @@ int main(int argc, char** argv) {
              REFPOOL_BENCH_TORCH ? ", PyTorch c10" : " (PyTorch: not built)");
   use_device_0();
   runner r;
-  r.json.add(fmt::format(R"({{"workload": "machine", "gpu": "{}", "driver": {}, "date": "{}"}})",
-                         refpool::cuda::device_name(0), refpool::cuda::driver_version(), date));
+  r.json.add({{"workload", "machine"},
+              {"gpu", refpool::cuda::device_name(0)},
+              {"driver", refpool::cuda::driver_version()},
+              {"date", date}});
   if (want("hit_path")) r.hit_path();
   if (want("reshape")) r.reshape();
   if (want("training")) r.training();

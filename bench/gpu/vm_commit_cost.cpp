@@ -4,9 +4,12 @@
 // Usage: vm_commit_cost [--json FILE] [TOTAL_MIB]   (default 8192 MiB, idle device)
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <refpool/cuda.hpp>
 #include <refpool/resource.hpp>
@@ -23,11 +26,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int main(int argc, char** argv) {
   std::string json_path;
   std::size_t total_mib = 8192;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
-    else total_mib = std::stoul(arg);
-  }
+  CLI::App app{"What committing and decommitting GPU memory costs, by commit size"};
+  app.add_option("--json", json_path, "Write the rows to this file");
+  app.add_option("total_mib", total_mib, "Bytes committed in all, in MiB")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   if (!refpool::cuda::available()) {
     fmt::print("vm_commit_cost needs a CUDA device: {}\n", refpool::cuda::unavailable_reason());
     return 0;
@@ -42,7 +44,7 @@ int main(int argc, char** argv) {
   void* base = vm->reserve(total);
   fmt::print("{:>10} {:>8} {:>12} {:>12} {:>14} {:>14}\n", "chunk MiB", "chunks", "commit ms", "decommit ms",
              "commit us/call", "us per GiB");
-  std::string rows;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const std::size_t chunk_mib : {2, 8, 32, 64, 256, 1024, 4096}) {
     if (chunk_mib > total_mib) break;
     const std::size_t chunk = chunk_mib << 20, n = total / chunk;
@@ -61,17 +63,16 @@ int main(int argc, char** argv) {
       if (round == 0 || c < commit_s) commit_s = c;
       if (round == 0 || d < decommit_s) decommit_s = d;
     }
-    fmt::print("{:>10} {:>8} {:>12.2f} {:>12.2f} {:>14.1f} {:>14.0f}\n", chunk_mib, n, commit_s * 1e3,
-               decommit_s * 1e3, commit_s * 1e6 / n, commit_s * 1e6 / (total_mib / 1024.0));
-    rows += fmt::format("{}{{\"chunk_mib\": {}, \"chunks\": {}, \"commit_ms\": {:.3f}, \"decommit_ms\": {:.3f}}}",
-                        rows.empty() ? "" : ", ", chunk_mib, n, commit_s * 1e3, decommit_s * 1e3);
+    fmt::print("{:>10} {:>8} {:>12.2f} {:>12.2f} {:>14.1f} {:>14.0f}\n", chunk_mib, n, commit_s * 1e3, decommit_s * 1e3,
+               commit_s * 1e6 / n, commit_s * 1e6 / (total_mib / 1024.0));
+    rows.push_back(
+        {{"chunk_mib", chunk_mib}, {"chunks", n}, {"commit_ms", commit_s * 1e3}, {"decommit_ms", decommit_s * 1e3}});
   }
   vm->release(base, total);
   if (!json_path.empty()) {
-    if (FILE* f = std::fopen(json_path.c_str(), "w")) {
-      fmt::print(f, "{{\"device\": \"{}\", \"total_mib\": {}, \"rows\": [{}]}}\n", refpool::cuda::device_name(0),
-                 total_mib, rows);
-      std::fclose(f);
-    }
+    std::ofstream f(json_path);
+    f << nlohmann::ordered_json{{"device", refpool::cuda::device_name(0)}, {"total_mib", total_mib}, {"rows", rows}}
+             .dump(2)
+      << "\n";
   }
 }

@@ -16,7 +16,7 @@ for tree in new base; do
   (meson setup "/tmp/replay-$tree" "$src" "${options[@]}" && ninja -C "/tmp/replay-$tree" bench/trace_replay) \
     >"$out/build-$tree.txt" 2>&1 || { tail -30 "$out/build-$tree.txt"; exit 1; }
 done
-traces=(bench/traces/gpt.csv bench/traces/gpt_varlen.csv bench/traces/resnet18.csv)
+traces=(bench/traces/gpt.csv.xz bench/traces/gpt_varlen.csv.xz bench/traces/resnet18.csv.xz)
 for round in $(seq "$rounds"); do
   for tree in base new; do
     for backend in --cuda ""; do

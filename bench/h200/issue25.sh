@@ -29,11 +29,11 @@ for part in "$@"; do
         awk 'NR > 1 { s += $NF } END { printf "sum %.1f ms over %d steps\n", s, NR - 1 }' "$out/steps_${row/ /_}.txt"
       done ;;
     serving)
-      timeout 200 /tmp/b/bench/trace_replay --cuda --json "$out/serving.json" bench/traces/gpt2_serving.csv \
+      timeout 200 /tmp/b/bench/trace_replay --cuda --json "$out/serving.json" bench/traces/gpt2_serving.csv.xz \
         >"$out/serving.txt" 2>&1
       for row in default planned; do
         timeout 90 /tmp/b/bench/trace_replay --cuda --only $row --variants 3 --json "$out/serving_x3_$row.json" \
-          bench/traces/gpt2_serving.csv >>"$out/serving.txt" 2>&1
+          bench/traces/gpt2_serving.csv.xz >>"$out/serving.txt" 2>&1
       done
       cat "$out/serving.txt" ;;
     generate | varlen)

@@ -40,13 +40,13 @@ if [ "$part" = all ] || [ "$part" = gpu ]; then
 fi
 if [ "$part" = all ] || [ "$part" = replay ]; then  # every row: default, plain step, cache ..., planned (issue 25)
   timeout ${REPLAY_SECONDS:-180} /tmp/b/bench/trace_replay --cuda --iterations 60 --json "$out/trace_replay_cuda.json" \
-    bench/traces/*.csv >"$out/trace_replay_cuda.txt" 2>&1
-  timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --iterations 96 --variants 12 bench/traces/gpt.csv >>"$out/trace_replay_cuda.txt" 2>&1
-  timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --iterations 30 --concat 7 bench/traces/gpt.csv >>"$out/trace_replay_cuda.txt" 2>&1
+    bench/traces/{gpt,gpt2_serving,gpt_varlen,resnet18}.csv.xz >"$out/trace_replay_cuda.txt" 2>&1
+  timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --iterations 96 --variants 12 bench/traces/gpt.csv.xz >>"$out/trace_replay_cuda.txt" 2>&1
+  timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --iterations 30 --concat 7 bench/traces/gpt.csv.xz >>"$out/trace_replay_cuda.txt" 2>&1
   # 48 request sequences that never repeat within a key's 16 pending ones (issue 25's serving case)
   for row in default "plain step" planned; do
     timeout ${REPLAY_SECONDS:-90} /tmp/b/bench/trace_replay --cuda --only "$row" --variants 3 --json "$out/trace_replay_serving_x3_${row/ /_}.json" \
-      bench/traces/gpt2_serving.csv >>"$out/trace_replay_cuda.txt" 2>&1
+      bench/traces/gpt2_serving.csv.xz >>"$out/trace_replay_cuda.txt" 2>&1
   done
   tail -50 "$out/trace_replay_cuda.txt"
 fi
@@ -68,7 +68,7 @@ if [ "$part" = pictures ]; then
   tail -6 "$out/pictures.txt"
 fi
 if [ "$part" = serving ]; then  # capture a serving trace (GPT-2 generation, random batch x prompt), replay it
-  timeout ${SERVING_SECONDS:-180} python3 bench/traces/capture_serving.py "$out" ${SERVING_REQUESTS:-40} >"$out/serving.txt" 2>&1
+  timeout ${SERVING_SECONDS:-180} python3 bench/traces/capture_serving.py "$out" --requests ${SERVING_REQUESTS:-40} >"$out/serving.txt" 2>&1
   tail -3 "$out/serving.txt"
   [ -f "$out/gpt2_serving.csv" ] && timeout ${REPLAY_SECONDS:-120} /tmp/b/bench/trace_replay --cuda \
     --json "$out/trace_replay_serving.json" "$out/gpt2_serving.csv" >>"$out/serving.txt" 2>&1

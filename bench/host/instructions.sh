@@ -17,11 +17,11 @@ read -ra cases <<< "${CASES:-gpt gpt_varlen resnet18 serving16 serving24 serving
 for f in ${TRACES:-}; do cases+=("$f"); done
 args_of() {
   case $1 in
-    serving16) echo "$t/gpt2_serving.csv" ;;
-    serving24) echo "$t/gpt2_serving.csv --variants 2 --sequences 24" ;;
-    servingfresh) echo "$t/gpt2_serving.csv --fresh" ;;
-    *.csv) echo "$1" ;;
-    *) echo "$t/$1.csv" ;;
+    serving16) echo "$t/gpt2_serving.csv.xz" ;;
+    serving24) echo "$t/gpt2_serving.csv.xz --variants 2 --sequences 24" ;;
+    servingfresh) echo "$t/gpt2_serving.csv.xz --fresh" ;;
+    *.csv | *.csv.xz) echo "$1" ;;
+    *) echo "$t/$1.csv.xz" ;;
   esac
 }
 printf '%-16s %-11s' case row
@@ -29,7 +29,7 @@ for b in "$@"; do printf ' %14s %7s' "$(basename "$b")" calls; done
 echo
 for c in "${cases[@]}"; do
   for row in "${rows[@]}"; do
-    printf '%-16s %-11s' "$(basename "$c" .csv)" "$row"
+    name=$(basename "$c"); name=${name%.xz}; printf '%-16s %-11s' "${name%.csv}" "$row"
     for b in "$@"; do
       # shellcheck disable=SC2046  # the case's arguments are words
       out=$(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/dev/null \

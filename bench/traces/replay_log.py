@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Replays refpool's allocation log of a real framework run (REFPOOL_CONF=log:PATH, here GPT-2
-training with 13 sequence lengths on the H200) through refpool's framework allocator on the host
-backend, one step per recorded step, every allocation and free in the order the run made them,
-persistent state included (parameters, optimizer state, gradients that outlive their step). The
+training with 13 sequence lengths on the H200), kept as a step trace (gpt2_train_varlen_h200.csv.xz:
+step,event,index,bytes; step 0 is what came before the first step, an index a buffer's slot), through
+refpool's framework allocator on the host backend, one step per recorded step, every allocation and
+free in the order the run made them, persistent state included (parameters, optimizer state,
+gradients that outlive their step). The
 request sequence does not depend on the allocator, so its memory figures are what the same
 program holds; time is not measured (Python calls dominate). One process per row, side by side:
 
@@ -21,7 +23,7 @@ on the host backend or, with --runtime cuda, on a GPU (driver calls included, no
 """
 import argparse
 import csv
-import gzip
+import lzma
 import json
 import os
 import subprocess
@@ -29,8 +31,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LOG = HERE / "gpt2_train_varlen_h200.log.csv.gz"
-STEPS = HERE / "gpt2_train_varlen_h200.steps.json"
+# xz: the trace is 3.1 MB of text, 135 KB compressed (gzip: 3x larger); Python reads it with lzma.
+LOG = HERE / "gpt2_train_varlen_h200.csv.xz"
+ABOUT = HERE / "gpt2_train_varlen_h200.json"  # what was run, and PyTorch's figures on the same run
 # Row: (cache configuration, plan key of every step: None for a step without one).
 ROWS = {"default": ("segments:on", None), "plain step": ("segments:on,auto_plans:off", None),
         "planned": ("segments:on", "gpt2 train")}
@@ -48,18 +51,21 @@ def replay(row, runtime="host", per_step=None):
     import refpool.allocator as allocator
     conf, plan = row
     allocator.configure(runtime=runtime, conf=conf)  # segments on: as a GPU gets them
-    steps = json.loads(STEPS.read_text())
-    with gzip.open(LOG, "rt") as f:
-        rows = list(csv.reader(f))[1:]  # Thread,Time,Action,Pointer,Size,Stream
+    steps = []  # the events of each step: (event, slot, bytes)
+    with lzma.open(LOG, "rt") as f:
+        for step, event, slot, size in list(csv.reader(f))[1:]:  # step,event,index,bytes
+            while len(steps) <= int(step):
+                steps.append([])
+            steps[int(step)].append((event, slot, size))
     held, live, peak_live = {}, 0, 0
 
     slow = []  # (seconds, step, action, bytes): the slowest calls, with per_step
 
     def run(events, step=-1):
         nonlocal live, peak_live
-        for _, _, action, pointer, size, _ in events:
+        for action, pointer, size in events:
             began = time.perf_counter() if per_step is not None else 0
-            if action == "allocate":
+            if action == "alloc":
                 held[pointer] = (allocator.malloc(int(size)), int(size))
                 live += int(size)
                 peak_live = max(peak_live, live)
@@ -73,21 +79,15 @@ def replay(row, runtime="host", per_step=None):
                     slow.sort(reverse=True)
                     del slow[64:]
 
-    first = steps["prestep_events"]
-    run(rows[:first])  # the model's parameters, before the first step
-    at = first
+    run(steps[0])  # the model's parameters, before the first step
     before = allocator.stats()
-    for end in steps["step_end_times"]:
-        stop = at
-        while stop < len(rows) and float(rows[stop][1]) <= end:
-            stop += 1
+    for events in steps[1:]:
         began = time.perf_counter()
         with allocator.step(plan):
-            run(rows[at:stop], len(per_step) if per_step is not None else -1)
+            run(events, len(per_step) if per_step is not None else -1)
             closing = time.perf_counter()
         seconds = time.perf_counter() - began
         closing = time.perf_counter() - closing
-        at = stop
         if per_step is not None:
             now = allocator.stats()
             per_step.append(dict({k: now.get(k, 0) - before.get(k, 0) for k in STEP_COUNTERS},
@@ -100,7 +100,7 @@ def replay(row, runtime="host", per_step=None):
     return {"conf": conf, "peak_reserved_bytes": stats["peak_reserved_bytes"],
             "reserved_bytes_at_end": stats["reserved_bytes"], "peak_live_bytes": peak_live,
             "arena_bytes": stats["arena_bytes"], "arena_lendings": stats.get("arena_lendings", 0),
-            "plans": stats["plans"], "steps": len(steps["step_end_times"])}
+            "plans": stats["plans"], "steps": len(steps) - 1}
 
 
 def main():
@@ -131,7 +131,7 @@ def main():
         child = subprocess.run([sys.executable, __file__, "--row", label], capture_output=True, text=True,
                                env=dict(os.environ), check=True)
         results[label] = json.loads(child.stdout.strip().splitlines()[-1])
-    torch = json.loads(STEPS.read_text())["pytorch_on_h200"]
+    torch = json.loads(ABOUT.read_text())["pytorch_on_h200"]
     print(f"{'allocator':<34} {'peak reserved':>14} {'peak live':>11} {'resvd/live':>10} {'vs PyTorch':>10}")
     for label, r in results.items():
         print(f"{'refpool ' + label + ' (host replay)':<34} {r['peak_reserved_bytes'] / MIB:>10,.0f} MiB "

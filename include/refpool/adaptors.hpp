@@ -1,5 +1,5 @@
 // Resource adaptors that wrap another resource: a byte limit, and the same for virtual memory, so
-// segment growth can be limited. Fault injection for tests is in refpool/testing.hpp.
+// segment growth can be limited. Fault injection for tests is in the test-support library (test/support/fault_injection.hpp).
 #pragma once
 
 #include <refpool/detail/export.hpp>

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include <refpool/backend.hpp>
 #include <refpool/cache_options.hpp>
@@ -58,6 +59,11 @@ class REFPOOL_API alloc_cache {
 
   /// Counters; see cache_stats.
   [[nodiscard]] cache_stats stats() const;
+  /// The counters as a short table for people (refpool::summary(stats())): requests and hit rate,
+  /// allocated/reserved/idle bytes now and at their peaks in KiB/MiB/GiB, plans, backend calls,
+  /// out-of-memory failures. `fmt::format("{}", stats())` (refpool/stats_format.hpp) prints every
+  /// counter. Thread-safe, like stats().
+  [[nodiscard]] std::string summary() const;
   /// Restarts peak_held_bytes and peak_live_bytes from the current values.
   void reset_peaks() noexcept;
 

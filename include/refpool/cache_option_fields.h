@@ -11,10 +11,13 @@
  *   byte_limit        <bytes>[K|M|G|T], unlimited                  refpool_byte_limit        std::size_t
  *   segment_policy    off, on, auto                                refpool_segment_policy    refpool::segment_policy
  *   on_off            on, off                                      refpool_on_off            bool
- * `default_text` is the default, spelled that way. A new option of one of these kinds is one line
+ * on and off are also read from true/false, yes/no and 1/0, in any case (one spelling is documented:
+ * on/off). `default_text` is the default, spelled that way. A new option of one of these kinds is one line
  * here (docs/design.md, "Configuration"); a new kind also needs its C type in refpool.h, its tag
  * and parse_option in refpool/cache_options.hpp, its conversions in lib/config/option_kinds.cpp
- * and its ctypes type in python/refpool/_options.py. */
+ * and its ctypes type in python/refpool/_options.py. The C struct must not end in padding (a
+ * static_assert in lib/c_api/cache_options_c.cpp says so): an option of a 4-byte C type that would
+ * leave some comes with an explicit padding field, so every layout has a size of its own. */
 #ifndef REFPOOL_CACHE_OPTION_FIELDS_H
 #define REFPOOL_CACHE_OPTION_FIELDS_H
 

@@ -1,8 +1,8 @@
 // The GPU front end every runtime shares: owning streams, copies and fills, written once (lib/gpu/)
 // over a table of the runtime's entry points. Users include refpool/cuda.hpp or refpool/hip.hpp,
 // whose namespaces name these for their runtime (cuda::stream is gpu::basic_stream<gpu::runtime::cuda>)
-// and add what differs. Kernel modules and launches, which only refpool's GPU tests use, are not
-// API (lib/gpu/modules.hpp).
+// and add what differs. (Kernel modules and launches, which only refpool's GPU tests use, are test
+// tooling outside the library: test/support/gpu_modules.hpp.)
 #pragma once
 
 #include <cstddef>

@@ -19,6 +19,21 @@
  * this thread's last-error message (refpool_last_error) and leaves its out-parameters untouched.
  * No C++ exception crosses this API: every one, std::bad_alloc included, becomes a status.
  *
+ * Structs that grow. Options, stats and infos (every struct here but the handles, refpool_pool_id
+ * and refpool_rounding_policy) may gain fields at their end in a later refpool with the same
+ * soname. So every function that takes one by address takes its size too: pass `sizeof` of your
+ * struct, as the refpool.h you compiled against declares it. The library reads or writes only
+ * that many bytes:
+ *   - a struct from an older header (smaller): on output the library writes the fields it has
+ *     and leaves the rest of its own alone; on input the fields it lacks take their defaults;
+ *   - a struct from a newer header (larger) than this library knows: on output the bytes past
+ *     this library's struct are zeroed; on input they must be zero (fields left unset), else
+ *     INVALID_ARGUMENT names the first byte set.
+ * A size of 0, or one that is not a multiple of the struct's alignment, is INVALID_ARGUMENT (no
+ * refpool.h ever declared it). A NULL options pointer means the defaults; its size is ignored.
+ * An incompatible change (a field changed, moved or removed, a signature changed) changes the
+ * soname; CI compares the library's ABI against the last release's (abi/).
+ *
  * Thread safety. Every function may be called from any thread, on any handle, concurrently:
  * handle lookups are locked and each object has its own lock, so even a release racing with a
  * use of the same handle is safe (the use either completes first or gets INVALID_HANDLE).
@@ -167,7 +182,8 @@ typedef enum refpool_on_off REFPOOL_ENUM_BASE {
 /// Tunables of a cache (refpool::cache_options): one field per option of
 /// refpool/cache_option_fields.h (rounding, max_idle_bytes, segments, auto_plans), of its kind's C type. Fill
 /// with refpool_cache_options_init or refpool_cache_options_from_environment, then change fields
-/// or apply a conf string with refpool_cache_options_parse.
+/// or apply a conf string with refpool_cache_options_parse. A struct that grows: functions take
+/// its size, and options your struct lacks take REFPOOL_CONF's value (else their default).
 typedef struct refpool_cache_options {
 #define REFPOOL_OPTION_FIELD(kind, name, default_text, description) refpool_##kind name;
   REFPOOL_CACHE_OPTIONS(REFPOOL_OPTION_FIELD)
@@ -187,8 +203,8 @@ typedef struct refpool_option_info {
 } refpool_option_info;
 
 /// A snapshot of a cache's counters: the fields of refpool::cache_stats, in its order, with its
-/// meaning, all defined once in refpool/stats_fields.h (ABI 1: fields after
-/// planned_peak_live_bytes are new in 0.2). Exact when no other thread uses the cache.
+/// meaning, all defined once in refpool/stats_fields.h. New counters are appended: a struct that
+/// grows (refpool_cache_get_stats takes its size). Exact when no other thread uses the cache.
 /// hit rate = hits / (hits + misses).
 typedef struct refpool_cache_stats {
 #define REFPOOL_STATS_FIELD(type, name, description) type name;
@@ -202,19 +218,19 @@ typedef struct refpool_scope_options {
   /// warm-up allocations are never kept.
   size_t uncached_warmup_entries;
   /// NULL or "": a plain scope. Otherwise a planned scope under this key (docs/design.md,
-  /// "Planned scopes"): the first run records its requests, later runs with the same sequence get
-  /// regions of one arena. The text is copied.
+  /// "Planned scopes"): a run with no plan for its sequence is served by the plain cache and
+  /// records its requests; when a recorded sequence repeats, its plan (one arena) is made, and
+  /// later runs with that sequence get regions of the arena. The text is copied.
   const char* plan;
 } refpool_scope_options;
 
 /// The framework allocator: one process-wide cache over the GPU backends of every device, used
 /// by the framework entry points (refpool_torch_malloc, refpool_cupy_malloc) and by
 /// refpool_allocator_alloc. Fill with refpool_allocator_options_init, change fields, then pass to
-/// refpool_allocator_configure before the allocator's first allocation.
+/// refpool_allocator_configure, with the cache's options, before the allocator's first allocation.
 typedef struct refpool_allocator_options {
-  refpool_runtime runtime;      ///< default REFPOOL_RUNTIME_CUDA
-  refpool_memory_kind kind;     ///< REFPOOL_MEMORY_DEVICE (default) or _DEVICE_ASYNC; ignored for HOST
-  refpool_cache_options cache;  ///< default: refpool_cache_options_from_environment
+  refpool_runtime runtime;   ///< default REFPOOL_RUNTIME_CUDA
+  refpool_memory_kind kind;  ///< REFPOOL_MEMORY_DEVICE (default) or _DEVICE_ASYNC; ignored for HOST
 } refpool_allocator_options;
 
 /// How refpool_alloc serves a request. Zero-initialise for the defaults (or pass NULL).
@@ -284,39 +300,50 @@ REFPOOL_C_API refpool_status refpool_backend_new_host_limited(size_t capacity_by
 /// INVALID_HANDLE (already released).
 REFPOOL_C_API refpool_status refpool_backend_release(refpool_backend backend);
 
-/// The backend's counters. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-REFPOOL_C_API refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out);
+/// The backend's counters, into *out of `out_size` bytes (sizeof(refpool_backend_stats)).
+/// Errors: INVALID_ARGUMENT (also a bad size), INVALID_HANDLE.
+REFPOOL_C_API refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out,
+                                                       size_t out_size);
 
 /* ---- caches ------------------------------------------------------------------------------ */
 
-/// Fills *options with the defaults (refpool/cache_option_fields.h). Errors: INVALID_ARGUMENT.
-REFPOOL_C_API refpool_status refpool_cache_options_init(refpool_cache_options* options);
+/// Every function below that takes a refpool_cache_options takes `options_size` too:
+/// sizeof(refpool_cache_options) as your header declares it (see "Structs that grow").
+
+/// Fills *options with the defaults (refpool/cache_option_fields.h).
+/// Errors: INVALID_ARGUMENT (a NULL pointer, a bad size).
+REFPOOL_C_API refpool_status refpool_cache_options_init(refpool_cache_options* options, size_t options_size);
 
 /// Fills *options with the defaults plus REFPOOL_CONF's cache options.
 /// Errors: INVALID_ARGUMENT, CONFIG (bad REFPOOL_CONF; the message names the key).
-REFPOOL_C_API refpool_status refpool_cache_options_from_environment(refpool_cache_options* options);
+REFPOOL_C_API refpool_status refpool_cache_options_from_environment(refpool_cache_options* options,
+                                                                    size_t options_size);
 
 /// Sets the options a conf string names, in REFPOOL_CONF's spelling ("rounding:pow2:4,segments:off");
-/// the other fields keep their values. Errors: INVALID_ARGUMENT (a NULL pointer), CONFIG (not
-/// key:value, an unknown key, a process-wide key such as log, a bad value: the message names the
-/// key and its allowed values); *options is unchanged on error.
-REFPOOL_C_API refpool_status refpool_cache_options_parse(refpool_cache_options* options, const char* conf);
+/// the other fields keep their values. Errors: INVALID_ARGUMENT (a NULL pointer, a bad size), CONFIG
+/// (not key:value, an unknown key, a process-wide key such as log, a bad value: the message names
+/// the key and its allowed values; an option your struct is too small to hold); *options is
+/// unchanged on error.
+REFPOOL_C_API refpool_status refpool_cache_options_parse(refpool_cache_options* options, size_t options_size,
+                                                         const char* conf);
 
 /// Sets one option by name from its text ("rounding", "pow2:4"). Errors: as refpool_cache_options_parse.
-REFPOOL_C_API refpool_status refpool_cache_options_set(refpool_cache_options* options, const char* name,
-                                                       const char* value);
+REFPOOL_C_API refpool_status refpool_cache_options_set(refpool_cache_options* options, size_t options_size,
+                                                       const char* name, const char* value);
 
 /// The number of cache options (the fields of refpool_cache_options, in order).
 REFPOOL_C_API size_t refpool_cache_option_count(void);
-/// Option `index`'s name, kind, place and spelling; NULL when index >= refpool_cache_option_count().
-/// Static storage.
-REFPOOL_C_API const refpool_option_info* refpool_cache_option_info(size_t index);
+/// Option `index`'s name, kind, place and spelling, into *out of `out_size` bytes
+/// (sizeof(refpool_option_info)); its strings are static. Errors: INVALID_ARGUMENT (index >=
+/// refpool_cache_option_count(), out NULL, a bad size).
+REFPOOL_C_API refpool_status refpool_cache_option_info(size_t index, refpool_option_info* out, size_t out_size);
 
 /// Creates a cache. `options` NULL means refpool_cache_options_from_environment. The caller
-/// owns *out and destroys it with refpool_cache_destroy. Errors: INVALID_ARGUMENT (out NULL),
-/// CONFIG (a field its kind does not allow, e.g. a step of 0 bytes: the message names the field and
-/// the values allowed; a bad REFPOOL_CONF), OUT_OF_MEMORY.
-REFPOOL_C_API refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out);
+/// owns *out and destroys it with refpool_cache_destroy. Errors: INVALID_ARGUMENT (out NULL, a bad
+/// size), CONFIG (a field its kind does not allow, e.g. a step of 0 bytes: the message names the
+/// field and the values allowed; a bad REFPOOL_CONF), OUT_OF_MEMORY.
+REFPOOL_C_API refpool_status refpool_cache_create(const refpool_cache_options* options, size_t options_size,
+                                                  refpool_cache* out);
 
 /// Destroys a cache handle and the cache: its idle blocks go back to their backends. Buffers
 /// still referenced stay valid and go to their backend when their last handle is released; a
@@ -324,11 +351,12 @@ REFPOOL_C_API refpool_status refpool_cache_create(const refpool_cache_options* o
 /// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already destroyed).
 REFPOOL_C_API refpool_status refpool_cache_destroy(refpool_cache cache);
 
-/// The cache's counters, into *out: the whole struct as this library defines it. The struct
-/// grows as counters are appended, so code that may run against a newer library than its header
-/// (a binding, a plugin) reads them with refpool_cache_get_stat_values instead.
-/// Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-REFPOOL_C_API refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out);
+/// The cache's counters, into *out of `out_size` bytes: pass sizeof(refpool_cache_stats). Only
+/// `out_size` bytes are written, so a program built against an older header (fewer counters) gets
+/// the counters it knows; counters your header has and this library lacks are 0. Bindings that
+/// want every counter by name read refpool_cache_get_stat_values.
+/// Errors: INVALID_ARGUMENT (also a bad size), INVALID_HANDLE.
+REFPOOL_C_API refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out, size_t out_size);
 
 /// Frees least recently released idle blocks until at most `keep_bytes` idle bytes remain;
 /// live buffers are never touched. Stores the bytes freed in *freed_bytes unless it is NULL.
@@ -347,10 +375,11 @@ REFPOOL_C_API refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cach
 /// ends. Errors: INVALID_ARGUMENT, INVALID_HANDLE (cache destroyed), OUT_OF_MEMORY.
 REFPOOL_C_API refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out);
 
-/// As refpool_scope_enter, with options (warm-up entries, a plan key); `options` NULL is a plain
-/// scope. Errors: as refpool_scope_enter, and CONFIG (bad REFPOOL_CONF).
+/// As refpool_scope_enter, with options (warm-up entries, a plan key) of `options_size` bytes
+/// (sizeof(refpool_scope_options)); `options` NULL is a plain scope. Errors: as
+/// refpool_scope_enter, INVALID_ARGUMENT for a bad size, and CONFIG (bad REFPOOL_CONF).
 REFPOOL_C_API refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
-                                                              refpool_scope* out);
+                                                              size_t options_size, refpool_scope* out);
 
 /// Ends a scope. Buffers it handed out that are still referenced are counted as escapes and
 /// stay valid. Errors: INVALID_ARGUMENT, INVALID_HANDLE (already exited), SCOPE (not the
@@ -392,10 +421,11 @@ REFPOOL_C_API refpool_status refpool_free(void* ptr);
 /// (refpool_alloc with options->cache, the framework allocator when `cache` is its cache), on any
 /// thread, belongs to it until refpool_step_end. It is planned under options->plan when set, else
 /// under the cache's own key when the cache's auto_plans option is on (the default), else plain
-/// (`options` NULL: no key). The caller owns *out; it may be ended on any thread. Errors: INVALID_ARGUMENT,
-/// INVALID_HANDLE, SCOPE (a step is already open on the cache), CONFIG, OUT_OF_MEMORY.
+/// (`options` NULL: no key; `options_size`: sizeof(refpool_scope_options)). The caller owns *out; it may be ended on
+/// any thread. Errors: INVALID_ARGUMENT (also a bad size), INVALID_HANDLE, SCOPE (a step is already open on the
+/// cache), CONFIG, OUT_OF_MEMORY.
 REFPOOL_C_API refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options,
-                                                refpool_step* out);
+                                                size_t options_size, refpool_step* out);
 
 /// Ends a step: buffers its requests got that are still referenced are counted as escapes.
 /// Errors: INVALID_ARGUMENT, INVALID_HANDLE (already ended).
@@ -417,16 +447,42 @@ REFPOOL_C_API refpool_status refpool_cache_get_stat_values(refpool_cache cache, 
 /// Restarts the cache's peaks (peak_held_bytes, peak_live_bytes) from the current values.
 REFPOOL_C_API refpool_status refpool_cache_reset_peaks(refpool_cache cache);
 
+/* ---- stats for people ---------------------------------------------------------------------- */
+
+/// How much refpool_cache_summary says.
+typedef enum refpool_summary_detail REFPOOL_ENUM_BASE {
+  /// A short table (refpool::alloc_cache::summary; REFPOOL_CONF's stats_at_exit:on): requests and
+  /// hit rate, allocated, reserved and idle bytes now and at their peaks, plans, backend calls,
+  /// out-of-memory failures. Bytes in B, KiB, MiB, GiB, TiB.
+  REFPOOL_SUMMARY_SHORT = 0,
+  /// Every counter, each figure once (refpool::to_string(cache_stats); stats_at_exit:full).
+  REFPOOL_SUMMARY_FULL = 1
+} refpool_summary_detail;
+
+/// The cache's counters as text for a person, into text[0..capacity), NUL-terminated. *length
+/// receives the text's length without the NUL, also when `text` is too small, so a binding sizes its
+/// buffer: call with text NULL and capacity 0, then with capacity *length + 1; while other threads
+/// use the cache the text may grow between the two calls, so repeat until REFPOOL_OK. The layout is
+/// for people and may change between versions: programs read counters from refpool_cache_get_stats
+/// or refpool_cache_get_stat_values. Errors: INVALID_ARGUMENT (length NULL, text NULL with capacity
+/// > 0, capacity <= *length: nothing written; a detail that is neither SHORT nor FULL),
+/// INVALID_HANDLE, OUT_OF_MEMORY.
+REFPOOL_C_API refpool_status refpool_cache_summary(refpool_cache cache, refpool_summary_detail detail, char* text,
+                                                   size_t capacity, size_t* length);
+
 /* ---- the framework allocator -------------------------------------------------------------- */
 
-/// Fills *options with the defaults (CUDA, device memory, cache options from REFPOOL_CONF).
-/// Errors: INVALID_ARGUMENT, CONFIG.
-REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options);
+/// Fills *options of `options_size` bytes (sizeof(refpool_allocator_options)) with the defaults:
+/// CUDA, device memory. Errors: INVALID_ARGUMENT.
+REFPOOL_C_API refpool_status refpool_allocator_options_init(refpool_allocator_options* options, size_t options_size);
 
-/// Sets the framework allocator's options. Only before its first allocation (or its cache was
-/// asked for): CONFIG afterwards, naming what is in use. Every field is checked before any is
-/// taken: a rejected call leaves the allocator as it was. Errors: INVALID_ARGUMENT, CONFIG.
-REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options);
+/// Sets the framework allocator's options and its cache's options (`cache` NULL: from REFPOOL_CONF,
+/// as refpool_cache_options_from_environment). Each struct comes with its size. Only before the
+/// allocator's first allocation (or its cache was asked for): CONFIG afterwards, naming what is in
+/// use. Every field is checked before any is taken: a rejected call leaves the allocator as it
+/// was. Errors: INVALID_ARGUMENT (also a bad size), CONFIG.
+REFPOOL_C_API refpool_status refpool_allocator_configure(const refpool_allocator_options* options, size_t options_size,
+                                                         const refpool_cache_options* cache, size_t cache_size);
 
 /// A new handle to the framework allocator's cache, for steps, stats and reclaim (made at first
 /// use with the configured options). refpool_cache_destroy on it drops this handle only: the
@@ -530,14 +586,15 @@ REFPOOL_C_API void refpool_cupy_free(void* param, void* ptr, int device);
 /// directly from `backend`. With options->cache set: through that cache from any thread, with no
 /// scope (refpool::alloc_cache::allocate; the request belongs to the cache's open step).
 /// options->stream: the stream the buffer is used on (reuse of an idle buffer last used on another
-/// stream makes it wait for that stream). options->alignment: see refpool_alloc_options. rank 0 is a scalar (dims may
+/// stream makes it wait for that stream). options->alignment: see refpool_alloc_options. `options_size`:
+/// sizeof(refpool_alloc_options) (ignored when options is NULL). rank 0 is a scalar (dims may
 /// be NULL); a zero dim gives a buffer of zero elements that owns no memory. The caller owns *out and releases it with
 /// refpool_release. Errors: INVALID_ARGUMENT (null backend or out, element_size 0, dims NULL with rank > 0, an
-/// alignment that is not a power of two or is above the backend's), INVALID_HANDLE (backend or
+/// alignment that is not a power of two or is above the backend's, a bad size), INVALID_HANDLE (backend or
 /// cache), SIZE (overflow), OUT_OF_MEMORY, BACKEND, CONFIG (bad REFPOOL_CONF).
 REFPOOL_C_API refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank,
                                            size_t element_size, const refpool_alloc_options* options,
-                                           refpool_buffer* out);
+                                           size_t options_size, refpool_buffer* out);
 
 /// A new handle viewing the same buffer with other dims and the same element size; the element
 /// count must not change. The buffer is shared (its use count grows by one); the caller owns
@@ -576,8 +633,9 @@ REFPOOL_C_API refpool_status refpool_data(refpool_buffer buffer, void** out);
 /// `capacity` < rank: *rank is then still set, so a caller can size its array), INVALID_HANDLE.
 REFPOOL_C_API refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity, size_t* rank);
 
-/// Rank, element count and size, bytes, freed flag. Errors: INVALID_ARGUMENT, INVALID_HANDLE.
-REFPOOL_C_API refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out);
+/// Rank, element count and size, bytes, freed flag, into *out of `out_size` bytes
+/// (sizeof(refpool_buffer_info)). Errors: INVALID_ARGUMENT (also a bad size), INVALID_HANDLE.
+REFPOOL_C_API refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out, size_t out_size);
 
 #undef REFPOOL_ENUM_BASE
 

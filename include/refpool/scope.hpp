@@ -21,11 +21,13 @@ struct scope_options {
   /// Run the first N entries of scopes (or the first N steps) on this cache, counted per cache,
   /// uncached, so one-off warm-up allocations (autotuning workspaces) are never kept.
   std::size_t uncached_warmup_entries = 0;
-  /// Non-empty: planned (docs/design.md, "Planned scopes"). The first run under this key records
-  /// its requests and their lifetimes; its end packs them into one arena; later runs with the
-  /// same sequence get regions of that arena: no driver calls, memory held near the recorded
-  /// peak of live bytes. A request whose bytes a live handle can still reach, or a run that
-  /// diverges, falls back to the normal cache. The key's text is copied.
+  /// Non-empty: planned (docs/design.md, "Planned scopes"). A run under this key with no plan
+  /// for its sequence is served by the plain cache and records its requests and their lifetimes;
+  /// a plan (the requests packed into one arena) is made when a recorded sequence repeats, at
+  /// the end of its second run (at its first while the key's arena is lent: see the doc). Later
+  /// runs with that sequence get regions of the arena: no driver calls, memory held near the
+  /// recorded peak of live bytes. A request whose bytes a live handle can still reach, or a run
+  /// that diverges, falls back to the normal cache. The key's text is copied.
   std::string_view plan;
 };
 

@@ -39,8 +39,17 @@ struct stat_field {
 /// The value of the counter at `index` (< stat_count()) in `stats`.
 [[nodiscard]] REFPOOL_API std::uint64_t stat_value(const cache_stats& stats, std::size_t index) noexcept;
 
-/// The stats as a small two-column table, one counter a line, with the hit rate and, when plans
-/// exist, arena bytes / planned peak live bytes.
+/// Every counter as a table, one figure a line under its field name: bytes in binary units
+/// ("12.0 MiB"), a peak in the line of its figure (peak_live_bytes beside live_bytes), the hit
+/// rate, and, when plans exist, arena bytes / planned peak live bytes. held_bytes and
+/// peak_held_bytes are left out: held_bytes is live_bytes + idle_bytes. What REFPOOL_CONF's
+/// stats_at_exit:full prints. For people: programs read the fields.
 [[nodiscard]] REFPOOL_API std::string to_string(const cache_stats& stats);
+
+/// A short table a person reads, like torch.cuda.memory_summary(): requests and hit rate;
+/// allocated, reserved and idle bytes now and at their peaks; plans; backend calls; out-of-memory
+/// failures; bytes in binary units. What alloc_cache::summary() and REFPOOL_CONF's
+/// stats_at_exit:on print. Its layout may change between versions: programs read the fields.
+[[nodiscard]] REFPOOL_API std::string summary(const cache_stats& stats);
 
 }  // namespace refpool

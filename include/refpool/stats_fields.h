@@ -58,7 +58,10 @@
   X(size_t, peak_plan_live_bytes, "per key, most region bytes live at once in a run since the last reset_peaks") \
   X(uint64_t, arena_lendings, "idle arenas decommitted while a run without a plan grew the plain path")      \
   X(uint64_t, segment_trims, "driver calls of segment trims: decommits, and frees of segments without VM")   \
-  X(uint64_t, segment_trimmed_bytes, "bytes those trims gave back, in total")                                \
+  X(uint64_t, segment_trimmed_bytes, "bytes those trims gave back, in total")                                  \
+  X(size_t, segment_free_ranges, "ranges of segment bytes in no piece (PyTorch's inactive split blocks)")    \
+  X(uint64_t, reserved_allocated_bytes, "bytes taken from backends in total: reserved_bytes' increases")    \
+  X(uint64_t, reserved_freed_bytes, "bytes given back to backends in total: reserved_bytes' decreases")        \
   X(uint64_t, plan_pass_runs, "planned runs of keys in pass (sequences that do not repeat): no router")      \
   X(uint64_t, plan_probe_runs, "planned runs of keys in pass that probed whether their sequences repeat")    \
   X(uint64_t, plan_pass_entries, "times a key's sequences did not repeat and it entered pass")

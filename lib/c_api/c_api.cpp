@@ -1,11 +1,32 @@
 // The C API (include/refpool/refpool.h): errors, backends, caches, scopes, buffers. Cache
-// options are in cache_options_c.cpp; GPU
-// backends, streams, pointers, steps and stats by name are in c_api_more.cpp; the framework
-// allocator in framework_allocator.cpp.
+// options are in cache_options_c.cpp; GPU backends, streams, pointers, steps and stats by name are
+// in c_api_more.cpp; the framework allocator's entry points in framework_c.cpp.
 #include "c_api/cache_options_c.hpp"
+#include "c_api/sized_struct.hpp"
 #include "c_api/support.hpp"
 
 using namespace refpool::c_api;
+
+namespace refpool::c_api {
+
+// Input structs end with their last field, without padding (sized_struct.hpp). A field appended:
+// name it here; one that would leave padding comes with an explicit padding field.
+static_assert(ends_without_padding<refpool_scope_options, offsetof(refpool_scope_options, plan) + sizeof(const char*)>,
+              "refpool_scope_options does not end with `plan`, or ends in padding");
+static_assert(ends_without_padding<refpool_alloc_options, offsetof(refpool_alloc_options, cache) + sizeof(refpool_cache)>,
+              "refpool_alloc_options does not end with `cache`, or ends in padding");
+
+refpool::scope_options scope_options_from(const refpool_scope_options* options, std::size_t size,
+                                          const char* function) {
+  refpool::scope_options chosen;
+  if (options == nullptr) return chosen;
+  const auto given = read_sized(options, size, refpool_scope_options{}, function, "refpool_scope_options");
+  chosen.uncached_warmup_entries = given.uncached_warmup_entries;
+  if (given.plan != nullptr) chosen.plan = given.plan;
+  return chosen;
+}
+
+}  // namespace refpool::c_api
 
 extern "C" {
 
@@ -56,23 +77,23 @@ refpool_status refpool_backend_release(refpool_backend backend) {
   return guarded([&] { table_of<backend_object>().remove(backend.id, "refpool_backend_release"); });
 }
 
-refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out) {
+refpool_status refpool_backend_get_stats(refpool_backend backend, refpool_backend_stats* out, size_t out_size) {
   return guarded([&] {
-    refpool_backend_stats& result = required(out, "refpool_backend_get_stats", "out");
     const auto object = lookup<backend_object>(backend, "refpool_backend_get_stats");
-    result.outstanding_bytes = object->backend.outstanding_bytes();
-    result.allocation_count = object->backend.allocation_count();
-    result.deallocation_count = object->backend.deallocation_count();
+    const refpool_backend_stats result{object->backend.outstanding_bytes(), object->backend.allocation_count(),
+                                       object->backend.deallocation_count()};
+    write_sized(result, out, out_size, "refpool_backend_get_stats", "refpool_backend_stats");
   });
 }
 
 // ---- caches -------------------------------------------------------------------------------
 
-refpool_status refpool_cache_create(const refpool_cache_options* options, refpool_cache* out) {
+refpool_status refpool_cache_create(const refpool_cache_options* options, size_t options_size, refpool_cache* out) {
   return guarded([&] {
     refpool_cache& result = required(out, "refpool_cache_create", "out");
-    const refpool::cache_options chosen =
-        options == nullptr ? refpool::cache_options::from_environment() : from_c(*options);
+    const refpool::cache_options chosen = options == nullptr
+                                              ? refpool::cache_options::from_environment()
+                                              : from_c(read_options(options, options_size, "refpool_cache_create"));
     result = make_handle<refpool_cache>(std::make_shared<cache_object>(std::make_shared<refpool::alloc_cache>(chosen)));
   });
 }
@@ -81,13 +102,14 @@ refpool_status refpool_cache_destroy(refpool_cache cache) {
   return guarded([&] { table_of<cache_object>().remove(cache.id, "refpool_cache_destroy"); });
 }
 
-refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out) {
+refpool_status refpool_cache_get_stats(refpool_cache cache, refpool_cache_stats* out, size_t out_size) {
   return guarded([&] {
-    refpool_cache_stats& result = required(out, "refpool_cache_get_stats", "out");
     const refpool::cache_stats s = lookup<cache_object>(cache, "refpool_cache_get_stats")->cache.stats();
+    refpool_cache_stats result{};
 #define REFPOOL_STATS_FIELD(type, name, description) result.name = s.name;
     REFPOOL_CACHE_STATS(REFPOOL_STATS_FIELD)
 #undef REFPOOL_STATS_FIELD
+    write_sized(result, out, out_size, "refpool_cache_get_stats", "refpool_cache_stats");
   });
 }
 
@@ -107,12 +129,12 @@ refpool_status refpool_cache_set_max_idle_bytes(refpool_cache cache, size_t max_
 // ---- scopes -------------------------------------------------------------------------------
 
 refpool_status refpool_scope_enter(refpool_cache cache, refpool_scope* out) {
-  return enter_scope(cache, nullptr, out, "refpool_scope_enter");
+  return enter_scope(cache, nullptr, 0, out, "refpool_scope_enter");
 }
 
 refpool_status refpool_scope_enter_with_options(refpool_cache cache, const refpool_scope_options* options,
-                                                refpool_scope* out) {
-  return enter_scope(cache, options, out, "refpool_scope_enter_with_options");
+                                                size_t options_size, refpool_scope* out) {
+  return enter_scope(cache, options, options_size, out, "refpool_scope_enter_with_options");
 }
 
 refpool_status refpool_scope_exit(refpool_scope scope) {
@@ -128,11 +150,14 @@ refpool_status refpool_scope_exit(refpool_scope scope) {
 // ---- buffers ------------------------------------------------------------------------------
 
 refpool_status refpool_alloc(refpool_backend backend, const size_t* dims, size_t rank, size_t element_size,
-                             const refpool_alloc_options* options, refpool_buffer* out) {
+                             const refpool_alloc_options* options, size_t options_size, refpool_buffer* out) {
   return guarded([&] {
     refpool_buffer& result = required(out, "refpool_alloc", "out");
     if (element_size == 0) fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_alloc: element_size is 0");
-    const refpool_alloc_options chosen = options != nullptr ? *options : refpool_alloc_options{};
+    const refpool_alloc_options chosen =
+        options != nullptr
+            ? read_sized(options, options_size, refpool_alloc_options{}, "refpool_alloc", "refpool_alloc_options")
+            : refpool_alloc_options{};
     const auto be = lookup<backend_object>(backend, "refpool_alloc");
     check_alignment(chosen.alignment, be->backend);
     refpool::shape shape = dims_from(dims, rank, "refpool_alloc");
@@ -215,13 +240,20 @@ refpool_status refpool_dims(refpool_buffer buffer, size_t* dims, size_t capacity
   });
 }
 
-refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out) {
+refpool_status refpool_buffer_get_info(refpool_buffer buffer, refpool_buffer_info* out, size_t out_size) {
   return guarded([&] {
-    refpool_buffer_info& result = required(out, "refpool_buffer_get_info", "out");
     const auto object = lookup<buffer_object>(buffer, "refpool_buffer_get_info");
-    std::lock_guard guard(object->mutex);
-    result = refpool_buffer_info{object->dims.rank(), object->element_count, object->element_size,
-                                 object->element_count * object->element_size, object->ref.is_freed() ? 1 : 0};
+    refpool_buffer_info result;
+    std::memset(&result, 0, sizeof result);  // its padding too: all of it is copied out
+    {
+      std::lock_guard guard(object->mutex);
+      result.rank = object->dims.rank();
+      result.element_count = object->element_count;
+      result.element_size = object->element_size;
+      result.bytes = object->element_count * object->element_size;
+      result.is_freed = object->ref.is_freed() ? 1 : 0;
+    }
+    write_sized(result, out, out_size, "refpool_buffer_get_info", "refpool_buffer_info");
   });
 }
 

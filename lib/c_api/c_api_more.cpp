@@ -1,8 +1,11 @@
 // The C API for GPU code and bindings: GPU backends and streams, raw pointers freed by address,
-// steps, and counters by name.
+// steps, counters by name, and the stats as text for people.
 #include <refpool/cuda.hpp>
 #include <refpool/hip.hpp>
 #include <refpool/pointer.hpp>
+
+#include <cstring>
+#include <string>
 
 #include "c_api/support.hpp"
 
@@ -66,11 +69,13 @@ refpool_status refpool_free(void* ptr) {
 
 // ---- steps --------------------------------------------------------------------------------
 
-refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options, refpool_step* out) {
+refpool_status refpool_step_begin(refpool_cache cache, const refpool_scope_options* options, size_t options_size,
+                                  refpool_step* out) {
   return guarded([&] {
     refpool_step& result = required(out, "refpool_step_begin", "out");
     const auto object = lookup<cache_object>(cache, "refpool_step_begin");
-    auto begun = std::make_shared<step_object>(object->cache, scope_options_from(options), object->owner);
+    const refpool::scope_options chosen = scope_options_from(options, options_size, "refpool_step_begin");
+    auto begun = std::make_shared<step_object>(object->cache, chosen, object->owner);
     result = make_handle<refpool_step>(std::move(begun));
   });
 }
@@ -108,6 +113,32 @@ refpool_status refpool_cache_get_stat_values(refpool_cache cache, uint64_t* valu
 
 refpool_status refpool_cache_reset_peaks(refpool_cache cache) {
   return guarded([&] { lookup<cache_object>(cache, "refpool_cache_reset_peaks")->cache.reset_peaks(); });
+}
+
+// ---- stats for people ---------------------------------------------------------------------
+
+refpool_status refpool_cache_summary(refpool_cache cache, refpool_summary_detail detail, char* text, size_t capacity,
+                                     size_t* length) {
+  return guarded([&] {
+    std::size_t& text_length = required(length, "refpool_cache_summary", "length");
+    if (text == nullptr && capacity > 0)
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT, "refpool: refpool_cache_summary: text is NULL but capacity is not 0");
+    if (detail != REFPOOL_SUMMARY_SHORT && detail != REFPOOL_SUMMARY_FULL)
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+           fmt::format("refpool: refpool_cache_summary: detail is {}; allowed: REFPOOL_SUMMARY_SHORT (0), "
+                       "REFPOOL_SUMMARY_FULL (1)",
+                       static_cast<int>(detail)));
+    const refpool::cache_stats s = lookup<cache_object>(cache, "refpool_cache_summary")->cache.stats();
+    const std::string made = detail == REFPOOL_SUMMARY_SHORT ? refpool::summary(s) : refpool::to_string(s);
+    text_length = made.size();  // also when text is too small: the caller sizes its buffer from it
+    if (text == nullptr) return;
+    if (capacity <= made.size())
+      fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+           fmt::format("refpool: refpool_cache_summary: the text has {} bytes and a NUL, but text has room for {}",
+                       made.size(), capacity));
+    std::memcpy(text, made.data(), made.size());
+    text[made.size()] = '\0';
+  });
 }
 
 }  // extern "C"

@@ -25,16 +25,36 @@ namespace refpool::c_api {
 // The last error of this thread. TLS stays small on purpose: the core's initial-exec TLS makes
 // this library's whole TLS block static, and a library loaded with dlopen (Python ctypes) gets
 // only glibc's small surplus of static TLS. `last_text` points at `last_message` or at a
-// string literal, so reporting std::bad_alloc never needs memory.
-inline thread_local std::string last_message;
+// string literal, so reporting std::bad_alloc never needs memory. After the thread's
+// thread_local destructors ran (a call from a later one, or from a static destructor: glibc
+// destroys the main thread's thread_locals first) the message's storage is gone, and errors
+// report a fixed text; the status still says which error it was.
 inline thread_local const char* last_text = "";
+inline thread_local bool last_message_gone = false;  // no destructor: readable to the thread's end
 
 inline void set_static_error(const char* literal) noexcept { last_text = literal; }
 
+constexpr const char* message_after_thread_end =
+    "refpool: an error occurred after this thread's thread_local storage was destroyed; its message "
+    "cannot be kept (the status code names the error)";
+
+struct thread_message {
+  std::string text;
+  ~thread_message() {
+    last_message_gone = true;
+    if (last_text == text.c_str()) last_text = message_after_thread_end;
+  }
+};
+inline thread_local thread_message last_message;
+
 inline void set_error(const char* message) noexcept {
+  if (last_message_gone) {
+    set_static_error(message_after_thread_end);
+    return;
+  }
   try {
-    last_message.assign(message);
-    last_text = last_message.c_str();
+    last_message.text.assign(message);
+    last_text = last_message.text.c_str();
   } catch (...) {
     set_static_error("refpool: an error occurred, and there was no memory left to record its message");
   }
@@ -307,15 +327,10 @@ refpool_status backend_handle(Make make, refpool_backend* out, const char* funct
   });
 }
 
-/// The C++ options of `options` (NULL: the defaults). The plan text is copied by the scope or step.
-inline refpool::scope_options scope_options_from(const refpool_scope_options* options) {
-  refpool::scope_options chosen;
-  if (options != nullptr) {
-    chosen.uncached_warmup_entries = options->uncached_warmup_entries;
-    if (options->plan != nullptr) chosen.plan = options->plan;
-  }
-  return chosen;
-}
+/// The C++ options of `options` (NULL: the defaults), a caller's struct of `size` bytes. The plan
+/// text is copied by the scope or step.
+refpool::scope_options scope_options_from(const refpool_scope_options* options, std::size_t size,
+                                          const char* function);
 
 /// A new buffer handle of `dims` x `element_size` bytes from `backend` for `stream`.
 /// refpool_alloc_options::alignment: 0, or a power of two no larger than what every buffer of the
@@ -332,12 +347,12 @@ inline void check_alignment(std::size_t alignment, const refpool::backend& be) {
                      alignment, be.name(), be.alignment()));
 }
 
-inline refpool_status enter_scope(refpool_cache cache, const refpool_scope_options* options, refpool_scope* out,
-                                  const char* function) {
+inline refpool_status enter_scope(refpool_cache cache, const refpool_scope_options* options, std::size_t size,
+                                  refpool_scope* out, const char* function) {
   return guarded([&] {
     refpool_scope& result = required(out, function, "out");
     const auto object = lookup<cache_object>(cache, function);
-    const refpool::scope_options chosen = scope_options_from(options);
+    const refpool::scope_options chosen = scope_options_from(options, size, function);
     // Made on the heap and never moved: the thread's scope stack points at it. If making the
     // handle fails, destroying `entered` ends the scope again (it is innermost).
     auto entered = std::make_shared<scope_object>(object->cache, chosen);

@@ -1,7 +1,7 @@
 // A block: one buffer as the cache and data_refs see it (a backend allocation, a piece of a
 // segment: piece_block.hpp, or a region of a plan's arena: region_block.hpp). It holds what every
 // block has. Each block has exactly one owner, named by its origin, and the release path is one
-// switch on that origin (hit_path.cpp). Glossary: docs/design.md.
+// switch on that origin (api/allocate.cpp). Glossary: docs/design.md.
 #pragma once
 
 #include <atomic>

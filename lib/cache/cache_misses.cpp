@@ -9,6 +9,8 @@
 
 #include <refpool/error.hpp>
 
+#include "cache/hit_path.hpp"  // mark_live
+
 namespace refpool::detail {
 
 // ---- misses -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // The slow paths of a cache that concern its slots: holding other threads' slots, leases and
 // steps, releases from other threads and after the cache is gone, and its destruction. Misses are
 // in cache_misses.cpp, reclaim and limits in cache_reclaim.cpp, stats in cache_stats.cpp, the hit
-// path in hit_path.cpp.
+// path in hit_path.hpp and hit_path.cpp.
 #include "cache/cache_state.hpp"
 
 #include <algorithm>
@@ -98,8 +98,8 @@ void cache_state::give_back(slot* s) noexcept {
     if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) free_slots_.push_back(s);
   }
   clock_.fetch_add(1, std::memory_order_relaxed);
+  if (over_limit) enforce_idle_limit();  // while the lease still keeps the state
   drop_slot_ref(*s);  // the lease's; the last one if the cache closed and no block is homed here
-  if (over_limit) enforce_idle_limit();
 }
 
 bool cache_state::count_entry(std::size_t warmup) noexcept {
@@ -140,10 +140,18 @@ void cache_state::roll_epoch(slot& s, std::uint64_t epoch) noexcept {
   s.epoch = epoch;
 }
 
+namespace {
+
+// A step's epoch is the next odd number of one process-wide sequence, so that it names one step
+// of one cache: a thread's kept (cache, epoch) never matches a step of a later cache made at the
+// same address, and a kept router need not keep its cache (cache_state.hpp, kept_step_cache).
+std::atomic<std::uint64_t> next_step_epoch{1};
+
+}  // namespace
+
 void cache_state::begin_step(request_router* router) {
   std::lock_guard guard(mutex_);
-  const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
-  if (epoch % 2 == 1)
+  if (step_epoch_.load(std::memory_order_relaxed) % 2 == 1)
     throw scope_error("refpool: a step is already open on this cache (steps of one cache do not nest; end it first)");
   counters_.steps.fetch_add(1, std::memory_order_relaxed);
   if (router != nullptr) {
@@ -151,39 +159,8 @@ void cache_state::begin_step(request_router* router) {
     std::lock_guard publish(router_lock_);
     step_router_.store(router, std::memory_order_relaxed);
   }
-  step_epoch_.store(epoch + 1, std::memory_order_release);  // after the router (thread_step_router)
-}
-
-__thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-__thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec"))) = 0;
-__thread request_router* kept_step_router __attribute__((tls_model("initial-exec"))) = nullptr;
-
-namespace {
-
-// Gives the thread's kept router back when the thread ends.
-struct kept_router_release {
-  bool armed = false;
-  ~kept_router_release() {
-    kept_step_cache = nullptr;
-    if (request_router* r = std::exchange(kept_step_router, nullptr)) r->release_router();
-  }
-};
-thread_local kept_router_release release_kept_router_at_exit;
-
-}  // namespace
-
-router_ref cache_state::thread_step_router(std::uint64_t epoch) noexcept {
-  router_ref fresh = retain_step_router();
-  // Kept only when it is the router of the step this epoch names: a step begun (odd) and not
-  // ended since (a step ending now passes its router to this call only).
-  if (!fresh || epoch % 2 == 0 || step_epoch_.load(std::memory_order_acquire) != epoch) return fresh;
-  release_kept_router_at_exit.armed = true;  // registers its destructor (at the first kept router)
-  fresh->retain_router();
-  request_router* const dropped = std::exchange(kept_step_router, fresh.get());
-  kept_step_cache = this;
-  kept_step_epoch = epoch;
-  if (dropped != nullptr) dropped->release_router();  // may end an old run, and its cache
-  return fresh;
+  const std::uint64_t epoch = next_step_epoch.fetch_add(2, std::memory_order_relaxed);
+  step_epoch_.store(epoch, std::memory_order_release);  // after the router (thread_step_router)
 }
 
 router_ref cache_state::retain_step_router() const noexcept {
@@ -230,7 +207,9 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
     } while (!s.handed_off.compare_exchange_weak(head, b, std::memory_order_release, std::memory_order_relaxed));
     return;
   }
-  // Nobody owns the slot, or an idle limit must hold at once: put the block back ourselves.
+  // Nobody owns the slot, or an idle limit must hold at once: put the block back ourselves. Once
+  // it is back nothing of ours keeps the state (a close() on another thread may free the block
+  // and end the state), so enforcing the limit holds a count of its own.
   bool over_limit = false;
   {
     std::lock_guard guard(mutex_);
@@ -241,12 +220,14 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
       over_limit |= release_in_slot(s, b, via_unsafe_free);
       s.lock.unlock();
       b = nullptr;
+      if (over_limit) retain();  // under mutex_, before close() can take the block
     }
   }
   if (b != nullptr) {
     release_orphaned(s, b);
   } else if (over_limit) {
     enforce_idle_limit();
+    release();
   }
 }
 

@@ -1,9 +1,9 @@
 // The internals of an alloc_cache: its slots, counters and the paths that move blocks between
 // live, idle and their block source (block_source.hpp: whole blocks from the backend, or segment
 // pieces), which owns their memory and its accounting. The hit path (acquire, release) is in
-// hit_path.cpp; the slow paths in cache_state.cpp (leases, steps, releases from other threads,
-// close), cache_misses.cpp (steal, miss, uncached), cache_reclaim.cpp (reclaim, limits),
-// cache_stats.cpp and cache_segments.cpp (idle pieces in slots).
+// hit_path.hpp (its inline fast part) and hit_path.cpp; the slow paths in cache_state.cpp (leases,
+// steps, releases from other threads, close), cache_misses.cpp (steal, miss, uncached),
+// cache_reclaim.cpp (reclaim, limits), cache_stats.cpp and cache_segments.cpp (idle pieces in slots).
 //
 // Locks. `mutex_` guards the slot list, leases, steps and block homes during steals; the segment
 // source keeps the list of segment heaps (segment_source.hpp), guarded by this same mutex (it
@@ -26,12 +26,15 @@
 #include <utility>
 #include <vector>
 
-#include <refpool/alloc_cache.hpp>
+#include <refpool/cache_options.hpp>
 #include <refpool/stats.hpp>
+#include <refpool/types.hpp>
 
 #include "cache/block.hpp"
 #include "cache/cache_counters.hpp"
+#include "cache/extension_points.hpp"
 #include "cache/idle_limit.hpp"
+#include "cache/piece_units.hpp"
 #include "cache/reserved_counter.hpp"
 #include "cache/segment_source.hpp"
 #include "cache/slot.hpp"
@@ -40,106 +43,15 @@
 
 namespace refpool::detail {
 
-/// Serves the requests of a planned scope or step (lib/plan implements it), or of a warm-up
-/// step, so the core routes to them without knowing them. Counted: a step's router is reached
-/// by any thread through the cache (step_router), so it goes with its last reference, never
-/// with the step that made it (docs/design.md, "Lifetimes").
-class request_router {
- public:
-  /// A live block of `bytes` for `stream`. `lease` is the slot plain-cache fallbacks come from
-  /// (owned by the calling thread), or null when the caller runs uncached.
-  virtual block* acquire(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) = 0;
-  virtual void retain_router() noexcept = 0;
-  virtual void release_router() noexcept = 0;
-
- protected:
-  ~request_router() = default;
-};
-
-/// A router for the length of a call through it: one counted reference, or one borrowed from a
-/// reference the calling thread keeps (cache_state::step_router).
-class router_ref {
- public:
-  router_ref() noexcept = default;
-  explicit router_ref(request_router* adopted) noexcept : router_(adopted), counted_(adopted != nullptr) {}
-  static router_ref borrowed(request_router* kept) noexcept {
-    router_ref r;
-    r.router_ = kept;
-    return r;
-  }
-  router_ref(router_ref&& other) noexcept
-      : router_(std::exchange(other.router_, nullptr)), counted_(std::exchange(other.counted_, false)) {}
-  router_ref(const router_ref&) = delete;
-  router_ref& operator=(const router_ref&) = delete;
-  router_ref& operator=(router_ref&&) = delete;
-  ~router_ref() {
-    if (counted_) router_->release_router();
-  }
-  request_router* get() const noexcept { return router_; }
-  request_router* operator->() const noexcept { return router_; }
-  explicit operator bool() const noexcept { return router_ != nullptr; }
-
- private:
-  request_router* router_ = nullptr;
-  bool counted_ = false;
-};
-
-/// Told before the plain path asks a backend for more memory on this thread (a miss that grows a
-/// segment heap or allocates a block). A planned run without a plan listens while the plain cache
-/// serves it, so that its key's idle arena can lend its memory first (plan_run::before_growth).
-class growth_listener {
- public:
-  /// Returns a growth step: while a lender's memory is given back, the plain path may grow by
-  /// this much at once (few driver calls for the bytes it is about to need again); 0: as usual.
-  virtual std::size_t before_growth(backend_state& backend) noexcept = 0;
-
- protected:
-  ~growth_listener() = default;
-};
-
-/// The calling thread's listener (null: none); set around a planned run's plain-cache request.
-inline thread_local growth_listener* growth_listener_on_thread = nullptr;
-
-/// Makes `listener` the calling thread's growth listener while it lives (null: none), then restores the previous one.
-class listening_for_growth {
- public:
-  explicit listening_for_growth(growth_listener* listener) noexcept
-      : outer_(std::exchange(growth_listener_on_thread, listener)) {}
-  ~listening_for_growth() { growth_listener_on_thread = outer_; }
-  listening_for_growth(const listening_for_growth&) = delete;
-  listening_for_growth& operator=(const listening_for_growth&) = delete;
-
- private:
-  growth_listener* outer_;
-};
-
-/// Tells the calling thread's growth listener, if any, that `backend` is about to be asked for
-/// memory; its growth step (0 without one).
-inline std::size_t before_growth(backend_state& backend) noexcept {
-  if (growth_listener* l = growth_listener_on_thread) [[unlikely]]
-    return l->before_growth(backend);
-  return 0;
-}
-
-/// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
-class cache_extension {
- public:
-  virtual ~cache_extension() = default;
-  virtual void close() noexcept = 0;
-  virtual void add_counters(cache_stats& out) const = 0;
-  /// Restarts the extension's peaks from the current values (cache_state::reset_peaks).
-  virtual void reset_peaks() noexcept = 0;
-  /// Out of memory on `backend`: gives back what the extension holds without use now. Returns the bytes.
-  virtual std::size_t release_unused(const backend_state& backend) noexcept = 0;
-};
-
 class cache_state;
 
 // The calling thread's reference to the router of the step (of one cache, identified by the
-// cache's step epoch) it last sent a request to (cache_state::step_router). The router retains
-// its cache, so `kept_step_cache` cannot name another cache made at the same address. Plain
-// initial-exec variables, read on every step request without a call (a thread_local with a
-// destructor is reached through __tls_get_addr); given back when the thread ends (cache_state.cpp).
+// cache's step epoch) it last sent a request to (cache_state::step_router). Step epochs are unique
+// in the process (begin_step), so `kept_step_cache` (compared, never followed) cannot match a step
+// of another cache made at the same address; a router whose step ended holds neither its cache nor
+// a backend, so a thread that makes no more steps keeps nothing of them. Plain initial-exec
+// variables, read on every step request without a call (a thread_local with a destructor is
+// reached through __tls_get_addr); given back when the thread ends (thread_holdings.cpp).
 extern __thread const cache_state* kept_step_cache __attribute__((tls_model("initial-exec")));
 extern __thread std::uint64_t kept_step_epoch __attribute__((tls_model("initial-exec")));
 extern __thread request_router* kept_step_router __attribute__((tls_model("initial-exec")));  // counted
@@ -162,8 +74,9 @@ class cache_state : public ref_counted<cache_state> {
 
   // ---- cache-level allocations and steps ------------------------------------------------------
   /// The calling thread's slot for allocations through this cache without a scope, leased at
-  /// first use until the thread ends; null when the cache is closed (hit_path.cpp).
-  slot* ambient_slot();
+  /// first use until the thread ends; null when the cache is closed, or once the thread's
+  /// thread_local destructors ran (thread_holdings.cpp): the request then runs uncached.
+  inline slot* ambient_slot();  // hit_path.hpp
   /// A new slot for the calling thread's cache-level allocations; null when closed.
   slot* lease_ambient();
   /// The thread of an ambient slot ends.
@@ -188,13 +101,13 @@ class cache_state : public ref_counted<cache_state> {
   /// Closes the open step: escapes of cache-level allocations made in it are counted.
   void end_step() noexcept;
 
-  // ---- the hit path (hit_path.cpp) ------------------------------------------------------------
+  // ---- the hit path (hit_path.hpp, hit_path.cpp) ----------------------------------------------
   /// The cache key of a request: rounded by the cache's policy, then (where this cache carves
   /// the backend's blocks from segments) up to the segment heap's piece unit, so that every
   /// block of a key has the key's size, pieces included.
   [[nodiscard]] block_key key_of(const backend_state& backend, std::size_t bytes) const {
     std::size_t rounded = rounding_.round(bytes);
-    const std::size_t unit = backend.piece_unit(segments_);  // 1: plain blocks
+    const std::size_t unit = piece_unit(backend, segments_);  // 1: plain blocks
     if (rounded > std::numeric_limits<std::size_t>::max() - (unit - 1)) [[unlikely]]
       throw_piece_rounding_overflow(rounded, unit);
     rounded = (rounded + unit - 1) & ~(unit - 1);
@@ -203,14 +116,14 @@ class cache_state : public ref_counted<cache_state> {
   /// The common hit, inline-sized: the oldest idle block of the slot's most recent key, last
   /// used on `stream`, with nothing pending; null otherwise (then acquire() does the request).
   /// Caller owns `s`. Sets neither `requested` nor the handle count.
-  block* try_hit(slot& s, const block_key& key, stream_ref stream) noexcept;
+  inline block* try_hit(slot& s, const block_key& key, stream_ref stream) noexcept;
   /// A live block for `key` and `stream`, from `s`'s idle blocks, another slot's, or the backend
   /// (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the
   /// handle count and `requested`.
   block* acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes, stream_ref stream);
   /// The common release: on the slot's own thread, nothing pending, no idle limit. False: not
   /// done (release_cached does it).
-  bool try_release(block* b, bool via_unsafe_free) noexcept;
+  inline bool try_release(block* b, bool via_unsafe_free) noexcept;
   /// The last handle of cached block `b` went away (any thread).
   void release_cached(block* b, bool via_unsafe_free) noexcept;
 
@@ -278,17 +191,17 @@ class cache_state : public ref_counted<cache_state> {
   /// other slots'), where they coalesce. Returns how many. Takes mutex_.
   std::size_t give_back_idle_pieces(slot& s, cache_heap& h, std::size_t bytes);
 
-  /// For tests: checks every segment heap (segment_heap::check) and that the bytes of pieces
-  /// the heaps have out equal the bytes of this cache's blocks that are pieces, live and idle.
-  /// Throws std::logic_error naming the first violation.
+  /// For tests (defined in test/support/cache_check.cpp, not in the library): checks every segment heap
+  /// (segment_heap::check) and that the bytes of pieces the heaps have out equal the bytes of this cache's blocks that
+  /// are pieces, live and idle. Throws std::logic_error naming the first violation.
   void check_segments() const;
 
  private:
   friend class ref_counted<cache_state>;
   ~cache_state();
 
-  // Hit-path helpers (caller holds s).
-  void mark_live(slot& s, bucket& home, block* b, bool hit) noexcept;
+  // Hit-path helpers (caller holds s); mark_live is inline (hit_path.hpp).
+  inline void mark_live(slot& s, bucket& home, block* b, bool hit) noexcept;
   bool release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept;  // true: over the idle limit
   bool drain_handed_off(slot& s) noexcept;                                 // true when over the idle limit afterwards
   bool drain_list(slot& s, block* newest) noexcept;
@@ -309,6 +222,9 @@ class cache_state : public ref_counted<cache_state> {
   /// step_router() when the calling thread keeps no router of step `epoch` of this cache: takes a
   /// counted one, and keeps it when that step is still open.
   router_ref thread_step_router(std::uint64_t epoch) noexcept;
+  /// ambient_slot() when the thread's most recent lease is of another cache: finds or makes the
+  /// thread's lease of this one (thread_holdings.cpp).
+  slot* lease_ambient_for_thread();
   slot* lease_locked(std::vector<slot*>& free, const void* thread);
   bool intrude(slot& s) noexcept;  // caller holds mutex_; drains; true when over the idle limit after
   void intrude_all() noexcept;     // caller holds mutex_; every slot held and drained
@@ -337,7 +253,7 @@ class cache_state : public ref_counted<cache_state> {
   // Block sources.
   /// Where `backend`'s new blocks come from in this cache, and where they go back to.
   block_source& source_for(const backend_state& backend) noexcept {
-    if (backend.piece_unit(segments_) != 1) return segment_pieces_;
+    if (piece_unit(backend, segments_) != 1) return segment_pieces_;
     return whole_blocks_;
   }
   [[nodiscard]] std::array<block_source*, 2> sources() noexcept { return {&whole_blocks_, &segment_pieces_}; }
@@ -368,7 +284,8 @@ class cache_state : public ref_counted<cache_state> {
   std::unique_ptr<cache_extension> extension_;
   std::vector<block*> giving_back_;  // give_back_idle_pieces' list, under mutex_
 
-  // Steps: the epoch of cache-level allocations is odd inside a step, even outside.
+  // Steps: the epoch of cache-level allocations is odd inside a step (unique in the process:
+  // begin_step), even outside.
   std::atomic<std::uint64_t> step_epoch_{0};
   std::atomic<request_router*> step_router_{nullptr};  // a counted reference; changes under router_lock_
   mutable spinlock router_lock_;                       // taken only while a step has a router

@@ -49,6 +49,8 @@ cache_stats cache_state::stats() const {
       std::max(out.peak_live_bytes + out.peak_plan_live_bytes + uncached_peak, out.allocated_bytes);
   // Exact: every kind of held memory is counted in one place as it changes (reserved_counter).
   out.peak_reserved_bytes = std::max(reserved_->peak(), out.reserved_bytes);
+  out.reserved_allocated_bytes = reserved_->added();
+  out.reserved_freed_bytes = reserved_->removed();
   return out;
 }
 

@@ -1,77 +1,17 @@
-// The hit path, in one place: allocate() finds the thread's slot, acquire() takes an idle block
-// of the request's key, and the release path (last_reference_dropped -> release_cached) puts it
-// back. On the slot's own thread neither takes a lock or an atomic read-modify-write: the
-// owner_lock's owner side is two plain stores. Everything else (miss, steal, reclaim, limits,
-// close, stats) is the slow path in cache_state.cpp.
-#include <refpool/data_ref.hpp>
-#include <refpool/error.hpp>
+// The hit path's out-of-line part: release_in_slot() (a block goes idle in its slot; try_release
+// calls it), acquire() when try_hit found nothing (the slot's other buckets, a steal, a miss),
+// draining hand-off lists, and release_cached() when try_release could not put a block back. Its
+// inline part is hit_path.hpp; the entry points that call both are api/allocate.cpp.
+#include "cache/hit_path.hpp"
 
+#include <mutex>
 #include <utility>
-#include <vector>
 
-#include "access.hpp"
-#include "cache/cache_state.hpp"
-#include "cache/region_block.hpp"
 #include "cache/scope_frame.hpp"
-#include "config/alloc_log.hpp"
-#include "config/env_config.hpp"
 
-namespace refpool {
-
-namespace detail {
+namespace refpool::detail {
 
 __thread scope_frame* current_frame __attribute__((tls_model("initial-exec"))) = nullptr;
-
-namespace {
-
-// The calling thread's most recent cache-level lease (one entry, initial-exec: no call to read).
-__thread cache_state* ambient_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-__thread slot* ambient_lease __attribute__((tls_model("initial-exec"))) = nullptr;
-
-// Every cache-level lease of this thread, given back when the thread ends. Each holds its cache.
-struct thread_leases {
-  std::vector<std::pair<cache_state*, slot*>> leases;
-  ~thread_leases() {
-    ambient_cache = nullptr;
-    ambient_lease = nullptr;
-    for (const auto& [cache, s] : leases) {
-      cache->give_back_ambient(s);
-      cache->release();
-    }
-  }
-};
-thread_local thread_leases leases_of_this_thread;
-
-}  // namespace
-
-slot* cache_state::ambient_slot() {
-  if (ambient_cache == this) [[likely]]
-    return ambient_lease;
-  auto& mine = leases_of_this_thread.leases;
-  for (const auto& [cache, s] : mine) {
-    if (cache == this) {
-      ambient_cache = this;
-      ambient_lease = s;
-      return s;
-    }
-  }
-  // Leases on destroyed caches are given back first, so a long-lived thread keeps nothing of them.
-  ambient_cache = nullptr;
-  std::erase_if(mine, [](const std::pair<cache_state*, slot*>& lease) {
-    if (!lease.first->closed()) return false;
-    lease.first->give_back_ambient(lease.second);
-    lease.first->release();
-    return true;
-  });
-  mine.reserve(mine.size() + 1);
-  slot* s = lease_ambient();
-  if (s == nullptr) return nullptr;
-  retain();
-  mine.emplace_back(this, s);
-  ambient_cache = this;
-  ambient_lease = s;
-  return s;
-}
 
 namespace {
 void wait_for_streams(block* b, stream_ref stream) {
@@ -84,40 +24,6 @@ void wait_for_streams(block* b, stream_ref stream) {
 }  // namespace
 
 // ---- handing out --------------------------------------------------------------------------
-
-void cache_state::mark_live(slot& s, bucket& home, block* b, bool hit) noexcept {
-  slot_counters& c = s.counters;
-  (hit ? c.hits : c.misses) += 1;
-  home.live += 1;
-  c.live_bytes += b->capacity;
-  if (c.live_bytes > c.peak_live_bytes) c.peak_live_bytes = c.live_bytes;
-  s.live_in_epoch += 1;
-  b->epoch = s.epoch;
-  b->home = &home;
-  b->idle = false;
-}
-
-// The fast paths are inlined into allocate() and last_reference_dropped(), the two calls a hit
-// and a release make; nothing else calls them.
-#define REFPOOL_HIT_PATH inline __attribute__((always_inline))
-
-REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stream_ref stream) noexcept {
-  const bool fast = s.lock.owner_enter();
-  block* b = nullptr;
-  bucket* home = s.last_bucket;
-  if (fast && s.handed_off.load(std::memory_order_relaxed) == nullptr && home != nullptr && home->key == key &&
-      !home->idle.empty() && (!s.ambient || s.epoch == step_epoch_.load(std::memory_order_relaxed)) &&
-      !idle_limit_.tracking()) [[likely]] {
-    block* oldest = home->idle.back();
-    if (oldest->last_stream == stream && oldest->extra_streams.empty()) [[likely]] {
-      home->pop_oldest();
-      mark_live(s, *home, oldest, true);
-      b = oldest;
-    }
-  }
-  s.lock.owner_leave(fast);
-  return b;
-}
 
 block* cache_state::acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes,
                             stream_ref stream) {
@@ -217,20 +123,6 @@ bool cache_state::drain_handed_off(slot& s) noexcept {
   return drain_list(s, s.handed_off.exchange(nullptr, std::memory_order_acquire));
 }
 
-REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) noexcept {
-  slot& s = *b->home->owner;
-  if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token() || idle_limit_.tracking()) [[unlikely]]
-    return false;
-  const bool fast = s.lock.owner_enter();
-  const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;
-  if (done) [[likely]] {
-    b->idle_since = clock_.load(std::memory_order_relaxed);
-    release_in_slot(s, b, via_unsafe_free);
-  }
-  s.lock.owner_leave(fast);
-  return done;
-}
-
 void cache_state::release_cached(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
   b->idle_since = clock_.load(std::memory_order_relaxed);
@@ -256,79 +148,4 @@ void cache_state::release_cached(block* b, bool via_unsafe_free) noexcept {
   }
 }
 
-}  // namespace detail
-
-// ---- the entry points ---------------------------------------------------------------------
-
-namespace detail {
-
-void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
-  block* b = as_block(h);
-  // The common case first: a cached block released on its slot's thread, nothing watching.
-  if (b->origin == block_origin::cached && b->observer == nullptr && active_log() == nullptr) [[likely]] {
-    if (b->home->owner->cache->try_release(b, via_unsafe_free)) return;
-  }
-  if (alloc_log* log = active_log()) log->record(false, b->ptr, b->requested, b->last_stream);
-  if (release_observer* o = b->observer) {
-    b->observer = nullptr;
-    o->observe_release(b, via_unsafe_free);
-  }
-  switch (b->origin) {
-    case block_origin::cached: b->home->owner->cache->release_cached(b, via_unsafe_free); return;
-    case block_origin::region: as_region(b)->owner->release_region(b, via_unsafe_free); return;
-    case block_origin::direct: release_direct(b, via_unsafe_free); return;
-  }
-}
-
-}  // namespace detail
-
-data_ref alloc_cache::allocate(const backend& be, std::size_t bytes, stream_ref stream) {
-  detail::backend_state* backend = detail::access::state(be);
-  if (backend == nullptr) throw invalid_argument("refpool: alloc_cache::allocate from a null backend");
-  if (bytes == 0) return {};
-  detail::cache_state& cache = *state_;
-  detail::slot* s = cache.bypassed() ? nullptr : cache.ambient_slot();
-  detail::block* b = nullptr;
-  if (s == nullptr) {
-    b = detail::allocate_direct(*backend, bytes, stream);  // REFPOOL_NO_CACHING=1
-  } else if (const detail::router_ref routed = cache.step_router()) {
-    b = routed->acquire(s, *backend, bytes, stream);  // the reference keeps it if the step ends now
-  } else {
-    const detail::block_key key = cache.key_of(*backend, bytes);
-    b = cache.try_hit(*s, key, stream);
-    if (b == nullptr) [[unlikely]]
-      b = cache.acquire(*s, *backend, key, bytes, stream);
-    b->requested = bytes;
-    b->refs.reset(1);
-  }
-  if (detail::alloc_log* log = detail::active_log()) log->record(true, b->ptr, bytes, stream);
-  return detail::access::adopt(b);
-}
-
-data_ref allocate(const backend& be, std::size_t bytes, stream_ref stream) {
-  detail::backend_state* backend = detail::access::state(be);
-  if (backend == nullptr) throw invalid_argument("refpool: allocate from a null backend");
-  if (bytes == 0) return {};  // nothing to allocate: a null handle (data() is nullptr)
-  const detail::scope_frame* f = detail::current_frame;
-  detail::block* b = nullptr;
-  if (f == nullptr || f->cache == nullptr) {
-    detail::environment();  // a bad REFPOOL_CONF fails here, clearly, and the log is open before use
-    b = detail::allocate_direct(*backend, bytes, stream);
-  } else if (f->router != nullptr) {
-    b = f->router->acquire(f->lease, *backend, bytes, stream);
-  } else if (f->lease != nullptr) {  // the scope read the environment already
-    detail::cache_state& cache = *f->cache;
-    const detail::block_key key = cache.key_of(*backend, bytes);
-    b = cache.try_hit(*f->lease, key, stream);
-    if (b == nullptr) [[unlikely]]
-      b = cache.acquire(*f->lease, *backend, key, bytes, stream);
-    b->requested = bytes;
-    b->refs.reset(1);
-  } else {
-    b = detail::allocate_direct(*backend, bytes, stream);  // a warm-up entry: uncached
-  }
-  if (detail::alloc_log* log = detail::active_log()) log->record(true, b->ptr, bytes, stream);
-  return detail::access::adopt(b);
-}
-
-}  // namespace refpool
+}  // namespace refpool::detail

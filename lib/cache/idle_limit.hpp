@@ -10,7 +10,7 @@
 #include <atomic>
 #include <cstddef>
 
-#include <refpool/alloc_cache.hpp>
+#include <refpool/cache_options.hpp>
 
 namespace refpool::detail {
 

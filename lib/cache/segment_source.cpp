@@ -14,7 +14,9 @@
 
 #include <refpool/error.hpp>
 
+#include "byte_text.hpp"
 #include "cache/cache_state.hpp"
+#include "cache/oom_text.hpp"
 
 namespace refpool::detail {
 
@@ -66,8 +68,6 @@ std::vector<heap_use> segment_source::use_heaps_locked(const backend_state* only
 
 std::vector<std::unique_ptr<cache_heap>> segment_source::drop_empty_heaps_locked() noexcept {
   std::vector<std::unique_ptr<cache_heap>> dropped;
-  // After close() heaps stay until the cache's state goes (pieces still out come back to them).
-  if (cache_.closed()) return dropped;
   try {
     dropped.reserve(heaps_.size());
   } catch (...) {
@@ -135,6 +135,12 @@ std::size_t segment_source::trim(std::size_t keep, const backend_state* only, bo
   return given;
 }
 
+void segment_source::drop_empty_heaps() noexcept {
+  std::vector<std::unique_ptr<cache_heap>> dropped;  // destroyed last, with no lock held
+  std::lock_guard guard(mutex_);
+  dropped = drop_empty_heaps_locked();
+}
+
 void segment_source::close() noexcept {
   std::vector<heap_use> heaps;
   try {
@@ -155,6 +161,10 @@ void segment_source::close() noexcept {
       fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
     }
   }
+  // Heaps that hold nothing go now: the closed state may be kept long (a thread's lease of it), and
+  // a heap holds its backend. The others go with their last piece (take_back).
+  heaps.clear();
+  drop_empty_heaps();
 }
 
 void segment_source::add_counters(cache_stats& out) const {
@@ -165,6 +175,7 @@ void segment_source::add_counters(cache_stats& out) const {
     out.segments += st.segments;
     out.segment_bytes += st.committed_bytes;
     out.segment_free_bytes += st.free_bytes;
+    out.segment_free_ranges += st.free_ranges;
     add_events(events, st);
   }
   out.segment_grows = events.segments_made + events.grows;
@@ -172,16 +183,6 @@ void segment_source::add_counters(cache_stats& out) const {
   out.merges = events.merges;
   out.segment_trims = events.decommits + events.plain_frees;
   out.segment_trimmed_bytes = events.trimmed_bytes;
-}
-
-void segment_source::check(std::size_t& used_bytes, std::size_t& pieces_out) const {
-  for (const auto& h : heaps_) {
-    std::lock_guard lock(h->mutex);
-    h->heap.check();
-    const segment_heap_stats st = h->heap.stats();
-    used_bytes += st.used_bytes;
-    pieces_out += st.pieces_out;
-  }
 }
 
 // ---- a miss -------------------------------------------------------------------------------
@@ -252,13 +253,14 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
   const cache_stats now = cache_.stats();
   backend_state& backend = *h.backend;
   throw out_of_memory(
-      fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, even after "
-                  "reclaiming {} B of idle cache; its segments hold {} B in {} segments, {} B of it free (largest "
-                  "free range {} B) and {} B in {} pieces; the cache now holds {} B live in {} blocks and {} B "
-                  "idle; the backend has {} B outstanding",
-                  backend.res().name(), bytes, requested, backend.device(), freed, st.committed_bytes, st.segments,
-                  st.free_bytes, st.largest_free_bytes, st.used_bytes, st.pieces_out, now.live_bytes, now.live_blocks,
-                  now.idle_bytes, backend.outstanding_bytes()),
+      fmt::format("refpool: out of memory: {} could not allocate {} (request {}) {}, even after reclaiming {} of idle "
+                  "cache; its segments hold {} in {} segments, {} of it free (largest free range {}) and {} in {} "
+                  "pieces; the cache now holds {} live in {} blocks and {} idle; the backend has {} outstanding. {}",
+                  backend.res().name(), scaled_bytes(bytes), scaled_bytes(requested), memory_place(backend.device()),
+                  scaled_bytes(freed), scaled_bytes(st.committed_bytes), st.segments, scaled_bytes(st.free_bytes),
+                  scaled_bytes(st.largest_free_bytes), scaled_bytes(st.used_bytes), st.pieces_out,
+                  scaled_bytes(now.live_bytes), now.live_blocks, scaled_bytes(now.idle_bytes),
+                  scaled_bytes(backend.outstanding_bytes()), oom_advice(now)),
       bytes, backend.device());
 }
 
@@ -300,21 +302,26 @@ std::size_t segment_source::take_back(block* taken) noexcept {
   // Back to its heap. After the cache is gone nothing carves from the heap any more, so its free
   // memory goes back to the backend at once (all of it with the last piece).
   cache_heap* h = b->heap;
-  std::lock_guard lock(h->mutex);
-  h->heap.give_back(b->piece, streams_of(*b));
-  if (cache_.closed()) {
-    const committed_change change(reserved_, *h);
-    try {
-      if (h->heap.stats().pieces_out == 0)
-        h->heap.release_all();
-      else
-        h->heap.trim(0);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+  bool emptied = false;
+  {
+    std::lock_guard lock(h->mutex);
+    h->heap.give_back(b->piece, streams_of(*b));
+    if (cache_.closed()) {
+      const committed_change change(reserved_, *h);
+      try {
+        if (h->heap.stats().pieces_out == 0)
+          h->heap.release_all();
+        else
+          h->heap.trim(0);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
+      }
+      emptied = h->heap.stats().segments == 0;
     }
+    b->backend->release();  // never the last reference: the heap holds one
+    delete b;
   }
-  b->backend->release();  // never the last reference: the heap holds one
-  delete b;
+  if (emptied) drop_empty_heaps();  // the heap (and its backend) need not wait for the state
   return 0;  // stays in the heap until a trim
 }
 

@@ -39,7 +39,7 @@ class segment_source final : public block_source {
   /// Gives detached idle pieces of `h` back to it and deletes their blocks. Returns their bytes
   /// (the caller counts them out of the cache).
   std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
-  /// For cache_state::check_segments: checks every heap (segment_heap::check, throws
+  /// For cache_state::check_segments (test/support/cache_check.cpp): checks every heap (segment_heap::check, throws
   /// std::logic_error) and sums the bytes and count of their pieces out. Caller holds the cache's mutex.
   void check(std::size_t& used_bytes, std::size_t& pieces_out) const;
 
@@ -52,6 +52,8 @@ class segment_source final : public block_source {
   /// it left mutex_ (a heap holds its backend: the last reference may destroy a resource).
   /// Caller holds mutex_.
   std::vector<std::unique_ptr<cache_heap>> drop_empty_heaps_locked() noexcept;
+  /// The same, destroying them once it left mutex_. Takes mutex_.
+  void drop_empty_heaps() noexcept;
   segment_heap::carved carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested, stream_ref stream);
   void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
   /// Trims `heaps` so that at most `keep` of their bytes stay free, in total.

@@ -40,7 +40,7 @@ void bucket::remove(block* b) noexcept {
 }
 
 piece_list* slot::pieces_for(const block_key& key) {
-  if (key.backend->piece_unit(cache->segments()) == 1) return nullptr;  // plain blocks
+  if (piece_unit(*key.backend, cache->segments()) == 1) return nullptr;  // plain blocks
   const bool small = key.bytes <= segment_heap_options{}.small_max;     // the cache's heaps use the defaults
   if (piece_list* found = find_pieces(key.backend, small)) return found;
   piece_lists.reserve(piece_lists.size() + 1);

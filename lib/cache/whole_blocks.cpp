@@ -8,7 +8,9 @@
 
 #include <refpool/error.hpp>
 
+#include "byte_text.hpp"
 #include "cache/cache_state.hpp"
+#include "cache/oom_text.hpp"
 
 namespace refpool::detail {
 
@@ -23,12 +25,13 @@ void* whole_block_source::allocate(backend_state& backend, std::size_t bytes, st
   if (ptr != nullptr) return ptr;
   cache_.count_oom();
   const cache_stats now = cache_.stats();
-  throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B (request {} B) on device {}, "
-                                  "even after reclaiming {} B of idle cache; the cache now holds {} B live in {} "
-                                  "blocks and {} B idle; the backend has {} B outstanding",
-                                  backend.res().name(), bytes, requested, backend.device(), freed, now.live_bytes,
-                                  now.live_blocks, now.idle_bytes, backend.outstanding_bytes()),
-                      bytes, backend.device());
+  throw out_of_memory(
+      fmt::format("refpool: out of memory: {} could not allocate {} (request {}) {}, even after reclaiming {} of idle "
+                  "cache; the cache now holds {} live in {} blocks and {} idle; the backend has {} outstanding. {}",
+                  backend.res().name(), scaled_bytes(bytes), scaled_bytes(requested), memory_place(backend.device()),
+                  scaled_bytes(freed), scaled_bytes(now.live_bytes), now.live_blocks, scaled_bytes(now.idle_bytes),
+                  scaled_bytes(backend.outstanding_bytes()), oom_advice(now)),
+      bytes, backend.device());
 }
 
 block* whole_block_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
@@ -105,10 +108,13 @@ block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref str
   auto made = std::make_unique<block>();
   void* ptr = backend.allocate(bytes, stream);
   if (ptr == nullptr)
-    throw out_of_memory(fmt::format("refpool: out of memory: {} could not allocate {} B on device {} "
-                                    "(uncached allocation: no cache to reclaim); the backend has {} B outstanding",
-                                    backend.res().name(), bytes, backend.device(), backend.outstanding_bytes()),
-                        bytes, backend.device());
+    throw out_of_memory(
+        fmt::format("refpool: out of memory: {} could not allocate {} {} (an uncached allocation: no cache to "
+                    "reclaim); the backend has {} outstanding. What to do: release buffers no longer needed, or "
+                    "call reclaim() on the caches that use this backend (REFPOOL_NO_CACHING=on bypasses them all)",
+                    backend.res().name(), scaled_bytes(bytes), memory_place(backend.device()),
+                    scaled_bytes(backend.outstanding_bytes())),
+        bytes, backend.device());
   return direct_block(made.release(), backend, ptr, bytes, stream);
 }
 

@@ -13,6 +13,7 @@
 #include "alloc_log.hpp"
 #include "config/cache_option_table.hpp"
 #include "config/conf_text.hpp"
+#include "config/option_kinds.hpp"
 
 namespace refpool::detail {
 
@@ -23,11 +24,12 @@ constexpr std::array<std::string_view, 2> process_keys{"log", "stats_at_exit"};
 
 std::string known_keys() { return fmt::format("{}, {}", cache_option_names(), fmt::join(process_keys, ", ")); }
 
-bool parse_flag(std::string_view key, std::string_view value) {
-  if (value == "1" || value == "true") return true;
-  if (value == "0" || value == "false") return false;
-  throw config_error(
-      fmt::format("refpool: REFPOOL_CONF key '{}' has value '{}'; allowed: 0, 1, true, false", key, value));
+exit_stats parse_exit_stats(std::string_view value) {
+  if (const auto on = parse_switch(value)) return *on ? exit_stats::summary : exit_stats::off;
+  if (same_letters(value, "full")) return exit_stats::full;
+  throw config_error(fmt::format(
+      "refpool: REFPOOL_CONF key 'stats_at_exit' has value '{}'; allowed: on (a summary), full (every counter), off",
+      value));
 }
 
 env_config load() {
@@ -54,7 +56,7 @@ env_config parse_conf(std::string_view conf) {
       if (value.empty()) throw config_error("refpool: REFPOOL_CONF key 'log' has value ''; allowed: a file path");
       config.log_path = value;
     } else if (key == "stats_at_exit") {
-      config.stats_at_exit = parse_flag(key, value);
+      config.stats_at_exit = parse_exit_stats(value);
     } else {
       throw config_error(fmt::format("refpool: REFPOOL_CONF has unknown key '{}'; keys: {}", key, known_keys()));
     }
@@ -63,16 +65,17 @@ env_config parse_conf(std::string_view conf) {
 }
 
 bool parse_no_caching(std::string_view value) {
-  if (value.empty() || value == "0") return false;
-  if (value == "1") return true;
-  throw config_error(fmt::format("refpool: REFPOOL_NO_CACHING has value '{}'; allowed: 0, 1", value));
+  if (value.empty()) return false;
+  if (const auto on = parse_switch(value)) return *on;
+  throw config_error(fmt::format("refpool: REFPOOL_NO_CACHING has value '{}'; allowed: on, off", value));
 }
 
 const env_config& environment() {
-  static const env_config config = [] {
-    env_config loaded = load();
-    // Never closed: frees may be logged by static destructors until the process ends.
-    if (!loaded.log_path.empty()) log_pointer = new alloc_log(loaded.log_path);
+  // Never destroyed (nor the log closed): requests and frees may come from static destructors
+  // until the process ends, also from those of objects made before the first use of this one.
+  static const env_config& config = *[] {
+    auto* loaded = new env_config(load());
+    if (!loaded->log_path.empty()) log_pointer = new alloc_log(loaded->log_path);
     return loaded;
   }();
   return config;

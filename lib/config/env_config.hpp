@@ -10,11 +10,14 @@ namespace refpool::detail {
 
 class alloc_log;
 
+/// What each cache prints to stderr when it is destroyed or the process exits (stats_at_exit).
+enum class exit_stats { off, summary, full };
+
 struct env_config {
-  bool no_caching = false;     ///< REFPOOL_NO_CACHING=1: every scope runs uncached
-  cache_options cache;         ///< the defaults with REFPOOL_CONF's cache options applied
-  std::string log_path;        ///< REFPOOL_CONF log:<file>
-  bool stats_at_exit = false;  ///< REFPOOL_CONF stats_at_exit:1
+  bool no_caching = false;                   ///< REFPOOL_NO_CACHING=on: every scope runs uncached
+  cache_options cache;                       ///< the defaults with REFPOOL_CONF's cache options applied
+  std::string log_path;                      ///< REFPOOL_CONF log:<file>
+  exit_stats stats_at_exit = exit_stats::off;  ///< REFPOOL_CONF stats_at_exit:on (summary) or full
 };
 
 /// Parses REFPOOL_CONF's text ("key:value,key:value"): the cache options
@@ -24,7 +27,7 @@ env_config parse_conf(std::string_view conf);
 /// Whether `key` is one of REFPOOL_CONF's process-wide keys (log, stats_at_exit), which no cache's
 /// conf string may set.
 bool is_process_key(std::string_view key) noexcept;
-/// Parses REFPOOL_NO_CACHING's value ("", "0" or "1").
+/// Parses REFPOOL_NO_CACHING's value: "" (off) or a switch (on, off; option_kinds.hpp's parse_switch).
 bool parse_no_caching(std::string_view value);
 
 /// The process's configuration, read on first use. Throws `config_error` (at each use) while

@@ -25,6 +25,23 @@ constexpr std::array<std::pair<char, unsigned>, 4> byte_suffixes{{{'T', 40}, {'G
 
 }  // namespace
 
+bool same_letters(std::string_view text, std::string_view lower) noexcept {
+  if (text.size() != lower.size()) return false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i] >= 'A' && text[i] <= 'Z' ? static_cast<char>(text[i] - 'A' + 'a') : text[i];
+    if (c != lower[i]) return false;
+  }
+  return true;
+}
+
+std::optional<bool> parse_switch(std::string_view text) noexcept {
+  for (const std::string_view on : {"on", "true", "yes", "1"})
+    if (same_letters(text, on)) return true;
+  for (const std::string_view off : {"off", "false", "no", "0"})
+    if (same_letters(text, off)) return false;
+  return std::nullopt;
+}
+
 // ---- rounding_policy: exact, step:<bytes>, pow2, pow2:<divisions> --------------------------------
 
 std::optional<rounding_policy> option_traits<option_kind::rounding_policy>::parse(std::string_view text) {
@@ -94,9 +111,8 @@ std::string option_traits<option_kind::byte_limit>::format(std::size_t value) {
 // ---- segment_policy: off, on, auto ------------------------------------------------------------
 
 std::optional<segment_policy> option_traits<option_kind::segment_policy>::parse(std::string_view text) {
-  if (text == "off") return segment_policy::off;
-  if (text == "on") return segment_policy::on;
-  if (text == "auto") return segment_policy::automatic;
+  if (same_letters(text, "auto")) return segment_policy::automatic;
+  if (const auto on = parse_switch(text)) return *on ? segment_policy::on : segment_policy::off;
   return std::nullopt;
 }
 
@@ -129,11 +145,7 @@ std::string option_traits<option_kind::segment_policy>::c_text(refpool_segment_p
 
 // ---- on_off: on, off ----------------------------------------------------------------------------
 
-std::optional<bool> option_traits<option_kind::on_off>::parse(std::string_view text) {
-  if (text == "on") return true;
-  if (text == "off") return false;
-  return std::nullopt;
-}
+std::optional<bool> option_traits<option_kind::on_off>::parse(std::string_view text) { return parse_switch(text); }
 
 std::string option_traits<option_kind::on_off>::c_text(refpool_on_off value) {
   switch (value) {

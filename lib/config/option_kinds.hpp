@@ -12,6 +12,13 @@
 
 namespace refpool::detail {
 
+/// A switch from its usual spellings: on/off, true/false, yes/no, 1/0, in any case; nullopt for any
+/// other text. Every switch (on_off options, segments' on and off, stats_at_exit,
+/// REFPOOL_NO_CACHING) reads through here; docs and errors spell it on/off.
+[[nodiscard]] std::optional<bool> parse_switch(std::string_view text) noexcept;
+/// Whether `text` is `lower` (a lower-case word) in any case: a keyword's spelling ("auto", "full").
+[[nodiscard]] bool same_letters(std::string_view text, std::string_view lower) noexcept;
+
 /// Per kind: `type` (C++), `c_type`, `allowed` (the text values, for errors and bindings),
 /// `allowed_c` (the same in C's terms), and
 ///   parse(text)  -> the value, or nullopt when the text is not one of `allowed`;

@@ -116,27 +116,6 @@ status stream_synchronize(handle stream) { return driver().cuStreamSynchronize(a
 constexpr std::string_view device_synchronize_call = "cuCtxSynchronize";
 status device_synchronize() { return driver().cuCtxSynchronize(); }
 
-constexpr std::string_view module_load_call = "cuModuleLoadDataEx";
-status module_load(handle* module, int, std::string_view image, std::string* details) {
-  const std::string text(image);  // PTX must end in a NUL
-  char log[4096] = {};
-  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void* values[] = {log, reinterpret_cast<void*>(sizeof log)};
-  const CUresult r = driver().cuModuleLoadDataEx(reinterpret_cast<CUmodule*>(module), text.c_str(), 2, options, values);
-  if (r != CUDA_SUCCESS) *details = fmt::format("JIT log: {}", log);
-  return r;
-}
-constexpr std::string_view module_unload_call = "cuModuleUnload";
-status module_unload(handle module) { return driver().cuModuleUnload(static_cast<CUmodule>(module)); }
-constexpr std::string_view module_function_call = "cuModuleGetFunction";
-status module_function(handle* function, handle module, const char* name) {
-  return driver().cuModuleGetFunction(reinterpret_cast<CUfunction*>(function), static_cast<CUmodule>(module), name);
-}
-constexpr std::string_view launch_call = "cuLaunchKernel";
-status launch(handle function, gpu::dims3 grid, gpu::dims3 block, unsigned shared_bytes, handle stream, void** args) {
-  return driver().cuLaunchKernel(static_cast<CUfunction>(function), grid.x, grid.y, grid.z, block.x, block.y, block.z,
-                                 shared_bytes, as_stream(stream), args, nullptr);
-}
 constexpr std::string_view copy_call = "cuMemcpyAsync";
 status copy(void* dst, const void* src, std::size_t bytes, handle stream) {
   return driver().cuMemcpyAsync(as_device_ptr(dst), as_device_ptr(src), bytes, as_stream(stream));

@@ -11,19 +11,18 @@ namespace refpool::detail::cuda {
 
 // Each name is the unversioned driver symbol; the header's macros (cuMemAlloc -> cuMemAlloc_v2)
 // make the member and its type match the ABI that cuGetProcAddress returns for CUDA_VERSION.
-#define REFPOOL_CUDA_DRIVER_SYMBOLS(X)                                                                           \
-  X(cuInit)                                                                                                      \
-  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain)        \
-      X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync)    \
-          X(cuMemFreeAsync) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemGetInfo) X(cuDeviceGetDefaultMemPool)      \
-              X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuStreamCreate)             \
-                  X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)  \
-                      X(cuStreamWaitEvent) X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction)        \
-                          X(cuLaunchKernel) X(cuMemcpyAsync) X(cuMemsetD8Async) X(cuMemcpyPeerAsync)             \
-                              X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuDeviceGetAttribute)          \
-                                  X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)    \
-                                      X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
-                                          X(cuGetErrorName) X(cuGetErrorString)
+#define REFPOOL_CUDA_DRIVER_SYMBOLS(X)                                                                                \
+  X(cuInit)                                                                                                           \
+  X(cuDriverGetVersion)                                                                                               \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent)                \
+      X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync)          \
+          X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemGetInfo) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)    \
+              X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) \
+                  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuStreamWaitEvent) X(cuMemcpyAsync)           \
+                      X(cuMemsetD8Async) X(cuMemcpyPeerAsync) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)       \
+                          X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve)             \
+                              X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap)            \
+                                  X(cuMemSetAccess) X(cuGetErrorName) X(cuGetErrorString)
 
 struct driver_api {
 #define REFPOOL_CUDA_DECLARE(name) decltype(&::name) name = nullptr;

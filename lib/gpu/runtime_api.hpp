@@ -1,9 +1,9 @@
 // The entry points a GPU runtime (CUDA driver API, HIP runtime) provides to refpool, as a table of
 // plain functions returning the runtime's status code. Everything GPU is written once over it in
 // lib/gpu/: the resource (gpu_resource.cpp), the process-wide backends (backend_registry.cpp) and
-// the public front end of refpool/gpu.hpp (devices, streams, copies), and the kernel modules of
-// modules.hpp. Only lib/cuda/ and lib/hip/ include their vendor headers, to load the runtime and
-// fill the table in.
+// the public front end of refpool/gpu.hpp (devices, streams, copies). Only lib/cuda/ and lib/hip/
+// include their vendor headers, to load the runtime and fill the table in. (Kernel modules, which
+// only the GPU tests use, are test tooling: test/support/gpu_modules.hpp.)
 #pragma once
 
 #include <cstddef>
@@ -16,14 +16,11 @@
 #include <refpool/resource.hpp>
 #include <refpool/virtual_memory.hpp>
 
-#include "modules.hpp"  // dims3
-
 namespace refpool::detail::gpu {
 
 using status = int;
-using handle = void*;  // a stream, event, module, function or saved context of the runtime
+using handle = void*;  // a stream, event or saved context of the runtime
 using runtime_id = refpool::gpu::runtime;
-using refpool::gpu::dims3;
 
 /// One entry point: the function, and the runtime call it makes for messages ("cuMemAlloc").
 template <class F>
@@ -43,49 +40,43 @@ struct entry<status (*)(Args...)> {
 ///   to keep what it frees (as refpool's cache does) instead of returning it at every sync;
 /// - event_create makes an event without timing (it only orders streams); stream_create a
 ///   non-blocking stream on the current device;
-/// - module_load loads `image` on the current device `device`, `*details` receiving a JIT log or
-///   why the image was refused;
 /// - vm_*: virtual memory (virtual_memory.cpp) of device memory pinned to `device`: whether the
 ///   device has it, the minimum granularity, address ranges reserved and freed, physical
 ///   allocations created and released, mapped (at offset 0, whole) and unmapped, and made
 ///   readable and writable by `device`.
-#define REFPOOL_GPU_ENTRIES(X)                                                                                       \
-  X(activate, status (*)(int device, handle* saved))                                                                 \
-  X(restore, status (*)(handle saved))                                                                               \
-  X(driver_version, status (*)(int* version))                                                                        \
-  X(device_name, status (*)(int device, char* name, std::size_t size))                                               \
-  X(memory_info, status (*)(std::size_t * free, std::size_t * total))                                                \
-  X(keep_pool_memory, status (*)(int device))                                                                        \
-  X(mem_alloc, status (*)(void** ptr, std::size_t bytes))                                                            \
-  X(mem_free, status (*)(void* ptr))                                                                                 \
-  X(mem_alloc_async, status (*)(void** ptr, std::size_t bytes, handle stream))                                       \
-  X(mem_free_async, status (*)(void* ptr, handle stream))                                                            \
-  X(host_alloc, status (*)(void** ptr, std::size_t bytes))                                                           \
-  X(host_free, status (*)(void* ptr))                                                                                \
-  X(event_create, status (*)(handle * event))                                                                        \
-  X(event_destroy, status (*)(handle event))                                                                         \
-  X(event_record, status (*)(handle event, handle stream))                                                           \
-  X(stream_wait_event, status (*)(handle stream, handle event))                                                      \
-  X(stream_create, status (*)(handle * stream))                                                                      \
-  X(stream_destroy, status (*)(handle stream))                                                                       \
-  X(stream_synchronize, status (*)(handle stream))                                                                   \
-  X(device_synchronize, status (*)())                                                                                \
-  X(module_load, status (*)(handle * module, int device, std::string_view image, std::string* details))              \
-  X(module_unload, status (*)(handle module))                                                                        \
-  X(module_function, status (*)(handle * function, handle module, const char* name))                                 \
-  X(launch, status (*)(handle function, dims3 grid, dims3 block, unsigned shared_bytes, handle stream, void** args)) \
-  X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                                  \
-  X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                              \
-  X(copy_peer,                                                                                                       \
-    status (*)(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, handle stream))        \
-  X(vm_supported, status (*)(int device, bool* supported))                                                           \
-  X(vm_granularity, status (*)(int device, std::size_t* granularity))                                                \
-  X(vm_reserve, status (*)(void** ptr, std::size_t bytes, std::size_t alignment))                                    \
-  X(vm_free, status (*)(void* ptr, std::size_t bytes))                                                               \
-  X(vm_create, status (*)(handle * physical, std::size_t bytes, int device))                                         \
-  X(vm_release, status (*)(handle physical))                                                                         \
-  X(vm_map, status (*)(void* ptr, std::size_t bytes, handle physical))                                               \
-  X(vm_unmap, status (*)(void* ptr, std::size_t bytes))                                                              \
+#define REFPOOL_GPU_ENTRIES(X)                                                                                \
+  X(activate, status (*)(int device, handle* saved))                                                          \
+  X(restore, status (*)(handle saved))                                                                        \
+  X(driver_version, status (*)(int* version))                                                                 \
+  X(device_name, status (*)(int device, char* name, std::size_t size))                                        \
+  X(memory_info, status (*)(std::size_t * free, std::size_t * total))                                         \
+  X(keep_pool_memory, status (*)(int device))                                                                 \
+  X(mem_alloc, status (*)(void** ptr, std::size_t bytes))                                                     \
+  X(mem_free, status (*)(void* ptr))                                                                          \
+  X(mem_alloc_async, status (*)(void** ptr, std::size_t bytes, handle stream))                                \
+  X(mem_free_async, status (*)(void* ptr, handle stream))                                                     \
+  X(host_alloc, status (*)(void** ptr, std::size_t bytes))                                                    \
+  X(host_free, status (*)(void* ptr))                                                                         \
+  X(event_create, status (*)(handle * event))                                                                 \
+  X(event_destroy, status (*)(handle event))                                                                  \
+  X(event_record, status (*)(handle event, handle stream))                                                    \
+  X(stream_wait_event, status (*)(handle stream, handle event))                                               \
+  X(stream_create, status (*)(handle * stream))                                                               \
+  X(stream_destroy, status (*)(handle stream))                                                                \
+  X(stream_synchronize, status (*)(handle stream))                                                            \
+  X(device_synchronize, status (*)())                                                                         \
+  X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                           \
+  X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                       \
+  X(copy_peer,                                                                                                \
+    status (*)(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, handle stream)) \
+  X(vm_supported, status (*)(int device, bool* supported))                                                    \
+  X(vm_granularity, status (*)(int device, std::size_t* granularity))                                         \
+  X(vm_reserve, status (*)(void** ptr, std::size_t bytes, std::size_t alignment))                             \
+  X(vm_free, status (*)(void* ptr, std::size_t bytes))                                                        \
+  X(vm_create, status (*)(handle * physical, std::size_t bytes, int device))                                  \
+  X(vm_release, status (*)(handle physical))                                                                  \
+  X(vm_map, status (*)(void* ptr, std::size_t bytes, handle physical))                                        \
+  X(vm_unmap, status (*)(void* ptr, std::size_t bytes))                                                       \
   X(vm_set_access, status (*)(void* ptr, std::size_t bytes, int device))
 
 /// A runtime's table, from the functions it defines with the names of the fields below and of

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "../gpu/runtime_api.hpp"
-#include "code_object.hpp"
 #include "runtime.hpp"
 
 namespace refpool::detail::hip {
@@ -112,26 +111,6 @@ status stream_synchronize(handle stream) { return call(runtime().hipStreamSynchr
 constexpr std::string_view device_synchronize_call = "hipDeviceSynchronize";
 status device_synchronize() { return call(runtime().hipDeviceSynchronize); }
 
-// Before HIP 5.4 a code object without code for the device aborts the process: checked first.
-constexpr std::string_view module_load_call = "hipModuleLoadData";
-status module_load(handle* module, int device, std::string_view image, std::string* details) {
-  if (runtime().version < minimum_checked_load_version)
-    if (const hipError_t r = check_code_object(device, image, details); r != hipSuccess) return r;
-  return call(runtime().hipModuleLoadData, reinterpret_cast<hipModule_t*>(module),
-              static_cast<const void*>(image.data()));
-}
-constexpr std::string_view module_unload_call = "hipModuleUnload";
-status module_unload(handle module) { return call(runtime().hipModuleUnload, static_cast<hipModule_t>(module)); }
-constexpr std::string_view module_function_call = "hipModuleGetFunction";
-status module_function(handle* function, handle module, const char* name) {
-  return call(runtime().hipModuleGetFunction, reinterpret_cast<hipFunction_t*>(function),
-              static_cast<hipModule_t>(module), name);
-}
-constexpr std::string_view launch_call = "hipModuleLaunchKernel";
-status launch(handle function, gpu::dims3 grid, gpu::dims3 block, unsigned shared_bytes, handle stream, void** args) {
-  return call(runtime().hipModuleLaunchKernel, static_cast<hipFunction_t>(function), grid.x, grid.y, grid.z, block.x,
-              block.y, block.z, shared_bytes, as_stream(stream), args, static_cast<void**>(nullptr));
-}
 constexpr std::string_view copy_call = "hipMemcpyAsync";
 status copy(void* dst, const void* src, std::size_t bytes, handle stream) {
   return call(runtime().hipMemcpyAsync, dst, src, bytes, hipMemcpyDefault, as_stream(stream));

@@ -7,9 +7,6 @@
 // entry point's type; the few overloads the macro leaves (hipMallocAsync) are TYPED below.
 #define __HIP_DISABLE_CPP_FUNCTIONS__
 #include <hip/hip_runtime_api.h>
-// ROCm 6 headers rename hipGetDeviceProperties to hipGetDevicePropertiesR0600 (a new layout), which
-// would also rename the entry point dlsym()ed below; refpool wants HIP 5.x's, by its own name.
-#undef hipGetDeviceProperties
 
 #include <string>
 #include <utility>
@@ -21,27 +18,15 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
 
 // X(name) takes the type of the header's declaration; TYPED(name, type) names the type of an
 // overloaded name's C entry point.
-#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                                     \
-  X(hipRuntimeGetVersion)                                                                                         \
-  X(hipDriverGetVersion) X(hipGetDeviceCount) X(hipGetDevice) X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) \
-      X(hipMemGetInfo) X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t) X(hipFreeAsync)          \
-          X(hipHostMalloc) X(hipHostFree) X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute)                 \
-              X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipDeviceSynchronize)     \
-                  X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)           \
-                      X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync) X(hipModuleLoadData)              \
-                          X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipGetErrorName)  \
-                              X(hipGetErrorString) X(hipGetLastError)
-
-// The hipDeviceProp_t of HIP 5.2 and 5.3 (the same in both: 792 bytes, gcnArchName at 396, read
-// from their headers), which their hipGetDeviceProperties fills. Declared here, not taken from the
-// header compiled against: ROCm 6 headers name another layout (hipDeviceProp_tR0600) so.
-struct device_properties_5 {
-  alignas(8) char before[396];
-  char gcnArchName[256];  ///< "gfx90a:sramecc+:xnack-"
-  char after[140];
-};
-static_assert(sizeof(device_properties_5) == 792);
-using get_device_properties_5_t = hipError_t (*)(device_properties_5*, int);
+#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                                    \
+  X(hipRuntimeGetVersion)                                                                                        \
+  X(hipDriverGetVersion)                                                                                         \
+  X(hipGetDeviceCount) X(hipGetDevice) X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) X(hipMemGetInfo)      \
+      X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t) X(hipFreeAsync) X(hipHostMalloc)         \
+          X(hipHostFree) X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute) X(hipStreamCreateWithFlags)     \
+              X(hipStreamDestroy) X(hipStreamSynchronize) X(hipDeviceSynchronize) X(hipEventCreateWithFlags)     \
+                  X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent) X(hipMemcpyAsync) X(hipMemsetAsync) \
+                      X(hipMemcpyPeerAsync) X(hipGetErrorName) X(hipGetErrorString) X(hipGetLastError)
 
 // The hipMemAllocationProp of HIP 5.3 and later (HIP 5.2's header, which refpool may compile
 // against, has another order of the same fields), which is what refpool passes: virtual memory is
@@ -66,13 +51,12 @@ inline constexpr int minimum_vm_version = 50'300'000;
 inline constexpr int attribute_virtual_memory = 89;  // hipDeviceAttribute_t from HIP 5.3 (5.2's header lacks it)
 
 // Entry points refpool uses only on some releases or where present; null where absent.
-// hipGetDeviceProperties reads the device's target before HIP 5.4 (code_object.hpp); the others
-// are virtual memory.
-#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED)                                                             \
-  TYPED(hipGetDeviceProperties, get_device_properties_5_t)                                                 \
-  X(hipDeviceGetAttribute)                                                                                 \
-  TYPED(hipMemGetAllocationGranularity, mem_granularity_53_t) X(hipMemAddressReserve) X(hipMemAddressFree) \
-      TYPED(hipMemCreate, mem_create_53_t) X(hipMemRelease) X(hipMemMap) X(hipMemUnmap) X(hipMemSetAccess)
+// Virtual memory.
+#define REFPOOL_HIP_OPTIONAL_SYMBOLS(X, TYPED)                                                                    \
+  X(hipDeviceGetAttribute)                                                                                        \
+  TYPED(hipMemGetAllocationGranularity, mem_granularity_53_t)                                                     \
+  X(hipMemAddressReserve) X(hipMemAddressFree) TYPED(hipMemCreate, mem_create_53_t) X(hipMemRelease) X(hipMemMap) \
+      X(hipMemUnmap) X(hipMemSetAccess)
 
 struct runtime_api {
 #define REFPOOL_HIP_DECLARE(name) decltype(&::name) name = nullptr;

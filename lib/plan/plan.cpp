@@ -20,7 +20,7 @@ std::uint64_t fingerprint_of(const std::vector<planned_request>& requests) noexc
 }
 
 plan::plan(cache_state& cache, std::vector<planned_request> requests, const std::vector<lifetime>& lifetimes)
-    : cache_(&cache), requests_(std::move(requests)) {
+    : cache_(&cache), requests_(std::move(requests)), backend_(hold_backend(requests_)) {
   const std::size_t n = requests_.size();
   if (n >= std::numeric_limits<std::uint32_t>::max())
     throw size_error(fmt::format("refpool: a planned run of {} requests is too long to plan", n));
@@ -47,6 +47,7 @@ plan::plan(const plan& other, arena& a)
       region_owner(),
       cache_(other.cache_),
       requests_(other.requests_),
+      backend_(other.backend_),
       offsets_(other.offsets_),
       due_start_(other.due_start_),
       due_(other.due_),

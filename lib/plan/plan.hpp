@@ -10,6 +10,9 @@
 #include <memory>
 #include <vector>
 
+#include <refpool/backend.hpp>
+
+#include "access.hpp"
 #include "cache/block_key.hpp"
 #include "cache/region_block.hpp"
 #include "plan/arena.hpp"
@@ -27,12 +30,23 @@ struct planned_request {
   friend bool operator==(const planned_request&, const planned_request&) = default;
 };
 
+/// A counted handle of the backend `requests` name (one for all, as in every recording and plan);
+/// null when there is none.
+inline refpool::backend hold_backend(const std::vector<planned_request>& requests) noexcept {
+  if (requests.empty()) return {};
+  requests.front().key.backend->retain();
+  return access::adopt(const_cast<backend_state*>(requests.front().key.backend));
+}
+
 /// A run's requests and their lifetimes, not yet placed: what a plan is made from. A recording
 /// of a sequence seen once waits as this (placing it costs time a request, which a sequence that
 /// never comes again should not pay).
 struct recording {
   std::vector<planned_request> requests;
   std::vector<lifetime> lifetimes;
+  /// The backend of its requests (one for all), held: a pending recording outlives its run and
+  /// the blocks that held the backend, and becomes a plan with an arena of it later.
+  refpool::backend backend;
 };
 
 /// The fingerprint (key_policy.hpp) of a sequence of requests: their sizes in order.
@@ -100,6 +114,8 @@ class plan final : public ref_counted<plan>, public region_owner {
 
   cache_state* cache_;  ///< retained: counts unsafe frees of regions
   std::vector<planned_request> requests_;
+  /// Held: until the plan is bound, its arena holds nothing of its backend (a recording's went).
+  refpool::backend backend_;
   std::vector<std::size_t> offsets_;
   std::vector<std::uint32_t> due_start_;  ///< per position (and one past the last): start in due_
   std::vector<std::uint32_t> due_;        ///< requests by the position of their release

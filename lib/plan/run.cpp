@@ -28,7 +28,7 @@ plan_run::plan_run(cache_state& cache, plan_store& store, key_state* key, run_ki
       may_record_(may_record),
       candidates_(std::move(candidates)) {
   for (plan* p : candidates_) p->retain();
-  cache_.retain();  // releases of this run's blocks may come after the scope and the cache ended
+  cache_.retain();  // until its end (finish)
 }
 
 plan_run::~plan_run() {
@@ -36,9 +36,9 @@ plan_run::~plan_run() {
   if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
     store_.abandon_run(this);
     for (plan* p : candidates_) p->release();
+    if (first_backend_ != nullptr) first_backend_->release();
+    cache_.release();  // a finished run gave both back at its end
   }
-  if (first_backend_ != nullptr) first_backend_->release();
-  cache_.release();
 }
 
 // ---- serving requests ---------------------------------------------------------------------
@@ -369,6 +369,10 @@ void plan_run::finish() noexcept {
   // is served by the plain cache at once, not after them (issue 35: 10-23 s under ASan).
   store_.end_run(this, key_, out);
   for (plan* p : started_with) p->release();
+  // A thread may keep this router long after (cache_state::step_router): it keeps neither a
+  // backend nor the cache (a late request's caller holds the cache; its step or scope does now).
+  if (first_backend_ != nullptr) std::exchange(first_backend_, nullptr)->release();
+  cache_.release();
 }
 
 // Everything of the end that later requests could see: O(n) in the run's requests.
@@ -497,7 +501,8 @@ recording* plan_run::make_recording(std::uint64_t end, std::vector<lifetime> reg
     // A release read on another thread may lag: it is never before its own allocation.
     lifetimes[p].second = std::clamp<std::uint64_t>(lifetimes[p].second, p + 1, end + 1);
   }
-  return new recording{std::move(sequence), std::move(lifetimes)};
+  refpool::backend held = hold_backend(sequence);  // released if new throws
+  return new recording{std::move(sequence), std::move(lifetimes), std::move(held)};
 }
 
 }  // namespace refpool::detail

@@ -146,7 +146,7 @@ class plan_run final : public ref_counted<plan_run>,
   std::vector<tracked> tracked_;
   std::size_t uncached_live_ = 0;
   bool finished_ = false;
-  backend_state* first_backend_ = nullptr;  ///< retained: a recording's backend outlives its blocks
+  backend_state* first_backend_ = nullptr;  ///< retained until the end: a recording's backend outlives its blocks
 };
 
 }  // namespace refpool::detail

@@ -107,8 +107,8 @@ class segment_heap {
   /// this much where the hole it commits into has room after the commit's start, at the tail or
   /// inside a segment (bytes a lender gave back to the backend, so that the plain path takes
   /// them in few driver calls; 0: the usual step, at the growable tail only).
-  [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream,
-                                            placement where = placement::anywhere, std::size_t growth_step = 0);
+  [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream, placement where = placement::anywhere,
+                                            std::size_t growth_step = 0);
   /// As carve, from free ranges only: never calls the backend, never yields a span. nullopt:
   /// nothing fits.
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,
@@ -144,6 +144,9 @@ class segment_heap {
   /// True when segments grow through virtual memory.
   [[nodiscard]] bool uses_virtual_memory() const noexcept { return vm_ != nullptr; }
   [[nodiscard]] const segment_heap_options& options() const noexcept { return options_; }
+
+  // Views and the check for tests: test tooling, defined outside the library
+  // (test/support/segment_check.cpp), for white-box tests linked with refpool's objects.
 
   /// Every range of every segment, in segment order then address order (for tests).
   [[nodiscard]] std::vector<range_view> ranges() const;

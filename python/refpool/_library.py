@@ -23,6 +23,10 @@ _ssize_t = _checked.ssize_t
 
 # name: (restype, [(parameter, C type)...]) as in refpool.h. restype c_int means a refpool_status,
 # checked by call(). Every argument is checked against its C type before the call (_checked).
+# A struct parameter is SIZED: callers pass the struct (None: NULL) and C gets its address, then
+# its sizeof (refpool.h, "Structs that grow": every struct passed by address carries its size).
+# _checked.BY_ADDRESS passes the address alone, for a struct that does not grow.
+_SIZED = _checked.SIZED
 SIGNATURES = {
     "refpool_last_error": (c_char_p, []),
     "refpool_status_name": (c_char_p, [("status", c_int)]),
@@ -34,32 +38,33 @@ SIGNATURES = {
     "refpool_backend_cuda": (c_int, [("device", c_int), ("kind", c_int), ("out", _handle_p)]),
     "refpool_backend_hip": (c_int, [("device", c_int), ("kind", c_int), ("out", _handle_p)]),
     "refpool_backend_release": (c_int, [("backend", t.Handle)]),
-    "refpool_backend_get_stats": (c_int, [("backend", t.Handle), ("out", c_void_p)]),
+    "refpool_backend_get_stats": (c_int, [("backend", t.Handle), ("out", _SIZED)]),
     "refpool_retire_stream": (c_int, [("backend", t.Handle), ("stream", c_void_p)]),
     # caches
-    # cache options: the struct is laid out from the library's table (_options), so passed by address
-    "refpool_cache_options_init": (c_int, [("options", c_void_p)]),
-    "refpool_cache_options_from_environment": (c_int, [("options", c_void_p)]),
-    "refpool_cache_options_parse": (c_int, [("options", c_void_p), ("conf", c_char_p)]),
-    "refpool_cache_options_set": (c_int, [("options", c_void_p), ("name", c_char_p), ("value", c_char_p)]),
+    # cache options: the struct is laid out from the library's table (_options)
+    "refpool_cache_options_init": (c_int, [("options", _SIZED)]),
+    "refpool_cache_options_from_environment": (c_int, [("options", _SIZED)]),
+    "refpool_cache_options_parse": (c_int, [("options", _SIZED), ("conf", c_char_p)]),
+    "refpool_cache_options_set": (c_int, [("options", _SIZED), ("name", c_char_p), ("value", c_char_p)]),
     "refpool_cache_option_count": (c_size_t, []),
-    "refpool_cache_option_info": (POINTER(t.OptionInfo), [("index", c_size_t)]),
-    "refpool_cache_create": (c_int, [("options", c_void_p), ("out", _handle_p)]),
+    "refpool_cache_option_info": (c_int, [("index", c_size_t), ("out", _SIZED)]),
+    "refpool_cache_create": (c_int, [("options", _SIZED), ("out", _handle_p)]),
     "refpool_cache_destroy": (c_int, [("cache", t.Handle)]),
-    "refpool_cache_get_stats": (c_int, [("cache", t.Handle), ("out", c_void_p)]),
+    "refpool_cache_get_stats": (c_int, [("cache", t.Handle), ("out", _SIZED)]),
     "refpool_cache_reclaim": (c_int, [("cache", t.Handle), ("keep_bytes", c_size_t), ("freed", _size_p)]),
     "refpool_cache_set_max_idle_bytes": (c_int, [("cache", t.Handle), ("max_idle_bytes", c_size_t)]),
     "refpool_cache_reset_peaks": (c_int, [("cache", t.Handle)]),
+    "refpool_cache_summary": (c_int, [("cache", t.Handle), ("detail", c_int), ("text", POINTER(ctypes.c_char)),
+                                      ("capacity", c_size_t), ("length", _size_p)]),
     # scopes and steps
     "refpool_scope_enter": (c_int, [("cache", t.Handle), ("out", _handle_p)]),
-    "refpool_scope_enter_with_options": (c_int, [("cache", t.Handle), ("options", POINTER(t.ScopeOptions)),
-                                                 ("out", _handle_p)]),
+    "refpool_scope_enter_with_options": (c_int, [("cache", t.Handle), ("options", _SIZED), ("out", _handle_p)]),
     "refpool_scope_exit": (c_int, [("scope", t.Handle)]),
-    "refpool_step_begin": (c_int, [("cache", t.Handle), ("options", POINTER(t.ScopeOptions)), ("out", _handle_p)]),
+    "refpool_step_begin": (c_int, [("cache", t.Handle), ("options", _SIZED), ("out", _handle_p)]),
     "refpool_step_end": (c_int, [("step", t.Handle)]),
     # buffers
     "refpool_alloc": (c_int, [("backend", t.Handle), ("dims", _size_p), ("rank", c_size_t),
-                              ("element_size", c_size_t), ("options", POINTER(t.AllocOptions)), ("out", _handle_p)]),
+                              ("element_size", c_size_t), ("options", _SIZED), ("out", _handle_p)]),
     "refpool_record_stream": (c_int, [("buffer", t.Handle), ("stream", c_void_p)]),
     "refpool_reshape": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("rank", c_size_t), ("out", _handle_p)]),
     "refpool_retain": (c_int, [("buffer", t.Handle), ("out", _handle_p)]),
@@ -68,7 +73,7 @@ SIGNATURES = {
     "refpool_use_count": (c_int, [("buffer", t.Handle), ("out", POINTER(ctypes.c_long))]),
     "refpool_data": (c_int, [("buffer", t.Handle), ("out", POINTER(c_void_p))]),
     "refpool_dims": (c_int, [("buffer", t.Handle), ("dims", _size_p), ("capacity", c_size_t), ("rank", _size_p)]),
-    "refpool_buffer_get_info": (c_int, [("buffer", t.Handle), ("out", POINTER(t.BufferInfo))]),
+    "refpool_buffer_get_info": (c_int, [("buffer", t.Handle), ("out", _SIZED)]),
     # free by address (what refpool_allocator_alloc handed out)
     "refpool_free": (c_int, [("address", c_void_p)]),
     # stats by name
@@ -78,8 +83,9 @@ SIGNATURES = {
     "refpool_cache_get_stat_values": (c_int, [("cache", t.Handle), ("values", POINTER(c_uint64)),
                                               ("capacity", c_size_t), ("count", _size_p)]),
     # the process-wide framework allocator and its entry points
-    "refpool_allocator_options_init": (c_int, [("options", c_void_p)]),
-    "refpool_allocator_configure": (c_int, [("options", c_void_p)]),
+    "refpool_allocator_options_init": (c_int, [("options", _SIZED)]),
+    # the framework allocator's options and its cache's options (NULL: REFPOOL_CONF), each with its size
+    "refpool_allocator_configure": (c_int, [("options", _SIZED), ("cache", _SIZED)]),
     "refpool_allocator_cache": (c_int, [("out", _handle_p)]),
     "refpool_allocator_alloc": (c_int, [("bytes", c_size_t), ("device", c_int), ("stream", c_void_p),
                                         ("out", POINTER(c_void_p))]),
@@ -97,6 +103,10 @@ SIGNATURES = {
     "refpool_torch_free": (None, [("address", c_void_p), ("size", _ssize_t), ("device", c_int), ("stream", c_void_p)]),
     "refpool_cupy_malloc": (c_void_p, [("param", c_void_p), ("size", c_size_t), ("device", c_int)]),
     "refpool_cupy_free": (None, [("param", c_void_p), ("address", c_void_p), ("device", c_int)]),
+    # the package's DLPack capsule destructor and deleter (python/dlpack_glue.cpp: its library only)
+    "refpool_python_dlpack_setup": (c_int, [("api", _checked.SIZED)]),
+    "refpool_python_dlpack_deleter": (None, [("managed", c_void_p)]),
+    "refpool_python_capsule_destructor": (None, [("capsule", c_void_p)]),
 }
 
 
@@ -123,7 +133,7 @@ class Library:
                     f"refpool: librefpool {self.version()} at {self.path} has no function {name}: it was built from "
                     "an older refpool than this package; rebuild it from the same source") from None
             raw.restype = restype
-            raw.argtypes = [ctype for _, ctype in parameters]
+            raw.argtypes = _checked.c_types(parameters)
             function = _checked.checked_function(name, raw, parameters)
             self._functions[name] = function
         return function
@@ -140,7 +150,15 @@ class Library:
         """Calls a status-returning function; raises the status's RefpoolError subclass on failure."""
         status = self.fn(name)(*args)
         if status != t.OK:
-            raise error_for_status(status, self.status_name(status), self.last_error())
+            raise self._error(status)
+
+    def _error(self, status):
+        return error_for_status(status, self.status_name(status), self.last_error())
+
+    def text(self, name, *args):
+        """Calls a function that writes text for people into the caller's buffer (its last parameters:
+        char* text, size_t capacity, size_t* length); returns the text."""
+        return read_text(self.fn(name), args, lambda status: self._error(status))
 
     def new_handle(self, name, *args):
         """Calls a function whose last parameter is an output handle; returns the handle."""
@@ -156,6 +174,23 @@ class Library:
 
     def version(self):
         return self.fn("refpool_version")().decode()
+
+
+def read_text(function, args, error):
+    """The text `function(*args, text, capacity, length)` writes: asked for its length first (text
+    NULL, capacity 0), then into a buffer one larger, again while another thread makes it grow
+    between the calls (INVALID_ARGUMENT with *length at or past the capacity). `error(status)` is
+    the exception for any other failure."""
+    length = c_size_t()
+    buffer, capacity = None, 0
+    while True:
+        status = function(*args, buffer, capacity, ctypes.byref(length))
+        if status == t.OK and buffer is not None:
+            return buffer.value.decode(errors="replace")
+        if status not in (t.OK, t.INVALID_ARGUMENT) or length.value < capacity:
+            raise error(status)
+        capacity = length.value + 1
+        buffer = ctypes.create_string_buffer(capacity)
 
 
 _lock = threading.Lock()

@@ -5,8 +5,9 @@ adds appears here with no change to this package (a new *kind* of option needs K
 
 One spelling: a keyword's value is REFPOOL_CONF's text for the option (rounding="pow2:4",
 max_idle_bytes="512M", segments="off"), and `conf` takes a whole REFPOOL_CONF-style string of cache
-options ("rounding:pow2:4,segments:off"). Options whose C type is an integer also take an int,
-checked against that type before anything reaches C (_checked)."""
+options ("rounding:pow2:4,segments:off"). Byte counts also take an int, checked against their C
+type before anything reaches C (_checked); switches (auto_plans, segments) take True and False for
+"on" and "off"."""
 import ctypes
 import functools
 from collections import namedtuple
@@ -35,7 +36,8 @@ def table():
     library = lib()
     options = {}
     for index in range(library.fn("refpool_cache_option_count")()):
-        info = library.fn("refpool_cache_option_info")(index).contents
+        info = t.OptionInfo()
+        library.call("refpool_cache_option_info", index, info)
         name, kind = info.name.decode(), info.kind.decode()
         ctype = KIND_CTYPES.get(kind)
         if ctype is None:
@@ -58,33 +60,33 @@ def struct_type():
     return struct
 
 
-@functools.lru_cache(maxsize=None)
-def allocator_options_type():
-    """refpool_allocator_options (it holds a refpool_cache_options, so it is made after the table)."""
-    return type("AllocatorOptions", (t.Checked,), {"_fields_": [("runtime", c_int), ("kind", c_int),
-                                                                 ("cache", struct_type())]})
-
-
 def descriptions():
     """name -> {"default", "allowed", "description"} of each cache option, from the library."""
     return {o.name: {"default": o.default, "allowed": o.allowed, "description": o.description}
             for o in table().values()}
 
 
+# Kinds whose values include on and off: True and False spell those.
+_SWITCH_KINDS = ("on_off", "segment_policy")
+
+
 def _text(option, value, what):
     if isinstance(value, str):
-        return value
-    integer = option.ctype in _checked.INTEGER_RANGES
-    if integer and not isinstance(value, bool) and hasattr(type(value), "__index__"):
-        return str(_checked.integer(option.ctype, value, f"{what}: {option.name}"))
-    raise TypeError(f"refpool: {what}: {option.name} must be a str{' or an int' if integer else ''} "
-                    f"({option.allowed}), not {type(value).__name__}")
+        return _checked.text(value, f"{what}: {option.name}")
+    if _checked.is_bool(value) and option.kind in _SWITCH_KINDS:
+        return b"on" if value else b"off"
+    integer = option.ctype in _checked.INTEGER_RANGES and option.kind not in _SWITCH_KINDS
+    if integer and not _checked.is_bool(value) and hasattr(type(value), "__index__"):
+        return str(_checked.integer(option.ctype, value, f"{what}: {option.name}")).encode()
+    accepted = "a str" + (" or an int" if integer else "") + (" or a bool" if option.kind in _SWITCH_KINDS else "")
+    raise TypeError(f"refpool: {what}: {option.name} must be {accepted} ({option.allowed}), not "
+                    f"{type(value).__name__}")
 
 
 def texts(values, what):
-    """name -> text of each option given (None: not given). Raises TypeError for an unknown name or
-    a value of the wrong type, ValueError or OverflowError for an int its C type cannot hold: all
-    before anything reaches C."""
+    """name -> text of each option given (None: not given), as the bytes C reads. Raises TypeError for
+    an unknown name or a value of the wrong type, ValueError for text with a NUL, ValueError or
+    OverflowError for an int its C type cannot hold: all before anything reaches C."""
     options = table()
     checked = {}
     for name, value in values.items():
@@ -100,15 +102,18 @@ def cache_options(conf=None, values=None, from_environment=True, what="refpool.C
     """A filled refpool_cache_options: the defaults (with REFPOOL_CONF's cache options unless
     from_environment is False), then `conf`, then each option of `values` (name -> text or int)."""
     checked = texts(values or {}, what)
+    if not _checked.is_bool(from_environment):  # "False" would be true
+        raise TypeError(f"refpool: {what}: from_environment must be True or False, not {from_environment!r}")
     if conf is not None and not isinstance(conf, str):
         raise TypeError(f"refpool: {what}: conf must be a str such as 'rounding:pow2:4,segments:off', "
                         f"not {type(conf).__name__}")
+    conf_text = None if conf is None else _checked.text(conf, f"{what}: conf")
     library = lib()
     options = struct_type()()
     init = "refpool_cache_options_from_environment" if from_environment else "refpool_cache_options_init"
-    library.call(init, ctypes.byref(options))
-    if conf is not None:
-        library.call("refpool_cache_options_parse", ctypes.byref(options), conf.encode())
+    library.call(init, options)
+    if conf_text is not None:
+        library.call("refpool_cache_options_parse", options, conf_text)
     for name, text in checked.items():
-        library.call("refpool_cache_options_set", ctypes.byref(options), name.encode(), text.encode())
+        library.call("refpool_cache_options_set", options, name.encode(), text)
     return options

@@ -6,8 +6,14 @@
 // and std::function<bool(cudaStream_t)>) and torch.OutOfMemoryError is raised only for a thrown
 // c10::OutOfMemoryError. Everything else is librefpool's C API, whose functions Python hands over
 // once (refpool_torch_hooks_bind), so this library links nothing of refpool and uses the very
-// librefpool the refpool package loaded.
+// librefpool the refpool package loaded. Beside the hooks, the library keeps what PyTorch's
+// allocator would report and the pluggable interface cannot ask refpool: per-device statistics
+// (_torch_hooks_stats.cpp, _torch_hooks_counters.cpp) and the requests private pools served
+// (_torch_hooks_pools.cpp). Every PyTorch declaration used here, with its file and line, is in
+// docs/frameworks.md ("How the hooks are built"); c10::cuda::MempoolId_t is c10::MempoolId_t in newer
+// PyTorch, kept in namespace c10::cuda by CUDACachingAllocator.h, included first for that.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
@@ -19,18 +25,23 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <string>
 #include <type_traits>
+
+#include "_torch_hooks.hpp"
 
 namespace {
 
 // refpool.h's types and values that these hooks use (part of refpool's stable C ABI).
 constexpr int refpool_ok = 0;
 constexpr int refpool_error_out_of_memory = 4;
+constexpr std::size_t one_exa_byte = std::size_t{1} << 60;  // PyTorch's allocator refuses this much at once
 struct pool_id {
   std::uint64_t first;
   std::uint64_t second;
@@ -53,9 +64,17 @@ struct refpool_api {
 refpool_api api{};
 constexpr int api_size = sizeof(refpool_api) / sizeof(void*);
 
+std::atomic<const refpool_torch::tracker*> installed_tracker{nullptr};
+
 using capture_filter = std::function<bool(cudaStream_t)>;
 using pool_hook = void(int, c10::cuda::MempoolId_t, capture_filter);
 using pool_end_hook = void(int, c10::cuda::MempoolId_t);
+
+// What refpool owns for a route: PyTorch's filter and the pool it routes to.
+struct route {
+  capture_filter filter;
+  refpool_torch::pool_name pool;
+};
 
 // Throws what PyTorch turns into the matching Python exception.
 void fail(int status, const char* what) {
@@ -75,12 +94,39 @@ bool capturing(cudaStream_t stream) {
 }
 
 int call_filter(void* context, void* stream) {
-  return (*static_cast<capture_filter*>(context))(static_cast<cudaStream_t>(stream)) ? 1 : 0;
+  auto* r = static_cast<route*>(context);
+  if (!r->filter(static_cast<cudaStream_t>(stream))) return 0;
+  refpool_torch::note_routed(r->pool);  // refpool serves this request from r->pool
+  return 1;
 }
 
-void drop_filter(void* context) { delete static_cast<capture_filter*>(context); }
+void drop_route(void* context) { delete static_cast<route*>(context); }
+
+int accept_none(void*, void*) { return 0; }
+
+// A request of a thread routed to a private pool: the pool it went to is tracked (for
+// checkPoolLiveAllocations and snapshots). Growing the pool calls the driver, which CUDA allows in
+// relaxed capture mode only, as PyTorch's own allocator does for cudaMalloc during capture.
+int alloc_while_routing(std::size_t size, int device, cudaStream_t stream, void** out, refpool_torch::pool_name& pool) {
+  (void)refpool_torch::take_routed();  // a note left by a request that raced the start of a route
+  int status = refpool_ok;
+  if (capturing(stream)) {
+    c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+    status = api.alloc(size, device, stream, out);
+  } else {
+    status = api.alloc(size, device, stream, out);
+  }
+  pool = refpool_torch::take_routed();
+  if (status == refpool_ok && !pool.none() && *out != nullptr)
+    refpool_torch::track_pool_allocation(*out, size, device, stream, pool);
+  return status;
+}
 
 }  // namespace
+
+namespace refpool_torch {
+const tracker* current_tracker() { return installed_tracker.load(std::memory_order_acquire); }
+}  // namespace refpool_torch
 
 extern "C" {
 
@@ -93,25 +139,41 @@ int refpool_torch_hooks_bind(void* const* functions, int count) {
   return 0;
 }
 
+/// Installs (or, with NULL, removes) the observer of every request: the history library's.
+void refpool_torch_hooks_set_tracker(const void* t) {
+  installed_tracker.store(static_cast<const refpool_torch::tracker*>(t), std::memory_order_release);
+}
+
 /// PyTorch's alloc_fn: void*(size_t, int, cudaStream_t). Out of memory throws
-/// c10::OutOfMemoryError (torch.OutOfMemoryError in Python) with refpool's message. A request on a
-/// stream capturing into a private pool may reach the driver (the pool grows): CUDA allows that in
-/// relaxed capture mode only, as PyTorch's own allocator does for cudaMalloc during capture.
+/// c10::OutOfMemoryError (torch.OutOfMemoryError in Python) with refpool's message, after
+/// PyTorch's out-of-memory observers saw it.
 void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stream) {
+  TORCH_CHECK_WITH(OutOfMemoryError, size < one_exa_byte,
+                   "CUDA out of memory. Tried to allocate more than 1EB memory.");
   void* out = nullptr;
-  int status = refpool_ok;
-  if (api.routing_to_pools() != 0 && capturing(stream)) {
-    c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
-    status = api.alloc(size, device, stream, &out);
-  } else {
-    status = api.alloc(size, device, stream, &out);
+  refpool_torch::pool_name pool;
+  const int status = api.routing_to_pools() != 0 ? alloc_while_routing(size, device, stream, &out, pool)
+                                                 : api.alloc(size, device, stream, &out);
+  if (status != refpool_ok) {
+    if (status == refpool_error_out_of_memory) {
+      const std::string detail = api.last_error();  // before observers, whose own calls may replace it
+      TORCH_CHECK_WITH(OutOfMemoryError, false, refpool_torch::out_of_memory(device, size), detail);
+    }
+    fail(status, "refpool could not allocate");
   }
-  if (status != refpool_ok) fail(status, "refpool could not allocate");
+  if (out != nullptr) {
+    refpool_torch::count_alloc(out, device, size);
+    if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->alloc(out, size, device, stream, pool);
+  }
   return out;
 }
 
 /// PyTorch's free_fn: called from deleters, where an exception would end the process.
-void refpool_torch_hooks_free(void* ptr, std::size_t, int, cudaStream_t) {
+void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStream_t stream) {
+  if (ptr == nullptr) return;
+  if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->free(ptr, size, device, stream);
+  refpool_torch::untrack_pool_allocation(ptr);
+  refpool_torch::count_free(ptr, device, size);
   if (api.free(ptr) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
 }
 
@@ -123,6 +185,7 @@ void refpool_torch_hooks_record_stream(void* ptr, cudaStream_t stream) {
 /// set_reset_fn: torch.cuda.empty_cache().
 void refpool_torch_hooks_empty_cache() {
   if (const int status = api.empty_cache(); status != refpool_ok) fail(status, "empty_cache");
+  if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->empty_cache();
 }
 
 /// set_memory_fraction_fn: torch.cuda.set_per_process_memory_fraction(fraction, device) caps what
@@ -137,13 +200,14 @@ void refpool_torch_hooks_set_memory_fraction(double fraction, int device) {
     limit = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
   }
   if (const int status = api.set_device_limit(device, limit); status != refpool_ok) fail(status, "memory fraction");
+  refpool_torch::remember_memory_fraction(device, fraction);
 }
 
 /// set_begin_allocate_to_pool: a CUDA graph capture (or use_mem_pool) begins; requests whose
 /// stream `filter` accepts go to private pool `pool` until the end hook.
 void refpool_torch_hooks_begin_allocate_to_pool(int device, c10::cuda::MempoolId_t pool, capture_filter filter) {
-  auto* kept = new capture_filter(std::move(filter));  // refpool owns it from the call on
-  if (const int status = api.begin_pool(device, to_refpool(pool), call_filter, kept, drop_filter); status != refpool_ok)
+  auto* kept = new route{std::move(filter), {pool.first, pool.second}};  // refpool owns it from the call on
+  if (const int status = api.begin_pool(device, to_refpool(pool), call_filter, kept, drop_route); status != refpool_ok)
     fail(status, "beginAllocateToPool");
 }
 
@@ -159,6 +223,15 @@ void refpool_torch_hooks_release_pool(int device, c10::cuda::MempoolId_t pool) {
   if (api.release_pool(device, to_refpool(pool)) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
 }
 
+/// torch.cuda.MemPool under install() (refpool/_torch_mempool.py): makes private pool `pool` on
+/// `device` if needed and takes one use of it, given back by the release hook. Returns 0, or -1
+/// with refpool_last_error set.
+int refpool_torch_hooks_hold_pool(int device, std::uint64_t first, std::uint64_t second) {
+  const pool_id pool{first, second};
+  if (api.begin_pool(device, pool, accept_none, nullptr, nullptr) != refpool_ok) return -1;
+  return api.end_pool(device, pool) == refpool_ok ? 0 : -1;
+}
+
 }  // extern "C"
 
 // The hooks have exactly the types PyTorch's setters take (torch/csrc/cuda/Module.cpp casts each
@@ -168,6 +241,7 @@ static_assert(std::is_same_v<decltype(&refpool_torch_hooks_begin_allocate_to_poo
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_end_allocate_to_pool), pool_end_hook*>);
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_release_pool), pool_end_hook*>);
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_malloc), void* (*)(std::size_t, int, cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&refpool_torch_hooks_free), void (*)(void*, std::size_t, int, cudaStream_t)>);
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_record_stream), void (*)(void*, cudaStream_t)>);
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_set_memory_fraction), void (*)(double, int)>);
 static_assert(std::is_same_v<decltype(&refpool_torch_hooks_empty_cache), void (*)()>);

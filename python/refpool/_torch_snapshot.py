@@ -1,17 +1,19 @@
-"""A memory snapshot in PyTorch's format (torch.cuda.memory._snapshot()) from refpool's allocation
-log, so torch.cuda._memory_viz and the memory_viz page render a refpool run.
+"""A memory snapshot in PyTorch's format (torch.cuda.memory._snapshot()) for refpool as PyTorch's
+allocator, so torch.cuda._memory_viz and the memory_viz page render a refpool run.
 
-What it holds: `device_traces` has every allocation and free users made ("alloc", then
-"free_requested" and "free_completed" together: refpool makes a freed block reusable at once, stream
-order permitting), with times; `segments` has the allocations live now, one segment of one
-"active_allocated" block each (the log does not see idle or segment-free bytes, so reserved memory
-is not drawn). Needs the log on from the process's start: REFPOOL_CONF=log:PATH."""
+Where it comes from: the memory history (torch.cuda.memory._record_memory_history(), recorded by
+refpool's history library with PyTorch's stack frames), the allocations refpool's private pools
+hold (CUDA graph pools, use_mem_pool: always known to the hooks), and, without history, refpool's
+allocation log (REFPOOL_CONF=log:PATH). `segments` has one segment per live allocation, holding
+one "active_allocated" block: refpool's own segments and idle blocks are not visible to PyTorch.
+`device_traces` has the recorded actions per device."""
 import os
 
 from .alloc_log import read_log
 from .errors import FrameworkError
 
-LARGE = 1 << 20  # PyTorch's small/large segment boundary, for segment_type
+LARGE = 1 << 20  # PyTorch's small/large boundary (kSmallSize), for segment_type
+GRANULE = 512  # PyTorch's block granule and refpool's piece unit
 
 
 def log_path(conf=None):
@@ -24,34 +26,74 @@ def log_path(conf=None):
     return None
 
 
+def segment(address, size, device, stream, pool=(0, 0), frames=()):
+    """PyTorch's segment dict for one live allocation of `size` requested bytes."""
+    block_size = -(-size // GRANULE) * GRANULE
+    block = {"address": address, "size": block_size, "requested_size": size, "state": "active_allocated",
+             "frames": list(frames)}
+    return {"device": device, "address": address, "total_size": block_size, "allocated_size": block_size,
+            "active_size": block_size, "requested_size": size, "stream": stream,
+            "segment_type": "large" if size > LARGE else "small", "segment_pool_id": tuple(pool),
+            "is_expandable": False, "frames": [], "blocks": [block]}
+
+
+def trace_entry(recorded):
+    """PyTorch's trace entry dict from one the history library recorded."""
+    entry = {key: recorded[key] for key in ("action", "size", "stream", "time_us", "frames", "user_metadata")}
+    entry["addr" if "addr" in recorded else "device_free"] = recorded.get("addr", recorded.get("device_free"))
+    entry["compile_context"] = "N/A"  # refpool does not see torch.compile's regions
+    return entry
+
+
+def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=None, log_device=0):
+    """The snapshot dict. `history`: the history library's dump ({"trace", "live"}) or None;
+    `pool_allocations`: (address, size, device, stream, pool first, pool second) of private pools'
+    live allocations; `log_events`: refpool's allocation log (alloc_log.read_log), used for what
+    history does not cover (it has no device column: put under `log_device`); `pool`: only this
+    pool's segments ((first, second)), else all."""
+    live = {}
+    traces = [[] for _ in range(max(devices, 1))]
+    for address, size, device, stream, first, second in pool_allocations:
+        live[address] = segment(address, size, device, stream, (first, second))
+    if history is not None:
+        for block in history["live"]:
+            known = live.get(block["addr"], {}).get("segment_pool_id", tuple(block["pool"]))
+            live[block["addr"]] = segment(block["addr"], block["size"], block["device"], block["stream"], known,
+                                          block["frames"])
+        for recorded in history["trace"]:
+            _trace_of(traces, recorded["device"]).append(trace_entry(recorded))
+    elif log_events is not None:
+        log_live = {}
+        log_trace = _trace_of(traces, log_device)
+        for event in log_events:
+            entry = {"addr": event.pointer, "size": event.size, "stream": event.stream, "frames": [],
+                     "time_us": int(event.time * 1e6), "user_metadata": "", "compile_context": "N/A"}
+            if event.allocate:
+                log_live[event.pointer] = event
+                log_trace.append(dict(entry, action="alloc"))
+            else:
+                log_live.pop(event.pointer, None)
+                log_trace.append(dict(entry, action="free_requested"))
+                log_trace.append(dict(entry, action="free_completed"))
+        for address, event in log_live.items():
+            live.setdefault(address, segment(address, event.size, log_device, event.stream))
+    segments = [s for _, s in sorted(live.items()) if pool is None or s["segment_pool_id"] == tuple(pool)]
+    return {"segments": segments, "device_traces": traces, "external_annotations": [],
+            "allocator_settings": {"allocator": "refpool"}}
+
+
+def _trace_of(traces, device):
+    while len(traces) <= device:
+        traces.append([])
+    return traces[device]
+
+
 def snapshot(path=None, device=0):
-    """The snapshot dict ("segments", "device_traces") of the log at `path` (default: REFPOOL_CONF's).
-    The log has no device column: every entry is put under `device`."""
+    """The snapshot of refpool's allocation log at `path` (default: REFPOOL_CONF's), for use without
+    install(): refpool.torch.snapshot()."""
     path = path or log_path()
     if path is None:
         raise FrameworkError("refpool.torch.snapshot() reads refpool's allocation log, which is off: set "
-                             "REFPOOL_CONF=log:PATH before the process's first allocation")
-    live, trace = {}, []
-    for event in read_log(path):
-        entry = {"addr": event.pointer, "size": event.size, "stream": event.stream, "frames": [],
-                 "time_us": int(event.time * 1e6), "device": device}
-        if event.allocate:
-            live[event.pointer] = event
-            trace.append(dict(entry, action="alloc"))
-        else:
-            live.pop(event.pointer, None)
-            trace.append(dict(entry, action="free_requested"))
-            trace.append(dict(entry, action="free_completed"))
-    segments = [_segment(event, device) for _, event in sorted(live.items())]
-    traces = [[] for _ in range(device + 1)]
-    traces[device] = trace
-    return {"segments": segments, "device_traces": traces, "allocator_settings": {"allocator": "refpool"}}
-
-
-def _segment(event, device):
-    block = {"address": event.pointer, "size": event.size, "requested_size": event.size, "state": "active_allocated",
-             "frames": []}
-    return {"device": device, "address": event.pointer, "total_size": event.size, "allocated_size": event.size,
-            "active_size": event.size, "requested_size": event.size, "stream": event.stream,
-            "segment_type": "large" if event.size > LARGE else "small", "segment_pool_id": (0, 0),
-            "is_expandable": False, "frames": [], "blocks": [block]}
+                             "REFPOOL_CONF=log:PATH before the process's first allocation, or install() refpool "
+                             "and use torch.cuda.memory._record_memory_history()")
+    return build(log_events=read_log(path), devices=device + 1, log_device=device)

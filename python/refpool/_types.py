@@ -1,12 +1,17 @@
 """ctypes mirrors of refpool.h's structs and enums (include/refpool/refpool.h is the reference). The
 cache option structs are laid out from the library's table instead (_options)."""
 import ctypes
+import functools
 from ctypes import Structure, c_char_p, c_int, c_size_t, c_uint64
 
 from . import _checked
 
 # refpool_status values (stable, part of the ABI).
 OK = 0
+INVALID_ARGUMENT = 8
+
+# refpool_summary_detail
+SUMMARY_DETAILS = {"short": 0, "full": 1}
 
 # refpool_memory_kind
 MEMORY_KINDS = {"host": 0, "device": 1, "device_async": 2, "pinned_host": 3}
@@ -23,7 +28,8 @@ class Handle(Structure):
 
 class Checked(Structure):
     """A struct the package fills from user values: each integer field is checked against its C type
-    on assignment (a plain ctypes field would wrap 2**64 to 0)."""
+    on assignment (a plain ctypes field would wrap 2**64 to 0), and each char* field holds text
+    without a NUL (C would read only the text before it)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -34,14 +40,18 @@ class Checked(Structure):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # field -> (C type, what to call it in messages), for the integer fields only
-        cls._checked_fields = {name: (ctype, f"{cls.__name__}.{name}") for name, ctype in cls.__dict__["_fields_"]
-                               if ctype in _checked.INTEGER_RANGES}
+        # field -> (its check, what to call it in messages), for the integer and char* fields
+        cls._checked_fields = {}
+        for name, ctype in cls.__dict__["_fields_"]:
+            if ctype in _checked.INTEGER_RANGES:
+                cls._checked_fields[name] = (functools.partial(_checked.integer, ctype), f"{cls.__name__}.{name}")
+            elif ctype is c_char_p:
+                cls._checked_fields[name] = (_checked.optional_text, f"{cls.__name__}.{name}")
 
     def __setattr__(self, name, value):
         checked = self._checked_fields.get(name)
         if checked is not None:
-            value = _checked.integer(checked[0], value, checked[1])
+            value = checked[0](value, checked[1])
         super().__setattr__(name, value)
 
 
@@ -56,9 +66,15 @@ class AllocOptions(Checked):
     _fields_ = [("stream", ctypes.c_void_p), ("alignment", c_size_t), ("cache", Handle)]
 
 
+class AllocatorOptions(Checked):
+    """refpool_allocator_options: the framework allocator's runtime and memory kind (its cache's
+    options are a refpool_cache_options of their own)."""
+    _fields_ = [("runtime", c_int), ("kind", c_int)]
+
+
 class OptionInfo(Structure):
-    """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options and
-    refpool_allocator_options are laid out from these at first use (_options)."""
+    """refpool_option_info: one cache option (refpool_cache_option_info). refpool_cache_options is
+    laid out from these at first use (_options)."""
     _fields_ = [("name", c_char_p), ("kind", c_char_p), ("offset", c_size_t), ("size", c_size_t),
                 ("default_text", c_char_p), ("allowed", c_char_p), ("description", c_char_p)]
 
@@ -79,6 +95,8 @@ class BackendStats(Structure):
 
 def enum_value(table, name, what):
     """The C value of `name` in `table`, or a ValueError listing the accepted names."""
+    if not isinstance(name, str):
+        raise TypeError(f"refpool: {what} must be a str (one of: {', '.join(table)}), not {type(name).__name__}")
     try:
         return table[name]
     except KeyError:

@@ -24,12 +24,11 @@ def configure(runtime="cuda", kind="device", conf=None, **options):
     those not given come from REFPOOL_CONF). Only before the allocator's first allocation:
     ConfigError after. A rejected call changes nothing."""
     cache_part = cache_options(conf, options, what="refpool.allocator.configure")
-    filled = _options.allocator_options_type()()
-    lib().call("refpool_allocator_options_init", ctypes.byref(filled))
+    filled = t.AllocatorOptions()
+    lib().call("refpool_allocator_options_init", filled)
     filled.runtime = t.enum_value(t.RUNTIMES, runtime, "runtime")
     filled.kind = t.enum_value(t.MEMORY_KINDS, kind, "memory kind")
-    filled.cache = cache_part
-    lib().call("refpool_allocator_configure", ctypes.byref(filled))
+    lib().call("refpool_allocator_configure", filled, cache_part)
 
 
 def configure_if_given(runtime, kind, conf, options, what):
@@ -37,17 +36,20 @@ def configure_if_given(runtime, kind, conf, options, what):
     The options are checked first either way, so a bad one fails the install."""
     given = _options.texts(options, what)
     if runtime != "cuda" or kind != "device" or conf is not None or given:
-        configure(runtime=runtime, kind=kind, conf=conf, **given)
+        configure(runtime=runtime, kind=kind, conf=conf, **options)
 
 
 def cache():
-    """The allocator's cache (one handle per process, kept by this module)."""
+    """The allocator's cache: a handle kept by this module, and a new one once a caller closed it
+    (`with refpool.allocator.cache() as c:` closes it; the cache itself lives on)."""
     global _cache
-    if _cache is None:
+    kept = _cache
+    if kept is None or kept.closed:
         with _lock:
-            if _cache is None:
+            if _cache is None or _cache.closed:
                 _cache = Cache(_handle=lib().new_handle("refpool_allocator_cache"))
-    return _cache
+            kept = _cache
+    return kept
 
 
 def step(plan=None, uncached_warmup_entries=0):
@@ -62,6 +64,11 @@ def step(plan=None, uncached_warmup_entries=0):
 def stats():
     """The allocator cache's counters (see refpool.stats)."""
     return cache().stats()
+
+
+def summary(detail="short"):
+    """The allocator cache's counters as a table for people (see refpool.Cache.summary)."""
+    return cache().summary(detail)
 
 
 def reset_peaks():
@@ -111,10 +118,14 @@ def pool_ids():
 
 def pool_stats(pool):
     """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
-    first, second = pool
+    try:
+        first, second = pool
+    except (TypeError, ValueError):
+        raise TypeError(f"refpool: refpool.allocator.pool_stats: pool must be a (first, second) pair of ints, "
+                        f"not {pool!r}") from None
     with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second))) as pool_cache:
         return pool_cache.stats()
 
 
-__all__ = ["configure", "cache", "step", "stats", "reset_peaks", "reclaim", "malloc", "free", "set_device_limit",
-           "empty_cache", "record_stream", "pool_ids", "pool_stats"]
+__all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
+           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats"]

@@ -1,18 +1,29 @@
 """Buffers (refpool_buffer): one reference to a block, with a shape and an element type; malloc makes them."""
 import ctypes
 import operator
-import sys
 
 from . import _checked
+from . import _dtypes
 from . import _types as t
 from ._checked import size_array
-from ._handles import Owned
-from ._interfaces import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, dlpack_capsule
+from ._handles import Owned, handle_of
+from ._interfaces import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST, check_extents, check_numpy_dims,
+                          dlpack_capsule, host_bytes)
 from ._library import lib
+from .backend import Backend
+from .cache import Cache
 from .streams import stream_pointer
 
 
-_TYPE_KINDS = "biufcmMOSUV"
+def _device_pair(dl_device):
+    try:
+        device_type, device_id = (operator.index(part) for part in dl_device)
+        if any(_checked.is_bool(part) for part in dl_device):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise TypeError(f"refpool: refpool.Buffer.__dlpack__: dl_device must be a (device type, device id) pair of "
+                        f"ints, not {dl_device!r}") from None
+    return device_type, device_id
 
 
 class _Place:
@@ -32,52 +43,28 @@ class _Place:
         return self.kind in ("host", "pinned_host")
 
 
-def _dims_array(dims):
-    return size_array(dims, "dims")
-
-
-def _typestr(dtype):
-    """(typestr, itemsize) of an element type: an array-interface typestr ("<f4", "|u1"; a missing
-    byte order means this machine's), anything with one in `.str` (a NumPy dtype), or an int item
-    size in bytes for opaque elements ("|V<n>"; 1 is "|u1")."""
-    if isinstance(dtype, bool):
-        raise TypeError("refpool: dtype must be a typestr such as '<f4', a NumPy dtype or an item size")
-    if isinstance(dtype, int):
-        size = _checked.integer(ctypes.c_size_t, dtype, "dtype (item size)")
-        if size == 0:
-            raise ValueError("refpool: dtype (item size) is 0; an element has at least one byte")
-        return ("|u1" if size == 1 else f"|V{size}"), size
-    text = getattr(dtype, "str", dtype)
-    if not isinstance(text, str) and hasattr(dtype, "__index__"):
-        return _typestr(operator.index(dtype))  # an int-like item size (numpy.int64)
-    if not isinstance(text, str):
-        raise TypeError(f"refpool: dtype must be a typestr such as '<f4', a NumPy dtype or an item size, not {dtype!r}")
-    order, rest = (text[0], text[1:]) if text[:1] in "<>|=" else ("", text)
-    if len(rest) < 2 or rest[0] not in _TYPE_KINDS or not rest[1:].isdigit() or int(rest[1:]) == 0:
-        raise ValueError(f"refpool: dtype {text!r} is not an array-interface typestr (like '<f4', '|u1', '<i8')")
-    size = int(rest[1:])
-    if order in ("", "="):
-        order = "|" if size == 1 or rest[0] in "bSV" else ("<" if sys.byteorder == "little" else ">")
-    return order + rest, size
-
-
 def malloc(backend, shape, dtype="|u1", *, stream=None, cache=None, alignment=0):
     """A new uninitialised Buffer of `shape` (an int or a tuple of ints; () is one element) of `dtype`
-    (default bytes, so malloc(backend, n) is n bytes). Served through this thread's innermost active
+    (a typestr such as "<f4", a NumPy name such as "float32", a NumPy dtype or np.float32, or an item
+    size in bytes; default bytes, so malloc(backend, n) is n bytes). Served through this thread's innermost active
     scope, else straight from `backend`; with `cache`, through that cache from any thread without a
     scope (the request belongs to the cache's open step). `stream`: the stream it is used on (an int
     address or a torch/CuPy/Numba stream). `alignment`: 0, or a power of two up to the backend's (256).
     The buffer goes back when the Buffer is closed (or garbage-collected) and no other handle shares it."""
+    backend_handle = handle_of(backend, Backend, "refpool.malloc: backend")
+    if isinstance(shape, _checked.NOT_DIMS):
+        raise TypeError(f"refpool: refpool.malloc: shape must be an int or a sequence of ints, not {shape!r}")
     try:
         dims = tuple(shape)
     except TypeError:  # one dim (size_array checks it is a size)
         dims = (shape,)
-    typestr, itemsize = _typestr(dtype)
-    array, rank = _dims_array(dims)
-    options = t.AllocOptions(stream=_checked.address(stream_pointer(stream), "stream"), alignment=alignment)
+    typestr, itemsize = _dtypes.resolve(dtype)
+    array, rank = size_array(dims, "refpool.malloc: shape")
+    options = t.AllocOptions(stream=_checked.address(stream_pointer(stream), "refpool.malloc: stream"))
+    options.alignment = _checked.integer(ctypes.c_size_t, alignment, "refpool.malloc: alignment")
     if cache is not None:
-        options.cache = cache.handle
-    handle = lib().new_handle("refpool_alloc", backend.handle, array, rank, itemsize, ctypes.byref(options))
+        options.cache = handle_of(cache, Cache, "refpool.malloc: cache")
+    handle = lib().new_handle("refpool_alloc", backend_handle, array, rank, itemsize, options)
     return Buffer(handle, typestr, _Place(backend.runtime, backend.device, backend.kind, options.stream or 0))
 
 
@@ -85,16 +72,34 @@ class Buffer(Owned):
     """A refpool buffer handle: one reference to a block, seen as a C-contiguous array of `shape` and
     `typestr`. `close()` (or `with`) drops the reference; the block goes back to its cache when the
     last one goes. Other libraries read it without a copy: `__cuda_array_interface__` (CUDA device
-    memory: CuPy, Numba, PyTorch), `__array_interface__` (host memory: NumPy), and DLPack
-    (`__dlpack__`, `__dlpack_device__`: the export keeps its own reference to the buffer). Consumers of
-    the array interfaces keep this object alive: do not close() it while an array still views it."""
+    memory: CuPy, Numba, PyTorch), `__array_interface__` (host memory: NumPy), DLPack (`__dlpack__`,
+    `__dlpack_device__`) and `view()` (a memoryview).
+
+    A view outlives close(), never the memory: each export holds a reference of its own, so the
+    block goes back only when the last view is gone (as a DLPack tensor holds its producer's memory).
+    A NumPy array, a memoryview and a DLPack tensor hold their own reference to the buffer;
+    consumers of `__cuda_array_interface__` (CuPy, Numba, PyTorch) hold this object instead, so the
+    first such export takes a reference that goes with the object (close() leaves it), released when
+    the object is garbage-collected. Nothing leaks: the last view's end gives the block back. The references views
+    hold are left alone by the interpreter's exit hook, which releases every other handle: an atexit
+    function or a daemon thread may still read a view after it.
+
+    Every export checks what its format can say: dims and C-contiguous strides within int64 (DLPack's
+    fields; what NumPy and the CUDA consumers index with), a typestr of the buffer's item size, for
+    __array_interface__ no more dims than NumPy holds, and for DLPack a data type it has a code for.
+    A BufferError says what does not fit."""
 
     _release_function = "refpool_release"
 
     def __init__(self, handle, typestr="|u1", place=None):
         super().__init__(handle)
-        self._typestr = typestr
+        self._typestr = _dtypes.parse(typestr)[0]
         self._place = place or _Place()
+        self._kept_for_consumers = None  # the reference __cuda_array_interface__ consumers hold
+
+    def close(self):
+        """Drops this handle's reference (again: nothing). Views made from the buffer keep their own."""
+        super().close()
 
     def __repr__(self):
         if self.closed:
@@ -102,7 +107,7 @@ class Buffer(Owned):
         freed = " freed" if self.info().is_freed else ""
         return f"<refpool.Buffer shape={self.shape} typestr={self._typestr!r} {self._place.kind}{freed}>"
 
-    release = Owned.close
+    release = close
 
     @property
     def ptr(self):
@@ -136,7 +141,7 @@ class Buffer(Owned):
 
     def info(self):
         info = t.BufferInfo()
-        lib().call("refpool_buffer_get_info", self.handle, ctypes.byref(info))
+        lib().call("refpool_buffer_get_info", self.handle, info)
         return info
 
     @property
@@ -145,9 +150,16 @@ class Buffer(Owned):
         lib().call("refpool_use_count", self.handle, ctypes.byref(count))
         return count.value
 
-    def _interface(self):
-        return {"shape": self.shape, "typestr": self._typestr, "data": (self.ptr, False), "strides": None,
-                "version": 3}
+    def _checked_shape(self, what):
+        """The shape, once it is checked to fit `what`'s fields and the typestr to match the buffer."""
+        info = self.info()
+        shape = self.shape
+        itemsize = _dtypes.parse(self._typestr)[1]
+        if itemsize != info.element_size:
+            raise BufferError(f"refpool.Buffer.{what}: typestr {self._typestr!r} is {itemsize}-byte elements, the "
+                              f"buffer's are {info.element_size} bytes")
+        check_extents(shape, itemsize, f"refpool.Buffer.{what}")
+        return shape, info
 
     @property
     def __cuda_array_interface__(self):
@@ -158,17 +170,27 @@ class Buffer(Owned):
         if not (self._place.runtime == "cuda" and self._place.on_device):
             raise AttributeError(f"refpool.Buffer of {self._place.runtime} {self._place.kind} memory has no "
                                  "__cuda_array_interface__ (CUDA device memory only)")
-        interface = self._interface()
-        interface["stream"] = self._place.stream or 1
-        return interface
+        shape, _ = self._checked_shape("__cuda_array_interface__")
+        # The pointer is read through the consumers' own reference, taken first: a close() on another
+        # thread comes before it (retain fails) or leaves the memory to it.
+        kept = self._kept_for_consumers
+        if kept is None:
+            kept = self._kept_for_consumers = self.retain().keep_past_exit()
+        return {"shape": shape, "typestr": self._typestr, "data": (kept.ptr, False), "strides": None,
+                "version": 3, "stream": self._place.stream or 1}
 
     @property
     def __array_interface__(self):
-        """NumPy's array interface (version 3), for memory the host can read: host and pinned host."""
+        """NumPy's array interface (version 3), for memory the host can read: host and pinned host.
+        Its `data` is a bytes object that holds its own reference to the buffer, and NumPy keeps it
+        as the array's base."""
         if not self._place.host_accessible:
             raise AttributeError(f"refpool.Buffer of {self._place.runtime} {self._place.kind} memory has no "
                                  "__array_interface__ (host memory only)")
-        return self._interface()
+        shape, info = self._checked_shape("__array_interface__")
+        check_numpy_dims(shape, "refpool.Buffer.__array_interface__")
+        return {"shape": shape, "typestr": self._typestr, "data": self._host_bytes(info.bytes), "strides": None,
+                "version": 3}
 
     def __dlpack_device__(self):
         """(DLDeviceType, device id): kDLCPU for host memory, kDLCUDA / kDLROCM for device memory,
@@ -188,13 +210,14 @@ class Buffer(Owned):
         Refuses copy=True and another device (no copies are made)."""
         if copy:
             raise BufferError("refpool.Buffer.__dlpack__: copy=True is not supported (refpool exports views)")
-        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+        if dl_device is not None and _device_pair(dl_device) != self.__dlpack_device__():
             raise BufferError(f"refpool.Buffer.__dlpack__: the buffer is on {self.__dlpack_device__()}, not {dl_device}")
-        return dlpack_capsule(self.retain(), self.ptr, self.shape, self._typestr, self.__dlpack_device__())
+        shape, _ = self._checked_shape("__dlpack__")
+        return dlpack_capsule(self.retain, self.ptr, shape, self._typestr, self.__dlpack_device__())
 
     def reshape(self, dims):
         """A new handle sharing the buffer with other dims (same element count)."""
-        array, rank = _dims_array(dims)
+        array, rank = size_array(dims, "refpool.Buffer.reshape: dims")
         return Buffer(lib().new_handle("refpool_reshape", self.handle, array, rank), self._typestr, self._place)
 
     def retain(self):
@@ -214,7 +237,7 @@ class Buffer(Owned):
         """A writable memoryview of a host buffer's bytes, holding the buffer while it lives."""
         if not self._place.host_accessible:
             raise ValueError(f"refpool.Buffer.view(): {self._place.kind} memory is not readable from the host")
-        nbytes = self.nbytes
-        array = (ctypes.c_char * nbytes).from_address(self.ptr) if nbytes else (ctypes.c_char * 0)()
-        array.owner = self.retain()  # the view keeps its own reference
-        return memoryview(array).cast("B")
+        return memoryview(self._host_bytes(self.nbytes)).cast("B")
+
+    def _host_bytes(self, nbytes):
+        return host_bytes(self.retain, self.ptr, nbytes, "refpool.Buffer")

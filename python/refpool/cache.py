@@ -3,27 +3,35 @@ import ctypes
 import functools
 import threading
 
+from . import _checked
 from . import _types as t
-from ._handles import Owned
+from ._handles import Owned, handle_of
 from ._options import cache_options
 from ._library import lib
 from .stats import cache_stats
 
 
-def _scope_options(plan, uncached_warmup_entries):
+def _scope_options(plan, uncached_warmup_entries, what):
     if plan is not None and not isinstance(plan, str):
-        raise TypeError(f"refpool: a plan key is a str, not {type(plan).__name__}")
+        raise TypeError(f"refpool: {what}: plan must be a str (the plan's key), not {type(plan).__name__}")
+    if plan is not None and type(plan) is not str:
+        plan = str.__str__(plan)  # its text: a subclass may compare equal to another key, or be false
     if type(uncached_warmup_entries) is not int:  # checked (and refused) by ScopeOptions, uncached
-        return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
-    return _shared_scope_options(plan, uncached_warmup_entries)
+        return t.ScopeOptions(uncached_warmup_entries, _key(plan, what))
+    return _shared_scope_options(plan, uncached_warmup_entries, what)
+
+
+def _key(plan, what):
+    # "" is no key, as NULL is to C; a NUL inside a key would cut it short there.
+    return _checked.text(plan, f"{what}: plan") if plan else None
 
 
 @functools.lru_cache(maxsize=256)
-def _shared_scope_options(plan, uncached_warmup_entries):
+def _shared_scope_options(plan, uncached_warmup_entries, what):
     # One struct per (plan, warm-up) for every step and scope that uses it: C copies what it reads
     # and never writes it, and a framework opens one step per iteration (a new struct cost a third
     # of a step's time in Python).
-    return t.ScopeOptions(uncached_warmup_entries, plan.encode() if plan else None)
+    return t.ScopeOptions(uncached_warmup_entries, _key(plan, what))
 
 
 class Cache(Owned):
@@ -44,7 +52,7 @@ class Cache(Owned):
     def __init__(self, conf=None, from_environment=True, _handle=None, _owns=True, **options):
         if _handle is None:
             filled = cache_options(conf, options, from_environment, "refpool.Cache")
-            _handle = lib().new_handle("refpool_cache_create", ctypes.byref(filled))
+            _handle = lib().new_handle("refpool_cache_create", filled)
         super().__init__(_handle, _owns)
 
     def __repr__(self):
@@ -64,6 +72,13 @@ class Cache(Owned):
     def stats(self):
         """The cache's counters as a dict (names as in refpool_stat_name)."""
         return cache_stats(self.handle)
+
+    def summary(self, detail="short"):
+        """The counters as a table for people, bytes in KiB, MiB, GiB: "short" (requests and hit rate,
+        allocated, reserved and idle bytes now and at their peaks, plans, backend calls, out of
+        memory), or "full" (every counter). Like torch.cuda.memory_summary(); the layout may change
+        between versions: programs read stats()."""
+        return lib().text("refpool_cache_summary", self.handle, t.enum_value(t.SUMMARY_DETAILS, detail, "detail"))
 
     def reset_peaks(self):
         """Restarts the peak counters (peak_live_bytes, peak_held_bytes) from the current values."""
@@ -86,24 +101,27 @@ class Scope:
     """An active scope (refpool_scope): entered by `enter()` or `with`, exited on the same thread."""
 
     def __init__(self, cache, plan=None, uncached_warmup_entries=0):
+        handle_of(cache, Cache, "refpool.Scope: cache")
         self.cache = cache
         self.plan = plan
-        self._options = _scope_options(plan, uncached_warmup_entries)
+        self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.scope")
         self._handle = None
+        self._lock = threading.Lock()  # one object entered from two threads: one enters, one is refused
 
     def enter(self):
-        if self._handle is not None:
-            raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
-        self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle,
-                                        ctypes.byref(self._options))
+        with self._lock:
+            if self._handle is not None:
+                raise RuntimeError("refpool: this scope is already active (make a new one with cache.scope())")
+            self._handle = lib().new_handle("refpool_scope_enter_with_options", self.cache.handle, self._options)
         return self
 
     def exit(self):
         """Ends the scope: buffers it handed out that are still referenced count as escapes."""
-        if self._handle is None:
-            raise RuntimeError("refpool: this scope is not active")
-        lib().call("refpool_scope_exit", self._handle)  # a ScopeError leaves it active: keep the handle
-        self._handle = None
+        with self._lock:
+            if self._handle is None:
+                raise RuntimeError("refpool: this scope is not active")
+            lib().call("refpool_scope_exit", self._handle)  # a ScopeError leaves it active: keep the handle
+            self._handle = None
 
     def __enter__(self):
         return self.enter()
@@ -116,9 +134,10 @@ class Step:
     """An open step on a cache (refpool_step): begun by `begin()` or `with`; may end on another thread."""
 
     def __init__(self, cache, plan=None, uncached_warmup_entries=0):
+        handle_of(cache, Cache, "refpool.Step: cache")
         self.cache = cache
         self.plan = plan
-        self._options = _scope_options(plan, uncached_warmup_entries)
+        self._options = _scope_options(plan, uncached_warmup_entries, "refpool.Cache.step")
         self._handle = None
         self._lock = threading.Lock()
 
@@ -126,7 +145,7 @@ class Step:
         with self._lock:
             if self._handle is not None:
                 raise RuntimeError("refpool: this step is already open (make a new one with cache.step())")
-            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, ctypes.byref(self._options))
+            self._handle = lib().new_handle("refpool_step_begin", self.cache.handle, self._options)
         return self
 
     def end(self):

@@ -1,5 +1,7 @@
 """refpool as CuPy's allocator, through cupy.cuda.memory.CFunctionAllocator: CuPy calls librefpool's
-refpool_cupy_malloc / refpool_cupy_free itself, so no Python runs per allocation.
+refpool_cupy_malloc / refpool_cupy_free itself, behind one Python check per allocation: a request
+refpool cannot serve comes back as NULL, which CuPy's CFunctionAllocator would hand out as memory,
+so the hook raises refpool's error (OutOfMemoryError, a MemoryError, with the library's message).
 
     import refpool.cupy
     refpool.cupy.install()                        # cupy.cuda.set_allocator, for the process
@@ -15,7 +17,7 @@ import contextlib
 
 from . import allocator
 from ._library import lib
-from .errors import FrameworkError
+from .errors import FrameworkError, error_for_message
 
 
 def _cupy():
@@ -35,6 +37,19 @@ def allocator_object():
                                                library.address("refpool_cupy_free"), library)
 
 
+def checked_malloc(malloc):
+    """CuPy's allocator hook over `malloc` (CFunctionAllocator.malloc): raises the library's error
+    where refpool_cupy_malloc failed, instead of giving CuPy a null pointer."""
+    library = lib()
+
+    def refpool_malloc(size):
+        memory = malloc(size)
+        if not memory.ptr and size:
+            raise error_for_message(library.last_error())
+        return memory
+    return refpool_malloc
+
+
 def install(conf=None, **options):
     """Makes refpool CuPy's device allocator for the process (cupy.cuda.set_allocator). Cache options
     (`conf` and keywords such as segments="off") as in refpool.Cache configure refpool's allocator
@@ -43,14 +58,14 @@ def install(conf=None, **options):
     cupy = _cupy()
     runtime = "hip" if getattr(cupy.cuda.runtime, "is_hip", False) else "cuda"
     allocator.configure_if_given(runtime, "device", conf, options, "refpool.cupy.install")
-    cupy.cuda.set_allocator(allocator_object().malloc)
+    cupy.cuda.set_allocator(checked_malloc(allocator_object().malloc))
 
 
 @contextlib.contextmanager
 def using():
     """refpool as CuPy's allocator on this thread, inside the `with` (cupy.cuda.using_allocator)."""
     cupy = _cupy()
-    with cupy.cuda.using_allocator(allocator_object().malloc):
+    with cupy.cuda.using_allocator(checked_malloc(allocator_object().malloc)):
         yield
 
 

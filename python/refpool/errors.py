@@ -68,6 +68,14 @@ _BY_STATUS = [None, UseAfterFreeError, ShapeError, SizeError, OutOfMemoryError, 
               ConfigError, InvalidArgumentError, InvalidHandleError, BackendUnavailableError, InternalError]
 
 
+def error_for_message(message):
+    """The exception for an entry point that failed with NULL and no status (refpool_cupy_malloc):
+    OutOfMemoryError when the library's message says so, else RefpoolError; the message is the
+    library's."""
+    cls = OutOfMemoryError if "out of memory" in message else RefpoolError
+    return cls(message)
+
+
 def error_for_status(status, status_name, message):
     """The exception for a failed call: its class follows the status."""
     cls = _BY_STATUS[status] if 0 < status < len(_BY_STATUS) else RefpoolError

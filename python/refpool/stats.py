@@ -8,10 +8,8 @@ import time
 from ctypes import c_size_t, c_uint64
 
 from . import _types as t
+from ._handles import handle_of
 from ._library import lib
-
-# refpool_cache_get_stats writes sizeof(its struct): a buffer this large stays safe if the struct grew.
-_STRUCT_ROOM = 4096
 
 
 def stat_names():
@@ -39,9 +37,8 @@ def _by_name(handle):
 
 
 def _by_struct(handle, struct_type, function):
-    room = ctypes.create_string_buffer(max(_STRUCT_ROOM, ctypes.sizeof(struct_type)))
-    lib().call(function, handle, room)
-    snapshot = struct_type.from_buffer_copy(room)
+    snapshot = struct_type()  # the library writes only sizeof(snapshot) bytes (refpool.h, "Structs that grow")
+    lib().call(function, handle, snapshot)
     return {name: getattr(snapshot, name) for name, _ in struct_type._fields_}
 
 
@@ -62,6 +59,8 @@ class StatsRecorder:
     has only requests). Times are seconds since the epoch, the clock of refpool's log."""
 
     def __init__(self, cache):
+        from .cache import Cache
+        handle_of(cache, Cache, "refpool.StatsRecorder: cache")
         self.cache = cache
         self.samples = []
 

@@ -6,24 +6,27 @@
         with refpool.torch.step(plan="train"):   # forward, backward (autograd's thread), optimizer
             ...
 
-PyTorch calls refpool's hooks directly: no Python runs per allocation. The hooks (_torch_hooks.cpp,
+PyTorch calls refpool's hooks directly: no Python runs per allocation. The hooks (_torch_hooks*.cpp,
 built against the PyTorch in use at first install) also give PyTorch what its hook interface can
 carry: CUDA graph private pools (torch.cuda.graph, make_graphed_callables), Tensor.record_stream,
-torch.OutOfMemoryError, empty_cache and set_per_process_memory_fraction. install() replaces only the
-torch.cuda functions the interface cannot serve (see _torch_memory_api). Without install(),
-mem_pool() gives refpool to chosen regions through torch.cuda.MemPool. PyTorch is imported when a
-function here is first called, never by `import refpool.torch`."""
+torch.OutOfMemoryError, empty_cache and set_per_process_memory_fraction, and they count what
+PyTorch's allocator reports. install() serves the memory functions the interface cannot
+(memory_stats, memory history and snapshots, out-of-memory observers, CUDA graph trees' pool calls:
+see _torch_memory_api). Without install(), mem_pool() gives refpool to chosen regions through
+torch.cuda.MemPool. PyTorch is imported when a function here is first called, never by
+`import refpool.torch`."""
 import threading
 
-from . import _torch_hooks, _torch_snapshot, allocator
+from . import _torch_hooks, _torch_snapshot, _torch_stats, allocator
 from ._library import lib
 from ._torch_stats import (LOST_FEATURES, empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
-                           memory_reserved, memory_stats, reset_peak_memory_stats)
+                           memory_reserved, memory_stats, reset_accumulated_memory_stats, reset_peak_memory_stats)
 from .errors import FrameworkError
 
 _lock = threading.Lock()
 _pluggable = None  # the installed torch.cuda.memory.CUDAPluggableAllocator (kept alive)
 _hooked = False  # whether install() gave PyTorch refpool's hooks
+_replacements = None  # what install() put into torch (_torch_memory_api.Replacements)
 _pool_allocator = None  # the CUDAPluggableAllocator behind mem_pool()'s pools (kept alive)
 
 
@@ -54,14 +57,15 @@ def install(kind="device", conf=None, patch_torch_cuda=True, hooks=True, **optio
     REFPOOL_CONF). With `hooks`
     (the default), refpool's PyTorch hooks are built if needed and installed: FrameworkError, saying
     why, if they cannot be built; hooks=False installs refpool without them (LOST_FEATURES says what
-    is lost). With patch_torch_cuda (the default), the torch.cuda functions PyTorch cannot serve under
-    any pluggable allocator (memory_stats, reset_peak_memory_stats, the snapshots: they would raise)
-    are replaced so that torch.cuda.memory_allocated & co. report refpool's figures; nothing PyTorch
-    serves through the hooks is replaced, and no Tensor method is (only hooks=False, which loses
-    record_stream, replaces Tensor.record_stream with an error saying what to use).
-    patch_torch_cuda=False leaves torch untouched: use refpool.torch.memory_stats() & co. instead.
-    Calling it again does nothing."""
-    global _pluggable, _hooked
+    is lost). With patch_torch_cuda (the default), the torch functions PyTorch cannot serve under any
+    pluggable allocator (memory_stats and the functions reading it, in torch.cuda and
+    torch.accelerator; the resets; get_per_process_memory_fraction; memory history and snapshots;
+    out-of-memory observers; CUDA graph trees' pool calls in torch._C: they would raise) are
+    served by refpool; nothing PyTorch serves through the hooks is replaced, and no Tensor method
+    is (only hooks=False, which loses record_stream, replaces Tensor.record_stream with an error
+    saying what to use). patch_torch_cuda=False leaves torch untouched: use
+    refpool.torch.memory_stats() & co. instead. Calling it again does nothing."""
+    global _pluggable, _hooked, _replacements
     torch = _torch()
     with _lock:
         if _pluggable is not None:
@@ -85,9 +89,12 @@ def install(kind="device", conf=None, patch_torch_cuda=True, hooks=True, **optio
             raise FrameworkError(f"refpool.torch.install(): PyTorch refused the allocator swap ({e}); it must "
                                  "happen before any CUDA allocation") from None
         _pluggable, _hooked = pluggable, hooks_library is not None
+        if hooks_library is not None:
+            hooks_library.refpool_torch_hooks_set_installed()
+        _torch_stats.use_hooks(hooks_library)
         if patch_torch_cuda:
             from . import _torch_memory_api
-            _torch_memory_api.patch(torch, hooks=_hooked)
+            _replacements = _torch_memory_api.patch(torch, hooks_library)
 
 
 def _pluggable_allocator(torch, hooks):
@@ -156,4 +163,4 @@ def snapshot(path=None):
 
 __all__ = ["install", "installed", "hooked", "mem_pool", "step", "snapshot", "memory_stats", "memory_allocated",
            "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
-           "empty_cache", "LOST_FEATURES"]
+           "reset_accumulated_memory_stats", "empty_cache", "LOST_FEATURES"]

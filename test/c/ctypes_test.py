@@ -40,9 +40,11 @@ def cache_options_type(lib):
     checked against it. Options are set by name, in REFPOOL_CONF's spelling
     (refpool_cache_options_set), so this binding needs no change when the library adds one."""
     lib.refpool_cache_option_count.restype = c_size_t
-    lib.refpool_cache_option_info.restype = POINTER(OptionInfo)
-    lib.refpool_cache_option_info.argtypes = [c_size_t]
-    infos = [lib.refpool_cache_option_info(i).contents for i in range(lib.refpool_cache_option_count())]
+    lib.refpool_cache_option_info.restype = c_int
+    lib.refpool_cache_option_info.argtypes = [c_size_t, POINTER(OptionInfo), c_size_t]
+    infos = [OptionInfo() for _ in range(lib.refpool_cache_option_count())]
+    for i, info in enumerate(infos):
+        assert lib.refpool_cache_option_info(i, byref(info), ctypes.sizeof(info)) == OK, i
     struct = type("CacheOptions", (Structure,),
                   {"_fields_": [(info.name.decode(), OPTION_KINDS[info.kind.decode()]) for info in infos]})
     for info in infos:
@@ -78,14 +80,14 @@ class Refpool:
         signatures = {
             "refpool_backend_new_host": [POINTER(Handle)],
             "refpool_backend_release": [Handle],
-            "refpool_cache_options_init": [POINTER(CacheOptions)],
-            "refpool_cache_options_set": [POINTER(CacheOptions), c_char_p, c_char_p],
-            "refpool_cache_create": [POINTER(CacheOptions), POINTER(Handle)],
+            "refpool_cache_options_init": [POINTER(CacheOptions), c_size_t],
+            "refpool_cache_options_set": [POINTER(CacheOptions), c_size_t, c_char_p, c_char_p],
+            "refpool_cache_create": [POINTER(CacheOptions), c_size_t, POINTER(Handle)],
             "refpool_cache_destroy": [Handle],
-            "refpool_cache_get_stats": [Handle, POINTER(CacheStats)],
+            "refpool_cache_get_stats": [Handle, POINTER(CacheStats), c_size_t],
             "refpool_scope_enter": [Handle, POINTER(Handle)],
             "refpool_scope_exit": [Handle],
-            "refpool_alloc": [Handle, size_p, c_size_t, c_size_t, c_void_p, POINTER(Handle)],
+            "refpool_alloc": [Handle, size_p, c_size_t, c_size_t, c_void_p, c_size_t, POINTER(Handle)],
             "refpool_reshape": [Handle, size_p, c_size_t, POINTER(Handle)],
             "refpool_retain": [Handle, POINTER(Handle)],
             "refpool_release": [Handle],
@@ -118,7 +120,7 @@ class Refpool:
 
     def alloc(self, backend, dims, element_size):
         array = (c_size_t * len(dims))(*dims)
-        return self.new("refpool_alloc", backend, array, len(dims), element_size, None)
+        return self.new("refpool_alloc", backend, array, len(dims), element_size, None, 0)
 
     def reshape(self, buffer, dims):
         return self.new("refpool_reshape", buffer, (c_size_t * len(dims))(*dims), len(dims))
@@ -142,16 +144,17 @@ class Refpool:
 
     def stats(self, cache):
         stats = CacheStats()
-        self.call("refpool_cache_get_stats", cache, byref(stats))
+        self.call("refpool_cache_get_stats", cache, byref(stats), ctypes.sizeof(stats))
         return {name: getattr(stats, name) for name, _ in CacheStats._fields_}
 
     def exact_cache(self, **options):
         """A cache with the defaults and `options` (name="text", as in REFPOOL_CONF)."""
         filled = CacheOptions()
-        self.call("refpool_cache_options_init", byref(filled))
+        size = ctypes.sizeof(filled)
+        self.call("refpool_cache_options_init", byref(filled), size)
         for name, text in options.items():
-            self.call("refpool_cache_options_set", byref(filled), name.encode(), text.encode())
-        return self.new("refpool_cache_create", byref(filled))
+            self.call("refpool_cache_options_set", byref(filled), size, name.encode(), text.encode())
+        return self.new("refpool_cache_create", byref(filled), size)
 
 
 class CtypesTest(unittest.TestCase):
@@ -251,8 +254,8 @@ class CtypesTest(unittest.TestCase):
         self.rp.call("refpool_scope_exit", scope)
         self.assertEqual(self.rp.stats(cache)["idle_bytes"], 256)
         self.rp.call("refpool_cache_destroy", cache)
-        message = self.assert_status(ERROR_CONFIG, "refpool_cache_options_set", byref(CacheOptions()), b"segments",
-                                     b"sometimes")
+        message = self.assert_status(ERROR_CONFIG, "refpool_cache_options_set", byref(CacheOptions()),
+                                     ctypes.sizeof(CacheOptions), b"segments", b"sometimes")
         self.assertIn("off, on, auto", message)
 
 

@@ -17,15 +17,15 @@
 static refpool_cache exact_cache(void) {
   refpool_cache_options options;
   refpool_cache cache = {0};
-  OK(refpool_cache_options_init(&options));
-  OK(refpool_cache_create(&options, &cache));
+  OK(refpool_cache_options_init(&options, sizeof options));
+  OK(refpool_cache_create(&options, sizeof options, &cache));
   return cache;
 }
 
 /* A buffer of `bytes` bytes through refpool_alloc with `options` (NULL: the defaults). */
 static refpool_buffer bytes_buffer(refpool_backend be, size_t bytes, const refpool_alloc_options* options) {
   refpool_buffer b = {0};
-  OK(refpool_alloc(be, &bytes, 1, 1, options, &b));
+  OK(refpool_alloc(be, &bytes, 1, 1, options, sizeof *options, &b));
   return b;
 }
 
@@ -55,10 +55,10 @@ static void test_alloc_options(void) {
   const size_t n = 64;
   refpool_buffer refused = {0};
   refpool_alloc_options over_aligned = {NULL, 512, {0}};
-  EXPECT(refpool_alloc(be, &n, 1, 1, &over_aligned, &refused), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_alloc(be, &n, 1, 1, &over_aligned, sizeof over_aligned, &refused), REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(error_mentions("alignment 512 is above backend"));
   refpool_alloc_options odd = {NULL, 48, {0}};
-  EXPECT(refpool_alloc(be, &n, 1, 1, &odd, &refused), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_alloc(be, &n, 1, 1, &odd, sizeof odd, &refused), REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(error_mentions("not a power of two"));
   CHECK(refused.id == 0);
 
@@ -74,13 +74,13 @@ static void test_alloc_options(void) {
   EXPECT(refpool_free(&local), REFPOOL_ERROR_INVALID_ARGUMENT);
 
   refpool_cache_stats stats;
-  OK(refpool_cache_get_stats(cache, &stats));
+  OK(refpool_cache_get_stats(cache, &stats, sizeof stats));
   CHECK(stats.misses == 1 && stats.hits == 1 && stats.live_blocks == 0);
   refpool_backend_stats backend_stats;
-  OK(refpool_backend_get_stats(be, &backend_stats));
+  OK(refpool_backend_get_stats(be, &backend_stats, sizeof backend_stats));
   CHECK(backend_stats.allocation_count == 1);
   OK(refpool_cache_destroy(cache));
-  OK(refpool_backend_get_stats(be, &backend_stats));
+  OK(refpool_backend_get_stats(be, &backend_stats, sizeof backend_stats));
   CHECK(backend_stats.outstanding_bytes == 0);
   OK(refpool_backend_release(be));
 }
@@ -135,9 +135,9 @@ static void test_steps(void) {
   for (int iteration = 0; iteration < 4; ++iteration) {
     step_box box = {{0}};
     refpool_scope_options planned = {0, "train"};
-    OK(refpool_step_begin(cache, &planned, &box.step));
+    OK(refpool_step_begin(cache, &planned, sizeof planned, &box.step));
     refpool_step second = {0};
-    EXPECT(refpool_step_begin(cache, NULL, &second), REFPOOL_ERROR_SCOPE); /* steps do not nest */
+    EXPECT(refpool_step_begin(cache, NULL, 0, &second), REFPOOL_ERROR_SCOPE); /* steps do not nest */
     refpool_buffer a = bytes_buffer(be, 1 << 16, &through_cache);
     refpool_buffer b = bytes_buffer(be, 1 << 12, &through_cache);
     OK(refpool_release(a));
@@ -221,29 +221,38 @@ static int torch_backward(void* arg) {
 
 static void test_framework_allocator(void) {
   refpool_allocator_options options;
-  OK(refpool_allocator_options_init(&options));
+  OK(refpool_allocator_options_init(&options, sizeof options));
   CHECK(options.runtime == REFPOOL_RUNTIME_CUDA && options.kind == REFPOOL_MEMORY_DEVICE);
   options.runtime = (refpool_runtime)7;
-  EXPECT(refpool_allocator_configure(&options), REFPOOL_ERROR_CONFIG);
+  EXPECT(refpool_allocator_configure(&options, sizeof options, NULL, 0), REFPOOL_ERROR_CONFIG);
   options.runtime = REFPOOL_RUNTIME_HOST;
-  OK(refpool_allocator_configure(&options));
+  refpool_cache_options cache_options;
+  OK(refpool_cache_options_from_environment(&cache_options, sizeof cache_options));
+  OK(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options));
 
   /* A rejected configure changes nothing (issue 23 row 5): here a valid runtime with an invalid
    * rounding, then a valid runtime with invalid segments. The host configuration above stays; had
    * the rejected runtime (HIP, CUDA: neither usable on the CI machine) stuck, this allocation
    * would fail with BACKEND_UNAVAILABLE. */
   refpool_allocator_options rejected = options;
+  refpool_cache_options rejected_cache = cache_options;
   rejected.runtime = REFPOOL_RUNTIME_HIP;
-  rejected.cache.rounding.mode = REFPOOL_ROUNDING_STEP;
-  rejected.cache.rounding.parameter = 0;
-  EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
+  rejected_cache.rounding.mode = REFPOOL_ROUNDING_STEP;
+  rejected_cache.rounding.parameter = 0;
+  EXPECT(refpool_allocator_configure(&rejected, sizeof rejected, &rejected_cache, sizeof rejected_cache),
+         REFPOOL_ERROR_CONFIG);
   CHECK(error_mentions("rounding is step:0"));
   rejected = options;
+  rejected_cache = cache_options;
   rejected.runtime = REFPOOL_RUNTIME_CUDA;
   rejected.kind = REFPOOL_MEMORY_DEVICE_ASYNC;
-  rejected.cache.segments = (refpool_segment_policy)9;
-  EXPECT(refpool_allocator_configure(&rejected), REFPOOL_ERROR_CONFIG);
+  rejected_cache.segments = (refpool_segment_policy)9;
+  EXPECT(refpool_allocator_configure(&rejected, sizeof rejected, &rejected_cache, sizeof rejected_cache),
+         REFPOOL_ERROR_CONFIG);
   CHECK(error_mentions("segments"));
+  /* A bad size is refused before anything is taken, too. */
+  EXPECT(refpool_allocator_configure(&rejected, 3, NULL, 0), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("3 bytes is not the size of a refpool_allocator_options"));
   void* after_rejection = NULL;
   OK(refpool_allocator_alloc(3000, 0, NULL, &after_rejection)); /* a size no later request has */
   CHECK(after_rejection != NULL);
@@ -252,7 +261,7 @@ static void test_framework_allocator(void) {
 
   refpool_cache cache = {0};
   OK(refpool_allocator_cache(&cache));
-  EXPECT(refpool_allocator_configure(&options), REFPOOL_ERROR_CONFIG); /* in use now */
+  EXPECT(refpool_allocator_configure(&options, sizeof options, NULL, 0), REFPOOL_ERROR_CONFIG); /* in use now */
   CHECK(error_mentions("already in use"));
   const uint64_t allocations_before = stat(cache, "backend_allocations"); /* the one after the rejections */
   CHECK(allocations_before == 1);
@@ -262,7 +271,7 @@ static void test_framework_allocator(void) {
   refpool_torch_free(NULL, 0, 0, NULL);
   for (int step = 0; step < 4; ++step) {
     refpool_step begun = {0};
-    OK(refpool_step_begin(cache, NULL, &begun));
+    OK(refpool_step_begin(cache, NULL, 0, &begun));
     torch_step s;
     for (int i = 0; i < 4; ++i) s.from_main[i] = refpool_torch_malloc(8192, 0, NULL);
     for (int i = 0; i < 4; ++i) CHECK(s.from_main[i] != NULL);

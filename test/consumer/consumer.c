@@ -17,7 +17,7 @@ int main(void) {
   refpool_cache cache;
   void* first = NULL;
   TRY(refpool_backend_new_host(&be));
-  TRY(refpool_cache_create(NULL, &cache));
+  TRY(refpool_cache_create(NULL, 0, &cache));
   for (int step = 0; step < 2; ++step) {
     refpool_scope scope;
     refpool_buffer x, y;
@@ -25,11 +25,11 @@ int main(void) {
     const size_t flat[] = {16};
     const size_t square[] = {4, 4};
     TRY(refpool_scope_enter(cache, &scope));
-    TRY(refpool_alloc(be, flat, 1, sizeof(float), NULL, &x));
+    TRY(refpool_alloc(be, flat, 1, sizeof(float), NULL, 0, &x));
     TRY(refpool_data(x, &data));
     if (first == NULL) first = data;
     TRY(refpool_release(x));
-    TRY(refpool_alloc(be, square, 2, sizeof(float), NULL, &y));
+    TRY(refpool_alloc(be, square, 2, sizeof(float), NULL, 0, &y));
     TRY(refpool_data(y, &data));
     TRY(refpool_release(y));
     TRY(refpool_scope_exit(scope));
@@ -39,7 +39,7 @@ int main(void) {
     }
   }
   refpool_cache_stats stats;
-  TRY(refpool_cache_get_stats(cache, &stats));
+  TRY(refpool_cache_get_stats(cache, &stats, sizeof stats));
   TRY(refpool_cache_destroy(cache));
   TRY(refpool_backend_release(be));
   if (stats.backend_allocations != 1 || stats.hits != 3) {

@@ -6,6 +6,7 @@ namespace refpool::test::fuzz {
 
 void session::cleanup() {
   in_cleanup = true;
+  teardown_scenario();
   for (int t = 0; t < threads; ++t)
     while (!frames_[t].empty()) op_close(t);
   for (int c = 0; c < 2; ++c) {

@@ -24,7 +24,7 @@ struct rejected_options {
 
 rejected_options bad_cache_options(std::size_t which) {
   refpool_cache_options o;
-  refpool_cache_options_init(&o);
+  refpool_cache_options_init(&o, sizeof o);
   switch (which % 5) {
     case 0: o.rounding.mode = static_cast<refpool_rounding>(7); return {o, "rounding"};
     case 1: o.rounding = {REFPOOL_ROUNDING_STEP, 0}; return {o, "step"};
@@ -48,7 +48,7 @@ void session::op_failing_configure(int t) {
     std::string error;
     expect(on(t,
               [&] {
-                status = refpool_cache_create(&bad.options, &made);
+                status = refpool_cache_create(&bad.options, sizeof bad.options, &made);
                 error = refpool_last_error();
               }),
            outcome::ok, "refpool_cache_create");
@@ -62,18 +62,18 @@ void session::op_failing_configure(int t) {
   }
   // Rejected for one field each; the valid fields differ from the configuration in use.
   refpool_allocator_options rejected;
-  refpool_allocator_options_init(&rejected);
+  refpool_allocator_options_init(&rejected, sizeof rejected);
   const std::size_t runtime_pick = in_.below(4);
   const char* names = bad.names;
-  rejected.cache = bad.options;
+  refpool_cache_options rejected_cache = bad.options;
   if (runtime_pick == 1) {
     rejected.runtime = static_cast<refpool_runtime>(9);
-    refpool_cache_options_init(&rejected.cache);
+    refpool_cache_options_init(&rejected_cache, sizeof rejected_cache);
     names = "runtime";
   } else if (runtime_pick == 2) {
     rejected.runtime = REFPOOL_RUNTIME_CUDA;
     rejected.kind = REFPOOL_MEMORY_PINNED_HOST;
-    refpool_cache_options_init(&rejected.cache);
+    refpool_cache_options_init(&rejected_cache, sizeof rejected_cache);
     names = "kind";
   } else {
     rejected.runtime = runtime_pick == 0 ? REFPOOL_RUNTIME_CUDA : REFPOOL_RUNTIME_HIP;
@@ -91,12 +91,15 @@ void session::op_failing_configure(int t) {
             [&] {
               if (first) {  // before the first use: the configuration the rejected calls must keep
                 refpool_allocator_options good;
-                refpool_allocator_options_init(&good);
+                refpool_allocator_options_init(&good, sizeof good);
                 good.runtime = REFPOOL_RUNTIME_HOST;
-                good.cache.rounding = {REFPOOL_ROUNDING_STEP, framework_step};
-                configured = refpool_allocator_configure(&good);
+                refpool_cache_options good_cache;
+                refpool_cache_options_init(&good_cache, sizeof good_cache);
+                good_cache.rounding = {REFPOOL_ROUNDING_STEP, framework_step};
+                configured = refpool_allocator_configure(&good, sizeof good, &good_cache, sizeof good_cache);
               }
-              rejected_status = refpool_allocator_configure(&rejected);
+              rejected_status =
+                  refpool_allocator_configure(&rejected, sizeof rejected, &rejected_cache, sizeof rejected_cache);
               error = refpool_last_error();
               allocated = refpool_allocator_alloc(bytes, 0, nullptr, &p);
               if (allocated != REFPOOL_OK) return;

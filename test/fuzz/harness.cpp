@@ -82,6 +82,10 @@ void print_totals() {
              "calls {}\n",
              all.held_destroyed, all.held_step_ended, all.held_reclaimed, all.held_released, all.held_in_scopes,
              all.stale_frees_rehanded, all.racing_frees, all.racing_pins, all.configure_failures);
+  fmt::print(stderr,
+             "refpool fuzz: releases whose eviction was held while their cache was destroyed {}; requests after a "
+             "thread's teardown {}, after the process's {}\n",
+             all.release_held_destroyed, all.thread_end_requests, all.process_end_requests);
   print_segment_totals();
   std::fflush(stderr);
 }

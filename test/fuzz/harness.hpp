@@ -37,6 +37,9 @@ struct totals {
   /// pointer_ref gave meanwhile (pointer_ops.cpp); configure calls rejected (configure_ops.cpp).
   std::uint64_t held_destroyed = 0, held_step_ended = 0, held_reclaimed = 0, held_released = 0, held_in_scopes = 0,
                 stale_frees_rehanded = 0, racing_frees = 0, racing_pins = 0, configure_failures = 0;
+  /// Releases whose eviction was held in the backend while their cache was destroyed; inputs that
+  /// ended with requests after a thread's teardown and after the process's (teardown_ops.cpp).
+  std::uint64_t release_held_destroyed = 0, thread_end_requests = 0, process_end_requests = 0;
 };
 [[nodiscard]] const totals& get_totals() noexcept;
 /// "N operations in M inputs: ..." for the logs.

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <refpool/stats.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "plan_model.hpp"
 #include "tracking_resource.hpp"
@@ -165,6 +165,9 @@ class model {
   /// On success `gid` names the block (refs 1). On out_of_memory `oom_bytes` is the rounded size.
   outcome allocate(int thread, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
                    std::size_t& oom_bytes);
+  /// A request served without a cache (a cache-level request after its thread's teardown):
+  /// straight to the backend, exactly `bytes`.
+  outcome allocate_direct(int backend, std::size_t bytes, void* stream, std::uint64_t& gid, std::size_t& oom_bytes);
   void add_ref(std::uint64_t gid);
   void drop_ref(std::uint64_t gid, bool via_unsafe_free);
   void record_stream(std::uint64_t gid, void* stream);

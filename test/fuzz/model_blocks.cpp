@@ -95,19 +95,22 @@ model_block& model::add_held_block(block_kind kind, void* ptr, std::size_t capac
 outcome model::allocate(int thread, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
                         std::size_t& oom_bytes) {
   const model_frame* f = frames[thread].empty() ? nullptr : &frames[thread].back();
-  void* ptr = nullptr;
-  if (f == nullptr || f->lease < 0) {  // no active cache: straight to the backend
-    const backend_result r = backend_allocate(backend, bytes, ptr);
-    if (r == backend_result::error) return outcome::backend_error;
-    if (r == backend_result::out_of_memory) {
-      oom_bytes = bytes;
-      return outcome::out_of_memory;
-    }
-    gid = add_held_block(block_kind::direct, ptr, bytes, bytes, backend, stream).gid;
-    return outcome::ok;
-  }
+  if (f == nullptr || f->lease < 0) return allocate_direct(backend, bytes, stream, gid, oom_bytes);  // no active cache
   if (f->run >= 0) return run_acquire(f->run, f->lease, backend, bytes, stream, gid, oom_bytes);
   return slot_acquire(f->cache, f->lease, backend, bytes, stream, gid, oom_bytes);
+}
+
+outcome model::allocate_direct(int backend, std::size_t bytes, void* stream, std::uint64_t& gid,
+                               std::size_t& oom_bytes) {
+  void* ptr = nullptr;
+  const backend_result r = backend_allocate(backend, bytes, ptr);
+  if (r == backend_result::error) return outcome::backend_error;
+  if (r == backend_result::out_of_memory) {
+    oom_bytes = bytes;
+    return outcome::out_of_memory;
+  }
+  gid = add_held_block(block_kind::direct, ptr, bytes, bytes, backend, stream).gid;
+  return outcome::ok;
 }
 
 // The out-of-memory ladder: this cache's idle blocks of the backend are freed and the request

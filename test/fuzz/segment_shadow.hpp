@@ -29,7 +29,7 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "span_shadow.hpp"
 

@@ -5,7 +5,9 @@
 // owners do with handles), scope_ops.cpp (scopes, guards, steps), cache_ops.cpp (reclaim, limits,
 // faults, a cache made again), plan_loop_ops.cpp (planned loops and sweeps), in_flight.cpp (a
 // request held in the backend while the other thread acts), pointer_ops.cpp (free by pointer:
-// re-hand-outs, stale and racing frees) and configure_ops.cpp (configure calls that fail).
+// re-hand-outs, stale and racing frees), configure_ops.cpp (configure calls that fail) and
+// teardown_ops.cpp (at the input's end: a release's eviction racing close(), requests after a
+// thread's and the process's teardown).
 // harness.cpp runs an input and reports a mismatch. Internal to the fuzzer.
 #pragma once
 
@@ -26,7 +28,7 @@
 #include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "harness.hpp"
 #include "model.hpp"
@@ -300,6 +302,12 @@ class session {
   void make_backends();
   rp::cache_options decode_options(int thread, model_rounding& rounding);
   void cleanup();
+  // Ends the operations cannot make, at the input's end (teardown_ops.cpp).
+  void teardown_scenario();
+  void release_while_destroyed();
+  void requests_after_thread_end();
+  void requests_after_process_end();
+  void late_requests(int t, const char* where);
 
   // Operations; the argument is the thread that runs it.
   void op_alloc(int t);

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
 
+#include "support/fault_injection.hpp"
 #include "segments/segment_heap.hpp"
 
 namespace refpool::test::fuzz {

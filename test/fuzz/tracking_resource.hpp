@@ -2,6 +2,7 @@
 // so the reference model can check each backend call the cache makes, in order.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -41,6 +42,15 @@ class event_log {
     events_.clear();
     read_ = 0;
   }
+  /// Events logged so far, consumed or not (a position for move_to_front).
+  [[nodiscard]] std::size_t logged() const noexcept { return events_.size(); }
+  /// Moves the events logged from `from` on to position `at` (<= from), before those logged in
+  /// between: effects in the order they landed (a call held at the gate logs after the other
+  /// thread's operation, whose effects came after the held call's operation had begun).
+  void move_to(std::size_t from, std::size_t at) {
+    std::rotate(events_.begin() + static_cast<std::ptrdiff_t>(at), events_.begin() + static_cast<std::ptrdiff_t>(from),
+                events_.end());
+  }
   /// Forgets consumed events (keeps memory bounded on long inputs).
   void compact() {
     events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(read_));
@@ -52,14 +62,16 @@ class event_log {
   std::size_t read_ = 0;
 };
 
-/// Holds one backend allocation in flight: once armed, the next allocate() of any tracked
-/// backend waits here, before it reaches its upstream or logs anything, until let go. The harness
-/// runs other operations meanwhile (a miss in flight while its cache is destroyed, its step ends).
+/// Holds one backend call in flight: once armed, the next allocate() (or, armed for frees, the
+/// next deallocate()) of any tracked backend waits here, before it reaches its upstream or logs
+/// anything, until let go. The harness runs other operations meanwhile (a miss in flight while its
+/// cache is destroyed, its step ends; a release's eviction while its cache is destroyed).
 class call_gate {
  public:
-  void arm() {
+  void arm(bool frees = false) {
     std::lock_guard lock(mutex_);
     armed_ = true;
+    frees_ = frees;
     parked_ = open_ = false;
   }
   /// Disarms; false if no call came.
@@ -77,10 +89,10 @@ class call_gate {
     open_ = true;
     cv_.notify_all();
   }
-  /// Called by allocate(): waits if armed (once).
-  void pass() {
+  /// Called by allocate() (`free` false) and deallocate() (true): waits if armed for it (once).
+  void pass(bool free = false) {
     std::unique_lock lock(mutex_);
-    if (!armed_) return;
+    if (!armed_ || frees_ != free) return;
     armed_ = false;
     parked_ = true;
     cv_.wait(lock, [&] { return open_; });
@@ -89,7 +101,7 @@ class call_gate {
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
-  bool armed_ = false, parked_ = false, open_ = false;
+  bool armed_ = false, frees_ = false, parked_ = false, open_ = false;
 };
 
 class tracking_resource final : public refpool::resource {
@@ -116,6 +128,7 @@ class tracking_resource final : public refpool::resource {
     return e.ptr;
   }
   void deallocate(void* ptr, std::size_t bytes, refpool::stream_ref stream) noexcept override {
+    gate_.pass(true);
     log_.push({backend_event::kind::deallocate, index_, bytes, ptr});
     upstream_->deallocate(ptr, bytes, stream);
   }

@@ -84,3 +84,28 @@ def test_cupy_reads_a_buffer_through_the_cuda_array_interface():
             print(json.dumps({"same": same, "sum": float(d.sum()), "dlpack_ptr": d.data.ptr == b.ptr}))
     """)
     assert result == {"same": True, "sum": 496.0, "dlpack_ptr": True}
+
+
+def test_a_cupy_array_keeps_a_closed_buffer_alive():
+    # CuPy holds the Buffer whose __cuda_array_interface__ it read: after close() the block stays
+    # with that object until the array goes, then returns to the cache (nothing leaks).
+    result = child_json("""
+        import gc, json
+        import cupy as cp
+        import refpool
+        backend = refpool.Backend.cuda(0)
+        cache = refpool.Cache(from_environment=False)
+        b = refpool.malloc(backend, 256, "<f4", cache=cache)
+        a = cp.asarray(b)
+        a[...] = 7
+        address = b.ptr
+        b.close()
+        other = refpool.malloc(backend, 256, "<f4", cache=cache)
+        cp.asarray(other)[...] = 1
+        reused, total = other.ptr == address, float(a.sum())
+        other.close()
+        del a, b
+        gc.collect()
+        print(json.dumps({"reused": reused, "sum": total, "live": cache.stats()["live_blocks"]}))
+    """)
+    assert result == {"reused": False, "sum": 7.0 * 256, "live": 0}

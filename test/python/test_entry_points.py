@@ -191,3 +191,28 @@ def test_pools_limit_and_empty_cache_from_python():
     """)
     assert result == {"ids": [[5, 0]], "pool_live": 4096, "main_live": 4096, "main_idle": 0, "pool_idle": 4096,
                       "ids_after": [], "refused": True}, result
+
+
+def test_cupy_s_hook_raises_the_library_s_error_for_a_failed_request():
+    # CuPy's CFunctionAllocator takes refpool_cupy_malloc's NULL as memory; the hook refpool.cupy
+    # installs raises the library's error instead. Here over the host runtime, with a stand-in for
+    # CuPy's MemoryPointer (only its .ptr is read).
+    result = run_python("""
+        import refpool, refpool.cupy, refpool._library
+        refpool.allocator.configure(runtime="host")
+        raw = refpool._library.lib().fn("refpool_cupy_malloc")
+        class MemoryPointer:
+            def __init__(self, size):
+                self.ptr = raw(None, size, 0) or 0
+        malloc = refpool.cupy.checked_malloc(MemoryPointer)
+        assert malloc(0).ptr == 0  # zero bytes are no failure
+        kept = malloc(4096)
+        refpool.allocator.set_device_limit(0, 8192)
+        try:
+            malloc(16384)
+        except refpool.OutOfMemoryError as e:
+            print(isinstance(e, MemoryError), e)
+        refpool.allocator.free(kept.ptr)
+    """)
+    refused, message = result.stdout.strip().split(" ", 1)
+    assert refused == "True" and message.startswith("refpool: out of memory"), result.stdout

@@ -136,3 +136,24 @@ def test_an_install_checks_its_options_before_configuring():
     lines = result.stdout.splitlines()
     assert lines[0] == "refused: refpool: test.install: max_idle_bytes is -1; it cannot be negative"
     assert lines[1].split() == ["512", "0"]  # the later configure replaced segments:on
+
+
+def test_switches_take_python_booleans():
+    # Issue 38: refpool.Cache(auto_plans=False) was a TypeError. True and False spell "on" and "off"
+    # for every option whose values include them; elsewhere a bool is refused naming the option.
+    switches = [name for name, option in _options.table().items() if option.kind in ("on_off", "segment_policy")]
+    assert {"auto_plans", "segments"} <= set(switches)
+    for name in switches:
+        assert filled(**{name: False}) == filled(**{name: "off"}), name
+        assert filled(**{name: True}) == filled(**{name: "on"}), name
+    backend = refpool.Backend.new_host()
+    for auto_plans in (True, False):
+        with refpool.Cache(auto_plans=auto_plans, from_environment=False) as cache:
+            for _ in range(4):
+                with cache.step():  # planned under the cache's own key only with auto_plans on
+                    refpool.malloc(backend, 4096, cache=cache).close()
+            assert (cache.stats()["plans"] == 1) == auto_plans
+    backend.close()
+    for name, value in (("max_idle_bytes", True), ("rounding", False), ("auto_plans", 1), ("segments", 0)):
+        with pytest.raises(TypeError, match=rf"refpool.Cache: {name} must be .*not (bool|int)"):
+            refpool.Cache(**{name: value})

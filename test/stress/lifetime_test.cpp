@@ -5,11 +5,16 @@
 // use-after-free or a data race, and the checks below catch lost or doubled frees in any build.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -79,6 +84,21 @@ class gated_resource final : public test::forwarding_resource {
  private:
   gate& gate_;
   gated_virtual_memory vm_;
+};
+
+/// A host resource whose first free after the gate is armed waits at the gate; later frees pass
+/// (a cache's close frees its blocks through it while the first one waits).
+class gated_free_resource final : public test::forwarding_resource {
+ public:
+  explicit gated_free_resource(gate& g) : gate_(g) {}
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    if (gate_.armed() && !held_.exchange(true)) gate_.pass();
+    forwarding_resource::deallocate(ptr, bytes, stream);
+  }
+
+ private:
+  gate& gate_;
+  std::atomic<bool> held_{false};
 };
 
 /// Destroys the cache while a miss waits at the gate, then lets the miss go on. The gate opens
@@ -164,6 +184,29 @@ TEST_CASE("a cache destroyed while a step's end makes the arena of its new plan:
   g.open();
   ender.join();
   CHECK(be.outstanding_bytes() == 0);  // the plan came too late for the store: no arena is kept
+  CHECK(be.allocation_count() == be.deallocation_count());
+}
+
+TEST_CASE("a release over the idle limit frees while another thread destroys the cache: the state outlives it",
+          "[lifetime][threads][idle-limit]") {
+  // The release puts its block back, finds the cache over its limit and frees idle blocks; the
+  // free waits in the backend while the cache is destroyed. The releasing thread holds the cache's
+  // state until its last access (ASan: heap-use-after-free in free_idle without it). Whole blocks:
+  // a segment's trim waits under its heap's lock, which close() takes too (the stress test races it).
+  gate g;
+  const backend be(std::make_shared<gated_free_resource>(g));
+  cache_options options = with_segments(segment_policy::off);
+  options.max_idle_bytes = 0;
+  auto cache = std::make_unique<alloc_cache>(options);
+  data_ref kept;
+  std::thread([&] { kept = cache->allocate(be, std::size_t{3} << 20); }).join();  // nobody owns its slot now
+  g.arm();
+  std::thread releaser([&] { kept.reset(); });  // over the limit at once: frees it (and trims) itself
+  g.wait_for_arrival();
+  cache.reset();
+  g.open();
+  releaser.join();
+  CHECK(be.outstanding_bytes() == 0);
   CHECK(be.allocation_count() == be.deallocation_count());
 }
 
@@ -284,6 +327,116 @@ TEST_CASE("a thread's kept step router outlives its step and its cache, and goes
   CHECK(stats.plan_hits == 6);
 }
 
+namespace {
+
+/// A host resource that says when it is destroyed.
+class watched_resource final : public test::forwarding_resource {
+ public:
+  explicit watched_resource(std::atomic<bool>& destroyed) : destroyed_(destroyed) {}
+  ~watched_resource() override { destroyed_.store(true); }
+
+ private:
+  std::atomic<bool>& destroyed_;
+};
+
+/// A thread that does `work` and then stays alive, making no request, until released.
+class idle_worker {
+ public:
+  explicit idle_worker(const std::function<void()>& work)
+      : thread_([this, work] {
+          work();
+          stage_.store(1);
+          stage_.notify_all();
+          while (stage_.load() != 2) stage_.wait(1);
+        }) {
+    while (stage_.load() != 1) stage_.wait(0);
+  }
+  ~idle_worker() {
+    stage_.store(2);
+    stage_.notify_all();
+    thread_.join();
+  }
+  idle_worker(const idle_worker&) = delete;
+  idle_worker& operator=(const idle_worker&) = delete;
+
+ private:
+  std::atomic<int> stage_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a thread that makes no more steps keeps nothing of its last step: its backend goes with the cache",
+          "[lifetime][threads][step][plan]") {
+  // The worker keeps a reference to the router of the step it called (cache_state::step_router)
+  // and then makes no request for a long time. That finished router must hold neither the cache's
+  // state (whose segment heaps and plans hold backends) nor a backend of its own.
+  const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
+  const bool warmup = GENERATE(false, true);
+  CAPTURE(policy == segment_policy::on, warmup);
+  std::atomic<bool> destroyed{false};
+  auto be = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+  auto cache = std::make_unique<alloc_cache>(with_segments(policy));
+  std::optional<idle_worker> worker;
+  {
+    scope_options options;  // no key: planned under the cache's own (auto_plans)
+    if (warmup) options.uncached_warmup_entries = 1;
+    step st(*cache, options);
+    worker.emplace([&] {
+      for (int i = 0; i < 3; ++i) (void)cache->allocate(*be, 4096 * (i + 1));
+    });
+  }
+  cache.reset();
+  be.reset();
+  CHECK(destroyed.load());
+  worker.reset();
+  CHECK(destroyed.load());
+}
+
+TEST_CASE("a thread that keeps a lease of a destroyed cache keeps nothing of its backends",
+          "[lifetime][threads][segments]") {
+  // The worker's cache-level lease keeps the closed cache's state until its next request or its
+  // end; the state's segment heaps, each holding its backend, go at close() when they hold nothing.
+  std::atomic<bool> destroyed{false};
+  auto be = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+  auto cache = std::make_unique<alloc_cache>(with_segments(segment_policy::on));
+  std::optional<idle_worker> worker(std::in_place, [&] {
+    data_ref r = cache->allocate(*be, 4096);  // a piece of a segment
+    std::memset(r.data(), 1, r.bytes());
+  });
+  cache.reset();
+  be.reset();
+  CHECK(destroyed.load());
+  worker.reset();
+  CHECK(destroyed.load());
+}
+
+TEST_CASE("a pending recording of a backend that went becomes a plan safely: the recording holds its backend",
+          "[lifetime][step][plan]") {
+  // A sequence seen once waits as a recording; when another sequence of its key comes again,
+  // every pending one becomes a plan, with an arena of its backend. Here the first backend has
+  // gone by then (its handle dropped, the cache's idle blocks of it reclaimed, its run ended).
+  std::atomic<bool> destroyed{false};
+  auto first = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+  const backend second = make_host_backend();
+  alloc_cache cache{with_segments(segment_policy::off)};
+  const auto run = [&](const backend& be) {
+    step st(cache, {.plan = "two-backends"});
+    data_ref a = cache.allocate(be, 4096);
+    data_ref b = cache.allocate(be, 8192);
+    std::memset(a.data(), 1, a.bytes());
+  };
+  run(*first);   // pending
+  run(second);   // pending
+  cache.reclaim(0);
+  first.reset();
+  run(second);  // came again: both become plans, the first one's arena on its own backend
+  const cache_stats stats = cache.stats();
+  CHECK(stats.plans == 2);
+  CHECK_FALSE(destroyed.load());  // its plan holds it now
+  cache.reclaim(0);
+}
+
 TEST_CASE("a double free racing pointer_ref: exactly one of the two frees is accepted",
           "[lifetime][threads][pointer]") {
   const backend be = make_host_backend();
@@ -360,5 +513,141 @@ TEST_CASE("a cache destroyed while four threads allocate in their scopes: every 
     for (auto& t : threads) t.join();
     CHECK(damaged.load() == 0);
     CHECK(be.outstanding_bytes() == 0);
+  }
+}
+
+// ---- a hostile review of the lifetime fixes of issue 35 ---------------------------------------
+// Cases that try to break them apart from the tests written with them. A few rounds by default
+// (CI's time: about 0.3 s on the 2-core machine); REFPOOL_HOSTILE_ROUNDS sets the rounds of each
+// (a sanitizer pass or a soak may run hundreds).
+
+namespace {
+
+int hostile_rounds(int fallback) {
+  const char* v = std::getenv("REFPOOL_HOSTILE_ROUNDS");
+  return v != nullptr ? std::max(1, std::atoi(v)) : fallback;
+}
+
+/// Waits until `count` threads arrived, then lets them all go at once.
+class start_line {
+ public:
+  explicit start_line(int count) : left_(count) {}
+  void arrive_and_wait() {
+    left_.fetch_sub(1);
+    while (left_.load() > 0) {}
+  }
+
+ private:
+  std::atomic<int> left_;
+};
+
+}  // namespace
+
+TEST_CASE("hostile: the last releases of a cache race its destruction, over an idle limit",
+          "[lifetime][threads][idle-limit][hostile]") {
+  // Each release puts its block back, finds the cache over its limit and frees idle memory (with
+  // segments: a trim under the heap's lock) while the cache is destroyed: with nothing else
+  // holding the state, only the releases' own counts keep it.
+  const backend be = make_host_backend();
+  const int rounds = hostile_rounds(6);
+  for (int round = 0; round < rounds; ++round) {
+    cache_options options = with_segments(round % 2 == 0 ? segment_policy::off : segment_policy::on);
+    options.max_idle_bytes = static_cast<std::size_t>(round % 3) * 4096;
+    auto cache = std::make_unique<alloc_cache>(options);
+    std::vector<data_ref> buffers(4);
+    std::thread([&] {  // their slot's thread ends: the releases put them back themselves
+      for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i] = cache->allocate(be, 4096 * (i + 1));
+    }).join();
+    start_line line(static_cast<int>(buffers.size()) + 1);
+    std::vector<std::thread> threads;
+    for (data_ref& b : buffers) {
+      threads.emplace_back([&] {
+        line.arrive_and_wait();
+        b.reset();
+      });
+    }
+    threads.emplace_back([&] {
+      line.arrive_and_wait();
+      cache.reset();
+    });
+    for (auto& t : threads) t.join();
+    REQUIRE(be.outstanding_bytes() == 0);
+  }
+}
+
+TEST_CASE("hostile: frees by pointer on two threads race the destruction of a cache with an idle limit",
+          "[lifetime][threads][idle-limit][pointer][hostile]") {
+  const backend be = make_host_backend();
+  const int rounds = hostile_rounds(4);
+  for (int round = 0; round < rounds; ++round) {
+    cache_options options = with_segments(round % 2 == 0 ? segment_policy::on : segment_policy::off);
+    options.max_idle_bytes = 4096;
+    auto cache = std::make_unique<alloc_cache>(options);
+    std::vector<void*> pointers;
+    for (int i = 0; i < 8; ++i) pointers.push_back(to_pointer(cache->allocate(be, 1024 * static_cast<std::size_t>(i + 1))));
+    start_line line(3);
+    std::vector<std::thread> threads;
+    for (int half = 0; half < 2; ++half) {
+      threads.emplace_back([&, half] {
+        line.arrive_and_wait();
+        for (std::size_t i = static_cast<std::size_t>(half); i < pointers.size(); i += 2) free_pointer(pointers[i]);
+      });
+    }
+    threads.emplace_back([&] {
+      line.arrive_and_wait();
+      cache.reset();
+    });
+    for (auto& t : threads) t.join();
+    for (void* p : pointers) CHECK_THROWS_AS(free_pointer(p), invalid_argument);  // each freed once
+    REQUIRE(be.outstanding_bytes() == 0);
+  }
+}
+
+TEST_CASE("hostile: a cache destroyed under an open step, threads ending mid-step, the step ending last",
+          "[lifetime][threads][step][plan][hostile]") {
+  // Threads make requests through the open step (keeping its router) and end while it is open;
+  // others are still inside requests when the cache goes; the step ends after its cache, and the
+  // backend must go with the last thread that held anything of it.
+  const int rounds = hostile_rounds(6);
+  for (int round = 0; round < rounds; ++round) {
+    std::atomic<bool> destroyed{false};
+    auto be = std::make_unique<backend>(std::make_shared<watched_resource>(destroyed));
+    cache_options options = with_segments(round % 2 == 0 ? segment_policy::on : segment_policy::off);
+    if (round % 3 == 0) options.max_idle_bytes = 0;
+    auto cache = std::make_unique<alloc_cache>(options);
+    std::shared_mutex cache_mutex;  // cache-level requests need the alloc_cache object
+    scope_options step_options;
+    if (round % 4 == 1) step_options.uncached_warmup_entries = 1;
+    if (round % 4 == 2) step_options.plan = "hostile";
+    auto st = std::make_unique<step>(*cache, step_options);
+    std::atomic<int> running{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        running.fetch_add(1);
+        std::vector<data_ref> mine;
+        for (int i = 0; !stop.load() || i < 32; ++i) {
+          std::shared_lock lock(cache_mutex);
+          if (!cache) break;
+          data_ref r = cache->allocate(*be, 512 * static_cast<std::size_t>(1 + (i + t) % 5));
+          lock.unlock();
+          std::memset(r.data(), t + 1, r.bytes());
+          mine.push_back(std::move(r));
+          if (mine.size() > 4) mine.erase(mine.begin());
+          if (t == 0 && i == 16) return;  // ends mid-step: its kept router goes with it
+        }
+      });
+    }
+    while (running.load() < 3) std::this_thread::yield();
+    {
+      std::unique_lock lock(cache_mutex);
+      cache.reset();
+    }
+    stop = true;
+    for (auto& t : threads) t.join();
+    st.reset();  // the step ends after its cache
+    be.reset();
+    CHECK(destroyed.load());
   }
 }

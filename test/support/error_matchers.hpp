@@ -2,7 +2,7 @@
 // then the matcher, and prints the message when either fails):
 //
 //   CHECK_THROWS_MATCHES(a.reshape({3, 5}), shape_error, what(Contains("(4, 4)") && Contains("(3, 5)")));
-//   CHECK_THROWS_MATCHES(allocate(be, 2048), out_of_memory, oom_for(2048, -1) && what(Contains("3000 B live")));
+//   CHECK_THROWS_MATCHES(allocate(be, 2048), out_of_memory, oom_for(2048, -1) && what(Contains("2.93 KiB live")));
 #pragma once
 
 #include <cstddef>

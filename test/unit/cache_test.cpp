@@ -1,9 +1,14 @@
 // alloc_cache and scopes: reshape reuse, reuse by refcount, escapes, nesting, destruction,
-// reclaim, limits, rounding, stable addresses.
+// reclaim, limits, rounding, stable addresses; the stats as text (summary, full table).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <set>
+#include <sstream>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <refpool/refpool.hpp>
 #include <refpool/stats_format.hpp>
@@ -332,22 +337,103 @@ TEST_CASE_METHOD(host_fixture, "stable addresses: iteration n gets the same buff
   CHECK(be.allocation_count() == 3);
 }
 
-TEST_CASE_METHOD(host_fixture, "the stats formatter prints every counter", "[cache][stats]") {
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+/// The line of `text` whose first word (after indentation) is `label` (words may hold spaces:
+/// "backend calls"), or "".
+std::string line_of(const std::string& text, std::string_view label) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto start = line.find_first_not_of(' ');
+    if (start != std::string::npos && line.compare(start, label.size(), label) == 0 &&
+        (line.size() == start + label.size() || line[start + label.size()] == ' '))
+      return line;
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(host_fixture, "the summary: requests, memory now and at peak in binary units, plans, calls",
+                 "[cache][stats][summary]") {
+  {
+    scope s(cache);
+    auto big = allocate(be, 3 * MiB);
+    { auto small = allocate(be, 1536); }
+    auto again = allocate(be, 1536);  // a hit on small's block
+  }
+  const std::string text = cache.summary();
+  INFO(text);
+  CHECK(text == summary(cache.stats()));
+  CHECK(std::count(text.begin(), text.end(), '\n') <= 10);  // short: read at a glance
+  CHECK_THAT(line_of(text, "requests"), Catch::Contains("3") && Catch::Contains("hits 1 (33.3%), misses 2"));
+  CHECK_THAT(line_of(text, "memory"), Catch::Contains("now") && Catch::Contains("peak"));
+  // All idle at the scope's end: nothing allocated now; the peak was 3 MiB + 1.5 KiB.
+  CHECK_THAT(line_of(text, "allocated"), Catch::Contains(" 0 B") && Catch::Contains("3.00 MiB"));
+  CHECK_THAT(line_of(text, "reserved"), Catch::Contains("3.00 MiB"));
+  CHECK_THAT(line_of(text, "idle"), Catch::Contains("3.00 MiB") && Catch::Contains("2 blocks"));
+  CHECK_THAT(line_of(text, "plans"), Catch::Contains("hits 0"));
+  CHECK_THAT(line_of(text, "backend calls"), Catch::Contains("allocations 2, frees 0"));
+  CHECK_THAT(line_of(text, "out of memory"), Catch::Contains("failed requests"));
+  CHECK(text.find("3145728") == std::string::npos);  // never raw bytes
+}
+
+TEST_CASE("stats print bytes in binary units: exact ones whole, others to three significant digits",
+          "[cache][stats][summary]") {
+  const std::vector<std::pair<std::size_t, std::string>> cases{
+      {0, "0 B"},
+      {1023, "1023 B"},
+      {1024, "1 KiB"},
+      {1536, "1.50 KiB"},
+      {3000, "2.93 KiB"},
+      {4 * MiB, "4 MiB"},
+      {12 * MiB + 100 * KiB, "12.1 MiB"},
+      {512 * MiB + 300 * KiB, "512 MiB"},
+      {std::size_t{3} << 30, "3 GiB"},
+      {(std::size_t{5} << 40) + 1, "5.00 TiB"},
+      {SIZE_MAX, "16.0 EiB"},
+  };
+  for (const auto& [bytes, text] : cases) {
+    cache_stats st;
+    st.idle_bytes = bytes;
+    INFO(bytes);
+    CHECK_THAT(line_of(summary(st), "idle"), Catch::Contains(" " + text + "  "));
+    CHECK_THAT(line_of(to_string(st), "idle_bytes"), Catch::EndsWith(" " + text));
+  }
+}
+
+TEST_CASE_METHOD(host_fixture, "the full table: every counter once, bytes scaled, peaks beside their figure",
+                 "[cache][stats]") {
   {
     scope s(cache);
     auto a = allocate(be, 10);
+    auto b = allocate(be, 2 * MiB);
   }
   const cache_stats st = cache.stats();
-  const std::string table = fmt::format("{}", st);
+  const std::string table = fmt::format("{}", st);  // refpool/stats_format.hpp: to_string
+  INFO(table);
+  CHECK(table == to_string(st));
   REQUIRE(stat_count() > 25);
   for (std::size_t i = 0; i < stat_count(); ++i) {
-    // Each counter has a row of its own: its name, then its value.
-    const std::string row = fmt::format("{:<24}{:>16}\n", stat_at(i).name, stat_value(st, i));
-    CHECK_THAT(table, Catch::Contains(row));
+    const std::string name(stat_at(i).name);
     CHECK_FALSE(stat_at(i).description.empty());
+    INFO(name);
+    if (name == "held_bytes" || name == "peak_held_bytes") {
+      CHECK(line_of(table, name).empty());  // live + idle, both printed: one name per figure
+    } else if (name.starts_with("peak_")) {
+      CHECK(line_of(table, name).empty());  // in its figure's line
+      CHECK_THAT(line_of(table, name.substr(5)), Catch::Contains(" peak "));
+    } else {
+      CHECK_FALSE(line_of(table, name).empty());
+    }
   }
   CHECK(stat_value(st, 1) == st.misses);  // the order of refpool/stats_fields.h
-  CHECK(st.misses == 1);
-  CHECK_THAT(table, Catch::Contains("hit_rate"));
-  CHECK(st.hit_rate() == 0.0);
+  CHECK_THAT(line_of(table, "misses"), Catch::EndsWith(" 2"));
+  CHECK_THAT(line_of(table, "hit_rate"), Catch::EndsWith(" 0.0%"));
+  CHECK_THAT(line_of(table, "idle_bytes"), Catch::EndsWith(" 2.00 MiB"));
+  CHECK_THAT(line_of(table, "live_bytes"), Catch::Contains(" 0 B") && Catch::EndsWith("peak   2.00 MiB"));
+  CHECK(table.find("2097162") == std::string::npos);  // 2 MiB + 10 B, scaled
 }

@@ -2,6 +2,9 @@
 // selecting the test cases of that setting by tag (see test/meson.build).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -16,8 +19,8 @@ using Catch::Contains;
 using Catch::EndsWith;
 using refpool::test::what;
 
-TEST_CASE("REFPOOL_NO_CACHING=1: scopes pass every request to the backend", "[env-bypass]") {
-  REQUIRE(std::string(std::getenv("REFPOOL_NO_CACHING")) == "1");
+TEST_CASE("REFPOOL_NO_CACHING=on: scopes pass every request to the backend", "[env-bypass]") {
+  REQUIRE(std::string(std::getenv("REFPOOL_NO_CACHING")) == "on");
   const backend be = make_host_backend();
   cache_options options;
   options.rounding = rounding_policy::step(4096);
@@ -66,4 +69,47 @@ TEST_CASE("a bad REFPOOL_CONF gives config_error at first use", "[env-bad]") {
   CHECK_THROWS_MATCHES(alloc_cache(), config_error, what(Contains("unknown key 'colour'")));
   CHECK_THROWS_MATCHES(allocate(be, 8), config_error, what(Contains("unknown key 'colour'")));
   CHECK(be.outstanding_bytes() == 0);
+}
+
+namespace {
+
+/// What `body` writes to stderr (file descriptor 2, where refpool prints).
+template <class F>
+std::string stderr_of(F&& body) {
+  std::FILE* capture = std::tmpfile();
+  REQUIRE(capture != nullptr);
+  std::fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  REQUIRE(dup2(fileno(capture), STDERR_FILENO) == STDERR_FILENO);
+  body();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::string text;
+  std::rewind(capture);
+  for (int c; (c = std::fgetc(capture)) != EOF;) text += static_cast<char>(c);
+  std::fclose(capture);
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("REFPOOL_CONF stats_at_exit: a destroyed cache prints its summary, or every counter with full",
+          "[env-stats]") {
+  const char* expected = std::getenv("REFPOOL_TEST_STATS");  // "summary" or "full"
+  REQUIRE(expected != nullptr);
+  const backend be = make_host_backend();
+  const std::string printed = stderr_of([&] {
+    alloc_cache cache;
+    scope s(cache);
+    auto a = allocate(be, std::size_t{3} << 20);
+  });
+  INFO(printed);
+  CHECK_THAT(printed, Contains("refpool: cache ") && Contains(" destroyed:"));
+  CHECK_THAT(printed, Contains("3 MiB") && !Contains("3145728"));  // binary units either way
+  if (std::string(expected) == "summary") {
+    CHECK_THAT(printed, Contains("requests") && Contains("reserved") && !Contains("backend_allocations"));
+  } else {
+    CHECK_THAT(printed, Contains("backend_allocations") && Contains("live_bytes") && !Contains("held_bytes"));
+  }
 }

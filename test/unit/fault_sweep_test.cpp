@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 using namespace refpool;
 

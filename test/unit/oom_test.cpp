@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "support/error_matchers.hpp"
 
@@ -37,8 +37,9 @@ TEST_CASE("out of memory after reclaim throws an error naming sizes and cache st
   auto live = allocate(be, 3000);
   { auto idle = allocate(be, 1000); }
   CHECK_THROWS_MATCHES(allocate(be, 2048), out_of_memory,
-                       oom_for(2048, -1) && what(Contains("2048 B") && Contains("3000 B live") &&
-                                                 Contains("reclaiming 1000 B") && Contains("device -1")));
+                       oom_for(2048, -1) && what(Contains("allocate 2 KiB") && Contains("2.93 KiB live") &&
+                                                 Contains("reclaiming 1000 B") && Contains("of host memory") &&
+                                                 Contains("What to do")));
   const auto st = cache.stats();
   CHECK(st.oom_retries == 1);
   CHECK(st.ooms == 1);
@@ -111,4 +112,32 @@ TEST_CASE("a failing backend at every allocation leaves the cache consistent", "
   }
   failing->disarm();
   CHECK(failing->injected() == 5 * calls);  // OOM: 2 + 1 per n; backend error: 1 + 1 per n
+}
+
+TEST_CASE("out-of-memory messages: binary units, the host named as such, and what to do", "[oom][errors]") {
+  constexpr std::size_t MiB = 1 << 20;
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 4 * MiB);
+  const backend be(limited);
+  const backend other = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  scope s(cache);
+  auto live = allocate(be, 3 * MiB);
+  { auto idle = allocate(be, MiB / 2); }
+  { auto elsewhere = allocate(other, MiB); }  // idle, of another backend: not reclaimed for be
+  CHECK_THROWS_MATCHES(
+      allocate(be, 2 * MiB), out_of_memory,
+      oom_for(2 * MiB, -1) &&
+          what(Contains("could not allocate 2 MiB (request 2 MiB) of host memory") && Contains("reclaiming 512 KiB") &&
+               Contains("3 MiB live in 1 blocks and 1 MiB idle") &&
+               Contains("What to do: release buffers no longer needed (3 MiB live in this cache)") &&
+               Contains("1 MiB is reserved here but not handed out") && Contains("max_idle_bytes") &&
+               !Contains("device -1") && !Contains("3145728")));
+}
+
+TEST_CASE("an uncached out-of-memory message says so, in binary units", "[oom][errors]") {
+  auto limited = std::make_shared<limiting_resource>(make_host_resource(), 1 << 20);
+  const backend be(limited);
+  CHECK_THROWS_MATCHES(allocate(be, 3 << 20), out_of_memory,
+                       what(Contains("could not allocate 3 MiB of host memory (an uncached allocation") &&
+                            Contains("What to do")));
 }

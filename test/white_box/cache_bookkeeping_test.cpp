@@ -8,6 +8,7 @@
 
 #include "access.hpp"
 #include "cache/cache_state.hpp"
+#include "cache/hit_path.hpp"  // ambient_slot
 
 using namespace refpool;
 

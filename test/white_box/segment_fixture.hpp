@@ -12,7 +12,7 @@
 
 #include <refpool/adaptors.hpp>
 #include <refpool/backend.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "segments/segment_heap.hpp"
 #include "tracking_resource.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <refpool/error.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "white_box/segment_fixture.hpp"
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <refpool/error.hpp>
-#include <refpool/testing.hpp>
 
+#include "support/fault_injection.hpp"
 #include "white_box/segment_fixture.hpp"
 
 using namespace refpool;

@@ -11,6 +11,7 @@
 
 #include "access.hpp"
 #include "backend_state.hpp"
+#include "cache/piece_units.hpp"
 #include "segments/segment_heap.hpp"
 #include "support/forwarding_resource.hpp"
 
@@ -58,7 +59,7 @@ TEST_CASE("row 7: the cache gives a backend segments exactly when a heap can ser
   for (const std::size_t a : alignments) {
     CAPTURE(a);
     const backend be(std::make_shared<aligned_resource>(a));
-    const std::size_t unit = detail::access::state(be)->piece_unit(segment_policy::on);
+    const std::size_t unit = detail::piece_unit(*detail::access::state(be), segment_policy::on);
     CHECK((unit != 1) == heap_builds(be));
     if (unit != 1) {
       ++segmented;

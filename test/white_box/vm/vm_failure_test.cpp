@@ -16,7 +16,7 @@
 #include <string>
 
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+#include "support/fault_injection.hpp"
 
 #include "access.hpp"
 #include "white_box/segment_fixture.hpp"

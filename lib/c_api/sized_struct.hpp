@@ -1,0 +1,63 @@
+// Structs that grow (refpool.h, "Structs that grow"): the caller passes the size of its struct,
+// and the library reads or writes only that many bytes, so a program built against an older or a
+// newer refpool.h of the same soname never has bytes written past its struct or read from beyond it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "c_api/support.hpp"
+
+namespace refpool::c_api {
+
+/// Fails (INVALID_ARGUMENT) for a size no refpool.h ever gave `T`: 0, or not a multiple of its
+/// alignment (sizeof always is one).
+template <class T>
+void check_struct_size(std::size_t size, const char* function, const char* type) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (size == 0 || size % alignof(T) != 0)
+    fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+         fmt::format("refpool: {}: {} bytes is not the size of a {} (pass sizeof(*ptr); this library's is {} bytes)",
+                     function, size, type, sizeof(T)));
+}
+
+/// Writes `value` into the caller's struct of `size` bytes at `out`: the bytes both know; bytes of a
+/// larger caller struct (fields this library lacks) are zeroed; past `size` nothing is touched.
+template <class T>
+void write_sized(const T& value, void* out, std::size_t size, const char* function, const char* type) {
+  if (out == nullptr) fail(REFPOOL_ERROR_INVALID_ARGUMENT, fmt::format("refpool: {}: out is NULL", function));
+  check_struct_size<T>(size, function, type);
+  const std::size_t known = std::min(size, sizeof(T));
+  std::memcpy(out, &value, known);
+  if (size > known) std::memset(static_cast<unsigned char*>(out) + known, 0, size - known);
+}
+
+/// Reads the caller's struct of `size` bytes at `in` over `base`: fields a smaller struct lacks keep
+/// base's values. A larger struct (a newer header) is taken only when every byte past this
+/// library's struct is 0, i.e. the fields this library lacks are unset.
+template <class T>
+T read_sized(const void* in, std::size_t size, T base, const char* function, const char* type) {
+  check_struct_size<T>(size, function, type);
+  const std::size_t known = std::min(size, sizeof(T));
+  std::memcpy(&base, in, known);
+  const auto* bytes = static_cast<const unsigned char*>(in);
+  const auto* set = std::find_if(bytes + known, bytes + size, [](unsigned char b) { return b != 0; });
+  if (set != bytes + size)
+    fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+         fmt::format("refpool: {}: byte {} of the caller's {} ({} bytes) is set, but this library (refpool {}) knows "
+                     "only its first {} bytes: a field of a newer refpool.h; leave it 0 or use a newer library",
+                     function, set - bytes, type, size, REFPOOL_VERSION, sizeof(T)));
+  return base;
+}
+
+/// Input structs must have no padding at their end: a field appended into it would read the
+/// uninitialised padding of an older caller's struct of the same size. Append a field that leaves
+/// padding together with an explicit one, so that every layout has a size of its own.
+template <class T, std::size_t LastFieldEnd>
+constexpr bool ends_without_padding = sizeof(T) == LastFieldEnd;
+
+}  // namespace refpool::c_api

@@ -1,0 +1,78 @@
+// The framework allocator's slow paths: making its cache and per-device backends, limits, emptying
+// the cache, and beginning private pools (framework_allocator.hpp).
+#include "framework/framework_allocator.hpp"
+
+#include <refpool/cuda.hpp>
+#include <refpool/hip.hpp>
+
+#include <fmt/format.h>
+
+#include "framework/pool_resource.hpp"
+
+namespace refpool::detail {
+
+std::shared_ptr<alloc_cache> framework_allocator::cache() {
+  std::lock_guard guard(mutex_);
+  if (cache_ == nullptr) {
+    in_use_options_ = configured_ ? config_.cache : cache_options::from_environment();
+    cache_ = std::make_shared<alloc_cache>(in_use_options_);
+    made_.store(cache_.get(), std::memory_order_release);
+  }
+  return cache_;
+}
+
+void framework_allocator::set_device_limit(int device, std::size_t bytes) {
+  (void)backend_for(device);  // makes the device's budget
+  std::lock_guard guard(mutex_);
+  budgets_[static_cast<std::size_t>(device)]->set_capacity(bytes);
+}
+
+void framework_allocator::empty_cache() {
+  std::shared_ptr<alloc_cache> made;
+  {
+    std::lock_guard guard(mutex_);
+    made = cache_;
+  }
+  if (made != nullptr) made->reclaim(0);
+}
+
+void framework_allocator::begin_pool(int device, private_pools::id pool, private_pools::stream_filter filter,
+                                     void* context, void (*drop)(void*)) {
+  cache_options options;
+  try {
+    (void)cache();  // fixes the configuration: pools take the cache's options
+    std::lock_guard guard(mutex_);
+    options = in_use_options_;
+  } catch (...) {
+    if (drop != nullptr) drop(context);  // the context is ours from the call on
+    throw;
+  }
+  pools_.begin(device, pool, filter, context, drop, options, [this](int d, private_pools::id p) {
+    return backend(
+        std::make_shared<pool_resource>(backend_for(d), fmt::format("private pool ({}, {})", p.first, p.second)));
+  });
+}
+
+const backend& framework_allocator::make_backend(int device) {
+  if (device < 0 || device >= max_devices)  // a refpool::error: it may reach PyTorch (see refpool_torch_malloc)
+    throw invalid_argument(
+        fmt::format("refpool: the framework allocator was asked for device {}; devices 0 to {} are supported", device,
+                    max_devices - 1));
+  std::lock_guard guard(mutex_);
+  auto& slot = backends_[static_cast<std::size_t>(device)];
+  if (const backend* known = slot.load(std::memory_order_relaxed)) return *known;
+  auto runtime =
+      std::make_shared<backend>(config_.runtime == framework_runtime::host  ? host_backend()
+                                : config_.runtime == framework_runtime::hip ? hip::device(device, config_.kind)
+                                                                            : cuda::device(device, config_.kind));
+  // Under a budget (no cap until refpool_allocator_set_device_limit), charged by the cache and
+  // the private pools alike. The aliasing pointer keeps the runtime's backend alive.
+  auto budget = std::make_shared<byte_budget>(cache_options::unlimited);
+  auto made = std::make_unique<backend>(
+      std::make_shared<limiting_resource>(std::shared_ptr<resource>(runtime, &runtime->underlying()), budget));
+  budgets_[static_cast<std::size_t>(device)] = std::move(budget);
+  slot.store(made.get(), std::memory_order_release);
+  return *made.release();  // kept for the life of the process, like the runtime's own backends
+}
+
+}  // namespace refpool::detail

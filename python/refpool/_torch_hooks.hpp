@@ -1,0 +1,54 @@
+// What the files of refpool's PyTorch hooks library share (_torch_hooks.cpp, _torch_hooks_stats.cpp,
+// _torch_hooks_counters.cpp, _torch_hooks_pools.cpp). Compiled at run time against the PyTorch in
+// use, like them; never part of refpool's build (refpool/_torch_hooks.py, docs/frameworks.md "How
+// the hooks are built"). Torch-free: it includes no PyTorch header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace refpool_torch {
+
+// A private pool's name (PyTorch's MempoolId_t, refpool's refpool_pool_id); {0, 0} names none.
+struct pool_name {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  bool none() const { return first == 0 && second == 0; }
+};
+
+// Observers of every request, installed by the history library (_torch_history.cpp) while memory
+// history is recorded, and null otherwise: the hooks then pay one atomic load per request.
+struct tracker {
+  void (*alloc)(void* ptr, std::size_t size, int device, void* stream, pool_name pool);
+  void (*free)(void* ptr, std::size_t size, int device, void* stream);
+  void (*oom)(std::size_t size, int device, std::size_t device_free);
+  void (*empty_cache)();
+};
+const tracker* current_tracker();
+
+// The per-device counters and memory fractions (_torch_hooks_counters.cpp, torch-free): null and
+// 1.0 for a device out of range.
+class device_counters;
+device_counters* counters_of(int device);
+void remember_memory_fraction(int device, double fraction);
+double memory_fraction(int device);
+
+// A request served or freed: counted, and shown to PyTorch's profiler while it records memory
+// (_torch_hooks_stats.cpp).
+void count_alloc(void* ptr, int device, std::size_t size);
+void count_free(void* ptr, int device, std::size_t size);
+// A request refpool could not serve: counts it (num_ooms), shows it to the tracker and to PyTorch's
+// out-of-memory observers (device, bytes, the device's cap: its memory fraction of the total or the
+// total, its free bytes), and returns the start of PyTorch's message ("CUDA out of memory. Tried to
+// allocate ..."), which refpool's own message follows.
+std::string out_of_memory(int device, std::size_t size);
+
+// Requests served by private pools (_torch_hooks_pools.cpp). The capture filter refpool calls for
+// a request notes, on the requesting thread, the pool it accepted the request for.
+void note_routed(pool_name pool);
+pool_name take_routed();  // the pool the last request of this thread was routed to, and forgets it
+void track_pool_allocation(void* ptr, std::size_t size, int device, void* stream, pool_name pool);
+void untrack_pool_allocation(void* ptr);  // nothing if ptr is no pool's
+
+}  // namespace refpool_torch

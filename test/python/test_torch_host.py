@@ -1,0 +1,526 @@
+"""refpool.torch's PyTorch-facing side on the host, without PyTorch or a GPU: what install() puts into
+torch (memory_stats and the functions on it, the resets, the memory fraction, out-of-memory
+observers, snapshots, CUDA graph trees' pool calls), run against a fake `torch` namespace and a fake
+of the compiled hooks' counters, over the real framework allocator on the host runtime. The same
+behaviours run against real PyTorch on a GPU in test_torch.py."""
+import ctypes
+import types
+
+import pytest
+
+import refpool
+from refpool import _torch_checkpoint, _torch_history, _torch_memory_api, _torch_snapshot, _torch_stats, allocator
+from refpool.alloc_log import Event
+from refpool.errors import FrameworkError
+
+# Every key torch.cuda.memory_summary() reads (torch/cuda/memory.py), so PyTorch's own summary
+# formats refpool's figures.
+SUMMARY_METRICS = ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes", "inactive_split_bytes",
+                   "allocation", "active", "segment", "inactive_split")
+SUMMARY_KEYS = ([f"{m}.{c}.{f}" for m in SUMMARY_METRICS for c in ("all", "large_pool", "small_pool")
+                 for f in ("current", "peak", "allocated", "freed")]
+                + [f"{m}.{f}" for m in ("oversize_allocations", "oversize_segments")
+                   for f in ("current", "peak", "allocated", "freed")] + ["num_ooms", "num_alloc_retries"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def host_allocator():
+    """The framework allocator on host memory with segments, configured once for this process."""
+    allocator.configure(runtime="host", segments="on")
+
+
+class FakeHooks:
+    """What Python asks of the compiled hooks (_torch_hooks_stats.cpp, _torch_hooks_pools.cpp): given values."""
+
+    def __init__(self, values=None, pool_rows=(), fraction=1.0):
+        self.values = list(values or [0] * _torch_stats.HOOK_STAT_COUNT)
+        self.pool_rows = list(pool_rows)
+        self.fraction = fraction
+        self.calls = []
+        self.observer = None
+
+    def refpool_torch_hooks_stat_count(self):
+        return _torch_stats.HOOK_STAT_COUNT
+
+    def refpool_torch_hooks_device_stats(self, device, out, capacity):
+        if device != 0:
+            return -1
+        for i, v in enumerate(self.values[:capacity]):
+            out[i] = v
+        return min(capacity, len(self.values))
+
+    def refpool_torch_hooks_reset_peak_stats(self, device):
+        self.calls.append(("reset_peak", device))
+
+    def refpool_torch_hooks_reset_accumulated_stats(self, device):
+        self.calls.append(("reset_accumulated", device))
+
+    def refpool_torch_hooks_memory_fraction(self, device):
+        return self.fraction
+
+    def refpool_torch_hooks_set_oom_observer(self, pointer):
+        self.observer = pointer
+
+    def refpool_torch_hooks_set_tracker(self, pointer):
+        self.calls.append(("tracker", pointer))
+
+    def refpool_torch_hooks_pool_allocations(self, out, capacity):
+        for i, row in enumerate(self.pool_rows[:capacity]):
+            out[6 * i:6 * i + 6] = list(row)
+        return len(self.pool_rows)
+
+
+def fake_torch(freed=None):
+    """The modules install() patches, with placeholders where PyTorch's functions would be."""
+    def placeholder(*args, **kwargs):
+        raise AssertionError("PyTorch's own function was called: it should have been replaced")
+
+    def module(**names):
+        return types.SimpleNamespace(**names)
+
+    names = ("memory_stats", "memory_stats_as_nested_dict", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+             "get_per_process_memory_fraction", "_record_memory_history", "_snapshot", "memory_snapshot",
+             "_set_memory_metadata", "empty_cache", "set_per_process_memory_fraction")
+    cuda_memory = module(**{n: placeholder for n in names})
+    def device_index(device, optional=False):  # as torch.cuda._utils: an int as it is, "cuda:N" as N
+        return device if isinstance(device, int) else int(str(device).partition(":")[2] or 0)
+
+    utils = module(_get_device_index=device_index)
+    cuda = module(memory=cuda_memory, _utils=utils, current_device=lambda: 0, device_count=lambda: 1,
+                  mem_get_info=lambda device=None: (1 << 30, 1 << 34), **{n: placeholder for n in names})
+    accelerator_memory = module(memory_stats=placeholder, reset_peak_memory_stats=placeholder,
+                                reset_accumulated_memory_stats=placeholder, get_memory_info=placeholder)
+    accelerator = module(memory=accelerator_memory, **vars(accelerator_memory))
+    c = module(_cuda_attach_out_of_memory_observer=placeholder, _cuda_checkPoolLiveAllocations=placeholder,
+               _cuda_getCheckpointState=placeholder, _cuda_setCheckpointPoolState=placeholder,
+               _cuda_memoryStats=placeholder, _cuda_isHistoryEnabled=placeholder,
+               _free_And_Remove_DeleterFn=(freed.append if freed is not None else placeholder))
+    return module(cuda=cuda, accelerator=accelerator, _C=c, Tensor=module(record_stream=placeholder))
+
+
+def hook_values(allocations, block_bytes, requested_bytes, ooms=0):
+    """The hooks' counters for `allocations` live small allocations (totals equal to the current values)."""
+    values = []
+    for current in (allocations, block_bytes, requested_bytes):
+        for cls in ("all", "small_pool", "large_pool"):
+            now = current if cls != "large_pool" else 0
+            values += [now, now, now, 0]  # current, peak, allocated, freed
+    return values + [ooms]
+
+
+def test_hook_counters_become_pytorchs_keys_with_active_as_allocated():
+    keys = _torch_stats.hook_values_to_keys(hook_values(3, 1536, 1000, ooms=2))
+    assert keys["allocation.all.current"] == keys["active.all.current"] == 3
+    assert keys["allocated_bytes.small_pool.peak"] == keys["active_bytes.small_pool.peak"] == 1536
+    assert keys["requested_bytes.all.allocated"] == 1000 and keys["allocated_bytes.large_pool.current"] == 0
+    assert keys["num_ooms"] == 2
+    with pytest.raises(ValueError, match="counters"):
+        _torch_stats.hook_values_to_keys([0] * 5)
+
+
+def test_memory_stats_has_every_key_pytorchs_summary_reads_with_refpools_figures():
+    torch = fake_torch()
+    hooks = FakeHooks(hook_values(2, 1024, 1000))
+    _torch_stats.use_hooks(hooks)
+    replacements = _torch_memory_api.patch(torch, hooks)
+    held = [allocator.malloc(n, 0) for n in (1000, 3000, 2 << 20)]
+    try:
+        assert torch.cuda.memory_stats == replacements.memory_stats == torch.cuda.memory.memory_stats
+        stats = torch.cuda.memory.memory_stats()
+        missing = [k for k in SUMMARY_KEYS if k not in stats]
+        assert not missing, missing
+        refpool_figures = allocator.stats()
+        assert stats["allocation.all.current"] == 2 and stats["allocated_bytes.all.current"] == 1024  # the hooks'
+        assert stats["reserved_bytes.all.current"] == refpool_figures["reserved_bytes"] > 0
+        assert stats["reserved_bytes.large_pool.current"] == stats["reserved_bytes.all.current"]
+        assert stats["reserved_bytes.small_pool.current"] == 0
+        assert stats["segment.all.current"] == refpool_figures["segments"] + (
+            refpool_figures["backend_allocations"] - refpool_figures["backend_frees"])
+        assert stats["segment.all.current"] >= 1
+        assert stats["inactive_split_bytes.all.current"] == refpool_figures["segment_free_bytes"]
+        assert stats["num_device_alloc"] == (refpool_figures["backend_allocations"] + refpool_figures["segment_grows"]
+                                             + refpool_figures["uncached_allocations"]) > 0
+        assert stats["refpool.reserved_bytes"] == refpool_figures["reserved_bytes"]
+        nested = torch._C._cuda_memoryStats(0)
+        assert nested["allocation"]["all"]["current"] == 2 and nested["num_ooms"] == 0
+        assert torch.accelerator.memory.memory_stats() == stats  # torch.accelerator reads the same
+    finally:
+        for p in held:
+            allocator.free(p)
+        _torch_stats.use_hooks(None)
+
+
+def test_reset_accumulated_restarts_totals_and_event_counts_from_zero():
+    torch = fake_torch()
+    hooks = FakeHooks()
+    _torch_stats.use_hooks(hooks)
+    replacements = _torch_memory_api.patch(torch, hooks)
+    try:
+        p = allocator.malloc(8 << 20, 0)
+        allocator.free(p)
+        allocator.empty_cache()
+        before = torch.cuda.memory_stats()
+        assert before["num_device_alloc"] > 0 and before["reserved_bytes.all.allocated"] > 0
+        assert before["reserved_bytes.all.freed"] > 0  # empty_cache gave it back
+        torch.cuda.reset_accumulated_memory_stats()
+        after = torch.cuda.memory_stats()
+        assert after["num_device_alloc"] == after["num_device_free"] == 0
+        assert after["reserved_bytes.all.allocated"] == after["reserved_bytes.all.freed"] == 0
+        assert ("reset_accumulated", 0) in hooks.calls
+        torch._C._cuda_resetAccumulatedMemoryStats = replacements.reset_accumulated_memory_stats
+        p = allocator.malloc(8 << 20, 0)
+        assert torch.cuda.memory_stats()["num_device_alloc"] >= 1  # counted again from 0
+        allocator.free(p)
+        torch.accelerator.reset_peak_memory_stats()
+        assert ("reset_peak", 0) in hooks.calls
+    finally:
+        _torch_stats.use_hooks(None)
+
+
+def test_memory_fraction_and_device_arguments():
+    torch = fake_torch()
+    replacements = _torch_memory_api.patch(torch, FakeHooks(fraction=0.25))
+    assert torch.cuda.get_per_process_memory_fraction() == 0.25
+    assert torch.cuda.get_per_process_memory_fraction("cuda:0") == 0.25
+    with pytest.raises(ValueError, match="out of range"):
+        torch.cuda.get_per_process_memory_fraction(7)
+    assert torch.accelerator.get_memory_info() == (1 << 30, 1 << 34)
+    without_hooks = _torch_memory_api.patch(fake_torch(), None)
+    with pytest.raises(FrameworkError, match="set_device_limit"):
+        without_hooks.get_per_process_memory_fraction()
+    assert replacements.hooks is not None
+
+
+def test_out_of_memory_observers_run_in_order_and_an_observer_error_does_not_stop_the_others(capsys):
+    torch = fake_torch()
+    hooks = FakeHooks()
+    _torch_memory_api.patch(torch, hooks)
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(("first", args)))
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: 1 / 0)
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(("third", args)))
+    assert hooks.observer is not None
+    # What the hooks do before raising torch.OutOfMemoryError: call the C function pointer.
+    notify = ctypes.cast(hooks.observer, _torch_memory_api.OOM_OBSERVER)
+    notify(0, 1 << 40, 1 << 34, 1 << 30)
+    assert seen == [("first", (0, 1 << 40, 1 << 34, 1 << 30)), ("third", (0, 1 << 40, 1 << 34, 1 << 30))]
+    assert "ZeroDivisionError" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="callable"):
+        torch._C._cuda_attach_out_of_memory_observer(3)
+    with pytest.raises(FrameworkError, match="torch.OutOfMemoryError"):
+        _torch_memory_api.patch(fake_torch(), None).attach_out_of_memory_observer(print)
+
+
+def test_history_settings_follow_pytorchs_arguments():
+    s = _torch_history.Settings("all", "all", "all", 1000, skip_actions=["free_requested", "segment_alloc"])
+    assert (s.when, s.cpp, s.max_entries, s.clear) == (3, True, 1000, False)
+    assert s.skip == 1 << _torch_history.ACTIONS.index("free_requested")  # segment_alloc never recorded
+    state = _torch_history.Settings("state", "alloc", "python")
+    assert (state.when, state.cpp, state.max_entries) == (2, False, 1)  # "state": a trace of one entry
+    assert _torch_history.Settings("all", None).when == 0  # no frames
+    off = _torch_history.Settings(None)
+    assert off.enabled is None and off.clear  # stopping forgets what was recorded
+    legacy = _torch_history.Settings.legacy(True, trace_alloc_max_entries=50, trace_alloc_record_context=True,
+                                            record_context_cpp=True)
+    assert (legacy.enabled, legacy.when, legacy.cpp, legacy.max_entries) == ("all", 3, True, 50)
+    for bad in ({"enabled": "yes"}, {"context": "sometimes"}, {"stacks": "cpp"}, {"skip_actions": ["allocate"]}):
+        with pytest.raises(ValueError):
+            _torch_history.Settings(**bad)
+
+
+def test_history_needs_the_hooks_and_says_so():
+    replacements = _torch_memory_api.patch(fake_torch(), None)
+    replacements.record_memory_history(None)  # stopping what never started does nothing
+    with pytest.raises(FrameworkError, match="REFPOOL_CONF=log"):
+        replacements.record_memory_history("all")
+
+
+def test_snapshot_in_pytorchs_format_from_history_pools_and_log():
+    frames = [{"filename": "train.py", "name": "step", "line": 12}]
+    history = {"trace": [{"action": "alloc", "addr": 4096, "size": 100, "device": 0, "stream": 7, "time_us": 5,
+                          "user_metadata": "m", "frames": frames},
+                         {"action": "oom", "device_free": 10, "size": 1 << 40, "device": 1, "stream": 0,
+                          "time_us": 6, "user_metadata": "", "frames": []}],
+               "live": [{"addr": 4096, "size": 100, "device": 0, "stream": 7, "pool": [0, 0], "frames": frames}]}
+    pools = [(8192, 2 << 20, 0, 9, 0, 3)]
+    snap = _torch_snapshot.build(history, pools, devices=1)
+    first, second = snap["segments"]
+    assert (first["address"], first["total_size"], first["requested_size"]) == (4096, 512, 100)
+    assert first["blocks"] == [{"address": 4096, "size": 512, "requested_size": 100, "state": "active_allocated",
+                                "frames": frames}]
+    assert first["segment_pool_id"] == (0, 0) and first["segment_type"] == "small"
+    assert second["segment_pool_id"] == (0, 3) and second["segment_type"] == "large"
+    assert len(snap["device_traces"]) == 2  # the oom on device 1
+    assert snap["device_traces"][0][0]["addr"] == 4096 and snap["device_traces"][0][0]["compile_context"] == "N/A"
+    assert snap["device_traces"][1][0] == {"action": "oom", "size": 1 << 40, "stream": 0, "time_us": 6, "frames": [],
+                                           "user_metadata": "", "device_free": 10, "compile_context": "N/A"}
+    assert [s["address"] for s in _torch_snapshot.build(history, pools, pool=(0, 3))["segments"]] == [8192]
+    log = [Event(1, 1.0, True, 16384, 300, 0), Event(1, 2.0, True, 32768, 10, 0), Event(1, 3.0, False, 16384, 300, 0)]
+    from_log = _torch_snapshot.build(None, pools, log_events=log)
+    assert [s["address"] for s in from_log["segments"]] == [8192, 32768]
+    assert [e["action"] for e in from_log["device_traces"][0]] == ["alloc", "alloc", "free_requested", "free_completed"]
+
+
+def test_graph_tree_pool_calls_check_liveness_and_restore_what_they_can():
+    rows = [(100, 512, 0, 1, 0, 5), (200, 512, 0, 1, 0, 5), (300, 512, 0, 1, 0, 6)]
+    freed = []
+
+    def free_storage(cdata):  # what torch._C._free_And_Remove_DeleterFn does: the storage's block goes
+        freed.append(cdata)
+        rows[:] = [r for r in rows if r[0] != cdata]
+
+    torch = fake_torch()
+    replacements = _torch_memory_api.patch(torch, FakeHooks())
+    replacements.pools = _torch_checkpoint.PoolCalls(lambda: list(rows), free_storage)
+    assert torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200})
+    assert not torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100})
+    assert not torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200, 0})
+    state = torch._C._cuda_getCheckpointState(0, (0, 5))
+    torch._C._cuda_setCheckpointPoolState(0, state, [], [])  # nothing changed: nothing to do
+    rows.append((400, 1024, 0, 1, 0, 5))  # allocated after the checkpoint
+    with pytest.raises(RuntimeError, match="must be passed to set checkpoint"):
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [])
+    torch._C._cuda_setCheckpointPoolState(0, state, [400], [])
+    assert freed == [400] and torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200})
+    rows[:] = [r for r in rows if r[0] != 200]  # a block of the checkpoint freed since
+    with pytest.raises(FrameworkError) as refused:
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [])
+    message = str(refused.value)
+    assert "refpool.torch.mem_pool()" in message and "CUDAPluggableAllocator::setCheckpointPoolState" in message
+    assert "cudagraph_trees = False" in message
+
+
+def test_without_hooks_install_replaces_empty_cache_and_refuses_what_is_lost():
+    torch = fake_torch()
+    _torch_memory_api.patch(torch, None)
+    assert torch.cuda.empty_cache is _torch_stats.empty_cache
+    with pytest.raises(FrameworkError, match="set_device_limit"):
+        torch.cuda.set_per_process_memory_fraction(0.5)
+    with pytest.raises(FrameworkError, match="wait_stream"):
+        torch.Tensor.record_stream(None, None)
+    assert "OutOfMemoryError" in _torch_stats.LOST_FEATURES["out_of_memory"]
+
+
+# ---- the hooks' real counters, built on the host (they are torch-free) ----------------------------
+
+# Test-only entry points over the counters: count requests, and a thread race with a known peak.
+COUNTER_DRIVER = r"""
+#include "_torch_hooks_counters.cpp"  // the hooks' own file: one compiler run builds both
+
+#include <thread>
+#include <vector>
+
+extern "C" long long count_request(int device, unsigned long long size, int alloc) {
+  refpool_torch::device_counters* c = refpool_torch::counters_of(device);
+  return c == nullptr ? -1 : alloc != 0 ? c->on_alloc(size) : c->on_free(size);
+}
+extern "C" void count_oom(int device) { refpool_torch::counters_of(device)->on_oom(); }
+extern "C" void set_fraction(int device, double f) { refpool_torch::remember_memory_fraction(device, f); }
+
+// `threads` threads, `rounds` times: each makes `burst` requests of its own size (thread t: t+1
+// small blocks, or t+1 MiB and a byte, large, on odd rounds), all wait until every one has, then
+// free them, and wait again.
+extern "C" void race(int device, int threads, int rounds, int burst) {
+  std::atomic<int> arrived{0};
+  auto wait_for = [&](int target) { arrived.fetch_add(1); while (arrived.load() < target) std::this_thread::yield(); };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([=, &wait_for] {
+      for (int r = 0; r < rounds; ++r) {
+        const unsigned long long size = r % 2 == 0 ? 512ULL * (t + 1) : (1ULL << 20) * (t + 1) + 1;
+        for (int i = 0; i < burst; ++i) count_request(device, size, 1);
+        wait_for((2 * r + 1) * threads);
+        for (int i = 0; i < burst; ++i) count_request(device, size, 0);
+        wait_for((2 * r + 2) * threads);
+      }
+    });
+  for (auto& t : pool) t.join();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def counters(tmp_path_factory):
+    """_torch_hooks_counters.cpp with COUNTER_DRIVER built into a library, with the sanitizer this
+    process runs under (CI's ASan pass preloads it)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the hooks' counters with")
+    source_dir = Path(refpool.__file__).parent
+    folder = tmp_path_factory.mktemp("counters")
+    (folder / "driver.cpp").write_text(COUNTER_DRIVER)
+    preload = os.environ.get("LD_PRELOAD", "")
+    sanitize = (["-fsanitize=address,undefined"] if "libasan" in preload else
+                ["-fsanitize=thread"] if "libtsan" in preload else [])
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the compiler runs plain
+    subprocess.run([compiler, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", *sanitize, f"-I{source_dir}",
+                    str(folder / "driver.cpp"), "-o", str(folder / "counters.so")], check=True, env=env,
+                   capture_output=True)
+    from refpool import _torch_hooks
+    library = _torch_hooks._declare(ctypes.CDLL(str(folder / "counters.so")),
+                                    {name: _torch_hooks.HOOK_SIGNATURES[name] for name in (
+                                        "refpool_torch_hooks_stat_count", "refpool_torch_hooks_device_stats",
+                                        "refpool_torch_hooks_reset_peak_stats",
+                                        "refpool_torch_hooks_reset_accumulated_stats",
+                                        "refpool_torch_hooks_memory_fraction")})
+    library.count_request.restype, library.count_request.argtypes = ctypes.c_longlong, [
+        ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int]
+    library.count_oom.argtypes = [ctypes.c_int]
+    library.set_fraction.argtypes = [ctypes.c_int, ctypes.c_double]
+    library.race.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return library
+
+
+def counted(library, device):
+    return _torch_stats.hook_values_to_keys(_torch_stats.device_stat_values(library, device))
+
+
+def test_hook_counters_count_each_request_as_pytorchs_allocator_does(counters):
+    # PyTorch's rules: up to 1 MiB is the small pool, allocated bytes are 512-byte blocks.
+    small, large = 100, 3 * (1 << 20) + 1
+    assert counters.count_request(0, small, 1) == 512
+    assert counters.count_request(0, large, 1) == 512 + 3 * (1 << 20) + 512
+    assert counters.count_request(0, small, 0) == 3 * (1 << 20) + 512
+    keys = counted(counters, 0)
+    assert [keys[f"allocation.all.{f}"] for f in ("current", "peak", "allocated", "freed")] == [1, 2, 2, 1]
+    assert [keys[f"allocation.small_pool.{f}"] for f in ("current", "peak", "allocated", "freed")] == [0, 1, 1, 1]
+    assert [keys[f"allocation.large_pool.{f}"] for f in ("current", "peak", "allocated", "freed")] == [1, 1, 1, 0]
+    assert keys["allocated_bytes.all.peak"] == 512 + 3 * (1 << 20) + 512
+    assert keys["allocated_bytes.small_pool.freed"] == 512
+    assert [keys[f"requested_bytes.all.{f}"] for f in ("current", "peak", "allocated", "freed")] == [
+        large, small + large, small + large, small]
+    assert keys["active_bytes.large_pool.current"] == 3 * (1 << 20) + 512 and keys["num_ooms"] == 0
+
+    counters.count_oom(0)
+    counters.refpool_torch_hooks_reset_peak_stats(0)
+    keys = counted(counters, 0)
+    assert keys["num_ooms"] == 1 and keys["allocation.all.peak"] == 1
+    assert keys["allocated_bytes.small_pool.peak"] == 0
+    assert keys["allocated_bytes.all.allocated"] == 512 + 3 * (1 << 20) + 512
+
+    counters.refpool_torch_hooks_reset_accumulated_stats(0)
+    counters.count_request(0, large, 0)
+    keys = counted(counters, 0)
+    assert keys["num_ooms"] == 0 and keys["allocation.all.current"] == 0
+    assert keys["allocation.all.allocated"] == 0 and keys["allocation.all.freed"] == 1
+    assert keys["requested_bytes.large_pool.freed"] == large and keys["requested_bytes.large_pool.peak"] == large
+
+
+def test_hook_counters_are_exact_with_threads_racing(counters):
+    threads, rounds, burst = 4, 200, 64
+    counters.race(1, threads, rounds, burst)
+    keys = counted(counters, 1)
+    assert keys["allocation.all.current"] == 0 and keys["allocated_bytes.all.current"] == 0
+    assert keys["allocation.all.allocated"] == keys["allocation.all.freed"] == threads * rounds * burst
+    # All threads' requests are live together at each round's barrier, and never more.
+    assert keys["allocation.all.peak"] == keys["allocation.small_pool.peak"] == threads * burst
+    small = burst * sum(512 * (t + 1) for t in range(threads))
+    large_blocks = burst * sum((1 << 20) * (t + 1) + 512 for t in range(threads))
+    assert keys["allocated_bytes.small_pool.peak"] == small
+    assert keys["allocated_bytes.large_pool.peak"] == keys["allocated_bytes.all.peak"] == large_blocks
+    assert keys["requested_bytes.large_pool.peak"] == burst * sum((1 << 20) * (t + 1) + 1 for t in range(threads))
+    assert keys["requested_bytes.all.allocated"] == keys["requested_bytes.all.freed"]
+
+
+def test_hook_counters_memory_fraction_and_devices_out_of_range(counters):
+    assert counters.refpool_torch_hooks_memory_fraction(2) == 1.0
+    counters.set_fraction(2, 0.25)
+    assert counters.refpool_torch_hooks_memory_fraction(2) == 0.25
+    assert counters.refpool_torch_hooks_memory_fraction(64) == 1.0
+    assert counters.count_request(64, 512, 1) == -1 and counters.count_request(-1, 512, 1) == -1
+    with pytest.raises(ValueError, match="out of range"):
+        _torch_stats.device_stat_values(counters, 64)
+
+
+# ---- building the hooks: what a failed build says, and what is tried ------------------------------
+
+GCC_FAILURE = """Error building extension 'refpool_torch_hooks': [1/5] c++ -MMD -MF _torch_hooks.o.d \
+-DTORCH_EXTENSION_NAME=refpool_torch_hooks -isystem /site/torch/include -c /pkg/_torch_hooks.cpp -o _torch_hooks.o
+FAILED: _torch_hooks.o
+c++ -MMD -MF _torch_hooks.o.d -DTORCH_EXTENSION_NAME=refpool_torch_hooks -c /pkg/_torch_hooks.cpp -o _torch_hooks.o
+/pkg/_torch_hooks.cpp: In function 'void {anonymous}::fail(int, const char*)':
+/pkg/_torch_hooks.cpp:71:3: error: 'OutOfMemoryErrorX' is not a member of 'c10'
+   71 |   TORCH_CHECK_WITH(OutOfMemoryErrorX, status != refpool_error_out_of_memory, api.last_error());
+      |   ^~~~~~~~~~~~~~~~
+ninja: build stopped: subcommand failed.
+"""
+
+
+def test_compiler_errors_show_the_errors_not_the_command_lines():
+    from refpool._torch_hooks import compiler_errors
+    shown = compiler_errors(GCC_FAILURE)
+    assert "FAILED: _torch_hooks.o" in shown and "71:3: error: 'OutOfMemoryErrorX'" in shown
+    assert "TORCH_CHECK_WITH(OutOfMemoryErrorX" in shown and "-isystem" not in shown
+    assert compiler_errors("Ninja is required to load C++ extensions") == "Ninja is required to load C++ extensions"
+    assert len(compiler_errors("\n".join(f"x.cpp:{i}:1: error: e{i}" for i in range(40))).splitlines()) == 12
+
+
+class FailingCppExtension:
+    """torch.utils.cpp_extension's load, failing as a compiler would for the first `failures` calls,
+    then 'building' by writing the file it names (renamed as cpp_extension renames a rebuild)."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.calls = []
+
+    def load(self, name, sources, build_directory, extra_cflags, **options):
+        import os
+        self.calls.append((name, list(extra_cflags), os.environ.get("TORCH_CUDA_ARCH_LIST")))
+        if len(self.calls) <= self.failures:
+            raise RuntimeError(GCC_FAILURE)
+        path = f"{build_directory}/{name}_v1.so"
+        open(path, "w").close()
+        return path
+
+
+@pytest.fixture
+def fake_cpp_extension(monkeypatch, tmp_path):
+    import sys
+    monkeypatch.setenv("REFPOOL_TORCH_HOOKS_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+
+    def install(failures):
+        extension = FailingCppExtension(failures)
+        torch = types.ModuleType("torch")
+        torch.__version__, torch.version = "2.11.0+test", types.SimpleNamespace(cuda="13.0")
+        torch.utils = types.ModuleType("torch.utils")
+        torch.utils.cpp_extension = extension
+        for name, module in (("torch", torch), ("torch.utils", torch.utils),
+                             ("torch.utils.cpp_extension", extension)):
+            monkeypatch.setitem(sys.modules, name, module)
+        return torch, extension
+    return install
+
+
+def test_a_failed_build_says_what_the_compiler_said_and_is_not_compiled_again(fake_cpp_extension):
+    import os
+    from refpool import _torch_hooks
+    torch, extension = fake_cpp_extension(failures=2)
+    with pytest.warns(UserWarning, match="retrying with -DREFPOOL_NO_PLUGGABLE_HEADER"):
+        with pytest.raises(FrameworkError, match="(?s)cannot be built.*71:3: error: 'OutOfMemoryErrorX'") as first:
+            _torch_hooks.build(torch)
+    assert [(name, flags) for name, flags, _ in extension.calls] == [
+        ("refpool_torch_hooks", ["-O2"]),
+        ("refpool_torch_hooks_portable", ["-O2", "-DREFPOOL_NO_PLUGGABLE_HEADER"])]
+    # cpp_extension must not ask the GPU its architecture (that initialises CUDA): one is named.
+    assert {arch for _, _, arch in extension.calls} == {"9.0"} and "TORCH_CUDA_ARCH_LIST" not in os.environ
+    assert "build-failed.log" in str(first.value) and "-isystem" not in str(first.value)
+    with pytest.raises(FrameworkError, match="(?s)could not be built earlier.*OutOfMemoryErrorX"):
+        _torch_hooks.build(torch)
+    assert len(extension.calls) == 2
+
+
+def test_the_fallback_build_is_found_under_the_name_cpp_extension_gave_it(fake_cpp_extension, monkeypatch):
+    from refpool import _torch_hooks
+    torch, extension = fake_cpp_extension(failures=1)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    with pytest.warns(UserWarning, match="OutOfMemoryErrorX"):
+        path = _torch_hooks.build(torch)
+    assert path.name == "refpool_torch_hooks_portable_v1.so" and path.is_file()
+    assert extension.calls[-1][2] == "9.0"
+    import os
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0"  # the user's, back
