@@ -265,11 +265,13 @@ TEST_CASE("steps end on one thread while others request through them and their p
     std::atomic<bool> stop{false};
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
+      pool.emplace_back([&] {
         std::vector<stamped> held;  // the last few, some alive into the next steps
         std::uint64_t seen = 0;
-        const auto request = [&] {
-          stamped b{cache.allocate(be, 256 * static_cast<std::size_t>(1 + (held.size() + t) % 3)), next_stamp++};
+        // One size a step, whichever thread asks: the step's sequence is its length (plus the
+        // racing requests), not the threads' interleaving, so that sequences come again.
+        const auto request = [&](std::uint64_t g) {
+          stamped b{cache.allocate(be, 256 * static_cast<std::size_t>(1 + g % 4)), next_stamp++};
           write(b);
           held.push_back(std::move(b));
           if (held.size() > 4) {
@@ -284,25 +286,27 @@ TEST_CASE("steps end on one thread while others request through them and their p
             continue;
           }
           if (tickets.fetch_add(1) < quota.load()) {
-            request();
+            request(g);
             done += 1;
             continue;
           }
-          request();  // past the step's share: it races the step's end
+          request(g);  // past the step's share: it races the step's end
           seen = g;
         }
         for (const stamped& h : held) broken += intact(h) ? 0 : 1;
       });
     }
-    // A step takes `length` requests and up to one more a thread: few enough sequences that they
-    // come again, and several pending at once.
+    // A step takes `length` requests of one size (lengths and sizes cycle together) and up to one
+    // more a thread: few enough sequences that they come again, and several pending at once.
     static constexpr std::uint64_t lengths[] = {40, 160, 80, 240};
     for (int s = 0; s < steps; ++s) {
       step st(cache);
       const std::uint64_t length = lengths[static_cast<std::size_t>(s) % std::size(lengths)];
-      tickets = 0;
+      // Tickets last: a worker late from the last step may take one at once, and its request must
+      // count towards this step's `done` (reset before) against this step's quota (set before).
       done = 0;
       quota = length;
+      tickets = 0;
       generation.fetch_add(1, std::memory_order_release);
       while (done.load() < length) std::this_thread::yield();
       st.end();

@@ -907,6 +907,61 @@ TEST_CASE("#35.3: a request that came through a step late is served while the st
   CHECK(cache.stats().plans == 1);
 }
 
+// Root cause #3's fix makes plans after the serving lock; the ends of one key must still decide
+// one at a time. Two runs of a key record one pending sequence at once (neither has its plan). The
+// first end makes the plan, and its arena waits at the gate. Had the second decided meanwhile, it
+// would have found neither the plan nor the pending recording, left its own pending beside the
+// plan, and the next sequence that came again would have made it a plan too, replacing the good
+// one (an eviction, a re-recording for the pause policy).
+TEST_CASE("#35.3: two ends of a key that recorded one sequence at once leave it planned, not pending too",
+          "[plan][regression][threads]") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const auto gated = std::make_shared<gated_resource>();
+  gated->gated_bytes = 2 * mib;
+  const backend be(gated);
+  alloc_cache cache{cache_options{}};
+  const auto once = [&](std::size_t bytes) {
+    scope s(cache, {.plan = "k"});
+    const data_ref x = allocate(be, bytes);
+  };
+  once(2 * mib);  // pending
+  std::atomic<int> recorded{0};
+  std::atomic<bool> end{false}, second_ended{false};
+  const auto recording_run = [&](const std::function<void()>& before_the_end) {
+    scope s(cache, {.plan = "k"});
+    { const data_ref x = allocate(be, 2 * mib); }
+    recorded += 1;
+    while (!end) std::this_thread::yield();
+    before_the_end();
+  };
+  std::thread first(recording_run, [&] { gated->closed = true; });  // its arena waits at the gate
+  std::thread second([&] {
+    recording_run([&] { (void)within_10_s(gated->waiting); });  // ends second
+    second_ended = true;
+  });
+  while (recorded.load() < 2) std::this_thread::yield();
+  end = true;
+  const bool first_at_the_gate = within_10_s(gated->waiting);
+  // The second end, given time to decide while the first holds its plan at the gate (with the fix
+  // it waits for the first, so this bounded wait only makes the interleaving likely without it).
+  for (int i = 0; i < 500 && !second_ended.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  gated->closed = false;
+  first.join();
+  second.join();
+  REQUIRE(first_at_the_gate);
+  const auto before = cache.stats();
+  REQUIRE(before.plans == 1);
+  once(mib);
+  once(mib);  // came again: the key's pending sequences become plans, this one alone
+  const auto after = cache.stats();
+  CHECK(after.plans == 2);
+  CHECK(after.plan_evictions == before.plan_evictions);
+  CHECK(after.plan_recordings == before.plan_recordings + 1);
+  once(2 * mib);
+  CHECK(cache.stats().plan_hits > after.plan_hits);
+  CHECK(be.outstanding_bytes() == cache.stats().reserved_bytes);
+}
+
 // Issue 35, hostile: the step's end makes its plan with no lock held, so the cache can close
 // meanwhile. Here the cache is destroyed while the end waits for its new arena's memory: the plan
 // must be dropped and the arena freed when the allocation returns, and nothing be left.
