@@ -22,7 +22,10 @@ namespace refpool::detail {
 struct cache_heap {
   // The heap's default options: slot::pieces_for sorts idle pieces into pools by the default
   // small_max, so options set here must reach it too.
-  explicit cache_heap(backend_state& b) : backend(&b), heap(handle_of(b)) { spare_blocks.reserve(spare_block_count); }
+  explicit cache_heap(backend_state& b, const segment_heap_options& options = {})
+      : backend(&b), heap(handle_of(b), options) {
+    spare_blocks.reserve(spare_block_count);
+  }
   ~cache_heap() {
     for (piece_block* b : spare_blocks) delete b;
   }
