@@ -43,6 +43,21 @@ void check_books(const alloc_cache& cache, const backend& be, std::size_t span_b
 
 void fill(const detail::segment_span& s, unsigned char value) { std::memset(s.address(), value, s.bytes); }
 
+/// Holds yielded span `s` again after a reclaim gave its memory back, writes every byte of it,
+/// checks the books and gives it back. Returns whether it moved.
+bool hold_again_and_give_back(alloc_cache& cache, const backend& be, detail::segment_span* s) {
+  detail::segment_source& spans = detail::access::state(cache).spans();
+  detail::backend_state& state = *detail::access::state(be);
+  const std::optional<bool> moved = spans.hold_span(state, *s, {});  // its record is still there
+  REQUIRE(moved);
+  fill(*s, 3);
+  check_books(cache, be, s->bytes);
+  spans.give_back_span(state, s, {});
+  cache.reclaim(0);
+  CHECK(be.outstanding_bytes() == 0);
+  return *moved;
+}
+
 }  // namespace
 
 TEST_CASE("segment source: a span is arena bytes, counted in reserved bytes and their peak, never held",
@@ -113,12 +128,7 @@ TEST_CASE("segment source: out of memory yields idle spans, trims them, and the 
     // Held again after the reclaim gave every (free) segment back: it moves.
     cache.reclaim(0);
     CHECK(f.be.outstanding_bytes() == 0);
-    const std::optional<bool> moved = state.spans().hold_span(be, **s, {});
-    REQUIRE(moved);
-    CHECK(*moved);
-    fill(**s, 3);
-    check_books(cache, f.be, 6 * MiB);
-    state.spans().give_back_span(be, *s, {});
+    CHECK(hold_again_and_give_back(cache, f.be, *s));
   }
   cache.reclaim(0);
   CHECK(f.be.outstanding_bytes() == 0);
@@ -140,13 +150,7 @@ TEST_CASE("segment source: a heap whose only span yielded keeps it across a recl
   cache_stats st = cache.stats();
   CHECK(st.segments == 0);
   CHECK(f.be.outstanding_bytes() == 0);
-  const std::optional<bool> moved = state.spans().hold_span(be, **s, {});  // its record is still there
-  REQUIRE(moved);
-  fill(**s, 4);
-  check_books(cache, f.be, 1 * MiB);
-  state.spans().give_back_span(be, *s, {});
-  cache.reclaim(0);
-  CHECK(f.be.outstanding_bytes() == 0);
+  CHECK(hold_again_and_give_back(cache, f.be, *s));  // no segment under it: it moves
 }
 
 TEST_CASE("segment source: a span held again at home keeps its address; extend grows it in place",
