@@ -29,7 +29,8 @@
 
 #include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
-#include <refpool/testing.hpp>
+
+#include "support/fault_injection.hpp"
 
 using namespace refpool;
 
