@@ -12,11 +12,17 @@
 // automatic plans: segments alone); "cache ..." are plain scopes with the options named;
 // "planned" a planned scope under a key on the default row's cache.
 //
-// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--concat R] [--only LABEL] [--bounds]
-//                     [--json FILE] TRACE.csv...
+// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--sequences N] [--fresh] [--concat R]
+//                     [--only LABEL] [--bounds] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
 //                 v = 0..K-1, rounded up to 256 B) under one plan key: a loop with K distinct step
 //                 sequences (variable sequence lengths).
+//   --sequences N keeps the first N steps (after --variants): a loop of N distinct sequences, e.g.
+//                 --variants 2 --sequences 24 on the 16-request serving trace is 24 request shapes in
+//                 turn, more than a key's 16 plans (the shape of issue 36's H200 serving capture).
+//   --fresh       no sequence ever comes twice: each iteration's largest request is 256 B larger than
+//                 in the iteration before (a stream of new shapes; peak live grows by at most
+//                 256 B x iterations).
 // ns/request is the replaying thread's CPU time (CLOCK_THREAD_CPUTIME_ID) per request in steady
 // state, allocation and release: time the thread spent descheduled on a shared machine does not
 // count. With --bounds, "bounds us" is the part of it spent opening and closing each scope or
@@ -121,7 +127,7 @@ enum class request_path { scope, planned_scope, step };
 // One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
 // requests), on a cache with `options`.
 result replay(const refpool::backend& be, const std::vector<step>& steps, int iterations,
-              refpool::cache_options options, request_path how, bool time_bounds) {
+              refpool::cache_options options, request_path how, bool time_bounds, bool fresh) {
   result out;
   {
     refpool::alloc_cache cache{options};
@@ -132,8 +138,19 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     int measured_steps = 0;
     std::uint64_t allocations_at_steady = 0;
     const int warmup = static_cast<int>(3 * steps.size());  // every sequence seen three times
+    step renamed;  // --fresh: this iteration's step, its largest request grown
     for (int it = 0; it < iterations; ++it) {
-      const step& st = steps[static_cast<std::size_t>(it) % steps.size()];
+      const step* chosen = &steps[static_cast<std::size_t>(it) % steps.size()];
+      if (fresh) {
+        renamed = *chosen;
+        auto largest = std::max_element(renamed.begin(), renamed.end(),
+                                        [](const event& a, const event& b) { return a.bytes < b.bytes; });
+        const std::size_t index = largest->index;
+        for (event& e : renamed)
+          if (e.alloc && e.index == index) e.bytes += 256 * static_cast<std::size_t>(it + 1);
+        chosen = &renamed;
+      }
+      const step& st = *chosen;
       if (it == warmup) {
         allocations_at_steady = be.allocation_count() + cache.stats().segment_grows;
         bound_seconds = 0;
@@ -193,6 +210,8 @@ int main(int argc, char** argv) {
   int iterations = 60;
   int variant_count = 1;
   int copies = 1;
+  std::size_t sequence_count = 0;  // 0: all
+  bool fresh = false;
   std::string only;
   bool time_bounds = false;
   std::string json_path = "trace_replay.json";
@@ -202,6 +221,9 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", iterations, "Steps measured, at least (6 x the trace's steps)")->capture_default_str();
   app.add_option("--variants", variant_count, "Copies of each step with sizes varied, as distinct sequences")
       ->capture_default_str();
+  app.add_option("--sequences", sequence_count, "Keep the first N steps (after --variants), 0: all")
+      ->capture_default_str();
+  app.add_flag("--fresh", fresh, "No sequence ever comes twice (each iteration's largest request grows)");
   app.add_option("--concat", copies, "Copies of the trace one after another")->capture_default_str();
   app.add_flag("--bounds", time_bounds, "Time the step bounds (us a step)");
   app.add_option("--only", only, "Only the rows whose label contains this");
@@ -219,7 +241,8 @@ int main(int argc, char** argv) {
              "requests", "peak live", "peak resvd", "resvd/live", "ns/req", "bounds us", "steady allocs", "plan hits",
              "measured");
   for (const std::string& path : traces) {
-    const auto steps = concatenated(variants(read_trace(path), variant_count), copies);
+    auto steps = concatenated(variants(read_trace(path), variant_count), copies);
+    if (sequence_count != 0 && sequence_count < steps.size()) steps.resize(sequence_count);
     // A warm-up that sees every step three times, then at least 3 x the steps measured.
     const int runs = std::max(iterations, static_cast<int>(6 * steps.size()));
     const std::size_t live = peak_live(steps);
@@ -229,6 +252,8 @@ int main(int argc, char** argv) {
     std::string name = trace_name(path);
     if (variant_count > 1) name += fmt::format(" x{}", variant_count);
     if (copies > 1) name += fmt::format(" +{}", copies);
+    if (sequence_count != 0) name += fmt::format(" /{}", steps.size());
+    if (fresh) name += " fresh";
     struct config {
       const char* label;
       refpool::cache_options options;
@@ -255,7 +280,7 @@ int main(int argc, char** argv) {
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
-      const result r = replay(be, steps, runs, c.options, c.how, time_bounds);
+      const result r = replay(be, steps, runs, c.options, c.how, time_bounds, fresh);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
       const std::size_t reserved = r.stats.peak_reserved_bytes;
       fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>12.2f} {:>14} {:>10} {:>10}\n",

@@ -61,6 +61,9 @@
   X(uint64_t, segment_trimmed_bytes, "bytes those trims gave back, in total")                                  \
   X(size_t, segment_free_ranges, "ranges of segment bytes in no piece (PyTorch's inactive split blocks)")    \
   X(uint64_t, reserved_allocated_bytes, "bytes taken from backends in total: reserved_bytes' increases")    \
-  X(uint64_t, reserved_freed_bytes, "bytes given back to backends in total: reserved_bytes' decreases")
+  X(uint64_t, reserved_freed_bytes, "bytes given back to backends in total: reserved_bytes' decreases")        \
+  X(uint64_t, plan_pass_runs, "planned runs of keys in pass (sequences that do not repeat): no router")      \
+  X(uint64_t, plan_probe_runs, "planned runs of keys in pass that probed whether their sequences repeat")    \
+  X(uint64_t, plan_pass_entries, "times a key's sequences did not repeat and it entered pass")
 
 #endif

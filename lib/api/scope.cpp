@@ -25,6 +25,7 @@ namespace detail {
 struct scope_state {
   scope_frame frame;
   plan_run* run = nullptr;  ///< owned: the frame's router when this scope planned
+  pass_ticket pass;         ///< a planned scope of a key in pass: no router
 };
 
 /// Serves every request of an uncached (warm-up) step straight from the backend, for its cache.
@@ -59,6 +60,7 @@ struct step_state {
   cache_state& cache;                   ///< retained while open
   plan_run* run = nullptr;              ///< a reference to the router of a planned step
   uncached_router* uncached = nullptr;  ///< a reference to the router of a warm-up step
+  pass_ticket pass;                     ///< a planned step of a key in pass: no router
   std::atomic<bool> open{true};
 
   /// Drops the step's references to its routers.
@@ -146,7 +148,7 @@ scope::scope(alloc_cache& cache, scope_options options) : state_(new detail::sco
         frame.owns_lease = frame.lease != nullptr;
       }
       if (frame.lease != nullptr && !options.plan.empty()) {
-        state_->run = new detail::plan_run(state, options.plan, /*shared=*/false);
+        state_->run = detail::plan_run::open(state, options.plan, /*shared=*/false, state_->pass);
         frame.router = state_->run;
       }
     } catch (...) {
@@ -169,6 +171,7 @@ void scope::close() {
   if (!frame.open) return;
   detail::pop(frame, "a refpool scope was");
   detail::finish(state_->run);
+  state_->pass.end();
   frame.router = nullptr;
   if (frame.owns_lease) frame.cache->give_back(frame.lease);
   frame.cache->release();
@@ -196,7 +199,7 @@ step::step(alloc_cache& cache, scope_options options) : state_(new detail::step_
       state_->uncached = new detail::uncached_router(state);
       router = state_->uncached;
     } else if (const std::string_view key = state.step_plan_key(options.plan); !key.empty()) {
-      state_->run = new detail::plan_run(state, key, /*shared=*/true);  // any thread may serve a step
+      state_->run = detail::plan_run::open(state, key, /*shared=*/true, state_->pass);  // any thread serves a step
       router = state_->run;
     }
     state.begin_step(router);
@@ -217,6 +220,7 @@ void step::end() noexcept {
   if (!state_->open.exchange(false)) return;
   state_->cache.end_step();
   if (state_->run != nullptr) state_->run->finish();  // late requests go to the plain cache
+  state_->pass.end();
   if (state_->uncached != nullptr) state_->uncached->end();
   state_->release_routers();  // requests in flight hold their own references
   state_->cache.release();

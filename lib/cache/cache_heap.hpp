@@ -20,9 +20,13 @@
 namespace refpool::detail {
 
 struct cache_heap {
-  // The heap's default options: slot::pieces_for sorts idle pieces into pools by the default
-  // small_max, so options set here must reach it too.
-  explicit cache_heap(backend_state& b) : backend(&b), heap(handle_of(b)) { spare_blocks.reserve(spare_block_count); }
+  // A heap of pieces has the default options: slot::pieces_for sorts idle pieces into pools by the
+  // default small_max, so options set here must reach it too. A heap of spans alone (a backend the
+  // cache keeps plain blocks for) has its own (segment_source::heap_options): it has no pieces.
+  explicit cache_heap(backend_state& b, const segment_heap_options& options = {})
+      : backend(&b), heap(handle_of(b), options) {
+    spare_blocks.reserve(spare_block_count);
+  }
   ~cache_heap() {
     for (piece_block* b : spare_blocks) delete b;
   }

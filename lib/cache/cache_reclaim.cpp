@@ -80,7 +80,13 @@ std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>&
 
 std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
   counters_.oom_retries.fetch_add(1, std::memory_order_relaxed);
+  // Idle spans (plan arenas no run holds) yield first: their bytes become free ranges, which the
+  // trim below gives back with the rest (they are committed again when their arena is held).
+  segment_pieces_.yield_idle_spans(backend);
   std::size_t freed = reclaim_idle(backend);
+  // A backend whose blocks are whole may have a heap of spans alone: reclaim_idle trimmed the
+  // whole-block source, not it.
+  if (&source_for(backend) != &segment_pieces_) freed += segment_pieces_.trim(0, &backend, true);
   cache_extension* plans = nullptr;
   {
     std::lock_guard guard(mutex_);

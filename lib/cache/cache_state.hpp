@@ -173,6 +173,8 @@ class cache_state : public ref_counted<cache_state> {
   /// The extension attached under `tag` (one per part, e.g. plans), made by `make` if absent.
   cache_extension& extension(std::unique_ptr<cache_extension> (*make)(cache_state&));
 
+  /// The segment heaps' spans (plan arenas: segment_source.hpp, "spans").
+  [[nodiscard]] segment_source& spans() noexcept { return segment_pieces_; }
   /// Bytes held from backends, every kind, with their exact peak. The plans' arena source counts
   /// arenas here too (it retains it: the store goes after the cache dropped its reference).
   [[nodiscard]] reserved_counter& reserved() const noexcept { return *reserved_; }

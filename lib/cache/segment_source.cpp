@@ -35,6 +35,14 @@ void add_events(segment_heap_stats& into, const segment_heap_stats& st) noexcept
 
 }  // namespace
 
+void segment_source::release_or_trim(segment_heap& heap) {
+  const segment_heap_stats st = heap.stats();
+  if (st.pieces_out == 0 && st.spans == 0)
+    heap.release_all();
+  else
+    heap.trim(0);
+}
+
 // ---- heaps --------------------------------------------------------------------------------
 
 heap_use segment_source::use_heap(backend_state& backend) {
@@ -47,8 +55,10 @@ heap_use segment_source::use_heap(backend_state& backend) {
     }
   }
   if (found == nullptr) {
+    const std::optional<segment_heap_options> options = heap_options(backend);
+    if (!options) throw config_error(fmt::format("refpool: no segment heap can serve {}", backend.res().name()));
     heaps_.reserve(heaps_.size() + 1);
-    heaps_.push_back(std::make_unique<cache_heap>(backend));
+    heaps_.push_back(std::make_unique<cache_heap>(backend, *options));
     found = heaps_.back().get();
   }
   found->users.fetch_add(1, std::memory_order_relaxed);
@@ -79,7 +89,8 @@ std::vector<std::unique_ptr<cache_heap>> segment_source::drop_empty_heaps_locked
     if (h.users.load(std::memory_order_acquire) == 0) {
       std::lock_guard lock(h.mutex);
       const segment_heap_stats st = h.heap.stats();
-      empty = st.segments == 0 && st.pieces_out == 0;
+      // A yielded span keeps its record, and its owner the pointer, with no segment under it.
+      empty = st.segments == 0 && st.pieces_out == 0 && st.spans == 0;
       if (empty) add_events(dropped_heap_counts_, st);
     }
     if (empty) {
@@ -153,10 +164,7 @@ void segment_source::close() noexcept {
     std::lock_guard lock(h->mutex);
     const committed_change change(reserved_, *h);
     try {
-      if (h->heap.stats().pieces_out == 0)
-        h->heap.release_all();
-      else
-        h->heap.trim(0);  // the rest goes with the last piece (take_back)
+      release_or_trim(h->heap);  // the rest goes with the last piece or span (take_back, give_back_span)
     } catch (const std::exception& e) {
       fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
     }
@@ -176,6 +184,7 @@ void segment_source::add_counters(cache_stats& out) const {
     out.segment_bytes += st.committed_bytes;
     out.segment_free_bytes += st.free_bytes;
     out.segment_free_ranges += st.free_ranges;
+    out.arena_bytes += st.span_bytes;  // committed like any segment bytes, but no cached block's
     add_events(events, st);
   }
   out.segment_grows = events.segments_made + events.grows;
@@ -309,10 +318,7 @@ std::size_t segment_source::take_back(block* taken) noexcept {
     if (cache_.closed()) {
       const committed_change change(reserved_, *h);
       try {
-        if (h->heap.stats().pieces_out == 0)
-          h->heap.release_all();
-        else
-          h->heap.trim(0);
+        release_or_trim(h->heap);
       } catch (const std::exception& e) {
         fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
       }

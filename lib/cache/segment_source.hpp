@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cache/block_source.hpp"
@@ -43,9 +44,42 @@ class segment_source final : public block_source {
   /// std::logic_error) and sums the bytes and count of their pieces out. Caller holds the cache's mutex.
   void check(std::size_t& used_bytes, std::size_t& pieces_out) const;
 
+  // ---- spans (docs/segments.md, "One memory space"): what plan arenas are -----------------------
+  // Each call uses `backend`'s heap (made on demand: for a backend this cache keeps plain blocks
+  // for, a heap of spans alone, each span a segment of its own, one backend allocation as an arena
+  // was), under its lock, with the cache's reserved bytes following its committed bytes (a span
+  // needs no charge of its own). The streams a span's bytes may still be used on are waited for
+  // here (as a piece's are): the holder may use the bytes on `stream` at once. A span is an
+  // optimisation: out of memory after the ladder (cache_state::retry_once) is nullopt, not an error.
+
+  /// A new held span of at least `bytes` of `backend`'s memory for `stream`. nullopt: out of
+  /// memory, or no heap can serve the backend (an alignment that is not a power of two). Throws
+  /// backend_error, size_error, std::bad_alloc (nothing kept).
+  std::optional<segment_span*> carve_span(backend_state& backend, std::size_t bytes, stream_ref stream);
+  /// Held span `s` is not used now: the heap may yield its bytes. `used_on`: every stream that may
+  /// still use them.
+  void idle_span(backend_state& backend, segment_span& s, const stream_set& used_on) noexcept;
+  /// `s` is used again on `stream`; true when it moved (it was yielded and its home was taken: a
+  /// new s.address(), the holder rebases). nullopt: out of memory, and it stays yielded.
+  std::optional<bool> hold_span(backend_state& backend, segment_span& s, stream_ref stream);
+  /// Grows held span `s` in place to at least `bytes`. False when the bytes after it are not free
+  /// (or out of memory): the holder replaces it. No reclaim: a span in the way is no shortage.
+  bool extend_span(backend_state& backend, segment_span& s, std::size_t bytes, stream_ref stream);
+  /// `s` goes for good (its record too); its bytes become free, with `used_on`.
+  void give_back_span(backend_state& backend, segment_span* s, const stream_set& used_on) noexcept;
+  /// The out-of-memory step: every idle span of `backend`'s heap yields (trim can then give its
+  /// bytes back). Returns the bytes yielded.
+  std::size_t yield_idle_spans(const backend_state& backend) noexcept;
+
  private:
   /// The heap for `backend`, made if absent, with one use held for the caller. Takes mutex_.
+  /// Throws config_error where no heap can serve the backend (span_options: nullopt).
   heap_use use_heap(backend_state& backend);
+  /// The options of a new heap of `backend`: the defaults where this cache carves its blocks from
+  /// segments, else those of a heap of spans alone; nullopt when no heap can serve it.
+  [[nodiscard]] std::optional<segment_heap_options> heap_options(const backend_state& backend) const;
+  /// `backend`'s heap if it has one, with one use held. Takes mutex_.
+  std::optional<heap_use> find_heap(const backend_state& backend);
   /// Every heap (or `backend`'s only), with one use held for the caller. Caller holds mutex_.
   std::vector<heap_use> use_heaps_locked(const backend_state* only = nullptr);
   /// Takes out the heaps that hold no segment and have no user, for the caller to destroy once
@@ -56,6 +90,9 @@ class segment_source final : public block_source {
   void drop_empty_heaps() noexcept;
   segment_heap::carved carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested, stream_ref stream);
   void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
+  /// A heap of a closed cache: every segment back when nothing is out of it, else every free one
+  /// (the rest goes with the last piece or span). Caller holds its lock.
+  static void release_or_trim(segment_heap& heap);
   /// Trims `heaps` so that at most `keep` of their bytes stay free, in total.
   std::size_t trim_heaps(const std::vector<heap_use>& heaps, std::size_t keep, bool quiet);
 

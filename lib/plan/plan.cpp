@@ -9,8 +9,15 @@
 #include <refpool/error.hpp>
 
 #include "cache/cache_state.hpp"
+#include "plan/key_policy.hpp"
 
 namespace refpool::detail {
+
+std::uint64_t fingerprint_of(const std::vector<planned_request>& requests) noexcept {
+  fingerprint f;
+  for (const planned_request& r : requests) f.add(r.key.bytes);
+  return f.value();
+}
 
 plan::plan(cache_state& cache, std::vector<planned_request> requests, const std::vector<lifetime>& lifetimes)
     : cache_(&cache), requests_(std::move(requests)), backend_(hold_backend(requests_)) {
@@ -21,6 +28,7 @@ plan::plan(cache_state& cache, std::vector<planned_request> requests, const std:
   for (std::size_t i = 0; i < n; ++i) sizes[i] = requests_[i].key.bytes;
   std::tie(offsets_, bytes_needed_) = place_greedy_by_size(sizes, lifetimes, region_alignment);
   peak_live_bytes_ = detail::peak_live_bytes(sizes, lifetimes);
+  fingerprint_ = fingerprint_of(requests_);
   // Due lists: request j is due at the position of its recorded release (if within the run).
   due_start_.assign(n + 1, 0);
   for (std::size_t j = 0; j < n; ++j)
@@ -45,6 +53,7 @@ plan::plan(const plan& other, arena& a)
       due_(other.due_),
       bytes_needed_(other.bytes_needed_),
       peak_live_bytes_(other.peak_live_bytes_),
+      fingerprint_(other.fingerprint_),
       states_(std::make_unique<region_state[]>(other.requests_.size())) {
   bind(a);
   cache_->retain();

@@ -49,6 +49,9 @@ struct recording {
   refpool::backend backend;
 };
 
+/// The fingerprint (key_policy.hpp) of a sequence of requests: their sizes in order.
+std::uint64_t fingerprint_of(const std::vector<planned_request>& requests) noexcept;
+
 /// The bytes every region is aligned to (what every backend's own allocations guarantee).
 inline constexpr std::size_t region_alignment = 256;
 
@@ -84,6 +87,8 @@ class plan final : public ref_counted<plan>, public region_owner {
   [[nodiscard]] const planned_request& request(std::size_t i) const noexcept { return requests_[i]; }
   [[nodiscard]] std::size_t bytes_needed() const noexcept { return bytes_needed_; }
   [[nodiscard]] std::size_t peak_live_bytes() const noexcept { return peak_live_bytes_; }
+  /// The fingerprint of its sequence (fingerprint_of): what a run that replays it to its end saw.
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
   [[nodiscard]] arena& memory() const noexcept { return *arena_; }
   [[nodiscard]] std::size_t offset(std::size_t i) const noexcept { return offsets_[i]; }
   [[nodiscard]] std::size_t span(std::size_t i) const noexcept { return regions_[i].capacity; }
@@ -116,6 +121,7 @@ class plan final : public ref_counted<plan>, public region_owner {
   std::vector<std::uint32_t> due_;        ///< requests by the position of their release
   std::size_t bytes_needed_ = 0;
   std::size_t peak_live_bytes_ = 0;
+  std::uint64_t fingerprint_ = 0;
   arena* arena_ = nullptr;
   region_block* regions_ = nullptr;  ///< one per request, from the arena's source
   std::unique_ptr<region_state[]> states_;

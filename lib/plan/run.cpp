@@ -13,9 +13,21 @@ namespace {
 bool overlap(std::size_t a, std::size_t an, std::size_t b, std::size_t bn) noexcept { return a < b + bn && b < a + an; }
 }  // namespace
 
-plan_run::plan_run(cache_state& cache, std::string_view key, bool shared)
-    : cache_(cache), store_(plan_store::of(cache)), shared_(shared), thread_(shared ? nullptr : this_thread_token()) {
-  key_ = store_.begin_run(key, this, candidates_, may_record_);
+plan_run* plan_run::open(cache_state& cache, std::string_view key, bool shared, pass_ticket& passing) {
+  return plan_store::of(cache).begin_run(key, shared, passing);
+}
+
+plan_run::plan_run(cache_state& cache, plan_store& store, key_state* key, run_kind kind, std::vector<plan*> candidates,
+                   bool may_record, bool shared)
+    : cache_(cache),
+      store_(store),
+      key_(key),
+      shared_(shared),
+      thread_(shared ? nullptr : this_thread_token()),
+      mode_(kind == run_kind::probe ? mode::probe : mode::start),
+      may_record_(may_record),
+      candidates_(std::move(candidates)) {
+  for (plan* p : candidates_) p->retain();
   cache_.retain();  // until its end (finish)
 }
 
@@ -124,6 +136,13 @@ bool plan_run::blocked(std::uint64_t at) {
 }
 
 block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  if (mode_ == mode::probe && lease != nullptr) {
+    // Does the key repeat again? Only the sizes are seen: nothing is tracked or matched.
+    block* b = cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream);
+    probed_.add(bytes);
+    advance(position_.load(std::memory_order_relaxed) + 1);
+    return b;
+  }
   const backend_state& bs = backend;
   const planned_request request{{&bs, bs.device(), bs.kind(), bs.alignment(), bytes}, stream};
   const std::uint64_t at = position_.load(std::memory_order_relaxed);
@@ -144,9 +163,11 @@ block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t byt
       advance(at + 1);
       return b;
     }
+    case mode::probe:  // without a lease (not a step's or scope's request)
     case mode::plain: {
       if (lease == nullptr) reserve_tracking();
       block* b = fallback(lease, backend, bytes, stream);
+      if (mode_ == mode::probe) probed_.add(bytes);
       if (lease == nullptr) track(b, request, at);  // its escape is counted by the run
       advance(at + 1);
       return b;
@@ -391,9 +412,14 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.used = complete ? current_ : nullptr;
   out.replayed_peak = replayed_peak;
   out.lent = borrowed_;
+  out.probed = was == mode::probe;
+  if (out.probed) out.fingerprint = probed_.value();
+  if (complete) out.fingerprint = current_->fingerprint();
+  if (end == 0) out.fingerprint = fingerprint().value();  // the empty sequence
   if (recordable) {
     try {
       out.made = make_recording(end, std::move(region_lifetimes));
+      if (out.made != nullptr) out.fingerprint = fingerprint_of(out.made->requests);
     } catch (...) {
       // A plan is an optimisation: failing to make one (no host memory, a size that would wrap)
       // leaves the cache correct.

@@ -30,9 +30,14 @@ class plan_run final : public ref_counted<plan_run>,
                        public release_observer,
                        public growth_listener {
  public:
-  /// A run of `key` on `cache`. `shared`: a step's run, served by any thread (else only the
-  /// constructing thread serves it).
-  plan_run(cache_state& cache, std::string_view key, bool shared);
+  /// Opens a planned step or scope of `key` on `cache` (plan_store::begin_run): its run, or null
+  /// when the key is in pass (`passing` names it then: pass_ticket). `shared`: a step's run,
+  /// served by any thread (else only the opening thread serves it).
+  static plan_run* open(cache_state& cache, std::string_view key, bool shared, pass_ticket& passing);
+  /// A run of `key` of `store` (plan_store::begin_run makes it, holding the store's mutex), of
+  /// `kind` (learn or probe), with the key's plans `candidates` (retained here).
+  plan_run(cache_state& cache, plan_store& store, key_state* key, run_kind kind, std::vector<plan*> candidates,
+           bool may_record, bool shared);
 
   /// Serves one request of this run (a region; the plain cache through `lease`; or, while
   /// recording, the backend directly).
@@ -68,6 +73,7 @@ class plan_run final : public ref_counted<plan_run>,
     record,    ///< recording: served by the plain cache and tracked
     plain,     ///< served by the plain cache, unrecorded (busy arena, paused key)
     finished,  ///< ended: late requests go to the plain cache
+    probe,     ///< a probe of a key in pass: the plain cache, fingerprinted, nothing tracked
   };
   /// A block that is not a region: its request and lifetime, for the recording.
   struct tracked {
@@ -131,6 +137,7 @@ class plan_run final : public ref_counted<plan_run>,
   std::vector<std::uint32_t> overdue_;      ///< regions of current_ this run still holds past their recorded release
   std::vector<foreign_region> foreign_;     ///< live regions of other runs or plans in arena_
   std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
+  fingerprint probed_;                      ///< probe: the sizes served so far
   bool lend_tried_ = false;                 ///< before_growth looked at the key's arena already
   arena* lent_ = nullptr;                   ///< the arena that lent its memory (claimed, retained) until the end
   bool borrowed_ = false;                   ///< the plain path grew while the key's arena was lent

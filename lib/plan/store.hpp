@@ -18,11 +18,30 @@
 
 #include "cache/cache_state.hpp"
 #include "plan/arena_source.hpp"
+#include "plan/key_policy.hpp"
 #include "plan/plan.hpp"
 
 namespace refpool::detail {
 
 class plan_run;
+class plan_store;
+struct key_state;
+
+/// A run of a key in pass (repeat_detector): its step or scope has no router, and its end counts
+/// at its key. Held by the step or scope (which retains the cache, and so the store).
+class pass_ticket {
+ public:
+  void begin(plan_store& store, key_state* key) noexcept {
+    store_ = &store;
+    key_ = key;
+  }
+  /// The run ended: counted once; nothing when none began.
+  void end() noexcept;
+
+ private:
+  plan_store* store_ = nullptr;
+  key_state* key_ = nullptr;
+};
 
 /// A plan key and its plans. Fields are guarded by the store's mutex.
 struct key_state {
@@ -42,6 +61,7 @@ struct key_state {
   std::size_t peak_plan_live = 0;
   /// A plan joined since its last complete replay: the next one gives the plain path's idle memory back.
   bool reclaim_at_replay = false;
+  repeat_detector repeats;  ///< whether its sequences come again: learn, or pass and probe
 };
 
 /// What a run did, handed to the store at its end.
@@ -53,6 +73,8 @@ struct run_outcome {
   bool unrecorded = false;        ///< served by the plain cache, unrecorded, because its key was paused
   std::size_t replayed_peak = 0;  ///< the largest peak live bytes of the plans it replayed regions of
   bool lent = false;              ///< the plain path grew for it while its key's arena was lent (arena::lend)
+  bool probed = false;            ///< a probe of a key in pass: served by the plain cache, fingerprinted
+  std::uint64_t fingerprint = fingerprint::unknown;  ///< its sequence's (repeat_detector::observe)
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
 };
@@ -75,11 +97,15 @@ class plan_store final : public cache_extension {
   /// The store of `cache`, made at first use.
   static plan_store& of(cache_state& cache);
 
-  /// A run of `key` begins: its key, the key's plans most recently used first (retained for the
-  /// caller), and whether it may record. Registers the run, whose counters stats() then reads.
-  key_state* begin_run(std::string_view key, plan_run* run, std::vector<plan*>& candidates, bool& may_record);
+  /// A planned step or scope of `key` opens (shared: a step's run, which any thread may serve).
+  /// Learning or probing: a run (owned by the caller), with the key's plans most recently used
+  /// first, registered (stats() reads its counters). Passing: null, and `passing` holds the key,
+  /// whose run end_pass counts: the step or scope opens with no router.
+  plan_run* begin_run(std::string_view key, bool shared, pass_ticket& passing);
   /// A run ended: counts it, marks its plan used, adds its recording, applies the policy.
   void end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept;
+  /// A run of a key in pass ended (two mutex sections a step, no work a request).
+  void end_pass(key_state* key) noexcept;
   /// A run that never began (its step could not open) is forgotten.
   void abandon_run(plan_run* run) noexcept;
 
@@ -122,6 +148,9 @@ class plan_store final : public cache_extension {
   arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;
   [[nodiscard]] std::size_t needed_by(const arena* a) const noexcept;  // the largest plan bound to `a`
   void drop(key_state& key, std::size_t i, std::vector<plan*>& dropped) noexcept;
+  /// The key's sequences do not repeat: its pending recordings and plans go, and an arena left
+  /// with no plan of any key goes with its group (its memory once no run or region holds it).
+  void enter_pass(key_state& key) noexcept;
 
   cache_state& cache_;
   arena_source arenas_;      // the memory of every arena of this store, and its regions' blocks
@@ -133,7 +162,8 @@ class plan_store final : public cache_extension {
   std::vector<arena_group> groups_;
   std::vector<plan_run*> active_;  // runs begun and not ended (their counters are live)
   std::uint64_t hits_ = 0, misses_ = 0, recordings_ = 0, evictions_ = 0, pauses_ = 0, unrecorded_runs_ = 0,
-                busy_runs_ = 0, growths_ = 0, replacements_ = 0, lendings_ = 0;
+                busy_runs_ = 0, growths_ = 0, replacements_ = 0, lendings_ = 0, pass_runs_ = 0, probe_runs_ = 0,
+                pass_entries_ = 0;
 };
 
 }  // namespace refpool::detail

@@ -22,7 +22,7 @@ void plan_store::add_counters(cache_stats& out) const {
     out.planned_peak_live_bytes += peak;
     out.peak_plan_live_bytes += k->peak_plan_live;
   }
-  out.arena_bytes = arenas_.bytes();  // replaced arenas a live region still pins included
+  out.arena_bytes += arenas_.bytes();  // replaced arenas a live region still pins included (spans: the heaps add theirs)
   out.plan_live_bytes = arenas_.live_region_bytes();  // and regions of plans dropped or moved
   out.plan_evictions = evictions_;
   out.plan_pauses = pauses_;
@@ -31,6 +31,9 @@ void plan_store::add_counters(cache_stats& out) const {
   out.arena_growths = growths_;
   out.arena_replacements = replacements_;
   out.arena_lendings = lendings_;
+  out.plan_pass_runs = pass_runs_;
+  out.plan_probe_runs = probe_runs_;
+  out.plan_pass_entries = pass_entries_;
 }
 
 void plan_store::reset_peaks() noexcept {

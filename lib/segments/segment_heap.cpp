@@ -41,11 +41,11 @@ segment_heap::segment_heap(backend be, segment_heap_options options)
 }
 
 segment_heap::~segment_heap() {
-  if (pieces_out_ != 0)
+  if (pieces_out_ != placed_spans() || !spans_.empty())
     fmt::print(stderr,
-               "refpool: segment heap of {} destroyed with {} pieces ({} B) still out; their segments are "
-               "left allocated\n",
-               backend_.name(), pieces_out_, used_);
+               "refpool: segment heap of {} destroyed with {} pieces ({} B) and {} spans ({} B placed) still out; "
+               "their segments are left allocated\n",
+               backend_.name(), pieces_out_ - placed_spans(), used_ - spanned_, spans_.size(), spanned_);
   // Whole free segments go back. Those holding pieces keep their memory, so that the pieces
   // stay valid (a caller bug, reported above); only their records go.
   for (std::size_t i = segments_.size(); i-- > 0;) {
@@ -97,8 +97,8 @@ std::optional<segment_heap::fit> segment_heap::find_fit(pool_state& pool, std::s
 
 void segment_heap::prepare_carve(pool_state& pool) {
   // Index nodes for the carve's worst case (a grown range and two remainders) and one more per
-  // piece out, so that give_back never allocates: each pool keeps at least as many spare nodes
-  // as it has pieces out, and a give_back uses at most one.
+  // piece or placed span out (pieces_out_ counts both), so that give_back never allocates: each
+  // pool keeps at least as many spare nodes as ranges are out, and a give_back uses at most one.
   pool.free.reserve(pieces_out_ + 3);
   while (spare_ranges_.size() < 2) spare_ranges_.push_back(std::make_unique<range>());
   // Room to keep the records give_back frees, so that a carve after it needs no allocation.
@@ -163,7 +163,15 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
   prepare_carve(pool);
+  return carve_rounded(pool, n, stream, where, growth_step);
+}
+
+std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool, std::size_t n, stream_ref stream,
+                                                                placement where, std::size_t growth_step) {
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
+  // Before the pool grows: the bytes of idle spans (docs/segments.md, "One memory space").
+  if (!spans_.empty())
+    if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
   range* r = grow(pool, id, n, where, stream, growth_step);
   if (r == nullptr) return std::nullopt;
@@ -175,34 +183,23 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
 
 std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) noexcept {
   range* r = p.node;
-  assert(r != nullptr && !r->free && r->address == reinterpret_cast<std::uintptr_t>(p.address) && r->bytes == p.bytes);
+  assert(r != nullptr && !r->free && !r->span && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
+         r->bytes == p.bytes);
+  --pieces_out_;
+  return free_range(r, used_on);
+}
+
+std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexcept {
   segment& seg = *r->owner;
   pool_state& pool = pools_[static_cast<std::size_t>(seg.pool)];
   r->free = true;
   r->streams = used_on;
   if (host_visible_) poison_bytes(r->address, r->bytes);
   used_ -= r->bytes;
-  --pieces_out_;
   --seg.pieces;
   seg.last_use = ++tick_;
   fully_trimmed_ = false;
-  if (range* before = r->prev; joinable(before, r)) {
-    pool.free.erase(before);
-    before->bytes += r->bytes;
-    before->streams.merge(r->streams);
-    unlink(seg, r);
-    keep_spare(r);
-    r = before;
-    ++counts_.merges;
-  }
-  if (range* after = r->next; joinable(r, after)) {
-    pool.free.erase(after);
-    r->bytes += after->bytes;
-    r->streams.merge(after->streams);
-    unlink(seg, after);
-    keep_spare(after);
-    ++counts_.merges;
-  }
+  r = join_free_neighbours(seg, pool.free, r, &counts_.merges, [this](range* q) { keep_spare(q); });
   pool.free.insert(r);
   return r->bytes;
 }
@@ -220,6 +217,8 @@ void segment_heap::forget_streams() noexcept {
   for (const auto& seg : segments_)
     for (range* r = seg->first; r != nullptr; r = r->next)
       if (r->free) r->streams.clear();
+  for (const auto& s : spans_)
+    if (s->now == segment_span::state::idle) s->used_on.clear();  // its owner uses none of its bytes
 }
 
 std::size_t segment_heap::physical_allocations(const piece& p) const noexcept {
@@ -240,11 +239,15 @@ segment_heap_stats segment_heap::stats() const noexcept {
   s.segments = segments_.size();
   s.reserved_bytes = reserved_;
   s.committed_bytes = committed_;
-  s.used_bytes = used_;
+  s.used_bytes = used_ - spanned_;
+  s.span_bytes = spanned_;
+  for (const auto& sp : spans_)
+    if (sp->now == segment_span::state::idle) s.idle_span_bytes += sp->bytes;
+  s.spans = spans_.size();
   s.free_bytes = committed_ - used_;
   s.largest_free_bytes = std::max(pools_[0].free.largest(), pools_[1].free.largest());
   s.free_ranges = pools_[0].free.size() + pools_[1].free.size();
-  s.pieces_out = pieces_out_;
+  s.pieces_out = pieces_out_ - placed_spans();
   s.physical_allocations = physical_;
   return s;
 }

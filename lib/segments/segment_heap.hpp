@@ -17,6 +17,7 @@
 #include "piece.hpp"
 #include "segment.hpp"
 #include "segment_options.hpp"
+#include "span.hpp"
 #include "stream_set.hpp"
 
 namespace refpool::detail {
@@ -30,16 +31,19 @@ enum class placement : std::uint8_t {
   one_physical_allocation,
 };
 
-/// Counters and sizes of a heap. Bytes are exact: used + free = committed.
+/// Counters and sizes of a heap. Bytes are exact: used + span + free = committed.
 struct segment_heap_stats {
   std::size_t segments = 0;
   std::size_t reserved_bytes = 0;   ///< address space of all segments
   std::size_t committed_bytes = 0;  ///< memory behind them (backend allocations + commits)
   std::size_t used_bytes = 0;       ///< in pieces handed out
-  std::size_t free_bytes = 0;       ///< committed and in no piece
+  std::size_t span_bytes = 0;       ///< in spans placed (held or idle)
+  std::size_t idle_span_bytes = 0;  ///< of those, in idle spans (the heap may yield them)
+  std::size_t free_bytes = 0;       ///< committed and in no piece or span
   std::size_t largest_free_bytes = 0;
   std::size_t free_ranges = 0;
   std::size_t pieces_out = 0;
+  std::size_t spans = 0;  ///< span records (placed or yielded)
   std::size_t physical_allocations = 0;  ///< backend allocations + live commits
   std::uint64_t carves = 0;
   std::uint64_t splits = 0;  ///< carves that left a free remainder
@@ -50,6 +54,8 @@ struct segment_heap_stats {
   std::uint64_t decommits = 0;      ///< commits given back by trim (whole segments included)
   std::uint64_t plain_frees = 0;    ///< segments without virtual memory given back (one call each)
   std::uint64_t trimmed_bytes = 0;  ///< bytes trim gave back to the backend, in total
+  std::uint64_t span_yields = 0;    ///< idle spans whose bytes went back to the free ranges
+  std::uint64_t span_moves = 0;     ///< yielded spans held again away from their home address
 };
 
 /// One backend's segments and the pieces carved from them.
@@ -95,14 +101,16 @@ class segment_heap {
   segment_heap(const segment_heap&) = delete;
   segment_heap& operator=(const segment_heap&) = delete;
 
-  /// A piece of at least `bytes` for use on `stream`: best fit among free ranges, else grows a
-  /// segment (or makes one). nullopt: out of memory. `growth_step`: a growth commits at least
+  /// A piece of at least `bytes` for use on `stream`: best fit among free ranges, else the bytes
+  /// of idle spans of its pool (yielded, least recently idle first), else grows a segment (or
+  /// makes one). nullopt: out of memory. `growth_step`: a growth commits at least
   /// this much where the hole it commits into has room after the commit's start, at the tail or
   /// inside a segment (bytes a lender gave back to the backend, so that the plain path takes
   /// them in few driver calls; 0: the usual step, at the growable tail only).
   [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream, placement where = placement::anywhere,
                                             std::size_t growth_step = 0);
-  /// As carve, from free ranges only: never calls the backend. nullopt: nothing fits.
+  /// As carve, from free ranges only: never calls the backend, never yields a span. nullopt:
+  /// nothing fits.
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,
                                                  placement where = placement::anywhere);
   /// The piece becomes free, joined with free neighbours in its segment. `used_on`: every
@@ -120,9 +128,9 @@ class segment_heap {
   /// bytes given back. Throws only what resource::order_streams throws, or std::bad_alloc for a
   /// range record, each before changing anything for that segment or range.
   std::size_t trim(std::size_t keep_bytes = 0);
-  /// Gives every segment back. Throws `invalid_argument` (and changes nothing) if a piece is out.
+  /// Gives every segment back. Throws `invalid_argument` (and changes nothing) if a piece or a span is out.
   void release_all();
-  /// Forgets the streams of all free ranges: call after waiting for all work on the device.
+  /// Forgets the streams of all free ranges and idle spans: call after waiting for all work on the device.
   void forget_streams() noexcept;
 
   /// Rounded size a request of `bytes` gets; throws `size_error` for 0 or on overflow.
@@ -145,6 +153,37 @@ class segment_heap {
   /// Every commit of every segment as (address, bytes), in segment order then address order;
   /// a backend allocation counts as one (for tests).
   [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> commits() const;
+  // ---- spans (segment_spans.cpp; span.hpp and docs/segments.md, "One memory space") ------------
+  struct span_carved {
+    segment_span* span;
+    /// Streams that may still use its bytes, without the requesting stream.
+    stream_set waits;
+  };
+  /// A new span of at least `bytes` for `stream`, held: placed as carve places a piece (best fit,
+  /// then idle spans of the pool yielded, then growth). nullopt: out of memory. Throws as carve.
+  /// The record is the caller's to use until give_back_span.
+  [[nodiscard]] std::optional<span_carved> carve_span(std::size_t bytes, stream_ref stream);
+  /// The owner of held span `s` uses none of its bytes now (held -> idle): the heap may yield it
+  /// when a pool would grow, or at yield_idle_spans. `used_on`: every stream that may still use them.
+  void idle_span(segment_span& s, const stream_set& used_on) noexcept;
+  /// The owner uses `s` again (idle or yielded -> held; held stays held). A yielded span is placed
+  /// again: at its home address when the bytes there are free or uncommitted (the holes are
+  /// committed), else as carve_span places one (`moved`: a new address). nullopt: out of memory,
+  /// and it stays yielded. Throws as carve.
+  [[nodiscard]] std::optional<span_hold> hold_span(segment_span& s, stream_ref stream);
+  /// Grows held span `s` to at least `bytes` where it is, for use on `stream`: the bytes after it
+  /// must be free or uncommitted (the holes are committed), in its size class. Returns the streams
+  /// the holder must wait for, or
+  /// nullopt when they are not free, or out of memory (nothing changed). Throws as carve.
+  [[nodiscard]] std::optional<stream_set> extend_span(segment_span& s, std::size_t bytes, stream_ref stream);
+  /// `s` goes for good: its bytes (if placed) become free, with `used_on`, and its record is deleted.
+  void give_back_span(segment_span* s, const stream_set& used_on) noexcept;
+  /// Yields every idle span (the out-of-memory step: their bytes become free ranges, which trim
+  /// can then decommit). Returns the bytes yielded.
+  std::size_t yield_idle_spans() noexcept;
+  /// Every span record, in the order they were made (for tests).
+  [[nodiscard]] std::vector<const segment_span*> spans() const;
+
   /// Checks every invariant (commits inside their reservation and apart, ranges tile exactly
   /// the committed bytes, no two free ranges touch, the free indexes hold exactly the free
   /// ranges, counters match, and after a trim that could give back no more, no free segment and
@@ -166,6 +205,30 @@ class segment_heap {
   [[nodiscard]] std::optional<std::size_t> offset_in(const range& r, std::size_t bytes, placement where) const noexcept;
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
   void prepare_carve(pool_state& pool);
+  /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth.
+  std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where,
+                                      std::size_t growth_step);
+  /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it
+  /// (and clears a span's flag).
+  std::size_t free_range(range* r, const stream_set& used_on) noexcept;
+
+  // Spans (segment_spans.cpp).
+  void check_spans(std::size_t span_ranges) const;  // segment_check.cpp: the records against the ranges
+  [[nodiscard]] std::size_t placed_spans() const noexcept;
+  /// The piece just taken becomes the range of span `s`, which is placed there.
+  void place_span(segment_span& s, const carved& c) noexcept;
+  /// Idle span `s` goes back to the free ranges.
+  std::size_t yield_span(segment_span& s) noexcept;
+  /// Yields idle spans of `pool`, least recently idle first, until a free range fits `bytes`.
+  std::optional<fit> yield_until_fit(pool_state& pool, std::size_t bytes, placement where) noexcept;
+  /// A piece of exactly [address, address + bytes) of `seg`, when every byte of it is free or
+  /// uncommitted (committing the holes); nullopt when some byte is in a piece or span, or out of
+  /// memory (nothing changed then). Throws what commit throws, after undoing its own commits.
+  std::optional<carved> carve_at(segment& seg, std::uintptr_t address, std::size_t bytes, stream_ref stream);
+  /// A free range over `bytes` just committed at `offset` of `seg`, joined with free neighbours and
+  /// indexed (records and index nodes reserved by the caller).
+  void adopt_commit(segment& seg, std::unique_ptr<range> fresh, std::size_t offset, std::size_t bytes) noexcept;
+  [[nodiscard]] segment* segment_of(std::uintptr_t address) const noexcept;
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.
@@ -221,8 +284,11 @@ class segment_heap {
   std::uint64_t next_segment_id_ = 1;
   std::size_t reserved_ = 0;
   std::size_t committed_ = 0;
-  std::size_t used_ = 0;
-  std::size_t pieces_out_ = 0;
+  std::size_t used_ = 0;     ///< bytes of ranges that are not free: pieces and placed spans
+  std::size_t spanned_ = 0;  ///< of used_, in placed spans
+  std::size_t pieces_out_ = 0;  ///< ranges out: pieces and placed spans (each may need an index node back)
+  std::vector<std::unique_ptr<segment_span>> spans_;  ///< records from carve_span to give_back_span
+  std::uint64_t next_span_id_ = 1;
   std::size_t physical_ = 0;
   /// Address space a new growable segment reserves: full_reservation(), halved each time the
   /// backend refuses it, and back to full_reservation() once trim releases a reservation (docs/

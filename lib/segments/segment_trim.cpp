@@ -114,9 +114,10 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
 }
 
 void segment_heap::release_all() {
-  if (pieces_out_ != 0)
-    throw invalid_argument(fmt::format("refpool: cannot release the segments of {}: {} pieces ({} B) are still out",
-                                       backend_.name(), pieces_out_, used_));
+  if (pieces_out_ != 0 || !spans_.empty())
+    throw invalid_argument(fmt::format(
+        "refpool: cannot release the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
+        backend_.name(), pieces_out_ - placed_spans(), used_ - spanned_, spans_.size(), spanned_));
   while (!segments_.empty()) release_segment(*segments_.back());
 }
 

@@ -62,6 +62,9 @@ void session::cleanup() {
   all.arena_frees += pt.arena_frees;
   all.stale += pt.stale;
   all.plan_evictions += pt.evictions;
+  all.pass_entries += pt.pass_entries;
+  all.pass_runs += pt.pass_runs;
+  all.learned_again += pt.learned_again;
   for (const model_cache& c : m_.caches) all.steps += c.steps;
   for (int b = 0; b < backends; ++b) {
     all.injected_faults += m_.be[b].injected;

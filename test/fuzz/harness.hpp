@@ -25,6 +25,9 @@ struct totals {
   std::uint64_t plan_runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, run_escapes = 0,
                 busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, steps = 0, cache_level = 0, stale = 0,
                 plan_evictions = 0;
+  /// Keys whose sequences did not repeat: times one entered pass, its runs that passed (no router),
+  /// and times one learned again after its probes saw repeats (plan_loop_ops.cpp, op_plan_stream).
+  std::uint64_t pass_entries = 0, pass_runs = 0, learned_again = 0;
   /// The last reference to an escaped region of a dropped plan, released on the other thread while
   /// a planned loop's run goes on (plan_loop_ops.cpp; issue 35).
   std::uint64_t dropped_escapes_released_elsewhere = 0;

@@ -341,6 +341,9 @@ refpool::cache_stats model::stats(int ci) const {
   out.plan_pauses = store.pauses;
   out.plan_unrecorded_runs = store.unrecorded;
   out.plan_busy_runs = store.busy;
+  out.plan_pass_runs = store.pass_runs;
+  out.plan_probe_runs = store.probe_runs;
+  out.plan_pass_entries = store.pass_entries;
   out.arena_growths = store.growths;
   out.arena_replacements = store.replacements;
   return out;

@@ -234,6 +234,9 @@ class model {
   void begin_with(model_run& r, const model_request& request);
   bool switch_to(model_run& r, const model_request& request, std::uint64_t at);
   void finish_run(int run);
+  /// The detector's verdict on a run's end of `key`: 1 entered pass, 2 learns again, 0 neither.
+  int observe_repeats(model_plan_store& store, int key, std::uint64_t fp, bool replayed);
+  void enter_pass(int c, int key);
   void track(model_run& r, int run, std::uint64_t gid, const model_request& request, std::uint64_t at);
   void advance(model_run& r, std::uint64_t to);
   bool adopt(int c, int key, int made);

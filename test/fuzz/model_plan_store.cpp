@@ -18,6 +18,13 @@ constexpr unsigned thrash_window = 16;
 constexpr unsigned thrash_rerecordings = 4;
 constexpr std::uint64_t longest_pause = 4096;
 
+// A run's fingerprint: a 64-bit hash of its request sizes in order, never 0 (0: unknown).
+std::uint64_t model_fingerprint(const std::vector<std::size_t>& sizes) {
+  std::uint64_t f = 0;
+  for (std::size_t bytes : sizes) f = (f + bytes) * 0x100000001B3ull;
+  return f == 0 ? 1 : f;
+}
+
 }  // namespace
 
 // ---- the end of a run -----------------------------------------------------------------------
@@ -31,6 +38,15 @@ void model::finish_run(int run) {
   model_trace("run {} ends at {} (mode {}, plan {}, arena {})", run, r.position, static_cast<int>(was), r.current,
               r.arena);
   r.how = mode::finished;
+  model_cache& c0 = caches[static_cast<std::size_t>(r.cache)];
+  if (was == mode::pass) {  // no router served it: its key only counts it
+    c0.plans.pass_runs += 1;
+    plan_totals.pass_runs += 1;
+    model_key& k = c0.plans.keys[static_cast<std::size_t>(r.key)];
+    k.runs += 1;
+    observe_repeats(c0.plans, r.key, 0, false);
+    return;
+  }
   const std::uint64_t end = r.position;
   if (was == mode::replay) r.replayed_to = end;
   const bool complete = was == mode::replay && end == plans[static_cast<std::size_t>(r.current)].requests.size();
@@ -87,16 +103,35 @@ void model::finish_run(int run) {
   store.busy += r.busy ? 1 : 0;
   const bool unrecorded = !r.may_record && !r.busy && was == mode::plain;
   store.unrecorded += unrecorded ? 1 : 0;
+  store.probe_runs += was == mode::probe ? 1 : 0;
   model_key& k = store.keys[static_cast<std::size_t>(r.key)];
   k.runs += 1;
   if (complete) {
     auto it = std::find(k.plans.begin(), k.plans.end(), r.current);
     if (it != k.plans.end()) k.last_used[static_cast<std::size_t>(it - k.plans.begin())] = ++store.clock;
   }
+  // Its fingerprint: the sizes it asked for in order, where it saw them all (a probe, a complete
+  // replay, a recording; a run with no request: the empty sequence). Unknown otherwise.
+  std::vector<std::size_t> sizes;
+  bool hashed = end == 0;
+  if (was == mode::probe) {
+    sizes = r.probed;
+    hashed = true;
+  }
+  if (complete || made >= 0) {
+    for (const model_request& q : plans[static_cast<std::size_t>(complete ? r.current : made)].requests)
+      sizes.push_back(q.bytes);
+    hashed = true;
+  }
+  const bool passes = observe_repeats(store, r.key, hashed ? model_fingerprint(sizes) : 0, complete) == 1;
   // The first complete replay after a plan joined gives the plain path's idle memory back.
   const bool reclaim = complete && k.reclaim_at_replay;
   if (complete) k.reclaim_at_replay = false;
   if (reclaim) free_idle(r.cache, 0, plans[static_cast<std::size_t>(r.current)].requests[0].backend, c.reclaimed);
+  if (passes) {  // its recording is no plan: the key's sequences do not repeat
+    enter_pass(r.cache, r.key);
+    return;
+  }
   bool rerecorded = false;
   if (made >= 0) {
     plan_totals.recordings += 1;
@@ -111,6 +146,69 @@ void model::finish_run(int run) {
     key.rerecordings = 0;
     c.plans.pauses += 1;
     plan_totals.pauses += 1;
+  }
+}
+
+// ---- repeats ------------------------------------------------------------------------------
+
+// A run repeated when it replayed a plan to its end or its fingerprint is one of the last 16
+// runs'. Learning, a key whose last 32 runs (all in learn) repeated fewer than 4 times passes for
+// 64 runs; 32 probes follow; 4 repeats among them and it learns again, else it passes twice as
+// long (up to 4096 runs) and probes again.
+int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, bool replayed) {
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  bool repeated = replayed;
+  for (std::size_t back = 1; back <= 16 && back <= k.fingerprints.size() && fp != 0; ++back)
+    repeated = repeated || k.fingerprints[k.fingerprints.size() - back] == fp;
+  k.fingerprints.push_back(fp);
+  k.repeated.push_back(repeated);
+  if (k.fingerprints.size() > 64) {
+    k.fingerprints.erase(k.fingerprints.begin());
+    k.repeated.erase(k.repeated.begin());
+  }
+  k.runs_in_mode += 1;
+  const std::size_t window = std::min<std::size_t>(32, k.repeated.size());
+  const auto repeats = std::count(k.repeated.end() - static_cast<std::ptrdiff_t>(window), k.repeated.end(), true);
+  if (!k.passing) {
+    if (k.runs_in_mode < 32 || repeats >= 4) return 0;
+    k.passing = true;
+    k.runs_in_mode = 0;
+    k.pass_until = k.runs + k.next_pass;
+    store.pass_entries += 1;
+    plan_totals.pass_entries += 1;
+    model_trace("key {} passes until run {}", key, k.pass_until);
+    return 1;
+  }
+  if (k.runs < k.pass_until + 32) return 0;
+  if (repeats < 4) {
+    k.next_pass = std::min<std::uint64_t>(2 * k.next_pass, 4096);
+    k.pass_until = k.runs + k.next_pass;
+    return 0;
+  }
+  k.passing = false;
+  k.runs_in_mode = 0;
+  k.next_pass = 64;
+  plan_totals.learned_again += 1;
+  model_trace("key {} learns again", key);
+  return 2;
+}
+
+// Entering pass: the key's pending recordings and plans go, and so does the group of every arena
+// no plan of any key is placed in any more (its memory once no run or pinned region reaches it).
+void model::enter_pass(int ci, int key) {
+  model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
+  model_key& k = store.keys[static_cast<std::size_t>(key)];
+  k.pending.clear();
+  for (std::size_t i = k.plans.size(); i-- > 0;) drop_plan(store, key, i);
+  store.keys[static_cast<std::size_t>(key)].rerecordings = 0;
+  for (std::size_t g = store.groups.size(); g-- > 0;) {
+    bool placed = false;
+    for (const model_key& other : store.keys)
+      for (int p : other.plans) placed = placed || plans[static_cast<std::size_t>(p)].arena == store.groups[g].arena;
+    if (placed) continue;
+    arenas[static_cast<std::size_t>(store.groups[g].arena)].in_group = false;
+    store.groups[g] = store.groups.back();
+    store.groups.pop_back();
   }
 }
 

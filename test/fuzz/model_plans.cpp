@@ -19,6 +19,10 @@
 // - Plans go to one arena per (backend, stream), shared by keys until a run finds it held by
 //   another key's run; a plan that needs more replaces it (the old one freed first when nothing
 //   reaches it). 16 plans per key; 4 re-recordings in 16 runs pause the key for 64 runs, doubling.
+// - A key whose last 32 runs in learn repeated fewer than 4 times (a run repeats when it replayed a
+//   plan to its end or hashes like one of the last 16) passes: its plans and pending recordings
+//   go, its runs get no router for 64 runs, then 32 probe (the plain cache, hashed); 4 repeats and
+//   it learns again, else the pass doubles (up to 4096) (model_plan_store.cpp, observe_repeats).
 //
 // This file: plans, arenas and runs; model_plan_store.cpp: a run's end and the store.
 #include <algorithm>
@@ -201,8 +205,15 @@ int model::begin_run(int ci, const std::string& key, bool shared) {
   std::vector<std::pair<std::uint64_t, int>> order;
   for (std::size_t i = 0; i < k->plans.size(); ++i) order.emplace_back(k->last_used[i], k->plans[i]);
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  // A key in pass: its runs have no router (the plain path serves them) until `pass_until`, then
+  // 32 probes: the plain cache, their sizes hashed. Neither has candidates or records.
+  if (k->passing) {
+    r.how = k->runs < k->pass_until ? model_run::mode::pass : model_run::mode::probe;
+    r.may_record = false;
+    order.clear();
+  }
   for (const auto& [used, p] : order) r.candidates.push_back(p);
-  r.may_record = !store.closed && k->runs >= k->paused_until;
+  if (!k->passing) r.may_record = !store.closed && k->runs >= k->paused_until;
   runs.push_back(std::move(r));
   active_runs.push_back(static_cast<int>(runs.size()) - 1);
   plan_totals.runs += 1;
@@ -255,6 +266,7 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
   const model_request request{backend, bytes, stream};
   const std::uint64_t at = r.position;
   using mode = model_run::mode;
+  if (r.how == mode::pass) return slot_acquire(r.cache, lease, backend, bytes, stream, gid, oom_bytes);
   if (r.how == mode::replay) {
     const model_plan& p = plans[static_cast<std::size_t>(r.current)];
     if (at < p.requests.size() && p.requests[at] == request) return replay_one(run, lease, request, at, gid, oom_bytes);
@@ -274,9 +286,12 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
       if (o == outcome::ok) advance(runs[static_cast<std::size_t>(run)], at + 1);
       return o;
     }
+    case mode::probe:
     case mode::plain: {
       const outcome o = fallback(run, lease, request, lease < 0, gid, oom_bytes);
-      if (o == outcome::ok) advance(runs[static_cast<std::size_t>(run)], at + 1);
+      model_run& now = runs[static_cast<std::size_t>(run)];
+      if (o == outcome::ok && now.how == mode::probe) now.probed.push_back(bytes);
+      if (o == outcome::ok) advance(now, at + 1);
       return o;
     }
     default: return fallback(run, lease, request, false, gid, oom_bytes);  // a late request after the run's end

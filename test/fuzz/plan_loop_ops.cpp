@@ -70,7 +70,9 @@ void session::release_kept(int t, std::size_t keep) {
 // ones survive (least recently used first) decides what replays.
 void session::op_plan_sweep(int t) {
   if (frames_[t].size() >= max_depth) return;
-  const int c = in_.byte() & 1;
+  const std::uint8_t code = in_.byte();
+  const int c = code & 1;
+  if ((code >> 1) % 16 == 15) return plan_stream(t, c, (code >> 5) % 2 == 0);  // one sweep in 16
   const std::size_t n = 17 + in_.below(8);
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < n; ++i) order.push_back(i);
@@ -102,6 +104,86 @@ void session::op_plan_sweep(int t) {
     if (m_.close_frame(t, t, m_.frames[t].size() - 1) != outcome::ok) fail("model: closing a sweep's scope failed");
     check_all();
   }
+}
+
+// A serving loop under one key: 40 to 100 runs of sequences never seen before (the key passes
+// after 32: its runs then have no router), then, half the time, a few sequences in turn until the
+// probes see them repeat, the key learns again and replays. As planned steps or scopes.
+void session::plan_stream(int t, int c, bool as_step) {
+  if (as_step && open_steps_[c]) return;
+  // Pass at run 32 at the latest, for 64 runs, then 32 probes: by run 128 the repeating sequences
+  // have been probed, and two rounds of them later they replay.
+  const std::size_t fresh = 40 + in_.below(61);
+  const std::size_t cycle = 1 + in_.below(4);
+  const std::size_t total = in_.below(2) == 0 ? fresh : 140 + in_.below(40);
+  trace("thread {}: plan stream on cache {} ({}): {} new sequences, then {} in turn to run {}", t, c,
+        as_step ? "steps" : "scopes", fresh, cycle, total);
+  for (std::size_t run = 0; run < total && steps_ < max_operations; ++run) {
+    std::vector<std::size_t> sizes;
+    if (run < fresh) {
+      for (std::size_t j = 0; j <= run % 3; ++j) sizes.push_back(64 * (1 + (run * 3 + j) % 509));
+    } else {
+      for (std::size_t j = 0; j < 2; ++j) sizes.push_back(64 * (520 + (run % cycle) * 2 + j));
+    }
+    stream_run(t, c, as_step, sizes);
+    if (run % 16 == 15) check_all();
+  }
+}
+
+// One run of a plan stream: its requests, released at its end (the last one after it, now and then:
+// an escape).
+void session::stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes) {
+  static const std::string key = "stream";
+  if (as_step) {
+    std::unique_ptr<rp::step> made;
+    expect(on(t, [&] { made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{0, key}); }),
+           m_.open_step(cur_[c], 0, key), "a stream's step");
+    open_steps_[c] = std::move(made);
+    step_cache_[c] = cur_[c];
+  } else {
+    expect(on(t,
+              [&] {
+                real_frame f;
+                f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
+                frames_[t].push_back(std::move(f));
+              }),
+           outcome::ok, "a stream's scope");
+    m_.enter_scope(t, cur_[c], 0, key);
+  }
+  std::vector<std::pair<rp::data_ref, std::uint64_t>> live;
+  for (std::size_t bytes : sizes) {
+    rp::data_ref ref;
+    const result r = on(t, [&] { ref = as_step ? cache_[c]->allocate(be_[0], bytes) : rp::allocate(be_[0], bytes); });
+    std::uint64_t gid = 0;
+    std::size_t oom = 0;
+    const outcome want = as_step ? m_.cache_allocate(t, cur_[c], 0, bytes, nullptr, gid, oom)
+                                 : m_.allocate(t, 0, bytes, nullptr, gid, oom);
+    expect(r, want, "a stream's request");
+    if (want != outcome::ok) continue;
+    const std::uint64_t stamp = next_stamp();
+    fill(ref.data(), 0, bytes, stamp);
+    accept_block(gid, ref.data(), stamp, "a stream's request");
+    live.emplace_back(std::move(ref), gid);
+  }
+  const bool escape = !live.empty() && splitmix(++perturb_) % 8 == 0;
+  const auto release = [&](std::size_t keep) {
+    while (live.size() > keep) {
+      const std::uint64_t gid = live.back().second;
+      verify_block(gid, "before a stream's buffer went");
+      expect(on(t, [&] { live.pop_back(); }), outcome::ok, "a stream's release");
+      m_.drop_ref(gid, false);
+    }
+  };
+  release(escape ? 1 : 0);
+  if (as_step) {
+    expect(on(t, [&] { open_steps_[c].reset(); }), outcome::ok, "the end of a stream's step");
+    m_.end_step(step_cache_[c]);
+    step_cache_[c] = -1;
+  } else {
+    expect(on(t, [&] { frames_[t].pop_back(); }), outcome::ok, "the end of a stream's scope");
+    if (m_.close_frame(t, t, m_.frames[t].size() - 1) != outcome::ok) fail("model: closing a stream's scope failed");
+  }
+  release(0);
 }
 
 // A training loop: a few rounds of one body, each inside a planned scope (or a planned step)

@@ -68,6 +68,13 @@ struct model_key {
   std::uint64_t paused_until = 0;
   std::uint64_t next_pause = 64;
   bool reclaim_at_replay = false;  ///< a plan joined since its last complete replay
+  // Whether its sequences repeat (docs/design.md, "A key that does not repeat").
+  std::vector<std::uint64_t> fingerprints;  ///< of its runs, oldest first (0: not hashed)
+  std::vector<bool> repeated;               ///< of its runs, oldest first
+  std::uint64_t runs_in_mode = 0;
+  bool passing = false;
+  std::uint64_t pass_until = 0;  ///< passing: runs below pass; the next 32 probe
+  std::uint64_t next_pass = 64;
 };
 
 struct model_group {
@@ -84,7 +91,7 @@ struct model_plan_store {
   std::vector<model_key> keys;
   std::vector<model_group> groups;
   std::uint64_t hits = 0, misses = 0, recordings = 0, evictions = 0, pauses = 0, unrecorded = 0, busy = 0, growths = 0,
-                replacements = 0;
+                replacements = 0, pass_runs = 0, probe_runs = 0, pass_entries = 0;
 };
 
 /// A block of a run that is not a region (a recording's, or a fallback).
@@ -102,7 +109,7 @@ struct model_segment {
 };
 
 struct model_run {
-  enum class mode { start, replay, record, plain, finished };
+  enum class mode { start, replay, record, plain, finished, pass, probe };
   int cache = -1;
   int key = -1;
   bool shared = false;
@@ -116,6 +123,7 @@ struct model_run {
   std::vector<model_segment> segments;
   std::uint64_t segment_from = 0, replayed_to = 0, position = 0;
   std::vector<model_tracked> tracked;
+  std::vector<std::size_t> probed;  ///< probe: the sizes served
   std::size_t uncached_live = 0;
   std::uint64_t hits = 0, misses = 0;
 };
@@ -123,7 +131,8 @@ struct model_run {
 /// Totals over all inputs, for the fuzzer's summary line.
 struct model_plan_totals {
   std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0, busy = 0,
-                pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0;
+                pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0, pass_entries = 0, pass_runs = 0,
+                learned_again = 0;
 };
 
 }  // namespace refpool::test::fuzz

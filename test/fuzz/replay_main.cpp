@@ -74,6 +74,12 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "refpool fuzz: the segment cache's training loops did not cover their policy:{}\n", missing);
       return 1;
     }
+    // Likewise the keys that do not repeat: some pass, and some of those learn again (op_plan_sweep's streams).
+    const refpool::test::fuzz::totals& all = refpool::test::fuzz::get_totals();
+    if (all.pass_entries == 0 || all.pass_runs == 0 || all.learned_again == 0) {
+      fmt::print(stderr, "refpool fuzz: no key {}\n", all.pass_entries == 0 ? "passed" : "learned again after a pass");
+      return 1;
+    }
   }
   return 0;
 }

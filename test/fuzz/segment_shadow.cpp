@@ -40,13 +40,6 @@ struct shadow_totals {
   std::uint64_t plan_recordings = 0, plan_hits = 0, lendings = 0;
 } totals;
 
-std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 rp::stream_ref stream_of(std::uint64_t h) {
   const std::uint64_t s = h % 12;  // mostly the default stream; ten others, so sets can overflow
   return {s < 2 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(s) << 12)};
@@ -69,7 +62,8 @@ segment_shadow::segment_shadow(std::uint64_t seed, runner run_on)
       budget_(std::make_shared<rp::byte_budget>(capacity)),
       limited_(std::make_shared<rp::limiting_resource>(rp::make_host_resource(), budget_)),
       failing_(std::make_shared<rp::failing_resource>(limited_)),
-      be_(failing_) {
+      be_(failing_),
+      spans_(seed) {
   recreate();
 }
 
@@ -234,6 +228,7 @@ void segment_shadow::drop(std::size_t slot, const char* when) {
 }
 
 void segment_shadow::step(std::size_t op, int t, std::uint64_t n) {
+  spans_.step(op, n);
   const std::uint64_t h = mix(seed_ * 0x100000001B3ull ^ n);
   const std::size_t slot = h % slots;
   piece& p = pieces_[slot];
@@ -408,6 +403,7 @@ void segment_shadow::check(bool with_stats) {
 }
 
 void segment_shadow::finish() {
+  spans_.finish();
   failing_->disarm();
   for (std::size_t i = 0; i < slots; ++i) drop(i, "at the end");
   step_.reset();
@@ -423,7 +419,7 @@ std::string missing_segment_coverage() {
   if (totals.plan_recordings == 0) missing += " no plan was made;";
   if (totals.plan_hits == 0) missing += " no region was handed out;";
   if (totals.lendings == 0) missing += " no arena was lent;";
-  return missing;
+  return missing + missing_span_coverage();
 }
 
 void print_segment_totals() {
@@ -434,6 +430,7 @@ void print_segment_totals() {
              totals.operations, totals.pieces, totals.out_of_memory, totals.injected, totals.orphaned_caches,
              totals.grows, totals.splits, totals.merges, totals.cross_stream, totals.plan_recordings, totals.plan_hits,
              totals.lendings);
+  print_span_totals();
 }
 
 }  // namespace refpool::test::fuzz

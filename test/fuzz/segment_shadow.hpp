@@ -17,7 +17,8 @@
 //   - at the end, nothing is left with the backend.
 // Some operations run a short training loop instead (training_loop): steps without a plan key
 // whose request sequences repeat, so automatic plans, their arenas, an idle arena lent to a step
-// with a new sequence, and that sequence's adoption run under the same checks.
+// with a new sequence, and that sequence's adoption run under the same checks. Each operation also
+// drives a heap with spans of its own (span_shadow.hpp), checked the same way.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,8 @@
 
 #include <refpool/refpool.hpp>
 #include "support/fault_injection.hpp"
+
+#include "span_shadow.hpp"
 
 namespace refpool::test::fuzz {
 
@@ -84,12 +87,14 @@ class segment_shadow {
   std::uint64_t generation_ = 0;
   std::uint64_t next_stamp_ = 0;
   piece pieces_[slots];
+  span_shadow spans_;  ///< spans, on a heap of their own
 };
 
-/// One line of counts over every input run in this process (what the shadow caches did).
+/// One line of counts over every input run in this process (what the shadow caches and span heaps did).
 void print_segment_totals();
 /// Empty when the shadow caches' training loops made plans, hit their regions and lent an
-/// arena; else what they never did (the fuzzer would no longer cover that policy).
+/// arena, and the span heaps met every span path (missing_span_coverage); else what they never did
+/// (the fuzzer would no longer cover that policy).
 std::string missing_segment_coverage();
 
 }  // namespace refpool::test::fuzz

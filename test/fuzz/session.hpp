@@ -340,6 +340,8 @@ class session {
   void op_repeat(int t);
   void op_planned_loop(int t);
   void op_plan_sweep(int t);
+  void plan_stream(int t, int c, bool as_step);
+  void stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes);
   void op_in_flight(int t);
   void op_racing_frees(int t);
   void op_failing_configure(int t);

@@ -65,7 +65,7 @@ std::vector<std::pair<std::size_t, std::size_t>> committed_runs(const segment& s
 }  // namespace
 
 void segment_heap::check() const {
-  std::size_t reserved = 0, committed = 0, used = 0, pieces = 0, physical = 0;
+  std::size_t reserved = 0, committed = 0, used = 0, pieces = 0, physical = 0, spanned = 0, span_ranges = 0;
   std::array<std::size_t, 2> free_ranges{};
   for (const auto& seg_ptr : segments_) {
     const segment& seg = *seg_ptr;
@@ -107,6 +107,13 @@ void segment_heap::check() const {
         if (indexed) fail(fmt::format("segment {}: piece at {:#x} is indexed as free", seg.id, r->address));
         used += r->bytes;
         ++seg_pieces;
+        if (r->span) {
+          const auto record = std::find_if(spans_.begin(), spans_.end(), [&](const auto& s) { return s->node == r; });
+          if (record == spans_.end() || (*record)->home != r->address || (*record)->bytes != r->bytes)
+            fail(fmt::format("segment {}: the span at {:#x} and its record disagree", seg.id, r->address));
+          spanned += r->bytes;
+          ++span_ranges;
+        }
       }
       expected = r->end();
     }
@@ -118,13 +125,34 @@ void segment_heap::check() const {
       fail(fmt::format("segment {}: {} pieces counted as {}", seg.id, seg_pieces, seg.pieces));
     pieces += seg_pieces;
   }
+  check_spans(span_ranges);
   for (std::size_t i = 0; i < 2; ++i)
     if (pools_[i].free.size() != free_ranges[i])
       fail(fmt::format("pool {} indexes {} free ranges, segments have {}", i, pools_[i].free.size(), free_ranges[i]));
   if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ ||
-      physical != physical_)
-    fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces {}/{}, physical {}/{}", reserved,
-                     reserved_, committed, committed_, used, used_, pieces, pieces_out_, physical, physical_));
+      physical != physical_ || spanned != spanned_)
+    fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces and spans {}/{}, physical {}/{}, "
+                     "in spans {}/{}",
+                     reserved, reserved_, committed, committed_, used, used_, pieces, pieces_out_,
+                     physical, physical_, spanned, spanned_));
+}
+
+void segment_heap::check_spans(std::size_t span_ranges) const {
+  std::size_t placed = 0;
+  for (const auto& s : spans_) {
+    if (!s->placed()) {
+      if (s->node != nullptr) fail(fmt::format("span {} was yielded but keeps a range", s->id));
+      continue;
+    }
+    ++placed;
+    const range* r = s->node;
+    if (r == nullptr || r->free || !r->span)
+      fail(fmt::format("span {} is placed but its range is not a span range of it", s->id));
+    if (std::none_of(segments_.begin(), segments_.end(), [&](const auto& seg) { return seg.get() == r->owner; }))
+      fail(fmt::format("span {} lies in no segment of the heap", s->id));
+  }
+  if (placed != span_ranges)
+    fail(fmt::format("{} spans are placed, but {} ranges are spans' ranges", placed, span_ranges));
 }
 
 }  // namespace refpool::detail

@@ -1,0 +1,178 @@
+// The policy of a plan key at its runs' boundaries: a run begins (learning, probing or passing),
+// ends (counted, its plan marked used, its recording adopted, pauses), and whether the key's
+// sequences repeat (repeat_detector), which moves it between learning and passing.
+#include "plan/key_policy.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <utility>
+
+#include "plan/run.hpp"
+#include "plan/store.hpp"
+
+namespace refpool::detail {
+
+// ---- the detector ---------------------------------------------------------------------------
+
+repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64_t fp, bool replayed) noexcept {
+  bool repeated = replayed;
+  for (std::size_t back = 1; back <= recent && !repeated && fp != fingerprint::unknown; ++back)
+    repeated = fingerprints_[(next_ + ring - back) % ring] == fp;
+  fingerprints_[next_] = fp;
+  next_ = (next_ + 1) % ring;
+  repeats_ = repeats_ << 1 | (repeated ? 1u : 0u);
+  runs_in_mode_ += 1;
+  const bool few = static_cast<unsigned>(std::popcount(repeats_)) < min_repeats;
+  if (!passing_) {
+    if (runs_in_mode_ < window || !few) return change::none;
+    passing_ = true;
+    runs_in_mode_ = 0;
+    pass_until_ = runs + next_pass_;
+    return change::enter_pass;
+  }
+  if (runs < pass_until_ + window) return change::none;  // passing, or probing
+  // The probe window ended: the last `window` runs were its probes.
+  if (few) {
+    next_pass_ = std::min(2 * next_pass_, longest_pass);
+    pass_until_ = runs + next_pass_;
+    return change::none;
+  }
+  passing_ = false;
+  runs_in_mode_ = 0;
+  next_pass_ = first_pass;
+  return change::learn_again;
+}
+
+// ---- runs -----------------------------------------------------------------------------------
+
+plan_run* plan_store::begin_run(std::string_view key, bool shared, pass_ticket& passing) {
+  std::lock_guard guard(mutex_);
+  auto found = std::find_if(keys_.begin(), keys_.end(), [&](const auto& k) { return k->name == key; });
+  if (found == keys_.end()) {
+    auto made = std::make_unique<key_state>();
+    made->name = key;
+    made->next_pause = first_pause;
+    keys_.push_back(std::move(made));
+    found = keys_.end() - 1;
+  }
+  key_state& k = **found;
+  const run_kind kind = k.repeats.kind_at(k.runs);
+  if (kind == run_kind::pass) {
+    passing.begin(*this, &k);
+    return nullptr;
+  }
+  // A key that probes has no plans (entering pass dropped them) and records nothing.
+  std::vector<std::pair<std::uint64_t, plan*>> order;
+  order.reserve(k.plans.size());
+  for (std::size_t i = 0; i < k.plans.size(); ++i) order.emplace_back(k.last_used[i], k.plans[i]);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<plan*> candidates;
+  candidates.reserve(order.size());
+  for (const auto& [used, p] : order) candidates.push_back(p);
+  active_.reserve(active_.size() + 1);
+  const bool may_record = !closed_ && k.runs >= k.paused_until && kind == run_kind::learn;
+  auto* run = new plan_run(cache_, *this, &k, kind, std::move(candidates), may_record, shared);  // retains them
+  active_.push_back(run);  // room was reserved
+  return run;
+}
+
+void pass_ticket::end() noexcept {
+  if (key_ != nullptr) std::exchange(store_, nullptr)->end_pass(std::exchange(key_, nullptr));
+}
+
+void plan_store::end_pass(key_state* key) noexcept {
+  std::lock_guard guard(mutex_);
+  key->runs += 1;
+  pass_runs_ += 1;
+  (void)key->repeats.observe(key->runs, fingerprint::unknown, false);
+}
+
+void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept {
+  bool reclaim = false;
+  bool passing = false;
+  {
+    std::lock_guard guard(mutex_);
+    hits_ += outcome.hits;
+    misses_ += outcome.misses;
+    busy_runs_ += outcome.busy ? 1 : 0;
+    unrecorded_runs_ += outcome.unrecorded ? 1 : 0;
+    probe_runs_ += outcome.probed ? 1 : 0;
+    std::erase(active_, run);
+    key->runs += 1;
+    key->peak_plan_live = std::max(key->peak_plan_live, outcome.replayed_peak);
+    // The first replay after a plan joined: what the recording runs left in the plain path (their
+    // escapes, released during this run) has no use beside the arena. Only then: a paused key
+    // whose runs alternate between replays and the plain cache would otherwise empty it each time.
+    reclaim = outcome.used != nullptr && key->reclaim_at_replay;
+    if (outcome.used != nullptr) {
+      key->reclaim_at_replay = false;
+      auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
+      if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
+    }
+    passing = key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr) ==
+              repeat_detector::change::enter_pass;
+    pass_entries_ += passing ? 1 : 0;
+  }
+  if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
+  if (passing) {
+    delete outcome.made;  // a sequence of a key that does not repeat: no plan
+    enter_pass(*key);
+    return;
+  }
+  bool rerecorded = false;
+  if (outcome.made != nullptr || outcome.busy_other_key) {
+    // One end at a time decides, places (O(n log n) a plan) and adds, so that two ends of a key
+    // agree on its pending sequences; only other ends that add plans wait here, no request.
+    const std::lock_guard growing(growth_mutex_);
+    std::vector<plan*> made;
+    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent, made);
+    for (plan* p : made) rerecorded = add_plan(*key, p) || rerecorded;
+    if (outcome.busy_other_key) move_to_own_arena(*key);
+  }
+  std::lock_guard guard(mutex_);
+  key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  if (static_cast<unsigned>(std::popcount(key->rerecordings)) >= thrash_rerecordings) {
+    // It keeps recording: every recording is a run of uncached driver allocations. Stop for a
+    // while (its plans still replay; other runs use the plain cache), longer each time.
+    key->paused_until = key->runs + key->next_pause;
+    key->next_pause = std::min(key->next_pause * 2, longest_pause);
+    key->rerecordings = 0;
+    pauses_ += 1;
+  }
+}
+
+void plan_store::abandon_run(plan_run* run) noexcept {
+  std::lock_guard guard(mutex_);
+  std::erase(active_, run);
+}
+
+// Nothing of the key is worth keeping: its plans replay no run and its pending sequences do not
+// come again. What they held goes now (a key in pass holds no arena while the plain path serves it).
+void plan_store::enter_pass(key_state& key) noexcept {
+  std::vector<plan*> dropped;
+  std::vector<recording*> pending;
+  std::vector<arena*> freed;
+  {
+    const std::lock_guard growing(growth_mutex_);  // no plan is being added meanwhile
+    std::lock_guard guard(mutex_);
+    pending = std::move(key.pending);
+    key.pending.clear();
+    for (std::size_t i = key.plans.size(); i-- > 0;) drop(key, i, dropped);
+    key.rerecordings = 0;
+    // A group whose arena no plan of any key is bound to any more lets it go.
+    for (std::size_t g = groups_.size(); g-- > 0;) {
+      bool bound = false;
+      for (const auto& k : keys_)
+        for (const plan* p : k->plans) bound = bound || &p->memory() == groups_[g].memory;
+      if (bound) continue;
+      freed.push_back(groups_[g].memory);
+      groups_[g] = groups_.back();
+      groups_.pop_back();
+    }
+  }
+  for (recording* r : pending) delete r;
+  for (plan* p : dropped) p->release();
+  for (arena* a : freed) a->release();  // its memory goes with its last plan, run and pinned region
+}
+
+}  // namespace refpool::detail
