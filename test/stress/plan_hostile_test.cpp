@@ -67,6 +67,20 @@ void report(const char* name, const cache_stats& s) {
              s.plan_busy_runs, s.arena_growths, s.arena_replacements, s.arena_lendings, s.escapes);
 }
 
+// Nothing lost or leaked once every thread is done: no live byte, no live planned byte, and the
+// backend holds exactly what the cache reserved (`backend_holds`: the backend's or limiter's count).
+void check_nothing_held(const cache_stats& s, std::size_t backend_holds) {
+  CHECK(s.live_bytes == 0);
+  CHECK(s.plan_live_bytes == 0);
+  CHECK(backend_holds == s.reserved_bytes);
+}
+
+// Whether an injected fault lands on a request depends on the threads' timing (a loaded machine may
+// finish the steps before the chaos thread arms one): said, not asserted.
+void say_if_no_fault_landed(int refused) {
+  if (refused == 0) WARN("no injected fault reached a request in this run");
+}
+
 struct held {
   data_ref ref;
   std::uint64_t stamp = 0;
@@ -198,9 +212,7 @@ TEST_CASE("scope ends of shared keys race on three threads; escapes freed by poi
     CHECK(broken.load() == 0);
     CHECK(stats.plan_hits > 0);
     CHECK(stats.escapes > 0);
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
@@ -286,9 +298,7 @@ TEST_CASE("a planned step and planned scopes of one key on other threads; escape
     report("step+scopes", stats);
     CHECK(broken.load() == 0);
     CHECK(stats.plan_recordings > 0);
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
@@ -381,9 +391,7 @@ TEST_CASE("threads join and leave key-less steps while the steps end on another 
     const auto stats = cache.stats();
     report("join-leave", stats);
     CHECK(broken.load() == 0);
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
@@ -460,12 +468,8 @@ TEST_CASE("out of memory at random points of replays on several threads", "[plan
     const auto stats = cache.stats();
     report("oom", stats);
     CHECK(broken.load() == 0);
-    // Whether a fault lands on a request depends on the threads' timing (a loaded machine may
-    // finish the steps before the chaos thread arms one): said, not asserted.
-    if (refused.load() == 0) WARN("no injected fault reached a request in this run");
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    say_if_no_fault_landed(refused.load());
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
@@ -508,9 +512,7 @@ TEST_CASE("arenas replaced by growth while escaped regions pin them and are free
     report("replace", stats);
     CHECK(broken.load() == 0);
     CHECK(stats.plan_hits > 0);
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
@@ -590,9 +592,7 @@ TEST_CASE("lending, in-place growth and the out-of-memory ladder's decommits on 
     if (std::getenv("REFPOOL_HOSTILE_VERBOSE") != nullptr) fmt::print("vm: refused {} ladders {}\n", refused.load(), ladders.load());
     CHECK(broken.load() == 0);
     CHECK(ladders.load() > 0);
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(limited->used() == stats.reserved_bytes);
+    check_nothing_held(stats, limited->used());
   }
   CHECK(limited->used() == 0);
 }
@@ -657,9 +657,7 @@ TEST_CASE("a region's pointer-table node moves to another plan's region while th
   other.join();
   CHECK(same_address);
   const auto stats = cache.stats();
-  CHECK(stats.live_bytes == 0);
-  CHECK(stats.plan_live_bytes == 0);
-  CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+  check_nothing_held(stats, be.outstanding_bytes());
 }
 
 // Backend errors and out of memory in arenas with virtual memory: a failing resource over the host
@@ -729,12 +727,8 @@ TEST_CASE("backend errors and out of memory on commits and reservations while ar
     const auto stats = cache.stats();
     report("faults", stats);
     CHECK(broken.load() == 0);
-    // Whether a fault lands on a request depends on the threads' timing (a loaded machine may
-    // finish the steps before the chaos thread arms one): said, not asserted.
-    if (refused.load() == 0) WARN("no injected fault reached a request in this run");
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    say_if_no_fault_landed(refused.load());
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
@@ -787,9 +781,7 @@ TEST_CASE("runs switching between plans with shared prefixes while the plans are
     report("prefixes", stats);
     CHECK(broken.load() == 0);
     CHECK(stats.plan_hits > 0);
-    CHECK(stats.live_bytes == 0);
-    CHECK(stats.plan_live_bytes == 0);
-    CHECK(be.outstanding_bytes() == stats.reserved_bytes);
+    check_nothing_held(stats, be.outstanding_bytes());
   }
   CHECK(be.outstanding_bytes() == 0);
 }
