@@ -15,4 +15,13 @@ run - sync_each
 run - no_empty
 run - no_record
 run segments:off
+echo "== conf - sync_each, CUDA_LAUNCH_BLOCKING=1"
+CUDA_LAUNCH_BLOCKING=1 timeout 60 python3 bench/h200/torch_record_stream.py - sync_each 2>&1 | grep -vE "Warning|warn" | tail -3
+if command -v compute-sanitizer >/dev/null; then  # names the faulting kernel and address
+  echo "== compute-sanitizer memcheck, conf - (first errors)"
+  timeout 200 compute-sanitizer --tool memcheck --print-limit 4 python3 bench/h200/torch_record_stream.py - 2>&1 \
+    | grep -vE "Warning|warn" | head -60
+else
+  echo "== no compute-sanitizer on PATH ($(ls -d /usr/local/cuda*/bin 2>/dev/null | tr '\n' ' '))"
+fi
 echo "== done in $((SECONDS - start)) s"
