@@ -11,8 +11,11 @@ argv: conf (REFPOOL_CONF for install, '-' for none; 'torch' for PyTorch's own al
               (CudaNonDefaultStream), no synchronisation anywhere (common_utils synchronises after a
               test only under unittest), the default stream back at the end, then the next test's
               setUp (manual_seed), a new pool stream, randn(7, 7) and a cuBLAS matmul
-  sync_empty  with harness: synchronise right after empty_cache (a fault that then goes away came
-              from the first test's work still in flight; one that stays, from the next test's)
+  sync_loop   with harness: synchronise after the loop, before empty_cache (a fault that then goes
+              away needed the side stream's work in flight when empty_cache ran)
+  sync_empty  with harness: synchronise right after empty_cache ("FAULT after empty_cache": it freed
+              or unmapped memory under that work; no fault: the work was hit later, by the next
+              test's requests; the fault still at randn: the next test's own memory is bad)
   probe       says, without waiting, whether the side stream still has work after the loop and
               after empty_cache, and what empty_cache gave back (refpool's segment_trims)
 Two checks of the waits themselves, instead of the test:
@@ -113,7 +116,7 @@ for i in range(100):
         sync(f"round {i}")
 if "probe" in flags:
     print(f"probe: after the loop, side stream idle: {side.query()}")
-if not harness:
+if not harness or "sync_loop" in flags:
     sync("the loop")
 if "no_empty" not in flags:
     before, start = trims(), time.monotonic()

@@ -10,8 +10,11 @@
 #     between tests). "FAULT after randn(7, 7)" with refpool and "OK" with conf torch reproduces it;
 #     the probe lines say whether the side stream still had work when empty_cache returned (idle:
 #     False with segment_trims +N > 0 means memory was unmapped under it) and where randn's tensor
-#     lies. Which of sync_empty / no_record / no_empty / segments:off makes the fault go names the
-#     path: gone with sync_empty, the first test's work was still running on unmapped memory.
+#     lies. sync_empty: "FAULT after empty_cache" means empty_cache freed or unmapped memory under
+#     the side stream's work; no fault means that work was hit later, by the next test's requests;
+#     the fault still at randn means the next test's own memory is bad. sync_loop (all work done
+#     before empty_cache) tells the same from the other side. Which of no_record / no_empty /
+#     segments:off makes the fault go names the path.
 set -uo pipefail
 start=$SECONDS
 total=${TOTAL:-230}
@@ -33,6 +36,7 @@ run -- - decommit_waits
 run -- - harness probe
 run -- torch harness probe
 run -- - harness probe sync_empty
+run -- - harness probe sync_loop
 run CUDA_LAUNCH_BLOCKING=1 -- - harness probe
 run -- - harness probe no_record
 run -- - harness probe no_empty
