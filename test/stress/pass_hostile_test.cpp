@@ -293,6 +293,45 @@ TEST_CASE("pass entry while another thread replays the key's plan; its escape fr
   check_nothing_held(cache, be);
 }
 
+// A key paused for re-recording (a fixed sequence every other run, new ones between: it learns,
+// replays, and keeps re-recording, so its pauses grow: 64, 128, 256 runs) whose traffic then turns
+// new (it passes while still paused) and then settles into a cycle of 8 sequences: its probes see
+// the repeats and it learns again. Learning must then record and replay the cycle. While the old
+// pause lasts, a learning run records nothing and is served by the plain cache without a
+// fingerprint, so it never reads as a repeat, and the key would pass again after 32 runs.
+TEST_CASE("a key that learns again after a probe window is not held back by a pause from before its pass",
+          "[pass][hostile][!mayfail]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  warm_plain_cache(cache, be);
+  const std::vector<std::size_t> fixed = {8192, 8192, 4096, 12288, 4096, 8192};
+  std::size_t run = 0, fresh = 0;
+  while (cache.stats().plan_pauses < 3 && run < 2000) {
+    serve_step(cache, be, run % 2 == 0 ? fixed : novel_sizes(fresh++));
+    ++run;
+  }
+  REQUIRE(cache.stats().plan_pauses == 3);  // the third pause: 256 runs from now
+  REQUIRE(cache.stats().plan_pass_entries == 0);
+  const std::size_t paused_at = run;
+  while (cache.stats().plan_pass_entries == 0 && run < paused_at + 64) {
+    serve_step(cache, be, novel_sizes(fresh++));
+    ++run;
+  }
+  REQUIRE(cache.stats().plan_pass_entries == 1);
+  // The pass and its probe window: a cycle of 8 sequences, which the probes see repeat.
+  for (int i = 0; i < first_pass + probe_window; ++i, ++run) serve_step(cache, be, novel_sizes(600 + run % 8));
+  REQUIRE(run - paused_at < 200);  // the old pause still holds
+  const cache_stats learned = cache.stats();
+  REQUIRE(learned.plan_probe_runs == probe_window);
+  // Learning again: the cycle is recorded and replays; the key does not pass a second time.
+  for (int i = 0; i < 2 * learn_window; ++i, ++run) serve_step(cache, be, novel_sizes(600 + run % 8));
+  const cache_stats stats = cache.stats();
+  CHECK(stats.plan_pass_entries == 1);
+  CHECK(stats.plans == 8);
+  CHECK(stats.plan_hits > learned.plan_hits);
+  check_nothing_held(cache, be);
+}
+
 // ---- steps and scopes of a key in pass on several threads -----------------------------------
 
 // Key-less steps (the cache's automatic key) that three threads join, each step's requests in the
