@@ -548,9 +548,11 @@ TEST_CASE("out of memory and backend errors in a probe window and at the pass en
 
 // A probe window in which every request of every step fails (out of memory: the backend refuses
 // everything, and the ladder emptied the plain cache): the steps asked for new sequences, none of
-// which repeats. The probes must not read as repeats of one another (each the empty sequence), or
-// an out-of-memory storm brings a key that does not repeat back to learning and recording, then
-// into pass again: the pass after the window must be twice as long, with no second entry.
+// which repeats. The probes must not read as repeats of one another, or an out-of-memory storm
+// brings a key that does not repeat back to learning and recording, then into pass again: the pass
+// after the window must be twice as long, with no second entry. (A probe hashes only the sizes it
+// served, and one that served none ends at position 0, which its end takes for the empty sequence:
+// every such probe has the fingerprint 1.)
 TEST_CASE("a probe window whose requests all fail does not read as repeating", "[pass][hostile][!mayfail]") {
   const auto refusing = std::make_shared<refusing_resource>();
   const backend be(refusing);
