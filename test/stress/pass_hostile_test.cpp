@@ -432,6 +432,52 @@ TEST_CASE("planned scopes of a passing key on four threads: every run counted on
   check_nothing_held(cache, be);
 }
 
+// Two keys whose traffic switches between new sequences and a short cycle, on three threads at
+// once: each key enters pass, probes, learns again and passes again while the other threads' scopes
+// of it record, replay and pass. A third of the buffers escape by pointer, freed on a fourth thread
+// (regions of dropped plans pin their arenas past the pass entries that drop them).
+TEST_CASE("keys entering and leaving pass on three threads while escapes are freed by pointer",
+          "[pass][hostile][threads]") {
+  const backend be = make_host_backend();
+  {
+    alloc_cache cache{cache_options{}};
+    warm_plain_cache(cache, be);
+    pointer_freer freer;
+    std::atomic<int> broken{0};
+    const int per_thread = rounds(400);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937 rng(static_cast<unsigned>(31 + t));
+        for (int i = 0; i < per_thread; ++i) {
+          const bool novel_phase = (i / 100) % 2 == 0;
+          const std::size_t which = novel_phase ? static_cast<std::size_t>(1000 + i * 3 + t) : 650 + rng() % 4;
+          scope s(cache, {.plan = (i + t) % 5 == 0 ? "other" : "serve"});
+          std::vector<data_ref> live;
+          std::vector<std::uint64_t> stamps;
+          for (std::size_t bytes : novel_sizes(which)) {
+            live.push_back(allocate(be, bytes));
+            stamps.push_back(next_stamp.fetch_add(1));
+            write_stamp(live.back(), stamps.back());
+          }
+          for (std::size_t k = 0; k < live.size(); ++k)
+            broken += stamp_intact(live[k].data(), live[k].bytes(), stamps[k]) ? 0 : 1;
+          if (i % 3 == 0) freer.put(std::move(live[rng() % live.size()]));
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    freer.drain();
+    freer.finish();
+    const cache_stats stats = cache.stats();
+    CHECK(broken == 0);
+    CHECK(freer.broken == 0);
+    CHECK(stats.plan_pass_entries >= 1);
+    check_nothing_held(cache, be);
+  }
+  CHECK(be.outstanding_bytes() == 0);
+}
+
 // ---- backoff, faults, teardown ---------------------------------------------------------------
 
 // Probe windows that never see a repeat double the pass each time, up to 4096 runs and no
@@ -618,5 +664,65 @@ TEST_CASE("caches destroyed under a passing or probing step; escapes freed by po
   }
   CHECK(stamp_intact(escaped, bytes, stamp));
   free_pointer(escaped);
+  CHECK(be.outstanding_bytes() == 0);
+}
+
+// The key's 32nd run ends after its cache was destroyed: scopes of it open on three threads when
+// the cache goes; the first to end brings the key into pass in the closed store, the others end
+// after it. Their buffers keep their bytes, one of each is freed by pointer after all, and every
+// byte goes back to the backend.
+TEST_CASE("a key enters pass at the end of a scope after its cache was destroyed", "[pass][hostile]") {
+  const backend be = make_host_backend();
+  constexpr int threads_n = 3;
+  struct escape {
+    void* ptr = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t stamp = 0;
+  };
+  std::vector<escape> escapes(threads_n);
+  std::atomic<int> broken{0};
+  {
+    auto cache = std::make_unique<alloc_cache>(cache_options{});
+    warm_plain_cache(*cache, be);
+    for (std::size_t i = 0; i + 1 < learn_window; ++i) serve_scope(*cache, be, novel_sizes(i));
+    REQUIRE(cache->stats().plan_pass_entries == 0);
+    std::counting_semaphore<threads_n> opened{0};
+    std::vector<std::unique_ptr<std::binary_semaphore>> go;
+    for (int t = 0; t < threads_n; ++t) go.push_back(std::make_unique<std::binary_semaphore>(0));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < threads_n; ++t) {
+      threads.emplace_back([&, t] {
+        scope s(*cache, {.plan = "serve"});
+        std::vector<data_ref> live;
+        std::vector<std::uint64_t> stamps;
+        auto take = [&](std::size_t bytes) {
+          live.push_back(allocate(be, bytes));
+          stamps.push_back(next_stamp.fetch_add(1));
+          write_stamp(live.back(), stamps.back());
+        };
+        const std::vector<std::size_t> sizes = novel_sizes(static_cast<std::size_t>(300 + t));
+        for (std::size_t k = 0; k < 3; ++k) take(sizes[k]);
+        opened.release();
+        go[static_cast<std::size_t>(t)]->acquire();
+        for (std::size_t k = 3; k < sizes.size(); ++k) take(sizes[k]);  // the cache is gone by now
+        for (std::size_t k = 0; k < live.size(); ++k)
+          broken += stamp_intact(live[k].data(), live[k].bytes(), stamps[k]) ? 0 : 1;
+        escapes[static_cast<std::size_t>(t)] = {nullptr, live.back().bytes(), stamps.back()};
+        escapes[static_cast<std::size_t>(t)].ptr = to_pointer(std::move(live.back()));
+      });
+    }
+    for (int t = 0; t < threads_n; ++t) opened.acquire();
+    cache.reset();
+    for (int t = 0; t < threads_n; ++t) {
+      go[static_cast<std::size_t>(t)]->release();
+      threads[static_cast<std::size_t>(t)].join();
+    }
+  }
+  CHECK(broken == 0);
+  for (const escape& e : escapes) {
+    REQUIRE(e.ptr != nullptr);
+    CHECK(stamp_intact(e.ptr, e.bytes, e.stamp));
+    free_pointer(e.ptr);
+  }
   CHECK(be.outstanding_bytes() == 0);
 }
