@@ -472,7 +472,7 @@ TEST_CASE("keys entering and leaving pass on three threads while escapes are fre
     const cache_stats stats = cache.stats();
     CHECK(broken == 0);
     CHECK(freer.broken == 0);
-    CHECK(stats.plan_pass_entries >= 1);
+    CHECK(stats.plan_pass_entries >= 2);  // "serve" passes, learns again on the cycle, and passes again
     check_nothing_held(cache, be);
   }
   CHECK(be.outstanding_bytes() == 0);
