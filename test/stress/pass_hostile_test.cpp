@@ -478,6 +478,42 @@ TEST_CASE("keys entering and leaving pass on three threads while escapes are fre
   CHECK(be.outstanding_bytes() == 0);
 }
 
+// A step of a passing key opened on another thread while one is open fails (steps of a cache do
+// not nest): only the step that opened counts a pass run, and the failed one leaves no ticket.
+TEST_CASE("a step that fails to open while the key passes counts no run", "[pass][hostile][threads]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  warm_plain_cache(cache, be);
+  for (std::size_t i = 0; i < learn_window; ++i) serve_step(cache, be, novel_sizes(i));
+  REQUIRE(cache.stats().plan_pass_entries == 1);
+  const cache_stats before = cache.stats();
+  int refused = 0;
+  {
+    step open(cache, {.plan = "serve"});
+    data_ref held = cache.allocate(be, 4096);
+    std::thread other([&] {
+      for (int i = 0; i < 5; ++i) {
+        try {
+          step nested(cache, {.plan = "serve"});
+        } catch (const scope_error&) {
+          refused += 1;
+        }
+      }
+    });
+    other.join();
+  }
+  const cache_stats stats = cache.stats();
+  CHECK(refused == 5);
+  CHECK(stats.plan_pass_runs == before.plan_pass_runs + 1);
+  CHECK(stats.plan_probe_runs == before.plan_probe_runs);
+  // The runs that follow are counted from there: 63 more pass, then the probes.
+  for (int i = 0; i < first_pass - 1; ++i) serve_step(cache, be, novel_sizes(100 + static_cast<std::size_t>(i)));
+  CHECK(cache.stats().plan_pass_runs == static_cast<std::uint64_t>(first_pass));
+  serve_step(cache, be, novel_sizes(200));
+  CHECK(cache.stats().plan_probe_runs == 1);
+  check_nothing_held(cache, be);
+}
+
 // ---- backoff, faults, teardown ---------------------------------------------------------------
 
 // Probe windows that never see a repeat double the pass each time, up to 4096 runs and no
