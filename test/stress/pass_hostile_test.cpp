@@ -332,6 +332,52 @@ TEST_CASE("a key that learns again after a probe window is not held back by a pa
   check_nothing_held(cache, be);
 }
 
+// Four plans share a prefix; new runs replay the prefix (regions of a plan) and diverge. Each keeps
+// its first buffer (a region, or a block of the plain cache once the region is pinned) by pointer
+// past its step: the run that brings the key into pass holds pinned regions of the plans its own
+// end drops. The arena goes exactly when the last of those buffers is freed, on another thread.
+TEST_CASE("the run that enters pass holds regions of the plans it drops; freed by pointer later", "[pass][hostile]") {
+  const backend be = make_host_backend();
+  const std::vector<std::size_t> prefix = {4096, 8192, 12288};
+  auto with_suffix = [&](std::size_t j) {
+    std::vector<std::size_t> sizes = prefix;
+    const std::vector<std::size_t> tail = novel_sizes(j);
+    sizes.insert(sizes.end(), tail.begin(), tail.begin() + 4);
+    return sizes;
+  };
+  alloc_cache cache{cache_options{}};
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t j = 0; j < 4; ++j) serve_step(cache, be, with_suffix(j));
+  REQUIRE(cache.stats().plans == 4);
+  warm_plain_cache(cache, be);
+  const auto frees = be.deallocation_count();
+  const auto hits = cache.stats().plan_hits;
+  pointer_freer freer;
+  std::vector<data_ref> kept;  // handed to the freer once the key passes
+  std::size_t next = 20;       // suffixes 20.. (of 81): none is a plan's
+  while (cache.stats().plan_pass_entries == 0 && next < 20 + learn_window) {
+    step st(cache, {.plan = "serve"});
+    std::vector<data_ref> live;
+    for (std::size_t bytes : with_suffix(next)) live.push_back(cache.allocate(be, bytes));
+    kept.push_back(std::move(live.front()));
+    ++next;
+  }
+  cache_stats stats = cache.stats();
+  REQUIRE(stats.plan_pass_entries == 1);
+  CHECK(stats.plan_hits > hits);  // the prefixes replayed
+  CHECK(stats.plans == 0);
+  CHECK(stats.arena_bytes > 0);   // pinned by the kept regions
+  CHECK(be.deallocation_count() == frees);
+  for (data_ref& r : kept) freer.put(std::move(r));
+  freer.drain();
+  freer.finish();
+  stats = cache.stats();
+  CHECK(freer.broken == 0);
+  CHECK(stats.arena_bytes == 0);
+  CHECK(be.deallocation_count() == frees + 1);  // the arena, with its last pinned region
+  check_nothing_held(cache, be);
+}
+
 // ---- steps and scopes of a key in pass on several threads -----------------------------------
 
 // Key-less steps (the cache's automatic key) that three threads join, each step's requests in the
