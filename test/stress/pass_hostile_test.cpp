@@ -560,6 +560,39 @@ TEST_CASE("a step that fails to open while the key passes counts no run", "[pass
   check_nothing_held(cache, be);
 }
 
+// Each step of a passing or probing key keeps one buffer into the next step (an escape, counted
+// by the slot: pass and probe steps track nothing): exactly one escape a step, none counted twice
+// or lost across the window's edges, and the probes' buffers come from the plain cache (no driver
+// call once it is warm).
+TEST_CASE("escapes of pass and probe steps are counted once each", "[pass][hostile]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  warm_plain_cache(cache, be);
+  std::size_t run = 0;
+  for (; run < learn_window; ++run) serve_step(cache, be, novel_sizes(run));
+  REQUIRE(cache.stats().plan_pass_entries == 1);
+  data_ref escaped;
+  auto escaping_step = [&] {
+    step st(cache, {.plan = "serve"});
+    std::vector<data_ref> live;
+    for (std::size_t bytes : novel_sizes(run++)) live.push_back(cache.allocate(be, bytes));
+    escaped = live.back();  // the previous step's goes now, in this step
+  };
+  escaping_step();  // its escape is released in the first step counted below
+  const cache_stats before = cache.stats();
+  const auto allocations = be.allocation_count();
+  for (int i = 0; i < first_pass - 1 + probe_window + 8; ++i) escaping_step();
+  escaped = {};
+  const cache_stats stats = cache.stats();
+  CHECK(stats.plan_pass_runs == before.plan_pass_runs + first_pass - 1 + 8);
+  CHECK(stats.plan_probe_runs == before.plan_probe_runs + probe_window);
+  CHECK(stats.escapes == before.escapes + first_pass - 1 + probe_window + 8);
+  CHECK(stats.plan_hits == before.plan_hits);
+  CHECK(stats.plan_misses == before.plan_misses);
+  CHECK(be.allocation_count() == allocations);
+  check_nothing_held(cache, be);
+}
+
 // ---- backoff, faults, teardown ---------------------------------------------------------------
 
 // Probe windows that never see a repeat double the pass each time, up to 4096 runs and no
