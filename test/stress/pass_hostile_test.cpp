@@ -740,6 +740,29 @@ TEST_CASE("a probe window whose requests all fail does not read as repeating", "
   CHECK(be.outstanding_bytes() == 0);
 }
 
+// Learning runs whose requests all fail (out of memory: the backend refuses everything) saw no
+// sequence of the key: they are no repeats of one another (each has no fingerprint), so a key that
+// only fails passes after its 32 learning runs, dropping what it holds, rather than taking each
+// failure for the empty sequence (then every run would repeat the last and it would never pass).
+TEST_CASE("learning runs whose requests all fail are no repeats: the key passes", "[pass][hostile]") {
+  const auto refusing = std::make_shared<refusing_resource>();
+  const backend be(refusing);
+  {
+    alloc_cache cache{cache_options{}};
+    refusing->refuse_from = 0;
+    for (std::size_t run = 0; run < learn_window; ++run) {
+      step st(cache, {.plan = "serve"});
+      CHECK_THROWS_AS(cache.allocate(be, 4096 * (1 + run)), out_of_memory);
+    }
+    refusing->refuse_from = static_cast<std::size_t>(-1);
+    const cache_stats stats = cache.stats();
+    CHECK(stats.plan_pass_entries == 1);
+    CHECK(stats.plan_recordings == 0);
+    check_nothing_held(cache, be);
+  }
+  CHECK(be.outstanding_bytes() == 0);
+}
+
 // A cache destroyed while a step of its passing key is open (and, in the other section, while a
 // probing step is open): the step ends after the cache, and its buffers, one held by pointer, are
 // released after both. Every byte goes back to the backend.
