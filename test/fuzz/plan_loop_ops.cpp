@@ -171,15 +171,7 @@ void session::pause_long(int t, int c, bool as_step) {
 
 // A planned scope of the stream's key on thread `u`, with one request of the same size each time.
 void session::open_late_scope(int u, int c, std::vector<std::pair<rp::data_ref, std::uint64_t>>& live) {
-  static const std::string key = "stream";
-  expect(on(u,
-            [&] {
-              real_frame f;
-              f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
-              frames_[u].push_back(std::move(f));
-            }),
-         outcome::ok, "a late scope");
-  m_.enter_scope(u, cur_[c], 0, key);
+  open_key_scope(u, c, "stream", "a late scope");
   const std::size_t bytes = 64 * 600;
   rp::data_ref ref;
   const result r = on(u, [&] { ref = rp::allocate(be_[0], bytes); });
@@ -209,6 +201,18 @@ void session::close_late_scopes(int u, std::vector<std::pair<rp::data_ref, std::
   }
 }
 
+// A planned scope of `key` on thread `t`.
+void session::open_key_scope(int t, int c, const std::string& key, const char* what) {
+  expect(on(t,
+            [&] {
+              real_frame f;
+              f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
+              frames_[t].push_back(std::move(f));
+            }),
+         outcome::ok, what);
+  m_.enter_scope(t, cur_[c], 0, key);
+}
+
 // One run of a plan stream: its requests, released at its end (the last one after it, now and then:
 // an escape).
 void session::stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes) {
@@ -220,14 +224,7 @@ void session::stream_run(int t, int c, bool as_step, const std::vector<std::size
     open_steps_[c] = std::move(made);
     step_cache_[c] = cur_[c];
   } else {
-    expect(on(t,
-              [&] {
-                real_frame f;
-                f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
-                frames_[t].push_back(std::move(f));
-              }),
-           outcome::ok, "a stream's scope");
-    m_.enter_scope(t, cur_[c], 0, key);
+    open_key_scope(t, c, key, "a stream's scope");
   }
   std::vector<std::pair<rp::data_ref, std::uint64_t>> live;
   for (std::size_t bytes : sizes) {
@@ -308,14 +305,7 @@ void session::op_planned_loop(int t) {
         opened = true;
       }
     } else if (depth < max_depth) {
-      expect(on(t,
-                [&] {
-                  real_frame f;
-                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
-                  frames_[t].push_back(std::move(f));
-                }),
-             outcome::ok, "a loop's scope");
-      m_.enter_scope(t, cur_[c], 0, key);
+      open_key_scope(t, c, key, "a loop's scope");
       opened = true;
     }
     const std::size_t other_depth = frames_[other].size();

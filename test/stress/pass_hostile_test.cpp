@@ -182,8 +182,7 @@ void check_nothing_held(const alloc_cache& cache, const backend& be) {
 // sequence) when the key enters pass. They end after the entry: the first one's recording must not
 // become pending, the second one's must not become a plan with an arena. A key in pass holds
 // nothing (its steps and scopes go through no router): no plan, no arena, no driver call.
-TEST_CASE("scopes of a key open on other threads at its pass entry add no plan or arena after it",
-          "[pass][hostile]") {
+TEST_CASE("scopes of a key open on other threads at its pass entry add no plan or arena after it", "[pass][hostile]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
   warm_plain_cache(cache, be);
