@@ -9,9 +9,7 @@
 // run, and a key in pass holds no plan and no arena. Buffers carry their owner's stamp, checked before
 // they are released; nothing is lost or leaked at the end of each case. Under a second in each build;
 // REFPOOL_HOSTILE_ROUNDS multiplies the rounds of the threaded cases.
-//
-// Cases tagged [!mayfail] show defects of lib/plan not fixed yet (each says what it expects and why
-// the library does otherwise); they pass once fixed, and then the tag goes.
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -184,8 +182,7 @@ void check_nothing_held(const alloc_cache& cache, const backend& be) {
 // sequence) when the key enters pass. They end after the entry: the first one's recording must not
 // become pending, the second one's must not become a plan with an arena. A key in pass holds
 // nothing (its steps and scopes go through no router): no plan, no arena, no driver call.
-TEST_CASE("scopes of a key open on other threads at its pass entry add no plan or arena after it",
-          "[pass][hostile][!mayfail]") {
+TEST_CASE("scopes of a key open on other threads at its pass entry add no plan or arena after it", "[pass][hostile]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
   warm_plain_cache(cache, be);
@@ -299,11 +296,11 @@ TEST_CASE("pass entry while another thread replays the key's plan; its escape fr
 // A key paused for re-recording (a fixed sequence every other run, new ones between: it learns,
 // replays, and keeps re-recording, so its pauses grow: 64, 128, 256 runs) whose traffic then turns
 // new (it passes while still paused) and then settles into a cycle of 8 sequences: its probes see
-// the repeats and it learns again. Learning must then record and replay the cycle. While the old
-// pause lasts, a learning run records nothing and is served by the plain cache without a
-// fingerprint, so it never reads as a repeat, and the key would pass again after 32 runs.
+// the repeats and it learns again. Learning must then record and replay the cycle. Were the old
+// pause to last, a learning run would record nothing and is served by the plain cache without a
+// fingerprint, so it would never read as a repeat, and the key would pass again after 32 runs.
 TEST_CASE("a key that learns again after a probe window is not held back by a pause from before its pass",
-          "[pass][hostile][!mayfail]") {
+          "[pass][hostile]") {
   const backend be = make_host_backend();
   alloc_cache cache{cache_options{}};
   warm_plain_cache(cache, be);
@@ -714,10 +711,9 @@ TEST_CASE("out of memory and backend errors in a probe window and at the pass en
 // everything, and the ladder emptied the plain cache): the steps asked for new sequences, none of
 // which repeats. The probes must not read as repeats of one another, or an out-of-memory storm
 // brings a key that does not repeat back to learning and recording, then into pass again: the pass
-// after the window must be twice as long, with no second entry. (A probe hashes only the sizes it
-// served, and one that served none ends at position 0, which its end takes for the empty sequence:
-// every such probe has the fingerprint 1.)
-TEST_CASE("a probe window whose requests all fail does not read as repeating", "[pass][hostile][!mayfail]") {
+// after the window must be twice as long, with no second entry. (A probe that hashed only the sizes
+// it served, and whose end took position 0 for the empty sequence, would have the fingerprint 1.)
+TEST_CASE("a probe window whose requests all fail does not read as repeating", "[pass][hostile]") {
   const auto refusing = std::make_shared<refusing_resource>();
   const backend be(refusing);
   {
@@ -738,6 +734,29 @@ TEST_CASE("a probe window whose requests all fail does not read as repeating", "
     CHECK(stats.plan_pass_entries == 1);             // no learning again, so no second entry
     CHECK(stats.plan_pass_runs == 3 * first_pass);   // the pass after the window was twice as long
     CHECK(stats.plan_probe_runs == probe_window);
+    check_nothing_held(cache, be);
+  }
+  CHECK(be.outstanding_bytes() == 0);
+}
+
+// Learning runs whose requests all fail (out of memory: the backend refuses everything) saw no
+// sequence of the key: they are no repeats of one another (each has no fingerprint), so a key that
+// only fails passes after its 32 learning runs, dropping what it holds, rather than taking each
+// failure for the empty sequence (then every run would repeat the last and it would never pass).
+TEST_CASE("learning runs whose requests all fail are no repeats: the key passes", "[pass][hostile]") {
+  const auto refusing = std::make_shared<refusing_resource>();
+  const backend be(refusing);
+  {
+    alloc_cache cache{cache_options{}};
+    refusing->refuse_from = 0;
+    for (std::size_t run = 0; run < learn_window; ++run) {
+      step st(cache, {.plan = "serve"});
+      CHECK_THROWS_AS(cache.allocate(be, 4096 * (1 + run)), out_of_memory);
+    }
+    refusing->refuse_from = static_cast<std::size_t>(-1);
+    const cache_stats stats = cache.stats();
+    CHECK(stats.plan_pass_entries == 1);
+    CHECK(stats.plan_recordings == 0);
     check_nothing_held(cache, be);
   }
   CHECK(be.outstanding_bytes() == 0);
