@@ -147,16 +147,27 @@ class gpu_virtual_memory final : public virtual_memory {
   // does not wait for kernels or copies in flight on the range (PyTorch's expandable segments
   // synchronise before cuMemUnmap for the same reason), and the heap cannot name every stream that
   // used a free range. Decommits are rare (trim, reclaim). A piece the driver refuses to unmap or
-  // release is reported and kept as stale, for retry_stale. Called with mutex_ held.
+  // release is reported and kept as stale, for retry_stale. When the wait fails (a stream of the
+  // device captures a graph: a device-wide wait is illegal then), nothing is unmapped under work
+  // that may be in flight: the pieces stay mapped, stale, and go at the next give_back whose wait
+  // succeeds (a later trim or reclaim), at a commit over their range, or with their reservation.
+  // Called with mutex_ held.
   void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
     auto it = pieces_.lower_bound(start);
     if (it == pieces_.end() || it->first >= end) return;
     try {
       device_guard guard(api_, device_);
       // A context that is gone (at exit, after the runtime's teardown) has no work in flight.
-      if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code))
-        std::fprintf(stderr, "%s\n", error_text(code, api_.device_synchronize.name, "before unmapping").c_str());
+      if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code)) {
+        std::fprintf(stderr, "%s\n",
+                     error_text(code, api_.device_synchronize.name, "before unmapping (kept, to retry)").c_str());
+        for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it) it->second.stale = true;
+        return;
+      }
       while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
+      // The wait covered the pieces kept stale by an earlier give_back too: they may go now.
+      for (auto stale = pieces_.begin(); stale != pieces_.end();)
+        stale = stale->second.stale ? give_back_piece(stale) : std::next(stale);
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -193,6 +204,8 @@ class gpu_virtual_memory final : public virtual_memory {
         continue;
       }
       device_guard guard(api_, device_);
+      if (it->second.mapped)  // kept because the wait before unmapping failed: wait now
+        check(api_, api_.device_synchronize(), api_.device_synchronize.name, "before unmapping");
       const auto stale = it->first;
       it = give_back_piece(it);
       if (pieces_.count(stale) != 0)

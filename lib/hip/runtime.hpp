@@ -24,7 +24,7 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
   X(hipGetDeviceCount) X(hipGetDevice) X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) X(hipMemGetInfo)      \
       X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t) X(hipFreeAsync) X(hipHostMalloc)         \
           X(hipHostFree) X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute) X(hipStreamCreateWithFlags)     \
-              X(hipStreamDestroy) X(hipStreamSynchronize) X(hipDeviceSynchronize) X(hipEventCreateWithFlags)     \
+              X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamGetCaptureInfo) X(hipDeviceSynchronize) X(hipEventCreateWithFlags)     \
                   X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent) X(hipMemcpyAsync) X(hipMemsetAsync) \
                       X(hipMemcpyPeerAsync) X(hipGetErrorName) X(hipGetErrorString) X(hipGetLastError)
 
