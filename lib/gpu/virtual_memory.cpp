@@ -63,7 +63,7 @@ class gpu_virtual_memory final : public virtual_memory {
       throw_error(api_, opened, api_.vm_set_access.name, where);
     }
     std::lock_guard lock(mutex_);
-    pieces_[address(addr)] = {bytes, physical, true, false};
+    pieces_[address(addr)] = {bytes, physical, true, false, false};
     return true;
   }
 
@@ -112,6 +112,9 @@ class gpu_virtual_memory final : public virtual_memory {
     /// Decommitted as far as refpool knows, but the driver refused to unmap or release it: the
     /// next commit over its range and the release of its reservation try again.
     bool stale;
+    /// Stale because the device's wait before unmapping failed (a graph capture): still mapped,
+    /// and given back after the next wait that succeeds.
+    bool unwaited = false;
   };
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
@@ -161,13 +164,14 @@ class gpu_virtual_memory final : public virtual_memory {
       if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code)) {
         std::fprintf(stderr, "%s\n",
                      error_text(code, api_.device_synchronize.name, "before unmapping (kept, to retry)").c_str());
-        for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it) it->second.stale = true;
+        for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it)
+          it->second.stale = it->second.unwaited = true;
         return;
       }
       while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
-      // The wait covered the pieces kept stale by an earlier give_back too: they may go now.
-      for (auto stale = pieces_.begin(); stale != pieces_.end();)
-        stale = stale->second.stale ? give_back_piece(stale) : std::next(stale);
+      // The wait covered the pieces an earlier give_back kept for want of one: they may go now.
+      for (auto kept = pieces_.begin(); kept != pieces_.end();)
+        kept = kept->second.unwaited ? give_back_piece(kept) : std::next(kept);
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -176,6 +180,7 @@ class gpu_virtual_memory final : public virtual_memory {
   // Unmaps and releases one piece; the next one. Called with mutex_ held and the device current.
   std::map<std::uintptr_t, piece>::iterator give_back_piece(std::map<std::uintptr_t, piece>::iterator it) noexcept {
     piece& p = it->second;
+    p.unwaited = false;  // every caller has waited for the device
     void* ptr = reinterpret_cast<void*>(it->first);
     if (p.mapped) {
       if (const status code = api_.vm_unmap(ptr, p.bytes); code != api_.success) {
@@ -204,7 +209,7 @@ class gpu_virtual_memory final : public virtual_memory {
         continue;
       }
       device_guard guard(api_, device_);
-      if (it->second.mapped)  // kept because the wait before unmapping failed: wait now
+      if (it->second.unwaited)  // kept because the wait before unmapping failed: wait now
         check(api_, api_.device_synchronize(), api_.device_synchronize.name, "before unmapping");
       const auto stale = it->first;
       it = give_back_piece(it);

@@ -601,6 +601,11 @@ FAKE_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t* graph) {
                 stream);
 }
 
+FAKE_API hipError_t hipGraphDestroy(hipGraph_t graph) {
+  entry e("hipGraphDestroy");
+  return e.done(graph == nullptr ? hipErrorInvalidValue : hipSuccess);  // the fake's captures make no graph
+}
+
 FAKE_API hipError_t hipStreamGetCaptureInfo(hipStream_t stream, hipStreamCaptureStatus* status,
                                             unsigned long long* id) {
   entry e("hipStreamGetCaptureInfo");
