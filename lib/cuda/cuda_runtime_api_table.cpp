@@ -117,8 +117,7 @@ constexpr std::string_view stream_capture_call = "cuStreamGetCaptureInfo";
 status stream_capture(handle stream, gpu::capture_status* capture, unsigned long long* id) {
   CUstreamCaptureStatus native = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t native_id = 0;
-  const CUresult r =
-      driver().cuStreamGetCaptureInfo(as_stream(stream), &native, &native_id, nullptr, nullptr, nullptr);
+  const CUresult r = driver().cuStreamGetCaptureInfo(as_stream(stream), &native, &native_id, nullptr, nullptr, nullptr);
   *capture = native == CU_STREAM_CAPTURE_STATUS_ACTIVE        ? gpu::capture_status::active
              : native == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? gpu::capture_status::invalidated
                                                               : gpu::capture_status::none;

@@ -79,7 +79,7 @@ class gpu_resource final : public resource {
     device_guard guard(api_, device_);
     const status code = api_.device_synchronize();
     if (api_.context_gone(code)) return;  // at exit: nothing of the device is in flight any more
-    if (code == capture_unsupported)  // a stream of the device captures: the caller keeps the memory
+    if (code == capture_unsupported)      // a stream of the device captures: the caller keeps the memory
       throw stream_order_unavailable(
           fmt::format("refpool: cannot wait for device {} while one of its streams captures a graph ({})", device_,
                       api_.error_name(code)),
@@ -194,9 +194,10 @@ class gpu_resource final : public resource {
     if (p.status == capture_status::none && c.status == capture_status::none) return;
     if (p.status == capture_status::active && c.status == capture_status::active && p.id == c.id) return;
     const auto text = [](const capture_of& x) {
-      return x.status == capture_status::none ? std::string("captures nothing")
-                                              : fmt::format("{} capture {}",
-                                                            x.status == capture_status::active ? "is in" : "is in invalidated", x.id);
+      return x.status == capture_status::none
+                 ? std::string("captures nothing")
+                 : fmt::format("{} capture {}", x.status == capture_status::active ? "is in" : "is in invalidated",
+                               x.id);
     };
     throw stream_order_unavailable(
         fmt::format("refpool: cannot order stream {} after stream {} on device {} now: the producer {} and the "

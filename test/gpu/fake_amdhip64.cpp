@@ -140,7 +140,7 @@ struct runtime_state {
   std::map<std::uintptr_t, region> regions;            // allocations and mapped pieces
   std::map<std::uintptr_t, std::size_t> reservations;  // virtual address ranges
   std::set<const void*> streams, events, modules, functions, physicals;
-  unsigned long long captures = 0;  // the last capture id handed out
+  unsigned long long captures = 0;                           // the last capture id handed out
   std::map<std::string, std::pair<hipError_t, int>> faults;  // entry point -> (error, calls left)
   std::vector<fake_hip::call> calls;
   std::vector<std::string> violations;
@@ -612,7 +612,7 @@ FAKE_API hipError_t hipStreamGetCaptureInfo(hipStream_t stream, hipStreamCapture
   if (!e.stream_ok(stream) || status == nullptr) return e.done(hipErrorInvalidValue, stream);
   const stream_object* st = stream == nullptr ? nullptr : as_stream(stream);
   const unsigned long long capture = st == nullptr ? 0 : st->capture;
-  *status = capture == 0       ? hipStreamCaptureStatusNone
+  *status = capture == 0      ? hipStreamCaptureStatusNone
             : st->invalidated ? hipStreamCaptureStatusInvalidated
                               : hipStreamCaptureStatusActive;
   if (id != nullptr) *id = capture;

@@ -179,8 +179,7 @@ TEST_CASE("a cache with segments when a commit fails with an error: backend_erro
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wait for the device succeeds",
-          "[hip-7]") {
+TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wait for the device succeeds", "[hip-7]") {
   // Unmapping waits for the device first; during a capture that wait fails (and breaks the
   // capture: the runtime does not say beforehand that a stream captures). Nothing is unmapped
   // under work that may still be in flight: the pieces stay, and the next decommit after the
@@ -205,7 +204,7 @@ TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wai
   hipGraph_t graph = nullptr;
   CHECK(fake_hip::symbol<decltype(::hipStreamEndCapture)>("hipStreamEndCapture")(captured, &graph) ==
         hipErrorStreamCaptureInvalidated);
-  fake().clear_violations();  // the failed wait broke the capture: recorded by the fake
+  fake().clear_violations();                     // the failed wait broke the capture: recorded by the fake
   vm.decommit(static_cast<char*>(base) + g, g);  // after the capture: both go
   CHECK(fake().device_bytes_in_use(0) == before);
   REQUIRE(vm.commit(base, 2 * g));  // the range is free to commit again
