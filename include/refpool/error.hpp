@@ -94,6 +94,17 @@ class REFPOOL_API backend_error : public detail::error_of<std::runtime_error> {
   int native_code_;
 };
 
+/// `resource::order_streams` cannot order the two streams now: one of them captures a CUDA or HIP
+/// graph and the other is not in the same capture, where an event wait across the capture's
+/// boundary would join the other stream to the capture or invalidate it. The cache then leaves the
+/// memory where it is (it serves the request from other memory) and keeps a free that needs the
+/// order until a later reclaim; docs/design.md, "Stream safety". A resource of the user's throws it
+/// for the same reason. Carries the native code of the runtime's "capture" error (900).
+class REFPOOL_API stream_order_unavailable : public backend_error {
+ public:
+  using backend_error::backend_error;
+};
+
 /// A backend cannot be used here: library missing, no device, driver too old, or refpool was
 /// built without it. The message says which.
 class REFPOOL_API backend_unavailable : public detail::error_of<std::runtime_error> {

@@ -43,7 +43,11 @@ class REFPOOL_API resource {
 
   /// Makes work submitted to `consumer` from now on wait for all work already submitted to
   /// `producer`. The cache calls it when a block last used on `producer` is handed out for
-  /// `consumer`. Host memory needs nothing, hence the default.
+  /// `consumer`. Host memory needs nothing, hence the default. Throws `stream_order_unavailable`,
+  /// having enqueued nothing, when the two cannot be ordered now (one captures a graph and the
+  /// other is not in that capture): the cache then leaves that memory to a later request or
+  /// reclaim (docs/design.md, "Stream safety"). `synchronize` throws it too where a device-wide
+  /// wait is refused because a stream captures.
   virtual void order_streams(stream_ref producer, stream_ref consumer) {
     (void)producer;
     (void)consumer;

@@ -22,6 +22,7 @@ void cache_state::free_to_backend(block* b) noexcept {
 }
 
 std::size_t cache_state::free_blocks(const std::vector<block*>& blocks) noexcept {
+  free_deferred_blocks();  // those a graph capture kept back at an earlier reclaim
   std::size_t to_backends = 0;
   for (block* b : blocks) {
     counters_.count_left(b->capacity);

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <utility>
 
+#include <refpool/error.hpp>
+
 #include "cache/scope_frame.hpp"
 
 namespace refpool::detail {
@@ -56,14 +58,25 @@ block* cache_state::acquire(slot& s, backend_state& backend, const block_key& ke
   }
   if (over_limit) enforce_idle_limit();
   if (b == nullptr) b = steal(s, key, stream, other_stream);
-  if (b == nullptr) {
-    b = allocate_new(s, backend, key, bytes, stream);
-  } else if (other_stream) {
+  if (b != nullptr && other_stream) {
     try {
       wait_for_streams(b, stream);
+    } catch (const stream_order_unavailable&) {
+      release_cached(b, false);  // not usable on `stream` now (a graph capture): idle again, and a miss
+      b = nullptr;
     } catch (...) {
       release_cached(b, false);  // still ordered after its old stream: idle again, unchanged
       throw;
+    }
+  }
+  if (b == nullptr) {
+    try {
+      b = allocate_new(s, backend, key, bytes, stream);
+    } catch (const stream_order_unavailable&) {
+      // The free bytes a piece would take were last used on a stream that cannot be ordered
+      // before `stream` now (docs/design.md, "Stream safety"): memory of its own from the
+      // backend, freed on release, as the uncached path serves it.
+      b = allocate_uncached(backend, key.bytes, stream);
     }
   }
   b->last_stream = stream;

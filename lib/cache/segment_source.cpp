@@ -113,6 +113,8 @@ std::size_t segment_source::trim_heaps(const std::vector<heap_use>& heaps, std::
     const committed_change change(reserved_, *h);
     try {
       given += h->heap.trim(allowance);
+    } catch (const stream_order_unavailable&) {
+      // A segment's streams cannot be ordered now (a graph capture): it stays, for a later trim.
     } catch (const std::exception& e) {
       if (!quiet) throw;
       fmt::print(stderr, "refpool: trimming the segments of {} failed: {}\n", h->backend->res().name(), e.what());

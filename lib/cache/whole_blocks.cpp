@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -100,13 +102,31 @@ block* direct_block(block* b, backend_state& backend, void* ptr, std::size_t byt
   return b;
 }
 
-void free_block(block* b) noexcept {
+namespace {
+
+// Blocks whose recorded streams cannot be ordered before their free now (a graph capture on one of
+// them: docs/design.md, "Stream safety"): kept, and freed by a later free_block once they can be.
+struct deferred_blocks {
+  std::mutex mutex;
+  std::vector<block*> blocks;
+};
+deferred_blocks& deferred() {
+  static auto* instance = new deferred_blocks;  // leaked: blocks may be freed by static destructors
+  return *instance;
+}
+
+// Frees `b`, unless its recorded streams cannot be ordered before its last one now: false (or,
+// with `anyway`, freed without that order).
+bool free_now(block* b, bool anyway = false) noexcept {
   // A stream-ordered free (cuMemFreeAsync) waits for its own stream only: streams recorded on the
   // block (record_stream) are ordered before it, as release_segment does for a segment's streams.
   for (const stream_ref s : b->extra_streams) {
     if (s == b->last_stream) continue;
     try {
       b->backend->res().order_streams(s, b->last_stream);
+    } catch (const stream_order_unavailable&) {
+      if (!anyway) return false;  // a wait for the device would break the capture too
+      break;
     } catch (const std::exception& e) {
       // No stream order to be had: wait for the device instead; failing that, say so (the context
       // is then most likely broken, and nothing in flight can be waited for).
@@ -121,7 +141,51 @@ void free_block(block* b) noexcept {
   b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
   b->backend->release();
   delete b;
+  return true;
 }
+
+}  // namespace
+
+namespace {
+// Frees the deferred blocks and `b` (if not null); keeps those whose order is still unavailable.
+void free_with_deferred(block* b) noexcept {
+  deferred_blocks& d = deferred();
+  std::vector<block*> waiting;
+  {
+    std::lock_guard lock(d.mutex);
+    waiting.swap(d.blocks);  // each free below runs without the lock: it calls the backend
+  }
+  if (waiting.empty() && b == nullptr) return;
+  std::vector<block*> kept;
+  try {
+    kept.reserve(waiting.size() + 1);
+  } catch (const std::bad_alloc&) {  // nowhere to keep one: freed without the order, as before
+    for (block* w : waiting) (void)free_now(w, true);
+    if (b != nullptr) (void)free_now(b, true);
+    return;
+  }
+  for (block* w : waiting)
+    if (!free_now(w)) kept.push_back(w);
+  if (b != nullptr && !free_now(b)) kept.push_back(b);
+  if (kept.empty()) return;
+  {
+    std::lock_guard lock(d.mutex);
+    if (d.blocks.empty()) {
+      d.blocks.swap(kept);
+      return;
+    }
+    try {
+      d.blocks.insert(d.blocks.end(), kept.begin(), kept.end());
+      return;
+    } catch (const std::bad_alloc&) {}
+  }
+  for (block* k : kept) (void)free_now(k, true);  // nowhere to keep them: freed without the order
+}
+}  // namespace
+
+void free_block(block* b) noexcept { free_with_deferred(b); }
+
+void free_deferred_blocks() noexcept { free_with_deferred(nullptr); }
 
 block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream) {
   auto made = std::make_unique<block>();

@@ -59,5 +59,9 @@ block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref str
 block* direct_block(block* made, backend_state& backend, void* ptr, std::size_t bytes, stream_ref stream) noexcept;
 /// Gives `b`'s memory back to its backend, drops its hold on the backend, deletes it.
 void free_block(block* b) noexcept;
+/// free_block keeps a block whose recorded streams cannot be ordered before its last stream now (a
+/// graph capture: docs/design.md, "Stream safety"); this frees those that can be by now. Every
+/// free_block does too.
+void free_deferred_blocks() noexcept;
 
 }  // namespace refpool::detail

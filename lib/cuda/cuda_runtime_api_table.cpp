@@ -113,6 +113,17 @@ constexpr std::string_view stream_destroy_call = "cuStreamDestroy";
 status stream_destroy(handle stream) { return driver().cuStreamDestroy(as_stream(stream)); }
 constexpr std::string_view stream_synchronize_call = "cuStreamSynchronize";
 status stream_synchronize(handle stream) { return driver().cuStreamSynchronize(as_stream(stream)); }
+constexpr std::string_view stream_capture_call = "cuStreamGetCaptureInfo";
+status stream_capture(handle stream, gpu::capture_status* capture, unsigned long long* id) {
+  CUstreamCaptureStatus native = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t native_id = 0;
+  const CUresult r = driver().cuStreamGetCaptureInfo(as_stream(stream), &native, &native_id, nullptr, nullptr, nullptr);
+  *capture = native == CU_STREAM_CAPTURE_STATUS_ACTIVE        ? gpu::capture_status::active
+             : native == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? gpu::capture_status::invalidated
+                                                              : gpu::capture_status::none;
+  *id = native_id;
+  return r;
+}
 constexpr std::string_view device_synchronize_call = "cuCtxSynchronize";
 status device_synchronize() { return driver().cuCtxSynchronize(); }
 

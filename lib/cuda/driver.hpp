@@ -40,6 +40,7 @@ namespace refpool::detail::cuda {
   X(cuStreamCreate, 2000) \
   X(cuStreamDestroy, 4000) \
   X(cuStreamSynchronize, 2000) \
+  X(cuStreamGetCaptureInfo, 11030) \
   X(cuEventCreate, 2000) \
   X(cuEventDestroy, 4000) \
   X(cuEventRecord, 2000) \

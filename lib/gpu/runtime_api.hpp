@@ -22,6 +22,9 @@ using status = int;
 using handle = void*;  // a stream, event or saved context of the runtime
 using runtime_id = refpool::gpu::runtime;
 
+/// Whether a stream captures a graph (cuStreamGetCaptureInfo, hipStreamGetCaptureInfo).
+enum class capture_status { none, active, invalidated };
+
 /// One entry point: the function, and the runtime call it makes for messages ("cuMemAlloc").
 template <class F>
 struct entry;
@@ -43,7 +46,10 @@ struct entry<status (*)(Args...)> {
 /// - vm_*: virtual memory (virtual_memory.cpp) of device memory pinned to `device`: whether the
 ///   device has it, the minimum granularity, address ranges reserved and freed, physical
 ///   allocations created and released, mapped (at offset 0, whole) and unmapped, and made
-///   readable and writable by `device`.
+///   readable and writable by `device`;
+/// - stream_capture: whether `stream` captures and the id of its capture (0 when it does not);
+///   never called with the null stream, which the runtimes answer with an error (and CUDA with
+///   the capture invalidated) while a blocking stream captures.
 #define REFPOOL_GPU_ENTRIES(X)                                                                                \
   X(activate, status (*)(int device, handle* saved))                                                          \
   X(restore, status (*)(handle saved))                                                                        \
@@ -64,6 +70,7 @@ struct entry<status (*)(Args...)> {
   X(stream_create, status (*)(handle * stream))                                                               \
   X(stream_destroy, status (*)(handle stream))                                                                \
   X(stream_synchronize, status (*)(handle stream))                                                            \
+  X(stream_capture, status (*)(handle stream, capture_status * capture, unsigned long long* id))              \
   X(device_synchronize, status (*)())                                                                         \
   X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                           \
   X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                       \
@@ -177,7 +184,11 @@ std::unique_ptr<virtual_memory> make_virtual_memory(const runtime_api& api, int 
 
 /// The resource for `kind` memory (device, device_async, pinned_host) of `device`; for device
 /// memory, address_space() is make_virtual_memory's, made at the first call.
-/// Stream safety: order_streams records an event on the producer and makes the consumer wait.
+/// Stream safety: order_streams records an event on the producer and makes the consumer wait, when
+/// both streams are outside any capture or in the same one; otherwise it throws
+/// `stream_order_unavailable` and enqueues nothing (docs/design.md, "Stream safety"). synchronize
+/// throws it too when the device's wait fails because a stream captures (the wait broke that
+/// capture: the runtime does not say beforehand whether any stream of the device captures).
 std::shared_ptr<resource> make_resource(const runtime_api& api, int device, memory_kind kind, std::string name);
 
 /// The process-wide backend for `kind` memory on `device` of `api`'s runtime, named

@@ -63,7 +63,7 @@ class gpu_virtual_memory final : public virtual_memory {
       throw_error(api_, opened, api_.vm_set_access.name, where);
     }
     std::lock_guard lock(mutex_);
-    pieces_[address(addr)] = {bytes, physical, true, false};
+    pieces_[address(addr)] = {bytes, physical, true, false, false};
     return true;
   }
 
@@ -112,6 +112,9 @@ class gpu_virtual_memory final : public virtual_memory {
     /// Decommitted as far as refpool knows, but the driver refused to unmap or release it: the
     /// next commit over its range and the release of its reservation try again.
     bool stale;
+    /// Stale because the device's wait before unmapping failed (a graph capture): still mapped,
+    /// and given back after the next wait that succeeds.
+    bool unwaited = false;
   };
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
@@ -147,16 +150,28 @@ class gpu_virtual_memory final : public virtual_memory {
   // does not wait for kernels or copies in flight on the range (PyTorch's expandable segments
   // synchronise before cuMemUnmap for the same reason), and the heap cannot name every stream that
   // used a free range. Decommits are rare (trim, reclaim). A piece the driver refuses to unmap or
-  // release is reported and kept as stale, for retry_stale. Called with mutex_ held.
+  // release is reported and kept as stale, for retry_stale. When the wait fails (a stream of the
+  // device captures a graph: a device-wide wait is illegal then), nothing is unmapped under work
+  // that may be in flight: the pieces stay mapped, stale, and go at the next give_back whose wait
+  // succeeds (a later trim or reclaim), at a commit over their range, or with their reservation.
+  // Called with mutex_ held.
   void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
     auto it = pieces_.lower_bound(start);
     if (it == pieces_.end() || it->first >= end) return;
     try {
       device_guard guard(api_, device_);
       // A context that is gone (at exit, after the runtime's teardown) has no work in flight.
-      if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code))
-        std::fprintf(stderr, "%s\n", error_text(code, api_.device_synchronize.name, "before unmapping").c_str());
+      if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code)) {
+        std::fprintf(stderr, "%s\n",
+                     error_text(code, api_.device_synchronize.name, "before unmapping (kept, to retry)").c_str());
+        for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it)
+          it->second.stale = it->second.unwaited = true;
+        return;
+      }
       while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
+      // The wait covered the pieces an earlier give_back kept for want of one: they may go now.
+      for (auto kept = pieces_.begin(); kept != pieces_.end();)
+        kept = kept->second.unwaited ? give_back_piece(kept) : std::next(kept);
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -165,6 +180,7 @@ class gpu_virtual_memory final : public virtual_memory {
   // Unmaps and releases one piece; the next one. Called with mutex_ held and the device current.
   std::map<std::uintptr_t, piece>::iterator give_back_piece(std::map<std::uintptr_t, piece>::iterator it) noexcept {
     piece& p = it->second;
+    p.unwaited = false;  // every caller has waited for the device
     void* ptr = reinterpret_cast<void*>(it->first);
     if (p.mapped) {
       if (const status code = api_.vm_unmap(ptr, p.bytes); code != api_.success) {
@@ -193,6 +209,8 @@ class gpu_virtual_memory final : public virtual_memory {
         continue;
       }
       device_guard guard(api_, device_);
+      if (it->second.unwaited)  // kept because the wait before unmapping failed: wait now
+        check(api_, api_.device_synchronize(), api_.device_synchronize.name, "before unmapping");
       const auto stale = it->first;
       it = give_back_piece(it);
       if (pieces_.count(stale) != 0)

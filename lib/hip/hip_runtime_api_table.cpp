@@ -108,6 +108,15 @@ constexpr std::string_view stream_destroy_call = "hipStreamDestroy";
 status stream_destroy(handle stream) { return call(runtime().hipStreamDestroy, as_stream(stream)); }
 constexpr std::string_view stream_synchronize_call = "hipStreamSynchronize";
 status stream_synchronize(handle stream) { return call(runtime().hipStreamSynchronize, as_stream(stream)); }
+constexpr std::string_view stream_capture_call = "hipStreamGetCaptureInfo";
+status stream_capture(handle stream, gpu::capture_status* capture, unsigned long long* id) {
+  hipStreamCaptureStatus native = hipStreamCaptureStatusNone;
+  const status r = call(runtime().hipStreamGetCaptureInfo, as_stream(stream), &native, id);
+  *capture = native == hipStreamCaptureStatusActive        ? gpu::capture_status::active
+             : native == hipStreamCaptureStatusInvalidated ? gpu::capture_status::invalidated
+                                                           : gpu::capture_status::none;
+  return r;
+}
 constexpr std::string_view device_synchronize_call = "hipDeviceSynchronize";
 status device_synchronize() { return call(runtime().hipDeviceSynchronize); }
 

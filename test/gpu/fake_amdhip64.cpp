@@ -10,6 +10,13 @@
 // - a code object without code for the device's target before HIP 5.4 (aborts);
 // - any use of a destroyed stream (ROCm 7 segfaults; older releases return an error, as here);
 // - any call after the runtime's teardown at exit (its static destructor, as ROCclr's).
+// Stream capture is emulated as the runtimes enforce it (CUDA and HIP alike): a stream outside any
+// capture that waits for an event recorded in one joins it (a fork), and the capture's end fails
+// with hipErrorStreamCaptureUnjoined unless the capture waited for that stream again; a capturing
+// stream waiting for an event of another capture or of none, or a device-wide or capturing
+// stream's synchronisation during a capture, fails (hipErrorStreamCaptureIsolation,
+// hipErrorStreamCaptureUnsupported) and invalidates the capture (its end then fails with
+// hipErrorStreamCaptureInvalidated), recorded as a violation too.
 // Memory is host memory, work runs at once on the calling thread, kernels are named in the code
 // object's payload (fake_hip/code_object.hpp) and run on the host. The last error is sticky
 // (kept until hipGetLastError) from HIP 7 on, as in HIP 7, else set by every call.
@@ -67,12 +74,20 @@ int default_version() {
   }
 }
 
+// Stream capture: a stream between hipStreamBeginCapture and hipStreamEndCapture captures into
+// capture `capture` (0: none); an event remembers the capture it was last recorded in.
 struct stream_object {
   int device;
   bool destroyed = false;
+  unsigned long long capture = 0;
+  bool invalidated = false;  // its capture was broken: hipStreamEndCapture fails
+  bool forked = false;       // joined a capture by waiting for one of its events...
+  bool rejoined = false;     // ...and was waited for by the capture again since its last record
 };
 struct event_object {
   int device;
+  unsigned long long capture = 0;
+  stream_object* recorded_on = nullptr;
 };
 struct module_object {
   int device;
@@ -125,6 +140,7 @@ struct runtime_state {
   std::map<std::uintptr_t, region> regions;            // allocations and mapped pieces
   std::map<std::uintptr_t, std::size_t> reservations;  // virtual address ranges
   std::set<const void*> streams, events, modules, functions, physicals;
+  unsigned long long captures = 0;                           // the last capture id handed out
   std::map<std::string, std::pair<hipError_t, int>> faults;  // entry point -> (error, calls left)
   std::vector<fake_hip::call> calls;
   std::vector<std::string> violations;
@@ -151,6 +167,8 @@ void violation(runtime_state& s, std::string text) {
   s.violations.push_back(std::move(text));
   if (s.fatal) std::abort();
 }
+
+stream_object* as_stream(hipStream_t stream) { return reinterpret_cast<stream_object*>(stream); }
 
 // One entry point's call: holds the lock, and records the call and its result on the way out.
 class entry {
@@ -185,6 +203,12 @@ class entry {
       return false;
     }
     return true;
+  }
+  // The error of work enqueued on a stream whose capture was invalidated, else hipSuccess.
+  hipError_t capture_broken(hipStream_t stream) const {
+    return stream != nullptr && as_stream(stream)->capture != 0 && as_stream(stream)->invalidated
+               ? hipErrorStreamCaptureInvalidated
+               : hipSuccess;
   }
   // Whether p lies in a reserved address range (mapped or not).
   bool reserved(const void* p) const {
@@ -222,6 +246,15 @@ class entry {
   std::unique_lock<std::mutex> lock_;
   const char* name_;
 };
+
+// Breaks capture `capture`: every stream in it is invalidated (its end fails), as the runtimes do.
+void invalidate_capture(entry& e, unsigned long long capture, const char* why) {
+  for (const void* object : e.s.streams) {
+    auto* st = static_cast<stream_object*>(const_cast<void*>(object));
+    if (st->capture == capture) st->invalidated = true;
+  }
+  violation(e.s, std::string(why) + ": the capture is invalidated");
+}
 
 hipError_t allocate(entry& e, void** ptr, std::size_t bytes, int device) {
   *ptr = nullptr;
@@ -418,6 +451,11 @@ FAKE_API const char* hipGetErrorName(hipError_t code) {
     case hipErrorNoBinaryForGpu: return "hipErrorNoBinaryForGpu";
     case hipErrorInvalidHandle: return "hipErrorInvalidHandle";
     case hipErrorNotFound: return "hipErrorNotFound";
+    case hipErrorStreamCaptureUnsupported: return "hipErrorStreamCaptureUnsupported";
+    case hipErrorStreamCaptureInvalidated: return "hipErrorStreamCaptureInvalidated";
+    case hipErrorStreamCaptureUnjoined: return "hipErrorStreamCaptureUnjoined";
+    case hipErrorStreamCaptureIsolation: return "hipErrorStreamCaptureIsolation";
+    case hipErrorIllegalState: return "hipErrorIllegalState";
     default: return "hipErrorUnknown";
   }
 }
@@ -503,12 +541,82 @@ FAKE_API hipError_t hipStreamDestroy(hipStream_t stream) {
 
 FAKE_API hipError_t hipStreamSynchronize(hipStream_t stream) {
   entry e("hipStreamSynchronize");
-  return e.done(e.stream_ok(stream) ? hipSuccess : hipErrorInvalidHandle, stream);
+  if (!e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
+  if (stream != nullptr && as_stream(stream)->capture != 0) {
+    invalidate_capture(e, as_stream(stream)->capture, "hipStreamSynchronize of a capturing stream");
+    return e.done(hipErrorStreamCaptureUnsupported, stream);
+  }
+  return e.done(hipSuccess, stream);
 }
 
 FAKE_API hipError_t hipDeviceSynchronize() {
   entry e("hipDeviceSynchronize");
-  return e.done(e.device_ok(current_device) ? hipSuccess : hipErrorInvalidDevice);
+  if (!e.device_ok(current_device)) return e.done(hipErrorInvalidDevice);
+  bool capturing = false;
+  for (const void* object : e.s.streams) {
+    const auto* st = static_cast<const stream_object*>(object);
+    capturing |= !st->destroyed && st->capture != 0 && st->device == current_device;
+  }
+  if (capturing) {
+    for (const void* object : e.s.streams) {
+      const auto* st = static_cast<const stream_object*>(object);
+      if (!st->destroyed && st->capture != 0 && st->device == current_device)
+        invalidate_capture(e, st->capture, "hipDeviceSynchronize while a stream of the device captures");
+    }
+    return e.done(hipErrorStreamCaptureUnsupported);
+  }
+  return e.done(hipSuccess);
+}
+
+// ---- stream capture
+
+FAKE_API hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode) {
+  entry e("hipStreamBeginCapture");
+  if (stream == nullptr || !e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
+  stream_object* st = as_stream(stream);
+  if (st->capture != 0) return e.done(hipErrorIllegalState, stream);
+  st->capture = ++e.s.captures;
+  st->invalidated = false;
+  return e.done(hipSuccess, stream);
+}
+
+// Ends the capture on `stream` and every stream that joined it. The graph is not emulated: null.
+FAKE_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t* graph) {
+  entry e("hipStreamEndCapture");
+  if (stream == nullptr || !e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
+  const unsigned long long capture = as_stream(stream)->capture;
+  if (capture == 0) return e.done(hipErrorIllegalState, stream);
+  const bool invalidated = as_stream(stream)->invalidated;
+  bool unjoined = false;
+  for (const void* object : e.s.streams) {
+    auto* st = static_cast<stream_object*>(const_cast<void*>(object));
+    if (st->capture != capture) continue;
+    unjoined |= st->forked && !st->rejoined;
+    *st = stream_object{st->device, st->destroyed};
+  }
+  if (graph != nullptr) *graph = nullptr;
+  return e.done(invalidated ? hipErrorStreamCaptureInvalidated
+                : unjoined  ? hipErrorStreamCaptureUnjoined
+                            : hipSuccess,
+                stream);
+}
+
+FAKE_API hipError_t hipGraphDestroy(hipGraph_t graph) {
+  entry e("hipGraphDestroy");
+  return e.done(graph == nullptr ? hipErrorInvalidValue : hipSuccess);  // the fake's captures make no graph
+}
+
+FAKE_API hipError_t hipStreamGetCaptureInfo(hipStream_t stream, hipStreamCaptureStatus* status,
+                                            unsigned long long* id) {
+  entry e("hipStreamGetCaptureInfo");
+  if (!e.stream_ok(stream) || status == nullptr) return e.done(hipErrorInvalidValue, stream);
+  const stream_object* st = stream == nullptr ? nullptr : as_stream(stream);
+  const unsigned long long capture = st == nullptr ? 0 : st->capture;
+  *status = capture == 0      ? hipStreamCaptureStatusNone
+            : st->invalidated ? hipStreamCaptureStatusInvalidated
+                              : hipStreamCaptureStatusActive;
+  if (id != nullptr) *id = capture;
+  return e.done(hipSuccess, stream);
 }
 
 FAKE_API hipError_t hipEventCreateWithFlags(hipEvent_t* event, unsigned int) {
@@ -529,12 +637,37 @@ FAKE_API hipError_t hipEventDestroy(hipEvent_t event) {
 FAKE_API hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) {
   entry e("hipEventRecord");
   if (e.s.events.count(event) == 0 || !e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
+  if (const hipError_t broken = e.capture_broken(stream); broken != hipSuccess) return e.done(broken, stream);
+  auto* ev = reinterpret_cast<event_object*>(event);
+  ev->capture = stream == nullptr ? 0 : as_stream(stream)->capture;
+  ev->recorded_on = stream == nullptr ? nullptr : as_stream(stream);
+  if (ev->recorded_on != nullptr) ev->recorded_on->rejoined = false;
   return e.done(hipSuccess, stream);
 }
 
+// A wait across a capture's boundary (an event of one capture waited for by a stream outside it,
+// or a capturing stream waiting for an event recorded outside its capture) is illegal.
 FAKE_API hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned int) {
   entry e("hipStreamWaitEvent");
   if (e.s.events.count(event) == 0 || !e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
+  if (const hipError_t broken = e.capture_broken(stream); broken != hipSuccess) return e.done(broken, stream);
+  const auto* ev = reinterpret_cast<event_object*>(event);
+  const unsigned long long recorded_in = ev->capture;
+  const unsigned long long waiting_in = stream == nullptr ? 0 : as_stream(stream)->capture;
+  if (recorded_in != 0 && waiting_in == 0 && stream != nullptr) {  // a fork: the stream joins the capture
+    as_stream(stream)->capture = recorded_in;
+    as_stream(stream)->forked = true;
+    as_stream(stream)->rejoined = false;
+    return e.done(hipSuccess, stream);
+  }
+  if (recorded_in != waiting_in) {
+    const char* what = "hipStreamWaitEvent across a stream capture's boundary";
+    if (recorded_in != 0) invalidate_capture(e, recorded_in, what);
+    if (waiting_in != 0) invalidate_capture(e, waiting_in, what);
+    return e.done(hipErrorStreamCaptureIsolation, stream);
+  }
+  if (recorded_in != 0 && ev->recorded_on != nullptr && ev->recorded_on != as_stream(stream))
+    ev->recorded_on->rejoined = true;  // the capture waits for the forked stream again: a join
   return e.done(hipSuccess, stream);
 }
 

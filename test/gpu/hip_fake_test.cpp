@@ -241,7 +241,8 @@ TEST_CASE("a stream destroyed without hip::retire_stream is still used by the ca
   fake().clear_violations();
   CHECK_THROWS_AS(reuse_after_the_stream_is_destroyed(memory_kind::device, false), backend_error);
   REQUIRE(fake().violations().size() == 1);
-  CHECK_THAT(fake().violations()[0], Catch::Contains("hipEventRecord on a destroyed stream"));
+  // The first call on it is the capture query before the event is recorded on it.
+  CHECK_THAT(fake().violations()[0], Catch::Contains("hipStreamGetCaptureInfo on a destroyed stream"));
   fake().clear_violations();
 }
 
@@ -382,5 +383,159 @@ TEST_CASE("virtual memory on HIP 7: out of memory in a commit is false, and the 
 
 TEST_CASE("HIP 5.2: no virtual memory (no attribute says whether a device has it, and another layout)", "[hip-5.2]") {
   CHECK(hip::device(0).underlying().address_space() == nullptr);
+  CHECK(fake().violations().empty());
+}
+
+// ---- graph capture: refpool never orders streams across a capture's boundary ---------------------
+// The fake enforces the runtimes' rules (fake_amdhip64.cpp): a stream outside a capture that
+// waits for an event recorded in it joins the capture, which then cannot end (unjoined); a
+// capturing stream waiting for an event from outside invalidates it. A cache that reused memory
+// across such streams broke the application's graph (PyTorch's test_cuda_graph_error_options).
+
+namespace {
+
+// A non-blocking stream of the application's, and its graph capture.
+struct app_stream {
+  hipStream_t handle = nullptr;
+  app_stream() { REQUIRE(APP_HIP(hipStreamCreateWithFlags)(&handle, hipStreamNonBlocking) == hipSuccess); }
+  ~app_stream() { (void)APP_HIP(hipStreamDestroy)(handle); }
+  app_stream(const app_stream&) = delete;
+  app_stream& operator=(const app_stream&) = delete;
+  stream_ref ref() const { return {handle}; }
+  void begin_capture() const {
+    REQUIRE(APP_HIP(hipStreamBeginCapture)(handle, hipStreamCaptureModeRelaxed) == hipSuccess);
+  }
+  hipError_t end_capture() const {
+    hipGraph_t graph = nullptr;
+    return APP_HIP(hipStreamEndCapture)(handle, &graph);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("graph capture: the fake runtime breaks a capture that an event wait crosses (control)", "[hip-7]") {
+  app_stream captured;
+  app_stream other;
+  hipEvent_t event = nullptr;
+  REQUIRE(APP_HIP(hipEventCreateWithFlags)(&event, hipEventDisableTiming) == hipSuccess);
+  fake().clear_violations();
+  captured.begin_capture();  // an event of the capture, waited for outside it: `other` joins, never rejoins
+  REQUIRE(APP_HIP(hipEventRecord)(event, captured.handle) == hipSuccess);
+  REQUIRE(APP_HIP(hipStreamWaitEvent)(other.handle, event, 0) == hipSuccess);
+  CHECK(captured.end_capture() == hipErrorStreamCaptureUnjoined);
+  captured.begin_capture();  // an event from outside, waited for in the capture: invalidated
+  REQUIRE(APP_HIP(hipEventRecord)(event, other.handle) == hipSuccess);
+  CHECK(APP_HIP(hipStreamWaitEvent)(captured.handle, event, 0) == hipErrorStreamCaptureIsolation);
+  CHECK(captured.end_capture() == hipErrorStreamCaptureInvalidated);
+  captured.begin_capture();  // a device-wide wait during a capture: invalidated
+  CHECK(APP_HIP(hipDeviceSynchronize)() == hipErrorStreamCaptureUnsupported);
+  CHECK(captured.end_capture() == hipErrorStreamCaptureInvalidated);
+  CHECK(fake().violations().size() == 2);
+  fake().clear_violations();
+  (void)APP_HIP(hipGetLastError)();
+  REQUIRE(APP_HIP(hipEventDestroy)(event) == hipSuccess);
+}
+
+TEST_CASE("graph capture: an idle block is not handed across the boundary of a capture", "[hip-7][hip-5.2]") {
+  const backend be = hip::device(0);
+  alloc_cache cache{one_allocation_per_block()};
+  app_stream captured;
+  app_stream other;
+  fake().clear_violations();
+  const bool consumer_captures = GENERATE(false, true);
+  CAPTURE(consumer_captures);
+  // The block is last used on the producer; the consumer asks for its size while the capture runs
+  // (in PyTorch's test, another thread allocates on a fresh stream during a relaxed capture).
+  const app_stream& producer = consumer_captures ? other : captured;
+  const app_stream& consumer = consumer_captures ? captured : other;
+  const void* idle = nullptr;
+  {
+    data_ref x = cache.allocate(be, 4096, producer.ref());
+    idle = x.data();
+  }
+  captured.begin_capture();
+  const void* during = nullptr;
+  {
+    data_ref y = cache.allocate(be, 4096, consumer.ref());
+    during = y.data();
+  }
+  CHECK(during != idle);  // a miss: memory of its own
+  CHECK(captured.end_capture() == hipSuccess);
+  CHECK(fake().violations().empty());
+  // After the capture, cross-stream reuse is back: two blocks on the consumer take both.
+  {
+    data_ref a = cache.allocate(be, 4096, consumer.ref());
+    data_ref b = cache.allocate(be, 4096, consumer.ref());
+    CHECK(((a.data() == idle && b.data() == during) || (a.data() == during && b.data() == idle)));
+  }
+  CHECK(cache.stats().cross_stream_reuses >= 1);
+  cache.reclaim();
+  CHECK(be.outstanding_bytes() == 0);
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("graph capture: a piece is not carved from bytes last used across a capture's boundary", "[hip-7]") {
+  // Segments (virtual memory on the fake HIP 7): a large idle piece goes back to its heap before a
+  // miss of another size carves from the free range it left, whose last stream is the capture's.
+  const backend be = hip::device(0);
+  alloc_cache cache{cache_options{}};
+  app_stream captured;
+  app_stream other;
+  fake().clear_violations();
+  { data_ref x = cache.allocate(be, std::size_t{8} << 20, captured.ref()); }
+  captured.begin_capture();
+  fake().clear_calls();
+  {
+    data_ref y = cache.allocate(be, std::size_t{4} << 20, other.ref());
+    CHECK(y.data() != nullptr);
+  }
+  CHECK(captured.end_capture() == hipSuccess);
+  CHECK(count_calls(fake().calls(), "hipStreamWaitEvent") == 0);
+  CHECK(fake().violations().empty());
+  cache.reclaim();
+  CHECK(be.outstanding_bytes() == 0);
+  CHECK(fake().violations().empty());
+}
+
+TEST_CASE("graph capture: a free that needs a capturing stream's order waits for a reclaim after it", "[hip-7]") {
+  // record_stream on a stream that then captures: the block's free must be ordered after it, which
+  // cannot be done during the capture (and a device-wide wait would break it): kept, not lost.
+  for (const memory_kind kind : {memory_kind::device, memory_kind::device_async}) {
+    CAPTURE(to_string(kind));
+    const backend be = hip::device(0, kind);
+    alloc_cache cache{one_allocation_per_block()};
+    app_stream captured;
+    app_stream other;
+    fake().clear_violations();
+    {
+      data_ref x = cache.allocate(be, 4096, other.ref());
+      x.record_stream(captured.ref());
+    }
+    captured.begin_capture();
+    cache.reclaim();
+    CHECK(be.outstanding_bytes() == 4096);  // kept
+    CHECK(captured.end_capture() == hipSuccess);
+    CHECK(fake().violations().empty());
+    cache.reclaim();  // after the capture: freed
+    CHECK(be.outstanding_bytes() == 0);
+    CHECK(fake().violations().empty());
+  }
+}
+
+TEST_CASE("graph capture: a stream-ordered free on a capturing stream waits until the capture ends", "[hip-7]") {
+  const backend be = hip::device(0, memory_kind::device_async);
+  alloc_cache cache{one_allocation_per_block()};
+  app_stream captured;
+  fake().clear_violations();
+  { data_ref x = cache.allocate(be, 4096, captured.ref()); }
+  captured.begin_capture();
+  fake().clear_calls();
+  cache.reclaim();  // hipFreeAsync on the capturing stream would put the free into the graph
+  CHECK(count_calls(fake().calls(), "hipFreeAsync") == 0);
+  CHECK(captured.end_capture() == hipSuccess);
+  { data_ref y = cache.allocate(be, std::size_t{1} << 20, captured.ref()); }  // a miss: the kept free goes first
+  CHECK(count_calls(fake().calls(), "hipFreeAsync") == 1);
+  cache.reclaim();
+  CHECK(fake().device_bytes_in_use(0) == 0);
   CHECK(fake().violations().empty());
 }

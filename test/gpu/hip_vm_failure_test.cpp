@@ -178,3 +178,39 @@ TEST_CASE("a cache with segments when a commit fails with an error: backend_erro
   CHECK(fake().device_bytes_in_use(0) == before);
   CHECK(fake().violations().empty());
 }
+
+TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wait for the device succeeds", "[hip-7]") {
+  // Unmapping waits for the device first; during a capture that wait fails (and breaks the
+  // capture: the runtime does not say beforehand that a stream captures). Nothing is unmapped
+  // under work that may still be in flight: the pieces stay, and the next decommit after the
+  // capture gives them back.
+  faults_cleared guard;
+  virtual_memory& vm = device_vm();
+  const std::size_t g = vm.granularity();
+  const std::size_t before = fake().device_bytes_in_use(0);
+  void* base = vm.reserve(4 * g);
+  REQUIRE(base != nullptr);
+  REQUIRE(vm.commit(base, g));
+  REQUIRE(vm.commit(static_cast<char*>(base) + g, g));
+  hipStream_t captured = nullptr;
+  REQUIRE(fake_hip::symbol<decltype(::hipStreamCreateWithFlags)>("hipStreamCreateWithFlags")(
+              &captured, hipStreamNonBlocking) == hipSuccess);
+  REQUIRE(fake_hip::symbol<decltype(::hipStreamBeginCapture)>("hipStreamBeginCapture")(
+              captured, hipStreamCaptureModeRelaxed) == hipSuccess);
+  fake().clear_calls();
+  vm.decommit(base, g);
+  CHECK(fake_hip::count_calls(fake().calls(), "hipMemUnmap") == 0);
+  CHECK(fake().device_bytes_in_use(0) == before + 2 * g);
+  hipGraph_t graph = nullptr;
+  CHECK(fake_hip::symbol<decltype(::hipStreamEndCapture)>("hipStreamEndCapture")(captured, &graph) ==
+        hipErrorStreamCaptureInvalidated);
+  fake().clear_violations();                     // the failed wait broke the capture: recorded by the fake
+  vm.decommit(static_cast<char*>(base) + g, g);  // after the capture: both go
+  CHECK(fake().device_bytes_in_use(0) == before);
+  REQUIRE(vm.commit(base, 2 * g));  // the range is free to commit again
+  vm.decommit(base, 2 * g);
+  vm.release(base, 4 * g);
+  CHECK(fake().device_bytes_in_use(0) == before);
+  CHECK(fake().violations().empty());
+  (void)fake_hip::symbol<decltype(::hipStreamDestroy)>("hipStreamDestroy")(captured);
+}

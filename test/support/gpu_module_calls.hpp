@@ -27,6 +27,10 @@ struct table {
   status (*launch)(void* function, dims3 grid, dims3 block, unsigned shared_bytes, void* stream, void** args);
   const char* (*error_name)(status);
   const char* (*error_string)(status);
+  /// A graph capture on `stream` (relaxed mode, so that no other thread's call is refused), and
+  /// its end: the graph is destroyed at once; the status says whether the capture held.
+  status (*begin_capture)(void* stream);
+  status (*end_capture)(void* stream);
   /// The runtime calls each entry makes, for messages ("cuModuleLoadDataEx").
   std::string_view activate_call, load_call, function_call, launch_call;
 };

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <refpool/error.hpp>
 
@@ -28,6 +29,9 @@ struct driver {
   decltype(&::cuLaunchKernel) cuLaunchKernel = nullptr;
   decltype(&::cuGetErrorName) cuGetErrorName = nullptr;
   decltype(&::cuGetErrorString) cuGetErrorString = nullptr;
+  PFN_cuStreamBeginCapture_v10010 cuStreamBeginCapture = nullptr;  // the ABI of CUDA 12.0, asked for below
+  PFN_cuStreamEndCapture_v10000 cuStreamEndCapture = nullptr;
+  PFN_cuGraphDestroy_v10000 cuGraphDestroy = nullptr;
 };
 
 driver load() {
@@ -54,6 +58,9 @@ driver load() {
   resolve("cuLaunchKernel", d.cuLaunchKernel);
   resolve("cuGetErrorName", d.cuGetErrorName);
   resolve("cuGetErrorString", d.cuGetErrorString);
+  resolve("cuStreamBeginCapture", d.cuStreamBeginCapture);
+  resolve("cuStreamEndCapture", d.cuStreamEndCapture);
+  resolve("cuGraphDestroy", d.cuGraphDestroy);
   return d;
 }
 
@@ -110,6 +117,17 @@ const char* error_string(status code) {
   return api().cuGetErrorString(static_cast<CUresult>(code), &text) == CUDA_SUCCESS ? text : nullptr;
 }
 
+status begin_capture(void* stream) {
+  return api().cuStreamBeginCapture(static_cast<CUstream>(stream), CU_STREAM_CAPTURE_MODE_RELAXED);
+}
+
+status end_capture(void* stream) {
+  CUgraph graph = nullptr;
+  const CUresult r = api().cuStreamEndCapture(static_cast<CUstream>(stream), &graph);
+  if (graph != nullptr) (void)api().cuGraphDestroy(graph);
+  return r;
+}
+
 }  // namespace
 
 const table& cuda() {
@@ -123,6 +141,8 @@ const table& cuda() {
                        launch,
                        error_name,
                        error_string,
+                       begin_capture,
+                       end_capture,
                        "cuCtxSetCurrent",
                        "cuModuleLoadDataEx",
                        "cuModuleGetFunction",

@@ -50,6 +50,9 @@ struct runtime_calls {
   decltype(&::hipGetErrorName) hipGetErrorName = nullptr;
   decltype(&::hipGetErrorString) hipGetErrorString = nullptr;
   decltype(&::hipGetLastError) hipGetLastError = nullptr;
+  decltype(&::hipStreamBeginCapture) hipStreamBeginCapture = nullptr;
+  decltype(&::hipStreamEndCapture) hipStreamEndCapture = nullptr;
+  decltype(&::hipGraphDestroy) hipGraphDestroy = nullptr;
   hipError_t (*hipGetDeviceProperties)(device_properties_5*, int) = nullptr;  // where present
   int version = 0;
 };
@@ -79,6 +82,9 @@ runtime_calls load() {
   resolve("hipGetErrorName", c.hipGetErrorName);
   resolve("hipGetErrorString", c.hipGetErrorString);
   resolve("hipGetLastError", c.hipGetLastError);
+  resolve("hipStreamBeginCapture", c.hipStreamBeginCapture);
+  resolve("hipStreamEndCapture", c.hipStreamEndCapture);
+  resolve("hipGraphDestroy", c.hipGraphDestroy);
   resolve("hipGetDeviceProperties", c.hipGetDeviceProperties, false);
   if (get_version(&c.version) != hipSuccess || c.version != refpool::hip::runtime_version())
     throw backend_unavailable(fmt::format("refpool test support: the loaded HIP runtime is {}, refpool's {}", c.version,
@@ -171,6 +177,17 @@ status launch(void* function, dims3 grid, dims3 block, unsigned shared_bytes, vo
 const char* error_name(status code) { return api().hipGetErrorName(static_cast<hipError_t>(code)); }
 const char* error_string(status code) { return api().hipGetErrorString(static_cast<hipError_t>(code)); }
 
+status begin_capture(void* stream) {
+  return call(api().hipStreamBeginCapture, static_cast<hipStream_t>(stream), hipStreamCaptureModeRelaxed);
+}
+
+status end_capture(void* stream) {
+  hipGraph_t graph = nullptr;
+  const hipError_t r = call(api().hipStreamEndCapture, static_cast<hipStream_t>(stream), &graph);
+  if (graph != nullptr) (void)call(api().hipGraphDestroy, graph);
+  return r;
+}
+
 }  // namespace
 
 const table& hip() {
@@ -184,6 +201,8 @@ const table& hip() {
                        launch,
                        error_name,
                        error_string,
+                       begin_capture,
+                       end_capture,
                        "hipSetDevice",
                        "hipModuleLoadData",
                        "hipModuleGetFunction",

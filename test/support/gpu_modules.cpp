@@ -103,4 +103,16 @@ void launch(runtime r, void* function, int ordinal, dims3 grid, dims3 block, str
         fmt::format("grid ({}, {}, {}), block ({}, {}, {})", grid.x, grid.y, grid.z, block.x, block.y, block.z));
 }
 
+void begin_capture(runtime r, stream_ref s, int ordinal) {
+  const calls::table& api = usable(r);
+  device_guard guard(r, api, ordinal);
+  check(api, api.begin_capture(s.handle), "begin capture", fmt::format("stream {}", s.handle));
+}
+
+int end_capture(runtime r, stream_ref s, int ordinal) {
+  const calls::table& api = usable(r);
+  device_guard guard(r, api, ordinal);
+  return api.end_capture(s.handle);
+}
+
 }  // namespace refpool::test::gpu_modules::detail

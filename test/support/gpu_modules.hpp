@@ -26,7 +26,34 @@ void unload_module(runtime r, void* module, int ordinal) noexcept;
 [[nodiscard]] void* module_function(runtime r, void* module, int ordinal, const char* name);
 void launch(runtime r, void* function, int ordinal, dims3 grid, dims3 block, stream_ref s, void** args,
             unsigned shared_bytes);
+void begin_capture(runtime r, stream_ref s, int ordinal);
+[[nodiscard]] int end_capture(runtime r, stream_ref s, int ordinal);
 }  // namespace detail
+
+/// A graph capture on `s` of device `ordinal` (relaxed mode: other threads' calls are not refused,
+/// as in PyTorch's capture_error_mode="relaxed"), begun at construction; end() ends it, destroys
+/// the graph and returns the runtime's status: 0 when the capture held, else why it broke
+/// (invalidated, unjoined). Ended at destruction if end() was not called. Throws `backend_error`
+/// when the capture cannot begin.
+template <runtime R>
+class capture {
+ public:
+  capture(stream_ref s, int ordinal) : stream_(s), device_(ordinal) { detail::begin_capture(R, s, ordinal); }
+  ~capture() {
+    if (!ended_) (void)detail::end_capture(R, stream_, device_);
+  }
+  capture(const capture&) = delete;
+  capture& operator=(const capture&) = delete;
+  [[nodiscard]] int end() {
+    ended_ = true;
+    return detail::end_capture(R, stream_, device_);
+  }
+
+ private:
+  stream_ref stream_;
+  int device_ = 0;
+  bool ended_ = false;
+};
 
 /// A kernel of a loaded module of runtime R: the runtime's function handle and the module's
 /// device. Valid while its module lives.
