@@ -26,7 +26,7 @@ tests=${PTESTS:-.ptests}
 # shellcheck source=bench/h200/torch_build.sh
 source bench/h200/torch_build.sh
 
-modes=torch,refpool
+modes=${MODES:-torch,refpool}  # MODES=refpool: refpool alone (compare with an earlier run)
 note=""
 if [ "$lib_rc" -ne 0 ]; then
   echo "== refpool's mode cannot run; PyTorch's mode runs alone"
