@@ -95,13 +95,13 @@ class gpu_virtual_memory final : public virtual_memory {
       return;
     }
     give_back(start, start + bytes);  // anything still committed (the caller should have decommitted)
-    try {
-      device_guard guard(api_, device_);
-      check(api_, api_.vm_free(addr, bytes), api_.vm_free.name, fmt::format("{} B at {}", bytes, addr));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+    if (has_pieces(start, start + bytes)) {
+      // Kept mapped for want of a wait (a graph capture): the driver refuses to free a range with
+      // mappings, so the range goes with its last piece, at a later give_back that waits.
+      releases_pending_[start] = bytes;
+      return;
     }
-    reservations_.erase(it);
+    free_reservation(it);
   }
 
  private:
@@ -118,6 +118,25 @@ class gpu_virtual_memory final : public virtual_memory {
   };
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+  // Whether a piece (mapped or stale) lies in [start, end). Called with mutex_ held.
+  bool has_pieces(std::uintptr_t start, std::uintptr_t end) const {
+    const auto it = pieces_.lower_bound(start);
+    return it != pieces_.end() && it->first < end;
+  }
+
+  // Frees a reservation that holds no piece. Called with mutex_ held.
+  void free_reservation(std::map<std::uintptr_t, std::size_t>::iterator reservation) noexcept {
+    void* const addr = reinterpret_cast<void*>(reservation->first);
+    const std::size_t bytes = reservation->second;
+    try {
+      device_guard guard(api_, device_);
+      check(api_, api_.vm_free(addr, bytes), api_.vm_free.name, fmt::format("{} B at {}", bytes, addr));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+    reservations_.erase(reservation);
+  }
 
   void check_size(std::size_t bytes, const char* call) const {
     if (bytes == 0 || bytes % granularity_ != 0)
@@ -169,9 +188,20 @@ class gpu_virtual_memory final : public virtual_memory {
         return;
       }
       while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
-      // The wait covered the pieces an earlier give_back kept for want of one: they may go now.
+      // The wait covered the pieces an earlier give_back kept for want of one: they may go now,
+      // and then the reservations released meanwhile.
       for (auto kept = pieces_.begin(); kept != pieces_.end();)
         kept = kept->second.unwaited ? give_back_piece(kept) : std::next(kept);
+      for (auto pending = releases_pending_.begin(); pending != releases_pending_.end();) {
+        const auto [at, bytes] = *pending;
+        if (has_pieces(at, at + bytes)) {
+          ++pending;
+          continue;
+        }
+        pending = releases_pending_.erase(pending);
+        if (const auto reservation = reservations_.find(at); reservation != reservations_.end())
+          free_reservation(reservation);
+      }
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -241,6 +271,8 @@ class gpu_virtual_memory final : public virtual_memory {
   const std::size_t granularity_;
   std::mutex mutex_;
   std::map<std::uintptr_t, std::size_t> reservations_;  // start -> bytes
+  /// Reservations released while pieces in them were kept for want of a wait: start -> bytes.
+  std::map<std::uintptr_t, std::size_t> releases_pending_;
   std::map<std::uintptr_t, piece> pieces_;              // committed ranges by start: one physical allocation each
 };
 

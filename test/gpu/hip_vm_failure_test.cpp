@@ -214,3 +214,41 @@ TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wai
   CHECK(fake().violations().empty());
   (void)fake_hip::symbol<decltype(::hipStreamDestroy)>("hipStreamDestroy")(captured);
 }
+
+TEST_CASE("a reservation released during a graph capture goes with its last piece, after a wait succeeds", "[hip-7]") {
+  // The driver refuses to free a range that still has mappings (the H100 said
+  // CUDA_ERROR_INVALID_VALUE in cuMemAddressFree when a trim during a capture released a segment
+  // whose pieces the failed wait had kept): the release waits for the pieces.
+  faults_cleared guard;
+  virtual_memory& vm = device_vm();
+  const std::size_t g = vm.granularity();
+  const std::size_t before = fake().device_bytes_in_use(0);
+  void* released = vm.reserve(2 * g);
+  void* other = vm.reserve(g);
+  REQUIRE(released != nullptr);
+  REQUIRE(other != nullptr);
+  REQUIRE(vm.commit(released, g));
+  REQUIRE(vm.commit(other, g));
+  hipStream_t captured = nullptr;
+  REQUIRE(fake_hip::symbol<decltype(::hipStreamCreateWithFlags)>("hipStreamCreateWithFlags")(
+              &captured, hipStreamNonBlocking) == hipSuccess);
+  REQUIRE(fake_hip::symbol<decltype(::hipStreamBeginCapture)>("hipStreamBeginCapture")(
+              captured, hipStreamCaptureModeRelaxed) == hipSuccess);
+  fake().clear_calls();
+  vm.decommit(released, g);
+  vm.release(released, 2 * g);
+  CHECK(fake_hip::count_calls(fake().calls(), "hipMemUnmap") == 0);
+  CHECK(fake_hip::count_calls(fake().calls(), "hipMemAddressFree") == 0);  // not refused: not asked
+  hipGraph_t graph = nullptr;
+  CHECK(fake_hip::symbol<decltype(::hipStreamEndCapture)>("hipStreamEndCapture")(captured, &graph) ==
+        hipErrorStreamCaptureInvalidated);
+  fake().clear_violations();  // the failed wait broke the capture: recorded by the fake
+  fake().clear_calls();
+  vm.decommit(other, g);  // a wait that succeeds: the kept piece goes, then its reservation
+  CHECK(fake_hip::count_calls(fake().calls(), "hipMemUnmap") == 2);
+  CHECK(fake_hip::count_calls(fake().calls(), "hipMemAddressFree") == 1);
+  CHECK(fake().device_bytes_in_use(0) == before);
+  vm.release(other, g);
+  CHECK(fake().violations().empty());
+  (void)fake_hip::symbol<decltype(::hipStreamDestroy)>("hipStreamDestroy")(captured);
+}
