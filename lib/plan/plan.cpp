@@ -66,6 +66,7 @@ plan::~plan() {
       // is live); drop them before anyone reads through them.
       std::lock_guard guard(arena_->pinned_mutex);
       std::erase_if(arena_->pinned, [&](const pinned_region& p) { return p.owner == this; });
+      arena_->remove_plan(*this);
     }
     arena_->source().take_back_regions(*this, regions_);
     arena_->release();
@@ -75,8 +76,18 @@ plan::~plan() {
 
 void plan::bind(arena& a) {
   regions_ = a.source().make_regions(*this, a.memory(), requests_, offsets_);
+  try {
+    a.add_plan(*this);  // its regions point into the arena's span from now on
+  } catch (...) {
+    a.source().take_back_regions(*this, std::exchange(regions_, nullptr));
+    throw;
+  }
   a.retain();
   arena_ = &a;
+}
+
+void plan::rebase(std::byte* base) noexcept {
+  for (std::size_t i = 0; i < requests_.size(); ++i) regions_[i].ptr = base == nullptr ? nullptr : base + offsets_[i];
 }
 
 std::size_t plan::live_region_bytes() const noexcept {

@@ -189,14 +189,11 @@ void plan_run::begin_with(const planned_request& request) {
       mode_ = mode::plain;
       return;
     }
-    bool usable = true;  // an arena made or lent without memory commits it first
-    if (a.decommitted()) {
-      try {
-        cache_.reclaim_idle(*a.backend());  // the plain path's idle memory goes first
-        usable = a.recommit();
-      } catch (...) {
-        usable = false;
-      }
+    bool usable = false;  // its span: made, held again or extended (out of memory: the plain cache)
+    try {
+      usable = a.take();
+    } catch (...) {
+      usable = false;
     }
     if (!usable) {
       a.unclaim();
@@ -463,11 +460,16 @@ std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* l
   }
   for (const foreign_region& f : foreign_) f.owner->release();
   foreign_.clear();
+  bool idle = false;
   {
     std::lock_guard guard(arena_->pinned_mutex);
     arena_->drop_released_pins_locked();
     arena_->pinned.insert(arena_->pinned.end(), pins.begin(), pins.end());
+    idle = arena_->pinned.empty();
   }
+  // No region live: the heap may yield its bytes until the next claim. Pinned: it stays held, and
+  // a later run's end idles it once its regions went.
+  if (idle) arena_->idle();
   arena_->unclaim();
   return pins.size();
 }

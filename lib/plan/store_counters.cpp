@@ -22,7 +22,6 @@ void plan_store::add_counters(cache_stats& out) const {
     out.planned_peak_live_bytes += peak;
     out.peak_plan_live_bytes += k->peak_plan_live;
   }
-  out.arena_bytes += arenas_.bytes();  // replaced arenas a live region still pins included (spans: the heaps add theirs)
   out.plan_live_bytes = arenas_.live_region_bytes();  // and regions of plans dropped or moved
   out.plan_evictions = evictions_;
   out.plan_pauses = pauses_;
