@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Writes abi/<soname>.abi, the ABI .ci/steps/abi.sh compares each build's librefpool against, from a
+# Writes abi/<soname>.abi.xz, the ABI .ci/steps/abi.sh compares each build's librefpool against, from a
 # built library. Run it when a release is made (the file is the last release's ABI) and when the
 # soname is bumped for an intended incompatible change (lib/meson.build's soversion), then commit
 # the file; delete the previous soname's file then.
@@ -16,4 +16,5 @@ library=$(abi_library "$build")
 [ -n "$library" ] || { echo "abi/update.sh: no librefpool.so.* in $build/lib: build it first" >&2; exit 1; }
 soname=$(abi_soname "$library")
 abi_dump "$library" "abi/$soname.abi"
-echo "abi/$soname.abi written from $library"
+xz -9 -f "abi/$soname.abi"  # xz-compressed, as bench/traces are: .ci/steps/abi.sh reads it with xz -dc
+echo "abi/$soname.abi.xz written from $library"

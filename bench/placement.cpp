@@ -1,7 +1,8 @@
 // Placement of plans (issue 35): for every step of the captured traces (bench/traces/*.csv.xz, one
 // plan each) and for the step shapes of issue 35's reproduction (4 KiB requests whose lifetimes
 // never overlap; all alive together), the library's placement side by side with the walk over
-// every placed request it replaced: arena bytes (the packing), the peak of live bytes (the floor),
+// every placed request it replaced for long runs (place_greedy_by_walk, which short runs still
+// use): arena bytes (the packing), the peak of live bytes (the floor),
 // whether the offsets are the same, and CPU time. White-box: it calls lib/plan/placement.
 //
 //   placement [--json FILE] TRACE.csv.xz...   (default placement.json)
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <ctime>
 #include <map>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -24,34 +24,6 @@
 namespace {
 
 using refpool::detail::lifetime;
-
-// Greedy by size as placed before issue 35: for each request, largest first, a walk over every
-// placed one in address order (quadratic in the requests).
-std::pair<std::vector<std::size_t>, std::size_t> walk_every_placed(const std::vector<std::size_t>& sizes,
-                                                                   const std::vector<lifetime>& life) {
-  const std::size_t n = sizes.size();
-  std::vector<std::size_t> rounded(n), order(n), offsets(n, 0), by_offset;
-  for (std::size_t i = 0; i < n; ++i) rounded[i] = (sizes[i] + 255) / 256 * 256;
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return rounded[a] != rounded[b] ? rounded[a] > rounded[b] : life[a].first < life[b].first;
-  });
-  std::size_t arena = 0;
-  for (const std::size_t i : order) {
-    std::size_t at = 0;
-    for (const std::size_t j : by_offset) {
-      if (life[j].first >= life[i].second || life[i].first >= life[j].second) continue;
-      if (offsets[j] >= at + rounded[i]) break;
-      at = std::max(at, offsets[j] + rounded[j]);
-    }
-    offsets[i] = at;
-    arena = std::max(arena, at + rounded[i]);
-    by_offset.insert(std::upper_bound(by_offset.begin(), by_offset.end(), at,
-                                      [&](std::size_t offset, std::size_t j) { return offset < offsets[j]; }),
-                     i);
-  }
-  return {offsets, arena};
-}
 
 // CPU milliseconds of `f`, the least of `repeats` runs.
 template <class F>
@@ -112,8 +84,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> traces;
   CLI::App app{"Placement of plans against the walk over every placed request it replaced"};
   app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
-  app.add_option("trace", traces, "Trace files (bench/traces/*.csv.xz, or a capture's .csv)")
-      ->check(CLI::ExistingFile);
+  app.add_option("trace", traces, "Trace files (bench/traces/*.csv.xz, or a capture's .csv)")->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
   std::vector<run_shape> shapes;
   for (const std::string& path : traces)
@@ -124,12 +95,13 @@ int main(int argc, char** argv) {
              "arena walk B", "arena now B", "same", "walk ms", "now ms", "ratio");
   refpool::bench::json_rows rows;
   for (const run_shape& r : shapes) {
-    const auto walked = walk_every_placed(r.sizes, r.lifetimes);
+    const auto walked = refpool::detail::place_greedy_by_walk(r.sizes, r.lifetimes, 256);
     const auto now = refpool::detail::place_greedy_by_size(r.sizes, r.lifetimes, 256);
     const std::size_t peak = refpool::detail::peak_live_bytes(r.sizes, r.lifetimes);
     const int repeats = r.sizes.size() > 10000 ? 1 : 5;
     const double walk_ms =
-        cpu_ms([&] { refpool::bench::keep(walk_every_placed(r.sizes, r.lifetimes).second); }, repeats);
+        cpu_ms([&] { refpool::bench::keep(refpool::detail::place_greedy_by_walk(r.sizes, r.lifetimes, 256).second); },
+               repeats);
     const double now_ms =
         cpu_ms([&] { refpool::bench::keep(refpool::detail::place_greedy_by_size(r.sizes, r.lifetimes, 256).second); },
                repeats);

@@ -147,7 +147,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Step ends against requests of other threads, automatic plans on and off"};
   app.add_option("--json", json_path, "Write the rows to this file")->capture_default_str();
   app.add_option("--steps", steps, "Steps a row")->capture_default_str();
-  app.add_option("--threads", thread_counts, "Worker threads, one row pair each")->delimiter(',')->capture_default_str();
+  app.add_option("--threads", thread_counts, "Worker threads, one row pair each")
+      ->delimiter(',')
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   fmt::print("{:>7} {:>11} {:>9} {:>6} {:>9} | {:>11} {:>11} {:>11} {:>11} | {:>14} {:>14} | {:>17}\n", "threads",
              "steps", "requests", "plans", "plan hits", "end max ms", "(cpu ms)", "end p99 ms", "end med ms",

@@ -29,8 +29,10 @@
  *   - a struct from a newer header (larger) than this library knows: on output the bytes past
  *     this library's struct are zeroed; on input they must be zero (fields left unset), else
  *     INVALID_ARGUMENT names the first byte set.
- * A size of 0, or one that is not a multiple of the struct's alignment, is INVALID_ARGUMENT (no
- * refpool.h ever declared it). A NULL options pointer means the defaults; its size is ignored.
+ * A size no refpool.h ever declared is INVALID_ARGUMENT, before a byte is read or written: 0, not
+ * a multiple of the struct's alignment, ending inside its first field, or over 64 KiB. So is a
+ * pointer not aligned as the struct is. A NULL options pointer means the defaults; its size is
+ * ignored.
  * An incompatible change (a field changed, moved or removed, a signature changed) changes the
  * soname; CI compares the library's ABI against the last release's (abi/).
  *

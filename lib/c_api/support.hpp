@@ -4,6 +4,8 @@
 
 #include <refpool/refpool.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,13 +27,16 @@ namespace refpool::c_api {
 
 // The last error of this thread. TLS stays small on purpose: the core's initial-exec TLS makes
 // this library's whole TLS block static, and a library loaded with dlopen (Python ctypes) gets
-// only glibc's small surplus of static TLS. `last_text` points at `last_message` or at a
-// string literal, so reporting std::bad_alloc never needs memory. After the thread's
-// thread_local destructors ran (a call from a later one, or from a static destructor: glibc
-// destroys the main thread's thread_locals first) the message's storage is gone, and errors
-// report a fixed text; the status still says which error it was.
+// only glibc's small surplus of static TLS. `last_text` points at the thread's message or at a
+// string literal, so reporting std::bad_alloc never needs memory. The message lives on the heap
+// until the thread ends, when a pthread key's destructor frees it: key destructors run after the
+// thread's thread_local destructors (a message set there is kept) and again for a message another
+// key's destructor set (a thread_local made there would never be destroyed, and leak its text).
+// After that errors report a fixed text; the status still says which error it was. The main
+// thread's message lives until the process ends (exit() runs no key destructor).
 inline thread_local const char* last_text = "";
-inline thread_local bool last_message_gone = false;  // no destructor: readable to the thread's end
+inline thread_local std::string* last_message = nullptr;  // no destructor: readable to the thread's end
+inline thread_local bool last_message_gone = false;
 
 inline void set_static_error(const char* literal) noexcept { last_text = literal; }
 
@@ -38,14 +44,21 @@ constexpr const char* message_after_thread_end =
     "refpool: an error occurred after this thread's thread_local storage was destroyed; its message "
     "cannot be kept (the status code names the error)";
 
-struct thread_message {
-  std::string text;
-  ~thread_message() {
-    last_message_gone = true;
-    if (last_text == text.c_str()) last_text = message_after_thread_end;
-  }
-};
-inline thread_local thread_message last_message;
+/// The thread ends: its message goes (a pthread key's destructor).
+inline void drop_last_message(void*) noexcept {
+  last_message_gone = true;
+  std::string* const message = std::exchange(last_message, nullptr);
+  if (message == nullptr) return;
+  if (last_text == message->c_str()) last_text = message_after_thread_end;
+  delete message;
+}
+
+/// The key whose destructor frees a thread's message; null if none could be made.
+inline pthread_key_t* last_message_key() noexcept {
+  static pthread_key_t key;
+  static const bool made = pthread_key_create(&key, drop_last_message) == 0;
+  return made ? &key : nullptr;
+}
 
 inline void set_error(const char* message) noexcept {
   if (last_message_gone) {
@@ -53,8 +66,14 @@ inline void set_error(const char* message) noexcept {
     return;
   }
   try {
-    last_message.text.assign(message);
-    last_text = last_message.text.c_str();
+    if (last_message == nullptr) {
+      auto made = std::make_unique<std::string>();
+      pthread_key_t* key = last_message_key();
+      if (key == nullptr || pthread_setspecific(*key, made.get()) != 0) throw std::bad_alloc();
+      last_message = made.release();
+    }
+    last_message->assign(message);
+    last_text = last_message->c_str();
   } catch (...) {
     set_static_error("refpool: an error occurred, and there was no memory left to record its message");
   }

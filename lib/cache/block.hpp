@@ -79,7 +79,9 @@ struct alignas(64) block : block_header {
 
   block() noexcept : home(nullptr) {}
   ~block() {
-    if (pointer.load(std::memory_order_relaxed) != nullptr) forget_pointer(*this);
+    // Acquire: a null here may be another block's node_of taking the node (a region of another
+    // plan over the same bytes), which wrote this field; the block's memory goes after that write.
+    if (pointer.load(std::memory_order_acquire) != nullptr) forget_pointer(*this);
   }
   block(const block&) = delete;
   block& operator=(const block&) = delete;

@@ -75,7 +75,7 @@ class cache_state : public ref_counted<cache_state> {
   // ---- cache-level allocations and steps ------------------------------------------------------
   /// The calling thread's slot for allocations through this cache without a scope, leased at
   /// first use until the thread ends; null when the cache is closed, or once the thread's
-  /// thread_local destructors ran (thread_holdings.cpp): the request then runs uncached.
+  /// holdings went back at its end (thread_holdings.cpp): the request then runs uncached.
   inline slot* ambient_slot();  // hit_path.hpp
   /// A new slot for the calling thread's cache-level allocations; null when closed.
   slot* lease_ambient();

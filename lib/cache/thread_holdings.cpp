@@ -1,11 +1,20 @@
 // What a thread holds of caches until it ends: the slots of its cache-level requests (one per
 // cache, leased at its first request there) and one reference to the router of the step it last
-// sent a request to (cache_state::step_router). Both go back when the thread's thread_local
-// destructors run. A request after that (from a thread_local destroyed later, a pthread key's
-// destructor, or a static destructor: glibc destroys the main thread's thread_locals before static
-// objects) is served without a cache, and nothing is kept for a thread that could not give it back.
+// sent a request to (cache_state::step_router). Both go back at the thread's end, from a pthread
+// key's destructor: those run after the thread's thread_local destructors (requests from these are
+// served and given back too), and run again for holdings that another key's destructor made (a
+// thread_local made there would register a destructor that never runs, and keep its leases). The
+// thread that loads the library (the main thread, for a program linked with it) also gives them
+// back from a thread_local destructor: exit() runs the main thread's thread_local destructors,
+// before static destructors, and no key destructor. A request after the holdings went (from a
+// later destructor of any kind, or a static destructor) is served without a cache.
 #include "cache/thread_holdings.hpp"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <memory>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -21,35 +30,65 @@ __thread request_router* kept_step_router __attribute__((tls_model("initial-exec
 
 namespace {
 
-// Set when the thread's holdings went back: from then on it holds nothing.
-__thread bool holdings_gone __attribute__((tls_model("initial-exec"))) = false;
-
 struct thread_holdings {
   std::vector<std::pair<cache_state*, slot*>> leases;  // each holds its cache
+};
 
-  ~thread_holdings() {
-    holdings_gone = true;  // first: what the releases below may run sees the thread as gone
-    ambient_cache = nullptr;
-    ambient_lease = nullptr;
-    kept_step_cache = nullptr;
-    if (request_router* r = std::exchange(kept_step_router, nullptr)) r->release_router();
-    for (const auto& [cache, s] : leases) {
-      cache->give_back_ambient(s);
-      cache->release();
-    }
+// The thread's holdings (on the heap, made at its first need), and whether they went back: from
+// then on the thread holds nothing. Plain variables: nothing of theirs is destroyed at the thread's end.
+__thread thread_holdings* holdings __attribute__((tls_model("initial-exec"))) = nullptr;
+__thread bool holdings_gone __attribute__((tls_model("initial-exec"))) = false;
+
+void give_back_holdings() noexcept {
+  holdings_gone = true;  // first: what the releases below may run sees the thread as gone
+  ambient_cache = nullptr;
+  ambient_lease = nullptr;
+  kept_step_cache = nullptr;
+  if (request_router* r = std::exchange(kept_step_router, nullptr)) r->release_router();
+  const std::unique_ptr<thread_holdings> held(std::exchange(holdings, nullptr));
+  if (held == nullptr) return;
+  for (const auto& [cache, s] : held->leases) {
+    cache->give_back_ambient(s);
+    cache->release();
+  }
+}
+
+// The key whose destructor gives a thread's holdings back; its value is the thread's holdings.
+// The library stays loaded once a key destructor of its own may run at a thread's end (a
+// thread_local's destructor keeps its library loaded the same way).
+bool exit_key_made(pthread_key_t& key) noexcept {
+  if (pthread_key_create(&key, [](void*) { give_back_holdings(); }) != 0) return false;
+  Dl_info self;
+  if (dladdr(reinterpret_cast<void*>(&give_back_holdings), &self) != 0 && self.dli_fname != nullptr)
+    (void)dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);  // never closed
+  return true;
+}
+
+/// The calling thread's holdings (made at the first call), or null once they went back (or when
+/// they cannot be made: the request is then served without a cache).
+thread_holdings* holdings_of_this_thread() noexcept {
+  if (holdings_gone) return nullptr;
+  if (holdings != nullptr) [[likely]]
+    return holdings;
+  static pthread_key_t exit_key;
+  static const bool key_made = exit_key_made(exit_key);
+  if (!key_made) return nullptr;
+  auto made = std::unique_ptr<thread_holdings>(new (std::nothrow) thread_holdings);
+  if (made == nullptr || pthread_setspecific(exit_key, made.get()) != 0) return nullptr;
+  holdings = made.release();
+  return holdings;
+}
+
+// The loading thread's holdings go back with its thread_locals (see the top of this file). Made
+// while the library loads, so that its destructor is registered before exit() runs them.
+struct loading_thread_exit {
+  bool armed = false;
+  ~loading_thread_exit() {
+    if (armed) give_back_holdings();
   }
 };
-thread_local thread_holdings holdings;
-
-/// The calling thread's holdings (made at the first call, which registers their destructor), or
-/// null once they went back.
-thread_holdings* holdings_of_this_thread() noexcept { return holdings_gone ? nullptr : &holdings; }
-
-// The thread that loads the library (the main thread, for a program linked with it) makes its
-// holdings now, so that they go with its other thread_locals at exit(), before static destructors:
-// a request from a static destructor then finds them gone. Made at that request instead, they
-// would register a destructor that never runs, and keep a lease of a thread that has ended.
-[[maybe_unused]] const bool loading_thread_holds = holdings_of_this_thread() != nullptr;
+thread_local loading_thread_exit loading_thread_gives_back;
+[[maybe_unused]] const bool loading_thread_armed = (loading_thread_gives_back.armed = true);
 
 }  // namespace
 

@@ -30,13 +30,14 @@ typename Kind::type parse_or_throw(std::string_view what, std::string_view key, 
 }  // namespace
 
 std::string_view cache_option_names() {
-  static const std::string names = [] {
+  // Never destroyed: configuration errors may come from static destructors.
+  static const std::string& names = *new std::string([] {
     std::string joined;
 #define REFPOOL_OPTION_NAME(kind, name, default_text, description) joined += joined.empty() ? #name : ", " #name;
     REFPOOL_CACHE_OPTIONS(REFPOOL_OPTION_NAME)
 #undef REFPOOL_OPTION_NAME
     return joined;
-  }();
+  }());
   return names;
 }
 

@@ -85,7 +85,7 @@ loaded load() {
 }
 
 loaded& state() {
-  static loaded instance = load();
+  static loaded& instance = *new loaded(load());  // never destroyed: frees come from static destructors
   return instance;
 }
 

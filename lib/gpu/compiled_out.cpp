@@ -21,7 +21,8 @@ static runtime_api compiled_out(std::string_view name, const std::string& (*fail
 #if !REFPOOL_HAS_CUDA
 const refpool::detail::gpu::runtime_api& refpool::detail::cuda::table() {
   static const gpu::runtime_api api = gpu::compiled_out("CUDA", []() noexcept -> const std::string& {
-    static const std::string why = "refpool was built without CUDA support (no cuda.h found, or -Dcuda=disabled)";
+    static const std::string& why =  // never destroyed: asked from static destructors too
+        *new std::string("refpool was built without CUDA support (no cuda.h found, or -Dcuda=disabled)");
     return why;
   });
   return api;
@@ -31,8 +32,8 @@ const refpool::detail::gpu::runtime_api& refpool::detail::cuda::table() {
 #if !REFPOOL_HAS_HIP
 const refpool::detail::gpu::runtime_api& refpool::detail::hip::table() {
   static const gpu::runtime_api api = gpu::compiled_out("HIP", []() noexcept -> const std::string& {
-    static const std::string why =
-        "refpool was built without HIP support (no hip/hip_runtime_api.h found, or -Dhip=disabled)";
+    static const std::string& why =  // never destroyed: asked from static destructors too
+        *new std::string("refpool was built without HIP support (no hip/hip_runtime_api.h found, or -Dhip=disabled)");
     return why;
   });
   return api;

@@ -30,7 +30,7 @@ const std::string& load_failure(State& (*state)(), const char* fallback) noexcep
   try {
     return state().failure;
   } catch (...) {
-    static const std::string why = fallback;
+    static const std::string& why = *new std::string(fallback);  // never destroyed
     return why;
   }
 }

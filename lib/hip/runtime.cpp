@@ -125,7 +125,7 @@ loaded load() {
 }
 
 const loaded& state() {
-  static const loaded instance = load();
+  static const loaded& instance = *new loaded(load());  // never destroyed: frees come from static destructors
   return instance;
 }
 

@@ -234,24 +234,39 @@ std::size_t place_by_lifetimes(const std::vector<std::size_t>& rounded, const st
   return arena;
 }
 
-}  // namespace
-
-std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(const std::vector<std::size_t>& sizes,
-                                                                      const std::vector<lifetime>& lifetimes,
-                                                                      std::size_t alignment) {
+// Greedy by size, placed by `place` (place_by_walk or place_by_lifetimes): sizes rounded up to
+// `alignment`, largest first, ties by first use (so that the result does not depend on sort
+// stability).
+template <class Place>
+std::pair<std::vector<std::size_t>, std::size_t> place_largest_first(const std::vector<std::size_t>& sizes,
+                                                                     const std::vector<lifetime>& lifetimes,
+                                                                     std::size_t alignment, Place&& place) {
   const std::size_t n = sizes.size();
   std::vector<std::size_t> rounded(n);
   for (std::size_t i = 0; i < n; ++i) rounded[i] = checked_round_up(sizes[i], alignment, "a planned request");
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), std::size_t{0});
-  // Largest first; ties by first use, so the result does not depend on sort stability.
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return rounded[a] != rounded[b] ? rounded[a] > rounded[b] : lifetimes[a].first < lifetimes[b].first;
   });
   std::vector<std::size_t> offsets(n, 0);
-  const std::size_t arena = n < greedy_walk_below ? place_by_walk(rounded, lifetimes, order, offsets)
-                                                  : place_by_lifetimes(rounded, lifetimes, order, offsets);
+  const std::size_t arena = place(rounded, lifetimes, order, offsets);
   return {offsets, arena};
+}
+
+}  // namespace
+
+std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(const std::vector<std::size_t>& sizes,
+                                                                      const std::vector<lifetime>& lifetimes,
+                                                                      std::size_t alignment) {
+  return place_largest_first(sizes, lifetimes, alignment,
+                             sizes.size() < greedy_walk_below ? place_by_walk : place_by_lifetimes);
+}
+
+std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_walk(const std::vector<std::size_t>& sizes,
+                                                                      const std::vector<lifetime>& lifetimes,
+                                                                      std::size_t alignment) {
+  return place_largest_first(sizes, lifetimes, alignment, place_by_walk);
 }
 
 std::size_t peak_live_bytes(const std::vector<std::size_t>& sizes, const std::vector<lifetime>& lifetimes) {

@@ -35,6 +35,14 @@ std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_size(const std:
                                                                       const std::vector<lifetime>& lifetimes,
                                                                       std::size_t alignment);
 
+/// Greedy by size as place_greedy_by_size places short runs, whatever the run's length: a walk over
+/// every placed request for each new one (quadratic where lifetimes do not overlap). The same
+/// offsets where place_greedy_by_size does not fall back to best fit; for comparisons
+/// (bench/placement.cpp). Throws size_error when a size computation would wrap around.
+std::pair<std::vector<std::size_t>, std::size_t> place_greedy_by_walk(const std::vector<std::size_t>& sizes,
+                                                                      const std::vector<lifetime>& lifetimes,
+                                                                      std::size_t alignment);
+
 /// The highest sum of `sizes` alive at one position.
 std::size_t peak_live_bytes(const std::vector<std::size_t>& sizes, const std::vector<lifetime>& lifetimes);
 

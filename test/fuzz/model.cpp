@@ -92,6 +92,9 @@ void model::expect_no_more_events(const char* where) {
 // failing_resource: calls first..first+count-1 since arm() fail; limiting_resource: nullptr past
 // its capacity; the host resource otherwise succeeds.
 model::backend_result model::backend_allocate(int backend, std::size_t bytes, void*& ptr) {
+  // An arena freed before this call (its last holder went, a cache closed) gave its bytes back
+  // first: the limit below reads what is outstanding after it.
+  settle_arenas(false);
   model_backend& m = be[backend];
   m.calls += 1;
   backend_result expect = backend_result::ok;

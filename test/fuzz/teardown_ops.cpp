@@ -5,15 +5,17 @@
 //    cache-level slot back over the cache's idle limit (0) and frees what is idle itself; its first
 //    free is held in the backend (the call gate) while thread 0 destroys the cache. The model
 //    applies the release with its frees first, then the destruction: the order their effects landed.
-//  - a thread's teardown: a new thread makes a thread_local, then a request through a cache of its
-//    own (so refpool's state of the thread is made after the thread_local, and destroyed before
-//    it), and ends. The thread_local's destructor makes cache-level requests on both caches (served
-//    without a cache: the model expects the backend's allocation of exactly the request), drops a
-//    handle and frees a hand-over by pointer.
+//  - a thread's teardown: a new thread makes a request through a cache of its own (so refpool's
+//    state of the thread exists, given back by refpool's pthread key destructor), then sets a
+//    pthread key made after refpool's (its destructor runs after refpool's), and ends. That
+//    destructor makes cache-level requests on both caches (served without a cache: the model
+//    expects the backend's allocation of exactly the request), drops a handle and frees a
+//    hand-over by pointer.
 //  - the process's teardown, in a forked child: thread 0 calls exit(), which destroys its
 //    thread_locals first (glibc), and then a handler registered with atexit does the same, plus a
 //    request through thread 0's innermost scope and the checks of both caches' stats and every
 //    handle. The child ends with _exit (the helper thread is not in it); a mismatch aborts it.
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,14 +27,14 @@ namespace refpool::test::fuzz {
 
 namespace {
 
-/// Runs `job` when its thread's thread_locals are destroyed.
-struct at_thread_end {
-  std::function<void()> job;
-  ~at_thread_end() {
-    if (job) job();
-  }
-};
-thread_local at_thread_end thread_end_job;
+/// The job a thread runs at its end, from a pthread key's destructor that runs after refpool's:
+/// refpool makes its key at the process's first cache-level request, and the key here is made
+/// after one (keys' destructors run in the order the keys were made).
+pthread_key_t late_key;
+void run_late_job(void* job) { (*static_cast<std::function<void()>*>(job))(); }
+void make_late_key() {
+  if (pthread_key_create(&late_key, run_late_job) != 0) fail("pthread_key_create failed");
+}
 
 }  // namespace
 
@@ -160,12 +162,15 @@ void session::late_requests(int t, const char* where) {
 
 void session::requests_after_thread_end() {
   // A cache of its own, on a backend the model does not see, gives the new thread refpool's state
-  // after its thread_local was made.
+  // (and the process refpool's key) before the late key is set.
   const rp::backend own = rp::make_host_backend();
   rp::alloc_cache own_cache{rp::cache_options{}};
+  std::function<void()> job = [&] { late_requests(2, "a pthread key's destructor, after refpool's"); };
   std::thread ending([&] {
-    thread_end_job.job = [&] { late_requests(2, "a thread_local's destructor, after refpool's"); };
     (void)own_cache.allocate(own, 64);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_late_key);
+    if (pthread_setspecific(late_key, &job) != 0) fail("pthread_setspecific failed");
   });
   ending.join();
   check_all();

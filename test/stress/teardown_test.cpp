@@ -13,6 +13,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include <refpool/cuda.hpp>
+#include <refpool/hip.hpp>
 #include <refpool/pointer.hpp>
 #include <refpool/refpool.h>
 #include <refpool/refpool.hpp>
@@ -80,6 +82,27 @@ void use_everything(alloc_cache& cache, const backend& be, const char* where) {
   cases_run.fetch_add(1);
 }
 
+/// What the library makes at its first use and must keep past static destruction: the option
+/// names of configuration errors (C and C++) and each GPU runtime's state (why it is unavailable).
+/// Called first from main, after the static objects whose destructors call it again.
+void use_what_is_made_at_first_use(const char* where) {
+  refpool_cache_options options;
+  check(refpool_cache_options_init(&options, sizeof options) == REFPOOL_OK, "the C options are made", where);
+  check(refpool_cache_options_set(&options, sizeof options, "colour", "blue") == REFPOOL_ERROR_CONFIG,
+        "an unknown option is refused", where);
+  check(std::strstr(refpool_last_error(), "max_idle_bytes") != nullptr, "the error lists the options", where);
+  bool refused = false;
+  try {
+    cache_options{}.apply("colour:blue");
+  } catch (const config_error& e) {
+    refused = std::strstr(e.what(), "max_idle_bytes") != nullptr;
+  }
+  check(refused, "an unknown option in a conf string is refused, listing the options", where);
+  // Both runtimes: unavailable here (no GPU, or built without them) with a reason, else usable.
+  check(cuda::available() == cuda::unavailable_reason().empty(), "CUDA says whether it is usable", where);
+  check(hip::available() == hip::unavailable_reason().empty(), "HIP says whether it is usable", where);
+}
+
 /// What a thread or the process keeps past its teardown: a cache, a buffer from before and a
 /// buffer handed over by pointer, used and released from a destructor.
 struct late_user {
@@ -135,6 +158,7 @@ struct process_user {
 
   ~process_user() {
     if (!cache) return;
+    use_what_is_made_at_first_use("a static destructor");
     use_everything(*cache, *be, "a static destructor");
     user.use_and_release();
     data_ref outliving = cache->allocate(*be, 1536);
@@ -158,6 +182,7 @@ int main() {
   process.cache = std::make_unique<alloc_cache>(cache_options{});
   const backend& be = *process.be;
   alloc_cache& cache = *process.cache;
+  use_what_is_made_at_first_use("main");  // made now: destroyed before `process` unless kept
   thread_user().keep(cache, be, "a thread_local of the main thread");
   // The main thread holds a lease and a kept router when it ends.
   {
