@@ -97,16 +97,22 @@ std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
 }
 
 std::size_t cache_state::reclaim_idle(backend_state& backend) {
-  taken_blocks taken;
-  {
-    std::lock_guard guard(mutex_);
-    taken = take_idle_locked(
-        0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
-  }
-  std::size_t freed = free_blocks(taken.blocks);
+  std::size_t freed = return_idle(backend);
   // An out-of-memory path: a failed trim only means less memory.
   freed += source_for(backend).trim(0, &backend, true);
   return freed;
+}
+
+std::size_t cache_state::return_idle(backend_state& backend) noexcept {
+  taken_blocks taken;
+  try {
+    std::lock_guard guard(mutex_);
+    taken = take_idle_locked(
+        0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
+  } catch (...) {
+    return 0;  // no host memory for the list: the blocks stay idle
+  }
+  return free_blocks(taken.blocks);
 }
 
 void cache_state::enforce_idle_limit() noexcept {

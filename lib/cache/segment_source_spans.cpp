@@ -74,6 +74,12 @@ void segment_source::idle_span(backend_state& backend, segment_span& s, const st
   (*h)->heap.idle_span(s, used_on);
 }
 
+bool segment_source::span_yielded(const backend_state& backend, const segment_span& s) noexcept {
+  std::optional<heap_use> h = find_heap(backend);  // there is one: it holds `s`
+  std::lock_guard lock((*h)->mutex);
+  return !s.placed();
+}
+
 std::optional<bool> segment_source::hold_span(backend_state& backend, segment_span& s, stream_ref stream) {
   heap_use h = use_heap(backend);
   std::size_t freed = 0;
@@ -118,7 +124,10 @@ void segment_source::give_back_span(backend_state& backend, segment_span* s, con
     std::lock_guard lock(h.mutex);
     const committed_change change(reserved_, h);
     h.heap.give_back_span(s, used_on);
-    if (cache_.closed()) {  // nothing carves from the heap any more: its free memory goes now
+    // Nothing carves from a closed cache's heap any more, nor pieces from a heap of spans alone
+    // (a span there is one backend allocation, as an arena was): its free memory goes now.
+    const bool spans_alone = piece_unit(backend, cache_.segments()) == 1;
+    if (cache_.closed() || spans_alone) {
       try {
         release_or_trim(h.heap);
       } catch (const std::exception& e) {

@@ -31,11 +31,40 @@ void arena::free_memory() noexcept {
   source_.spans().give_back_span(*memory_.backend, std::exchange(memory_.span, nullptr), streams_in_use());
 }
 
-growth_in_place arena::grow_in_place(std::size_t bytes) noexcept {
+growth_in_place arena::grow_in_place(std::size_t bytes, const void* claimant) noexcept {
+  if (bytes <= capacity()) return growth_in_place::fits;
+  if (!claim(claimant, nullptr)) {
+    // A run holds it: that run's end idles it or pins regions; the next claim extends it.
+    raise_needed(bytes);
+    return growth_in_place::grown;
+  }
+  growth_in_place out = growth_in_place::grown;
+  if (unpinned()) {
+    raise_needed(bytes);  // its next claim extends it, or moves it whole (nothing is live in it)
+  } else {
+    // A live region pins it where it is: extend it now, or the store replaces the arena (its
+    // plans copied into a new one; this one goes with its last pinned region).
+    std::lock_guard guard(memory_mutex_);
+    bool extended = false;
+    try {
+      extended = memory_.span != nullptr && memory_.span->bytes >= bytes;
+      if (!extended && memory_.span != nullptr)
+        extended = source_.spans().extend_span(*memory_.backend, *memory_.span, bytes, memory_.stream);
+      if (extended) source_.growths.fetch_add(1, std::memory_order_relaxed);
+    } catch (...) {
+      extended = false;  // the backend failed: replaced as when no room is after it
+    }
+    if (extended) raise_needed(bytes);
+    out = extended ? growth_in_place::grown : growth_in_place::cannot;
+  }
+  unclaim();
+  return out;
+}
+
+void arena::raise_needed(std::size_t bytes) noexcept {
   std::size_t now = memory_.needed.load(std::memory_order_relaxed);
-  while (now < bytes)
-    if (memory_.needed.compare_exchange_weak(now, bytes, std::memory_order_relaxed)) return growth_in_place::grown;
-  return growth_in_place::fits;
+  while (now < bytes && !memory_.needed.compare_exchange_weak(now, bytes, std::memory_order_relaxed)) {
+  }
 }
 
 bool arena::take() {
@@ -47,25 +76,34 @@ bool arena::take() {
     // Its first placement: the plain path's idle memory goes first (the recording runs' escapes
     // are released by then), so that the two are not held at once.
     source_.reclaim_idle(backend);
-    const std::optional<segment_span*> made = spans.carve_span(backend, needed, memory_.stream);
-    if (!made) return false;
-    memory_.span = *made;
-    rebase_locked();
-    return true;
+    return place_new_span(needed);
   }
+  // Yielded: the plain path's idle pieces go back to the heap first (no trim), so that the span
+  // finds its home free and the heap's committed bytes stay for it.
+  if (spans.span_yielded(backend, *memory_.span)) source_.return_idle(backend);
   const std::optional<bool> moved = spans.hold_span(backend, *memory_.span, memory_.stream);
   if (!moved) return false;
-  if (memory_.span->bytes < needed && !spans.extend_span(backend, *memory_.span, needed, memory_.stream)) {
-    // No room after it: a new span, when no region of the old one is live.
-    if (!unpinned()) return false;  // it stays held; a later claim tries again
-    spans.give_back_span(backend, std::exchange(memory_.span, nullptr), streams_in_use());
-    const std::optional<segment_span*> made = spans.carve_span(backend, needed, memory_.stream);
-    if (!made) return false;
-    memory_.span = *made;
-    rebase_locked();
-    return true;
+  if (memory_.span->bytes < needed) {
+    if (spans.extend_span(backend, *memory_.span, needed, memory_.stream)) {
+      source_.growths.fetch_add(1, std::memory_order_relaxed);  // counted when the heap gave the bytes
+    } else {
+      // No room after it: a new span, when no region of the old one is live (else it stays held
+      // and this run goes to the plain cache; the store replaces a pinned arena when it grows it).
+      if (!unpinned()) return false;
+      spans.give_back_span(backend, std::exchange(memory_.span, nullptr), streams_in_use());
+      source_.span_replacements.fetch_add(1, std::memory_order_relaxed);
+      return place_new_span(needed);
+    }
   }
   if (*moved) rebase_locked();
+  return true;
+}
+
+bool arena::place_new_span(std::size_t bytes) {
+  const std::optional<segment_span*> made = source_.spans().carve_span(*memory_.backend, bytes, memory_.stream);
+  if (!made) return false;
+  memory_.span = *made;
+  rebase_locked();
   return true;
 }
 

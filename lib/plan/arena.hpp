@@ -49,8 +49,11 @@ class arena : public ref_counted<arena> {
     memory_.needed.store(bytes, std::memory_order_relaxed);
     return true;
   }
-  /// Its plans need `bytes`: its next claim extends its span (grown), or it holds them (fits).
-  growth_in_place grow_in_place(std::size_t bytes) noexcept;
+  /// Its plans need `bytes`. `fits`: its span holds them already (or will at its next claim).
+  /// `grown`: its next claim extends its span (or moves it whole, nothing being live in it), or,
+  /// pinned by a live region, it was extended now. `cannot`: pinned and no room after its span
+  /// (or the backend failed): the caller replaces the arena. Claims it as `claimant` (the store).
+  growth_in_place grow_in_place(std::size_t bytes, const void* claimant) noexcept;
   /// What plans placed in it may use (its span has it, or will at the next claim).
   [[nodiscard]] std::size_t capacity() const noexcept { return memory_.needed.load(std::memory_order_relaxed); }
   /// Gives its span back now (no region can reach it: the caller holds the claim, nothing is
@@ -126,6 +129,10 @@ class arena : public ref_counted<arena> {
   [[nodiscard]] stream_set streams_in_use() noexcept;
   /// Its plans' regions point into the span at its address now (caller holds memory_mutex_).
   void rebase_locked() noexcept;
+  /// A new held span of `bytes` for it, its plans rebased onto it; false when out of memory.
+  /// Caller holds memory_mutex_ and the claim, and it has no span.
+  bool place_new_span(std::size_t bytes);
+  void raise_needed(std::size_t bytes) noexcept;
 
   // Serialises changes to its span: claimers take it, the last reference gives it back.
   mutable std::mutex memory_mutex_;

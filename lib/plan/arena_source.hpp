@@ -59,6 +59,8 @@ class arena_source {
   /// The cache's idle memory of `backend` goes (no trim counted as a retry): before a new span is
   /// first placed, so that the span takes the place of what the plain path held for its requests.
   void reclaim_idle(backend_state& backend) noexcept;
+  /// The cache's idle blocks of `backend` leave it, without a trim (cache_state::return_idle).
+  void return_idle(backend_state& backend) noexcept;
 
   /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`,
   /// which counts in live_region_bytes() until it gives them back. Throws std::bad_alloc and
@@ -70,6 +72,12 @@ class arena_source {
   /// Bytes of live regions of every plan with region blocks, kept by the store or not (dropped,
   /// or moved to a larger arena, while an escaped region keeps it): the stats' plan_live_bytes.
   [[nodiscard]] std::size_t live_region_bytes() const noexcept;
+
+  /// Spans extended in place (arena::take, arena::grow_in_place): the stats' arena_growths.
+  std::atomic<std::uint64_t> growths{0};
+  /// Spans replaced by a larger one at a claim, nothing being live in the old one (no room after
+  /// it): counted in the stats' arena_replacements.
+  std::atomic<std::uint64_t> span_replacements{0};
 
  private:
   cache_state& cache_;

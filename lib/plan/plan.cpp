@@ -87,7 +87,16 @@ void plan::bind(arena& a) {
 }
 
 void plan::rebase(std::byte* base) noexcept {
-  for (std::size_t i = 0; i < requests_.size(); ++i) regions_[i].ptr = base == nullptr ? nullptr : base + offsets_[i];
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    region_block& r = regions_[i];
+    std::byte* at = base == nullptr ? nullptr : base + offsets_[i];
+    if (r.ptr == at) continue;
+    // The pointer table keeps a region's node under its address until the block goes: a region
+    // that moves must leave it first, or its node stays filed under bytes it no longer has (and
+    // ~block looks for it in the wrong shard). No region is live, so no hand-over is lost.
+    if (r.pointer.load(std::memory_order_acquire) != nullptr) forget_pointer(r);
+    r.ptr = at;
+  }
 }
 
 std::size_t plan::live_region_bytes() const noexcept {

@@ -361,6 +361,7 @@ void plan_run::finish() noexcept {
     if (mode_ == mode::finished) return;
     out = finish_locked(started_with);
   }
+  leave_arena();  // its plans (started_with) keep it alive
   // The store makes plans of the recording (placement, up to plans_per_key of them at once) and
   // grows arenas with the serving lock free: a thread whose request came through this run late
   // is served by the plain cache at once, not after them (issue 35: 10-23 s under ASan).
@@ -433,8 +434,8 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
 }
 
 // Pins this run's regions that are still live (their plan stays alive and the next run of the
-// arena avoids their bytes), drops the foreign regions and gives the arena back. Returns the
-// number pinned: escapes.
+// arena avoids their bytes) and drops the foreign regions; leave_arena gives the arena back.
+// Returns the number pinned: escapes.
 std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept {
   if (arena_ == nullptr) return 0;
   segments_.push_back({current_, segment_from_, std::min(end, replayed_to_)});
@@ -460,18 +461,23 @@ std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* l
   }
   for (const foreign_region& f : foreign_) f.owner->release();
   foreign_.clear();
-  bool idle = false;
   {
     std::lock_guard guard(arena_->pinned_mutex);
     arena_->drop_released_pins_locked();
     arena_->pinned.insert(arena_->pinned.end(), pins.begin(), pins.end());
-    idle = arena_->pinned.empty();
+    idle_at_end_ = arena_->pinned.empty();
   }
-  // No region live: the heap may yield its bytes until the next claim. Pinned: it stays held, and
-  // a later run's end idles it once its regions went.
-  if (idle) arena_->idle();
-  arena_->unclaim();
   return pins.size();
+}
+
+void plan_run::leave_arena() noexcept {
+  if (arena_ == nullptr) return;
+  // No region live: the heap may yield its bytes until the next claim. Pinned: it stays held, and
+  // a later run's end idles it once its regions went. After the serving section (idling takes the
+  // cache's and the heap's locks, which a request waiting to be served need not wait for), and
+  // before the claim goes (an idle span must not be one another run holds again already).
+  if (idle_at_end_) arena_->idle();
+  arena_->unclaim();
 }
 
 // The run's sequence and lifetimes, for a plan: replayed positions from the plans' region states,

@@ -112,6 +112,7 @@ class plan_run final : public ref_counted<plan_run>,
   void lend(arena& a) noexcept;
   void end_lending() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
+  void leave_arena() noexcept;  // after the serving section: idles the span if nothing pins it, unclaims
   recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
 
   cache_state& cache_;
@@ -129,6 +130,7 @@ class plan_run final : public ref_counted<plan_run>,
   std::vector<plan*> candidates_;           ///< the key's plans at the start, most recently used first (retained)
   plan* current_ = nullptr;                 ///< replay: the plan matched so far
   arena* arena_ = nullptr;                  ///< its arena, claimed by this run until it ends
+  bool idle_at_end_ = false;                ///< settle_regions found no region of arena_ live
   std::uint64_t generation_ = 0;            ///< this run's number in arena_
   std::vector<segment> segments_;           ///< earlier plans of this run (after switches)
   std::uint64_t segment_from_ = 0;          ///< current_ serves from this position

@@ -224,7 +224,8 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
                                   std::vector<plan*>& dropped) noexcept {
   reclaim_plain_memory(*made->request(0).key.backend);
   try {
-    const growth_in_place growth = old != nullptr ? old->grow_in_place(needed) : growth_in_place::cannot;
+    // Counted as a growth when the heap gives the bytes (arena::take, or now when pinned).
+    const growth_in_place growth = old != nullptr ? old->grow_in_place(needed, this) : growth_in_place::cannot;
     if (growth != growth_in_place::cannot) {
       std::lock_guard guard(mutex_);
       if (closed_) {  // the cache closed while the arena grew: no plan any more
@@ -233,7 +234,6 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
       }
       made->bind(*old);
       install(key, made);
-      if (growth == growth_in_place::grown) growths_ += 1;  // not when another plan made room meanwhile
       return;
     }
   } catch (...) {
