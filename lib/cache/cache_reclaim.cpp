@@ -87,12 +87,6 @@ std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
   // A backend whose blocks are whole may have a heap of spans alone: reclaim_idle trimmed the
   // whole-block source, not it.
   if (&source_for(backend) != &segment_pieces_) freed += segment_pieces_.trim(0, &backend, true);
-  cache_extension* plans = nullptr;
-  {
-    std::lock_guard guard(mutex_);
-    if (!closed_.load(std::memory_order_relaxed)) plans = extension_.get();
-  }
-  if (plans != nullptr) freed += plans->release_unused(backend);  // idle arenas: they commit again when used
   return freed;
 }
 

@@ -69,6 +69,9 @@ class segment_source final : public block_source {
   bool extend_span(backend_state& backend, segment_span& s, std::size_t bytes, stream_ref stream);
   /// `s` goes for good (its record too); its bytes become free, with `used_on`.
   void give_back_span(backend_state& backend, segment_span* s, const stream_set& used_on) noexcept;
+  /// The event counts of every heap, those dropped included (span_yields, span_moves,
+  /// span_returns: what the fuzzer's coverage check reads). Takes the cache's mutex.
+  [[nodiscard]] segment_heap_stats span_events() const;
   /// The out-of-memory step: every idle span of `backend`'s heap yields (trim can then give its
   /// bytes back). Returns the bytes yielded.
   std::size_t yield_idle_spans(const backend_state& backend) noexcept;

@@ -66,12 +66,6 @@ class arena : public ref_counted<arena> {
   [[nodiscard]] bool take();
   /// The claimer's run ended and no region of it is live: the heap may yield its bytes.
   void idle() noexcept;
-  /// Lending is gone with spans (issue 36 step 3 deletes these): never lent, never decommitted.
-  void lend() noexcept {}
-  [[nodiscard]] bool recommit() { return true; }
-  std::size_t decommit_if_unused(const void*) noexcept { return 0; }
-  [[nodiscard]] bool decommitted() const noexcept { return false; }
-  [[nodiscard]] std::size_t lent_bytes() const noexcept { return 0; }
   /// Plan `p` places its regions in it (plan::bind): they follow its span (rebase). Takes pinned_mutex.
   void add_plan(plan& p);
   void remove_plan(const plan& p) noexcept;  // ~plan, under pinned_mutex
@@ -85,7 +79,6 @@ class arena : public ref_counted<arena> {
   [[nodiscard]] std::byte* base() const noexcept { return memory_.base; }
   [[nodiscard]] backend_state* backend() const noexcept { return memory_.backend; }
   [[nodiscard]] stream_ref stream() const noexcept { return memory_.stream; }
-  [[nodiscard]] bool in_place_growth() const noexcept { return false; }  // lending's test (step 3 deletes it)
 
   // ---- one run at a time ----------------------------------------------------------------------
   /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
@@ -96,7 +89,7 @@ class arena : public ref_counted<arena> {
     claimed_by_.store(nullptr, std::memory_order_release);
   }
   /// The key of the run that holds the claim (a hint: read without a lock). Null when no run of
-  /// a key holds it: the store's own claims (decommit_if_unused, a replacement) name none, and a
+  /// a key holds it: the store's own claims (a growth, a replacement) name none, and a
   /// run that found it claimed must not take the store for another key (issue 35).
   [[nodiscard]] const void* claimed_key() const noexcept { return claimed_key_.load(std::memory_order_relaxed); }
   /// No run may claim it any more (it was replaced); runs holding it finish normally.

@@ -32,7 +32,6 @@ plan_run::plan_run(cache_state& cache, plan_store& store, key_state* key, run_ki
 }
 
 plan_run::~plan_run() {
-  end_lending();
   if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
     store_.abandon_run(this);
     for (plan* p : candidates_) p->release();
@@ -262,53 +261,8 @@ void plan_run::diverge() {
 }
 
 block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
-  const listening_for_growth listening(arena_ == nullptr ? this : nullptr);  // one holding an arena lends none
   return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)
                           : cache_.allocate_uncached(backend, bytes, stream);
-}
-
-// A sequence without a plan (a new length, a novel request) would otherwise have the plain path's
-// memory and the idle arena held at once: on the H200, GPT-2 training with 13 lengths peaked at
-// arena + the plain path's recording, 1.5x of PyTorch's reserved bytes.
-//
-// While the key's arena is lent (by this run or an earlier one, until a run takes it back), the
-// plain path grows by a sixteenth of the lent bytes at a time: the run needs about as much, and each
-// commit is a driver call (about 45 us on the H200, nearly whatever its size, docs/segments.md),
-// as is each decommit when a run takes the arena back. Overshoot is bounded by one step, inside
-// bytes the arena gave back.
-std::size_t plan_run::before_growth(backend_state& backend) noexcept {
-  if (arena_ != nullptr || candidates_.empty()) return 0;
-  arena& a = candidates_.front()->memory();
-  if (a.backend() != &backend) return 0;
-  if (!lend_tried_) {
-    lend_tried_ = true;
-    lend(a);
-  }
-  const std::size_t step = a.lent_bytes() / lending_steps;
-  borrowed_ = borrowed_ || step != 0;
-  return step;
-}
-
-void plan_run::lend(arena& a) noexcept {
-  if (!a.in_place_growth() || a.decommitted() || !a.claim(this, key_)) return;
-  if (!a.unpinned()) {
-    a.unclaim();
-    return;
-  }
-  a.retain();
-  a.lend();
-  lent_ = &a;
-  store_.count_lent_arena();
-}
-
-// The lent arena stays decommitted until the next run that claims it (begin_with): that run
-// first gives back the plain path's idle memory, by then also what this run's escapes held
-// (gradients, released when the next step begins), so the two are not held at once.
-void plan_run::end_lending() noexcept {
-  arena* a = std::exchange(lent_, nullptr);
-  if (a == nullptr) return;
-  a->unclaim();
-  a->release();
 }
 
 void plan_run::reserve_tracking() {
@@ -409,7 +363,6 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.unrecorded = !may_record_ && !busy_ && was == mode::plain;
   out.used = complete ? current_ : nullptr;
   out.replayed_peak = replayed_peak;
-  out.lent = borrowed_;
   out.probed = was == mode::probe;
   if (out.probed) out.fingerprint = probed_.value();
   if (complete) out.fingerprint = current_->fingerprint();
@@ -423,7 +376,6 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
       // leaves the cache correct.
     }
   }
-  end_lending();
   // The key's plans it started with are needed no more (later requests go to the plain cache),
   // but stay retained until the store has read the outcome.
   started_with = std::move(candidates_);

@@ -29,7 +29,6 @@ void plan_store::add_counters(cache_stats& out) const {
   out.plan_busy_runs = busy_runs_;
   out.arena_growths = arenas_.growths.load(std::memory_order_relaxed);
   out.arena_replacements = replacements_ + arenas_.span_replacements.load(std::memory_order_relaxed);
-  out.arena_lendings = lendings_;
   out.plan_pass_runs = pass_runs_;
   out.plan_probe_runs = probe_runs_;
   out.plan_pass_entries = pass_entries_;
