@@ -59,9 +59,8 @@ class segment_source final : public block_source {
   /// Held span `s` is not used now: the heap may yield its bytes. `used_on`: every stream that may
   /// still use them.
   void idle_span(backend_state& backend, segment_span& s, const stream_set& used_on) noexcept;
-  /// Whether `s` was yielded (its bytes went back to the heap): read under the heap's lock.
-  bool span_yielded(const backend_state& backend, const segment_span& s) noexcept;
-  /// `s` is used again on `stream`; true when it moved (it was yielded and its home was taken: a
+  /// `s` is used again on `stream` (a yielded one after the cache's idle blocks of the backend went
+  /// back to the heap, cache_state::return_idle); true when it moved (it was yielded and its home was taken: a
   /// new s.address(), the holder rebases). nullopt: out of memory, and it stays yielded.
   std::optional<bool> hold_span(backend_state& backend, segment_span& s, stream_ref stream);
   /// Grows held span `s` in place to at least `bytes`. False when the bytes after it are not free

@@ -74,20 +74,24 @@ void segment_source::idle_span(backend_state& backend, segment_span& s, const st
   (*h)->heap.idle_span(s, used_on);
 }
 
-bool segment_source::span_yielded(const backend_state& backend, const segment_span& s) noexcept {
-  std::optional<heap_use> h = find_heap(backend);  // there is one: it holds `s`
-  std::lock_guard lock((*h)->mutex);
-  return !s.placed();
-}
-
 std::optional<bool> segment_source::hold_span(backend_state& backend, segment_span& s, stream_ref stream) {
   heap_use h = use_heap(backend);
-  std::size_t freed = 0;
-  const auto held = cache_.retry_once(backend, freed, [&] {
+  std::optional<span_hold> held;
+  {  // idle (or held): held at once, no backend call
     std::lock_guard lock(h->mutex);
-    const committed_change change(reserved_, *h);
-    return h->heap.hold_span(s, stream);  // home again commits its holes: committed bytes change
-  });
+    if (s.placed()) held = h->heap.hold_span(s, stream);
+  }
+  if (!held) {
+    // Yielded: the cache's idle blocks of the backend go back to the heap first, without a trim,
+    // so that its home is free again and the heap's committed bytes stay for it.
+    cache_.return_idle(backend);
+    std::size_t freed = 0;
+    held = cache_.retry_once(backend, freed, [&] {
+      std::lock_guard lock(h->mutex);
+      const committed_change change(reserved_, *h);
+      return h->heap.hold_span(s, stream);  // home again commits its holes: committed bytes change
+    });
+  }
   if (!held) return std::nullopt;
   try {
     wait_for_piece(*h, held->waits, stream);

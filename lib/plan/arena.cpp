@@ -78,9 +78,6 @@ bool arena::take() {
     source_.reclaim_idle(backend);
     return place_new_span(needed);
   }
-  // Yielded: the plain path's idle pieces go back to the heap first (no trim), so that the span
-  // finds its home free and the heap's committed bytes stay for it.
-  if (spans.span_yielded(backend, *memory_.span)) source_.return_idle(backend);
   const std::optional<bool> moved = spans.hold_span(backend, *memory_.span, memory_.stream);
   if (!moved) return false;
   if (memory_.span->bytes < needed) {

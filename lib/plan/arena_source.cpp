@@ -25,8 +25,6 @@ void arena_source::reclaim_idle(backend_state& backend) noexcept {
   }
 }
 
-void arena_source::return_idle(backend_state& backend) noexcept { cache_.return_idle(backend); }
-
 // ---- region blocks ------------------------------------------------------------------------
 
 region_block* arena_source::make_regions(region_owner& owner, const arena_memory& m,

@@ -59,8 +59,7 @@ class arena_source {
   /// The cache's idle memory of `backend` goes (no trim counted as a retry): before a new span is
   /// first placed, so that the span takes the place of what the plain path held for its requests.
   void reclaim_idle(backend_state& backend) noexcept;
-  /// The cache's idle blocks of `backend` leave it, without a trim (cache_state::return_idle).
-  void return_idle(backend_state& backend) noexcept;
+
 
   /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`,
   /// which counts in live_region_bytes() until it gives them back. Throws std::bad_alloc and

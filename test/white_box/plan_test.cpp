@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <new>
 #include <numeric>
@@ -29,6 +30,34 @@
 using namespace refpool;
 
 namespace {
+
+// A cache that carves its blocks from segment heaps (what a GPU gets by default): arenas are spans
+// of the heap its pieces come from.
+cache_options segments_on() {
+  cache_options o;
+  o.segments = segment_policy::on;
+  return o;
+}
+
+// One key-less step of `sizes`, all live at once, each stamped with `value` in every byte; `where`
+// gets their addresses. True when every stamp is intact at the step's end.
+bool stamped_step(alloc_cache& cache, const backend& be, std::initializer_list<std::size_t> sizes,
+                  unsigned char value, std::vector<void*>& where) {
+  step s(cache);
+  std::vector<data_ref> live;
+  for (std::size_t bytes : sizes) {
+    live.push_back(cache.allocate(be, bytes));
+    std::memset(live.back().data(), value, live.back().bytes());
+  }
+  where.clear();
+  bool intact = true;
+  for (const data_ref& r : live) {
+    where.push_back(r.data());
+    const auto* p = static_cast<const unsigned char*>(r.data());
+    intact = intact && std::all_of(p, p + r.bytes(), [&](unsigned char v) { return v == value; });
+  }
+  return intact;
+}
 
 TEST_CASE("peak reserved bytes are exact: a recording's cached buffers and the arena never coexist", "[plan][stats]") {
   const backend be = make_host_backend();
@@ -94,9 +123,7 @@ TEST_CASE("peak allocated bytes restart at reset_peaks and count a replayed plan
 // the step's idle pieces went back to the heap (no trim), so neither calls the driver.
 TEST_CASE("an idle arena's bytes serve a step without a plan with no driver call", "[plan][stats]") {
   const backend be = make_host_backend();
-  cache_options options;
-  options.segments = segment_policy::on;
-  alloc_cache cache{options};
+  alloc_cache cache{segments_on()};
   constexpr std::size_t mib = std::size_t{1} << 20;
   auto planned_step = [&](unsigned char value) {
     step s(cache);
@@ -149,21 +176,10 @@ TEST_CASE("an idle arena's bytes serve a step without a plan with no driver call
 // every region keeps its address.
 TEST_CASE("an arena whose home was trimmed commits it again at its next claim", "[plan][stats]") {
   const backend be = make_host_backend();
-  cache_options options;
-  options.segments = segment_policy::on;
-  alloc_cache cache{options};
+  alloc_cache cache{segments_on()};
   constexpr std::size_t mib = std::size_t{1} << 20;
   std::vector<void*> where;
-  auto planned_step = [&](unsigned char value) {
-    step s(cache);
-    data_ref a = cache.allocate(be, 16 * mib);
-    data_ref b = cache.allocate(be, 8 * mib);
-    std::memset(a.data(), value, a.bytes());
-    std::memset(b.data(), value, b.bytes());
-    where = {a.data(), b.data()};
-    const auto* p = static_cast<const unsigned char*>(a.data());
-    return std::all_of(p, p + a.bytes(), [&](unsigned char v) { return v == value; });
-  };
+  auto planned_step = [&](unsigned char value) { return stamped_step(cache, be, {16 * mib, 8 * mib}, value, where); };
   for (unsigned char i = 0; i < 3; ++i) REQUIRE(planned_step(i));  // pending, recorded, replayed
   const std::vector<void*> home = where;
   {
@@ -209,26 +225,11 @@ TEST_CASE("a new sequence beside an arena not placed yet stays pending", "[plan]
 // holds is placed elsewhere, and every region of its plans follows it (stamped after the move).
 TEST_CASE("an arena whose home a live piece holds moves, and its regions follow", "[plan][stats]") {
   const backend be = make_host_backend();
-  cache_options options;
-  options.segments = segment_policy::on;
-  alloc_cache cache{options};
+  alloc_cache cache{segments_on()};
   constexpr std::size_t mib = std::size_t{1} << 20;
   std::vector<void*> where;
   auto planned_step = [&](unsigned char value) {
-    step s(cache);
-    std::vector<data_ref> live;
-    for (std::size_t bytes : {8 * mib, 4 * mib, 6 * mib}) {
-      live.push_back(cache.allocate(be, bytes));
-      std::memset(live.back().data(), value, live.back().bytes());
-    }
-    where.clear();
-    bool intact = true;
-    for (const data_ref& r : live) {
-      where.push_back(r.data());
-      const auto* p = static_cast<const unsigned char*>(r.data());
-      intact = intact && std::all_of(p, p + r.bytes(), [&](unsigned char v) { return v == value; });
-    }
-    return intact;
+    return stamped_step(cache, be, {8 * mib, 4 * mib, 6 * mib}, value, where);
   };
   for (unsigned char i = 0; i < 3; ++i) REQUIRE(planned_step(i));  // pending, recorded, replayed
   const std::vector<void*> home = where;
@@ -319,9 +320,7 @@ TEST_CASE_METHOD(arena_in_96_mib, "out of memory yields idle arenas, which are p
 
 TEST_CASE("an arena with a live region of an earlier step stays held, and the region stays intact", "[plan]") {
   const backend be = make_host_backend();
-  cache_options options;
-  options.segments = segment_policy::on;  // a plain step would take an idle span's bytes
-  alloc_cache cache{options};
+  alloc_cache cache{segments_on()};  // a plain step would take an idle span's bytes
   constexpr std::size_t mib = std::size_t{1} << 20;
   data_ref kept;
   for (int i = 0; i < 4; ++i) {
