@@ -82,9 +82,10 @@ std::optional<bool> segment_source::hold_span(backend_state& backend, segment_sp
     if (s.placed()) held = h->heap.hold_span(s, stream);
   }
   if (!held) {
-    // Yielded: the cache's idle blocks of the backend go back to the heap first, without a trim,
-    // so that its home is free again and the heap's committed bytes stay for it.
-    cache_.return_idle(backend);
+    // Yielded: the cache's idle pieces of the backend go back to the heap first, without a trim,
+    // so that its home is free again and the heap's committed bytes stay for it. Not where the
+    // cache keeps whole blocks: they are no bytes of this heap, and would only go to the backend.
+    if (piece_unit(backend, cache_.segments()) != 1) cache_.return_idle(backend);
     std::size_t freed = 0;
     held = cache_.retry_once(backend, freed, [&] {
       std::lock_guard lock(h->mutex);
