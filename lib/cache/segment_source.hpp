@@ -76,6 +76,9 @@ class segment_source final : public block_source {
   std::size_t yield_idle_spans(const backend_state& backend) noexcept;
 
  private:
+  /// The heap that holds span `s` (carve_span keeps it in the span): no lookup under mutex_, and no
+  /// use counted, since a heap that holds a span is never dropped.
+  static cache_heap& heap_of(const segment_span& s) noexcept { return *static_cast<cache_heap*>(s.owner_tag); }
   /// The heap for `backend`, made if absent, with one use held for the caller. Takes mutex_.
   /// Throws config_error where no heap can serve the backend (span_options: nullopt).
   heap_use use_heap(backend_state& backend);

@@ -53,7 +53,9 @@ std::optional<segment_span*> segment_source::carve_span(backend_state& backend, 
   const auto c = cache_.retry_once(backend, freed, [&] {
     std::lock_guard lock(h->mutex);
     const committed_change change(reserved_, *h);
-    return h->heap.carve_span(bytes, stream);
+    auto made = h->heap.carve_span(bytes, stream);
+    if (made) made->span->owner_tag = &*h;  // its heap outlives it (a heap with a span is never dropped)
+    return made;
   });
   if (!c) return std::nullopt;
   try {
@@ -68,14 +70,14 @@ std::optional<segment_span*> segment_source::carve_span(backend_state& backend, 
   return c->span;
 }
 
-void segment_source::idle_span(backend_state& backend, segment_span& s, const stream_set& used_on) noexcept {
-  std::optional<heap_use> h = find_heap(backend);  // there is one: it holds `s`
-  std::lock_guard lock((*h)->mutex);
-  (*h)->heap.idle_span(s, used_on);
+void segment_source::idle_span(backend_state&, segment_span& s, const stream_set& used_on) noexcept {
+  cache_heap& h = heap_of(s);
+  std::lock_guard lock(h.mutex);
+  h.heap.idle_span(s, used_on);
 }
 
 std::optional<bool> segment_source::hold_span(backend_state& backend, segment_span& s, stream_ref stream) {
-  heap_use h = use_heap(backend);
+  cache_heap* h = &heap_of(s);
   std::optional<span_hold> held;
   {  // idle (or held): held at once, no backend call
     std::lock_guard lock(h->mutex);
@@ -106,8 +108,8 @@ std::optional<bool> segment_source::hold_span(backend_state& backend, segment_sp
   return held->moved;
 }
 
-bool segment_source::extend_span(backend_state& backend, segment_span& s, std::size_t bytes, stream_ref stream) {
-  heap_use h = use_heap(backend);
+bool segment_source::extend_span(backend_state&, segment_span& s, std::size_t bytes, stream_ref stream) {
+  cache_heap* h = &heap_of(s);
   std::optional<stream_set> waits;
   {
     std::lock_guard lock(h->mutex);
