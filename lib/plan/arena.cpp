@@ -80,6 +80,7 @@ bool arena::take() {
   }
   const std::optional<bool> moved = spans.hold_span(backend, *memory_.span, memory_.stream);
   if (!moved) return false;
+  span_held_ = true;
   if (memory_.span->bytes < needed) {
     if (spans.extend_span(backend, *memory_.span, needed, memory_.stream)) {
       source_.growths.fetch_add(1, std::memory_order_relaxed);  // counted when the heap gave the bytes
@@ -100,13 +101,22 @@ bool arena::place_new_span(std::size_t bytes) {
   const std::optional<segment_span*> made = source_.spans().carve_span(*memory_.backend, bytes, memory_.stream);
   if (!made) return false;
   memory_.span = *made;
+  span_held_ = true;
   rebase_locked();
   return true;
 }
 
 void arena::idle() noexcept {
   std::lock_guard guard(memory_mutex_);
-  if (memory_.span != nullptr) source_.spans().idle_span(*memory_.backend, *memory_.span, streams_in_use());
+  if (memory_.span == nullptr || !span_held_) return;
+  source_.spans().idle_span(*memory_.backend, *memory_.span, streams_in_use());
+  span_held_ = false;
+}
+
+void arena::idle_if_unpinned() noexcept {
+  if (!claim(this, nullptr)) return;  // a run holds it (its end idles it), or it was retired
+  if (unpinned()) idle();
+  unclaim();
 }
 
 void arena::add_plan(plan& p) {

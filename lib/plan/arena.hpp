@@ -66,6 +66,10 @@ class arena : public ref_counted<arena> {
   [[nodiscard]] bool take();
   /// The claimer's run ended and no region of it is live: the heap may yield its bytes.
   void idle() noexcept;
+  /// The last pinned region of a finished run went (plan::put back of a region whose plan it
+  /// held): idles the span when no run holds the arena and nothing else pins it, so that the plain
+  /// path may take its bytes before the arena's next claim.
+  void idle_if_unpinned() noexcept;
   /// Plan `p` places its regions in it (plan::bind): they follow its span (rebase). Takes pinned_mutex.
   void add_plan(plan& p);
   void remove_plan(const plan& p) noexcept;  // ~plan, under pinned_mutex
@@ -130,6 +134,7 @@ class arena : public ref_counted<arena> {
   // Serialises changes to its span: claimers take it, the last reference gives it back.
   mutable std::mutex memory_mutex_;
   arena_memory memory_;
+  bool span_held_ = false;  ///< its span is held (not idle, not yielded), under memory_mutex_
   std::vector<plan*> plans_;  ///< bound plans (uncounted: ~plan removes itself), under pinned_mutex
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};

@@ -124,7 +124,11 @@ void plan::release_region(block* b, bool via_unsafe_free) noexcept {
     st.state.store(freed, std::memory_order_release);
     return;
   }
-  if ((st.state.exchange(freed, std::memory_order_acq_rel) & region_state::holds_plan) != 0) release();
+  if ((st.state.exchange(freed, std::memory_order_acq_rel) & region_state::holds_plan) != 0) {
+    // A pinned region (it outlived its run): the arena's span stays held until the last goes.
+    arena_->idle_if_unpinned();
+    release();
+  }
 }
 
 }  // namespace refpool::detail

@@ -201,6 +201,41 @@ TEST_CASE("an arena whose home was trimmed commits it again at its next claim", 
   CHECK(be.outstanding_bytes() == st.reserved_bytes);
 }
 
+// A training step keeps a buffer or two into the next (the loss, say): its arena's span stays held
+// at the run's end, pinned. When the last pinned region goes, the span idles at once, so a step
+// without a plan that comes before the next replay takes its bytes (GPT-2 with 13 lengths: the
+// plain path grew 4-8 GB at each new length while the span waited for the next claim's end).
+TEST_CASE("an arena pinned at its run's end idles when its last pinned region goes", "[plan][stats]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{segments_on()};
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  data_ref kept;
+  auto planned_step = [&] {
+    step s(cache);
+    data_ref a = cache.allocate(be, 24 * mib);
+    kept = cache.allocate(be, 8 * mib);  // escapes into the next step: pinned
+    std::memset(a.data(), 1, a.bytes());
+  };
+  for (int i = 0; i < 3; ++i) planned_step();  // pending, recorded, replayed
+  const auto planned = cache.stats();
+  REQUIRE(planned.plan_hits == 2);
+  REQUIRE(planned.arena_bytes >= 32 * mib);
+  kept = {};  // the last pinned region: the span idles
+  const auto allocations = be.allocation_count();
+  {
+    step s(cache);  // a new sequence: the plain path takes the idle span's bytes
+    data_ref x = cache.allocate(be, 20 * mib);
+    std::memset(x.data(), 2, x.bytes());
+    const auto during = cache.stats();
+    CHECK(during.arena_bytes == 0);  // yielded
+    CHECK(during.segment_grows == planned.segment_grows);
+    CHECK(be.allocation_count() == allocations);
+  }
+  planned_step();  // held again, and replays
+  CHECK(cache.stats().plan_hits == 4);
+  CHECK(be.outstanding_bytes() == cache.stats().reserved_bytes);
+}
+
 // A new sequence beside a planned key waits to come again before it becomes a plan, whether or
 // not the key's arena was placed yet.
 TEST_CASE("a new sequence beside an arena not placed yet stays pending", "[plan][stats]") {
