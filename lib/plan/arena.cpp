@@ -63,8 +63,7 @@ growth_in_place arena::grow_in_place(std::size_t bytes, const void* claimant) no
 
 void arena::raise_needed(std::size_t bytes) noexcept {
   std::size_t now = memory_.needed.load(std::memory_order_relaxed);
-  while (now < bytes && !memory_.needed.compare_exchange_weak(now, bytes, std::memory_order_relaxed)) {
-  }
+  while (now < bytes && !memory_.needed.compare_exchange_weak(now, bytes, std::memory_order_relaxed)) {}
 }
 
 bool arena::take() {

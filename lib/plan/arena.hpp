@@ -134,7 +134,7 @@ class arena : public ref_counted<arena> {
   // Serialises changes to its span: claimers take it, the last reference gives it back.
   mutable std::mutex memory_mutex_;
   arena_memory memory_;
-  bool span_held_ = false;  ///< its span is held (not idle, not yielded), under memory_mutex_
+  bool span_held_ = false;    ///< its span is held (not idle, not yielded), under memory_mutex_
   std::vector<plan*> plans_;  ///< bound plans (uncounted: ~plan removes itself), under pinned_mutex
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};

@@ -60,7 +60,6 @@ class arena_source {
   /// first placed, so that the span takes the place of what the plain path held for its requests.
   void reclaim_idle(backend_state& backend) noexcept;
 
-
   /// The region blocks of a plan placed in `m`: request i at `offsets[i]`, owned by `owner`,
   /// which counts in live_region_bytes() until it gives them back. Throws std::bad_alloc and
   /// size_error. Given back with take_back_regions.

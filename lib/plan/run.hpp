@@ -25,9 +25,7 @@
 
 namespace refpool::detail {
 
-class plan_run final : public ref_counted<plan_run>,
-                       public request_router,
-                       public release_observer {
+class plan_run final : public ref_counted<plan_run>, public request_router, public release_observer {
  public:
   /// Opens a planned step or scope of `key` on `cache` (plan_store::begin_run): its run, or null
   /// when the key is in pass (`passing` names it then: pass_ticket). `shared`: a step's run,

@@ -35,8 +35,7 @@ bool plan_store::adopt(key_state& key, recording* made, std::vector<plan*>& plan
       dropped.push_back(made);
     } else if (std::any_of(key.plans.begin(), key.plans.end(), same_plan)) {
       now.push_back(made);  // a plan of its sequence went stale: replaced at once
-    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same);
-               again != key.pending.end()) {
+    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same); again != key.pending.end()) {
       // The sequence came again: the key's loop repeats. The newer recording replaces the pending
       // one, and every pending sequence becomes a plan, into one arena of their largest need.
       dropped.push_back(*again);

@@ -105,7 +105,8 @@ class segment_heap {
   /// A piece of at least `bytes` for use on `stream`: best fit among free ranges, else the bytes
   /// of idle spans of its pool (yielded, least recently idle first), else grows a segment (or
   /// makes one). nullopt: out of memory.
-  [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream, placement where = placement::anywhere);
+  [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream,
+                                            placement where = placement::anywhere);
   /// As carve, from free ranges only: never calls the backend, never yields a span. nullopt:
   /// nothing fits.
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,

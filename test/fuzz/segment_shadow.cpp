@@ -384,11 +384,12 @@ void segment_shadow::check(bool with_stats) {
   if (out != limited_->used())
     fail(fmt::format("segments: the backend has {} B out, its limit adaptor counts {} B", out, limited_->used()));
   if (orphans ? out < st.reserved_bytes : out != st.reserved_bytes)
-    fail(fmt::format("segments: the backend has {} B out, the cache holds {} B{} (held {} B, segment free {} B, "
-                     "arenas {} B, uncached {} B; {} plans, {} dropped, {} arenas replaced)",
-                     out, st.reserved_bytes, orphans ? " (and pieces of a destroyed cache)" : "", st.held_bytes,
-                     st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
-                     st.arena_replacements));
+    fail(
+        fmt::format("segments: the backend has {} B out, the cache holds {} B{} (held {} B, segment free {} B, "
+                    "arenas {} B, uncached {} B; {} plans, {} dropped, {} arenas replaced)",
+                    out, st.reserved_bytes, orphans ? " (and pieces of a destroyed cache)" : "", st.held_bytes,
+                    st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
+                    st.arena_replacements));
   // Escaped regions count in plan_live_bytes (their plan kept or not), not as blocks.
   if (st.live_blocks != live_blocks || st.live_bytes != live_bytes || st.plan_live_bytes != region_bytes ||
       st.uncached_live_bytes != direct_bytes)

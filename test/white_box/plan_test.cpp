@@ -41,8 +41,8 @@ cache_options segments_on() {
 
 // One key-less step of `sizes`, all live at once, each stamped with `value` in every byte; `where`
 // gets their addresses. True when every stamp is intact at the step's end.
-bool stamped_step(alloc_cache& cache, const backend& be, std::initializer_list<std::size_t> sizes,
-                  unsigned char value, std::vector<void*>& where) {
+bool stamped_step(alloc_cache& cache, const backend& be, std::initializer_list<std::size_t> sizes, unsigned char value,
+                  std::vector<void*>& where) {
   step s(cache);
   std::vector<data_ref> live;
   for (std::size_t bytes : sizes) {
@@ -250,7 +250,7 @@ TEST_CASE("a new sequence beside an arena not placed yet stays pending", "[plan]
   one_step(32 * mib);  // came again: a plan, and its arena, not placed until a run claims it
   REQUIRE(cache.stats().plans == 1);
   REQUIRE(cache.stats().arena_bytes == 0);
-  one_step(40 * mib);  // a new sequence: the plain path grows
+  one_step(40 * mib);               // a new sequence: the plain path grows
   CHECK(cache.stats().plans == 1);  // pending, not a plan
   one_step(40 * mib);  // it comes again: now a plan
   CHECK(cache.stats().plans == 2);
@@ -871,8 +871,7 @@ TEST_CASE("#35.4: a plan that fits an arena not placed yet joins it without a gr
   CHECK(st.arena_bytes == 48 * mib);
 }
 
-TEST_CASE_METHOD(arena_in_96_mib,
-                 "#35.4: a plan that fits an arena yielded by out of memory joins it without a growth",
+TEST_CASE_METHOD(arena_in_96_mib, "#35.4: a plan that fits an arena yielded by out of memory joins it without a growth",
                  "[plan][regression][stats]") {
   {
     data_ref big = cache.allocate(be, 70 * mib);  // the idle arena's 40 MiB yield (the ladder)

@@ -283,8 +283,7 @@ void planned_runs(alloc_cache& cache, const backend& be) {
 
 }  // namespace
 
-TEST_CASE("row 8: an arena whose span's allocation throws holds nothing, and the cache closes cleanly",
-          "[vm][plan]") {
+TEST_CASE("row 8: an arena whose span's allocation throws holds nothing, and the cache closes cleanly", "[vm][plan]") {
   const auto [aborted, output] = refpool::test::in_child([] {
     auto failing = std::make_shared<failing_resource>(make_host_resource());
     const backend be(failing);
