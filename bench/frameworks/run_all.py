@@ -66,16 +66,16 @@ def run_one(name, mode, round_number, args, out_dir, env, extra=()):
     return json.loads(out.read_text())
 
 
-def summarise(name, runs):
+def summarise(name, runs, modes=MODES):
     """One table row per mode of one benchmark."""
-    by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in MODES}
+    by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in modes}
     skipped = next((r["skipped"] for r in runs if "skipped" in r), None)
     if skipped:
         return [{"benchmark": name, "mode": "all", "note": f"skipped: {skipped}"}]
     own_digests = {r["outputs_digest"] for r in by_mode["own"] if "outputs_digest" in r}
     rows = []
     own_median = own_mean = own_by_position = None
-    for mode in MODES:
+    for mode in modes:
         good = [r for r in by_mode[mode] if "failed" not in r]
         if not good:
             failure = next((r["failed"] for r in by_mode[mode] if "failed" in r), "no run")
@@ -163,8 +163,13 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round, 3 warm-up, 6 measured steps")
     parser.add_argument("--timeout", type=int, default=300, help="seconds allowed to one process")
     parser.add_argument("--out", default="bench-frameworks.json", help="all results, JSON")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated subset of {','.join(MODES)} (own first: ratios are to it)")
     parser.add_argument("--picture", help="also draw a memory picture of GPT-2 training here (PNG)")
     args = parser.parse_args()
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= set(MODES) or modes[0] != "own":
+        sys.exit(f"run_all.py: --modes must start with own and name only {','.join(MODES)}")
     if args.quick:
         args.rounds = QUICK["rounds"]
         args.warmup = args.warmup if args.warmup is not None else QUICK["warmup"]
@@ -180,8 +185,8 @@ def main():
         print(f"{name}:", flush=True)
         these = []
         for round_number in range(args.rounds):
-            shift = round_number % len(MODES)
-            for mode in MODES[shift:] + MODES[:shift]:
+            shift = round_number % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
                 result = run_one(name, mode, round_number, args, out_dir, env)
                 these.append(result)
                 if "skipped" in result:
@@ -189,7 +194,7 @@ def main():
             if any("skipped" in r for r in these):
                 break
         runs += these
-        rows += summarise(name, these)
+        rows += summarise(name, these, modes)
     table = markdown(rows)
     Path(args.out).write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
     print()

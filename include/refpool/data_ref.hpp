@@ -68,7 +68,8 @@ class REFPOOL_API data_ref {
   [[nodiscard]] stream_ref stream() const;
 
   /// Tells the cache that the buffer is also used on `s`, so that a later reuse on another
-  /// stream waits for `s` too (PyTorch's recordStream). Throws `use_after_free` after unsafe_free().
+  /// stream, and the memory's free to the backend, wait for `s` too (PyTorch's recordStream).
+  /// Throws `use_after_free` after unsafe_free().
   void record_stream(stream_ref s) const;
 
   /// Releases this handle's reference now; idempotent. Never throws, never double-frees.

@@ -2,6 +2,8 @@
 // blocks, and direct blocks.
 #include "cache/whole_blocks.hpp"
 
+#include <cstdio>
+#include <exception>
 #include <memory>
 
 #include <fmt/format.h>
@@ -98,6 +100,23 @@ block* direct_block(block* b, backend_state& backend, void* ptr, std::size_t byt
 }
 
 void free_block(block* b) noexcept {
+  // A stream-ordered free (cuMemFreeAsync) waits for its own stream only: streams recorded on the
+  // block (record_stream) are ordered before it, as release_segment does for a segment's streams.
+  for (const stream_ref s : b->extra_streams) {
+    if (s == b->last_stream) continue;
+    try {
+      b->backend->res().order_streams(s, b->last_stream);
+    } catch (const std::exception& e) {
+      // No stream order to be had: wait for the device instead; failing that, say so (the context
+      // is then most likely broken, and nothing in flight can be waited for).
+      try {
+        b->backend->res().synchronize();
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "refpool: freeing %p without waiting for stream %p: %s\n", b->ptr, s.handle, e.what());
+      }
+      break;
+    }
+  }
   b->backend->deallocate(b->ptr, b->capacity, b->last_stream);
   b->backend->release();
   delete b;

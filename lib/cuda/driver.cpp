@@ -47,7 +47,7 @@ loaded load() {
     const CUresult r = get_proc(name, slot, version, CU_GET_PROC_ADDRESS_DEFAULT, &found);
     return r == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS && *slot != nullptr;
   };
-  if (!resolve("cuDriverGetVersion", reinterpret_cast<void**>(&api.cuDriverGetVersion), CUDA_VERSION) ||
+  if (!resolve("cuDriverGetVersion", reinterpret_cast<void**>(&api.cuDriverGetVersion), 2020) ||
       api.cuDriverGetVersion(&api.version) != CUDA_SUCCESS) {
     out.failure = "the NVIDIA driver does not report its version";
     return out;
@@ -58,9 +58,8 @@ loaded load() {
                               minimum_driver_version % 1000 / 10);
     return out;
   }
-  const int version = std::min(CUDA_VERSION, api.version);
-#define REFPOOL_CUDA_RESOLVE(name)                                                                                  \
-  if (!resolve(#name, reinterpret_cast<void**>(&api.name), version)) {                                              \
+#define REFPOOL_CUDA_RESOLVE(name, abi)                                                                             \
+  if (!resolve(#name, reinterpret_cast<void**>(&api.name), abi)) {                                                  \
     out.failure =                                                                                                   \
         fmt::format("the NVIDIA driver (CUDA {}.{}) lacks {}", api.version / 1000, api.version % 1000 / 10, #name); \
     return out;                                                                                                     \

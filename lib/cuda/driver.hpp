@@ -4,28 +4,65 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <string>
 
 namespace refpool::detail::cuda {
 
-// Each name is the unversioned driver symbol; the header's macros (cuMemAlloc -> cuMemAlloc_v2)
-// make the member and its type match the ABI that cuGetProcAddress returns for CUDA_VERSION.
-#define REFPOOL_CUDA_DRIVER_SYMBOLS(X)                                                                                \
-  X(cuInit)                                                                                                           \
-  X(cuDriverGetVersion)                                                                                               \
-  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent)                \
-      X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync)          \
-          X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemGetInfo) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)    \
-              X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) \
-                  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuStreamWaitEvent) X(cuMemcpyAsync)           \
-                      X(cuMemsetD8Async) X(cuMemcpyPeerAsync) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)       \
-                          X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve)             \
-                              X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap)            \
-                                  X(cuMemSetAccess) X(cuGetErrorName) X(cuGetErrorString)
+// Each entry is the unversioned driver symbol and the CUDA version of the ABI refpool calls it
+// with: the member's type is cudaTypedefs.h's PFN_<name>_v<version>, and cuGetProcAddress is asked
+// for that version, so type and ABI agree whatever CUDA_VERSION the headers have. Asking for the
+// headers' CUDA_VERSION is not safe: at 13000 the driver hands out cuCtxSynchronize_v2, which takes
+// a context, while cuda.h still declares cuCtxSynchronize(void) (called without one, it synchronised
+// nothing and returned CUDA_ERROR_CONTEXT_IS_DESTROYED). Versions: the newest ABI up to 12.0.
+#define REFPOOL_CUDA_DRIVER_SYMBOLS(X) \
+  X(cuInit, 2000) \
+  X(cuDriverGetVersion, 2020) \
+  X(cuDeviceGetCount, 2000) \
+  X(cuDeviceGet, 2000) \
+  X(cuDeviceGetName, 2000) \
+  X(cuDevicePrimaryCtxRetain, 7000) \
+  X(cuCtxGetCurrent, 4000) \
+  X(cuCtxSetCurrent, 4000) \
+  X(cuCtxSynchronize, 2000) \
+  X(cuMemAlloc, 3020) \
+  X(cuMemFree, 3020) \
+  X(cuMemAllocAsync, 11020) \
+  X(cuMemFreeAsync, 11020) \
+  X(cuMemHostAlloc, 2020) \
+  X(cuMemFreeHost, 2000) \
+  X(cuMemGetInfo, 3020) \
+  X(cuDeviceGetDefaultMemPool, 11020) \
+  X(cuMemPoolSetAttribute, 11020) \
+  X(cuMemPoolGetAttribute, 11020) \
+  X(cuMemPoolTrimTo, 11020) \
+  X(cuStreamCreate, 2000) \
+  X(cuStreamDestroy, 4000) \
+  X(cuStreamSynchronize, 2000) \
+  X(cuEventCreate, 2000) \
+  X(cuEventDestroy, 4000) \
+  X(cuEventRecord, 2000) \
+  X(cuStreamWaitEvent, 3020) \
+  X(cuMemcpyAsync, 4000) \
+  X(cuMemsetD8Async, 3020) \
+  X(cuMemcpyPeerAsync, 4000) \
+  X(cuDeviceCanAccessPeer, 4000) \
+  X(cuCtxEnablePeerAccess, 4000) \
+  X(cuDeviceGetAttribute, 2000) \
+  X(cuMemGetAllocationGranularity, 10020) \
+  X(cuMemAddressReserve, 10020) \
+  X(cuMemAddressFree, 10020) \
+  X(cuMemCreate, 10020) \
+  X(cuMemRelease, 10020) \
+  X(cuMemMap, 10020) \
+  X(cuMemUnmap, 10020) \
+  X(cuMemSetAccess, 10020) \
+  X(cuGetErrorName, 6000) \
+  X(cuGetErrorString, 6000)
 
 struct driver_api {
-#define REFPOOL_CUDA_DECLARE(name) decltype(&::name) name = nullptr;
+#define REFPOOL_CUDA_DECLARE(name, abi) PFN_##name##_v##abi name = nullptr;
   REFPOOL_CUDA_DRIVER_SYMBOLS(REFPOOL_CUDA_DECLARE)
 #undef REFPOOL_CUDA_DECLARE
   int version = 0;       ///< cuDriverGetVersion

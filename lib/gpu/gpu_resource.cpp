@@ -101,14 +101,18 @@ class gpu_resource final : public resource {
 
   void order_streams(stream_ref producer, stream_ref consumer) override {
     if (producer == consumer) return;
-    const retirement_lock streams;  // the producer, if not retired, stays valid until the wait is enqueued
+    const retirement_lock streams;  // the streams, if not retired, stay valid until the wait is enqueued
     if (streams.retired(producer.handle)) return;
+    // A retired consumer gets no more work; what refpool still enqueues for memory last used on it
+    // (a stream-ordered free) goes to the default stream, as deallocate does: that one waits.
+    const handle waiter = streams.retired(consumer.handle) ? nullptr : consumer.handle;
+    if (waiter == producer.handle) return;
     device_guard guard(api_, device_);
     // One event suffices: a wait captures the event's latest record when it is enqueued.
     std::lock_guard lock(event_mutex_);
     if (event_ == nullptr) check(api_, api_.event_create(&event_), api_.event_create.name);
     check(api_, api_.event_record(event_, producer.handle), api_.event_record.name, "stream ordering");
-    check(api_, api_.stream_wait_event(consumer.handle, event_), api_.stream_wait_event.name, "stream ordering");
+    check(api_, api_.stream_wait_event(waiter, event_), api_.stream_wait_event.name, "stream ordering");
   }
 
  private:

@@ -109,9 +109,16 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
       auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
       if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
     }
-    passing = key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr) ==
-              repeat_detector::change::enter_pass;
+    const auto change = key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr);
+    passing = change == repeat_detector::change::enter_pass;
     pass_entries_ += passing ? 1 : 0;
+    if (change == repeat_detector::change::learn_again) {
+      // Its traffic changed since it passed: a pause from before (against re-recording the old
+      // sequences) would keep it from recording, and so from repeating, and it would pass again.
+      key->paused_until = key->runs;
+      key->next_pause = first_pause;
+      key->rerecordings = 0;
+    }
   }
   if (reclaim) reclaim_plain_memory(*outcome.used->request(0).key.backend);
   if (passing) {

@@ -137,11 +137,12 @@ bool plan_run::blocked(std::uint64_t at) {
 block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
   if (mode_ == mode::probe && lease != nullptr) {
     // Does the key repeat again? Only the sizes are seen: nothing is tracked or matched.
+    probed_.add(bytes);  // asked for, served or not: probes that fail are no repeats of each other
     block* b = cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream);
-    probed_.add(bytes);
     advance(position_.load(std::memory_order_relaxed) + 1);
     return b;
   }
+  if (mode_ != mode::finished) asked_ = true;
   const backend_state& bs = backend;
   const planned_request request{{&bs, bs.device(), bs.kind(), bs.alignment(), bytes}, stream};
   const std::uint64_t at = position_.load(std::memory_order_relaxed);
@@ -165,8 +166,8 @@ block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t byt
     case mode::probe:  // without a lease (not a step's or scope's request)
     case mode::plain: {
       if (lease == nullptr) reserve_tracking();
-      block* b = fallback(lease, backend, bytes, stream);
       if (mode_ == mode::probe) probed_.add(bytes);
+      block* b = fallback(lease, backend, bytes, stream);
       if (lease == nullptr) track(b, request, at);  // its escape is counted by the run
       advance(at + 1);
       return b;
@@ -366,7 +367,9 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.probed = was == mode::probe;
   if (out.probed) out.fingerprint = probed_.value();
   if (complete) out.fingerprint = current_->fingerprint();
-  if (end == 0) out.fingerprint = fingerprint().value();  // the empty sequence
+  // A run asked for nothing: the empty sequence. One whose requests all failed saw no sequence of
+  // the key (unknown: no repeat), so that an out-of-memory storm does not read as a loop.
+  if (end == 0 && !out.probed) out.fingerprint = asked_ ? fingerprint::unknown : fingerprint().value();
   if (recordable) {
     try {
       out.made = make_recording(end, std::move(region_lifetimes));

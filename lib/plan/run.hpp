@@ -126,7 +126,8 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   std::vector<std::uint32_t> overdue_;      ///< regions of current_ this run still holds past their recorded release
   std::vector<foreign_region> foreign_;     ///< live regions of other runs or plans in arena_
   std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
-  fingerprint probed_;                      ///< probe: the sizes served so far
+  fingerprint probed_;                      ///< probe: the sizes asked for so far
+  bool asked_ = false;                      ///< a request came past the inlined replay (served or not)
 
   mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
   std::vector<tracked> tracked_;

@@ -31,8 +31,8 @@ bool plan_store::adopt(key_state& key, recording* made, std::vector<plan*>& plan
     std::lock_guard guard(mutex_);
     const auto same_plan = [&](const plan* p) { return p->requests() == made->requests; };
     const auto same = [&](const recording* r) { return r->requests == made->requests; };
-    if (closed_) {
-      dropped.push_back(made);
+    if (closed_ || key.repeats.passing()) {
+      dropped.push_back(made);  // a run open at the key's pass entry: a key in pass keeps nothing
     } else if (std::any_of(key.plans.begin(), key.plans.end(), same_plan)) {
       now.push_back(made);  // a plan of its sequence went stale: replaced at once
     } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same); again != key.pending.end()) {
@@ -123,8 +123,8 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
   bool reclaim = false;
   {
     std::lock_guard guard(mutex_);
-    if (closed_) {
-      dropped.push_back(made);
+    if (closed_ || key.repeats.passing()) {
+      dropped.push_back(made);  // a run open at the key's pass entry: a key in pass keeps nothing
       made = nullptr;
     } else {
       auto same = std::find_if(key.plans.begin(), key.plans.end(),

@@ -65,6 +65,9 @@ void session::cleanup() {
   all.pass_entries += pt.pass_entries;
   all.pass_runs += pt.pass_runs;
   all.learned_again += pt.learned_again;
+  all.passing_recordings += pt.passing_recordings;
+  all.failed_probes += pt.failed_probes;
+  all.pauses_lifted += pt.pauses_lifted;
   for (const model_cache& c : m_.caches) all.steps += c.steps;
   for (int b = 0; b < backends; ++b) {
     all.injected_faults += m_.be[b].injected;

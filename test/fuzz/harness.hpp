@@ -28,6 +28,7 @@ struct totals {
   /// Keys whose sequences did not repeat: times one entered pass, its runs that passed (no router),
   /// and times one learned again after its probes saw repeats (plan_loop_ops.cpp, op_plan_stream).
   std::uint64_t pass_entries = 0, pass_runs = 0, learned_again = 0;
+  std::uint64_t passing_recordings = 0, failed_probes = 0, pauses_lifted = 0;  // fixes the model must check
   /// The last reference to an escaped region of a dropped plan, released on the other thread while
   /// a planned loop's run goes on (plan_loop_ops.cpp; issue 35).
   std::uint64_t dropped_escapes_released_elsewhere = 0;

@@ -133,7 +133,23 @@ model::backend_result model::backend_allocate(int backend, std::size_t bytes, vo
   return expect;
 }
 
+const backend_event* model::pending_free() const {
+  for (std::size_t i = 0;; ++i) {
+    const backend_event* e = log_.peek_pending(i);
+    if (e == nullptr || e->what != backend_event::kind::order_streams) return e;
+  }
+}
+
 void model::backend_free(const model_block& b) {
+  // Streams recorded on the block are ordered before its free on its last stream.
+  for (void* s : b.extra_streams) {
+    if (s == b.last_stream) continue;
+    const backend_event& o = next_event("order_streams");
+    if (o.what != backend_event::kind::order_streams || o.backend != b.backend || o.producer != s ||
+        o.consumer != b.last_stream)
+      fail(fmt::format("model expected order_streams({} -> {}) before freeing block {}, refpool made {}", s,
+                       b.last_stream, b.gid, describe(o)));
+  }
   const backend_event& e = next_event("deallocate");
   if (e.what != backend_event::kind::deallocate || e.backend != b.backend || e.ptr != b.ptr || e.bytes != b.capacity)
     fail(fmt::format("model expected deallocate({}, {} B) on backend {} (block {}), refpool made {}", b.ptr, b.capacity,
@@ -268,7 +284,7 @@ void model::close_cache(int ci) {
   }
   for (std::size_t n = idle.size(); n > 0; --n) {  // in an order the model does not fix
     settle_arenas(false);
-    const backend_event* e = log_.peek_pending(0);
+    const backend_event* e = pending_free();
     auto it = std::find_if(idle.begin(), idle.end(), [&](std::uint64_t g) {
       return e != nullptr && e->what == backend_event::kind::deallocate && e->ptr == blocks.at(g).ptr;
     });

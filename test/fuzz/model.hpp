@@ -209,6 +209,8 @@ class model {
   model_block& add_held_block(block_kind kind, void* ptr, std::size_t capacity, std::size_t requested, int backend,
                               void* stream);
   void backend_free(const model_block& b);
+  /// The next pending call past the order_streams that a free of a block with recorded streams makes first.
+  [[nodiscard]] const backend_event* pending_free() const;
   const backend_event& next_event(const char* expected);
 
   // The plain cache's request path (rounding, own slot, steal, backend with the OOM ladder).

@@ -359,7 +359,7 @@ std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_
       std::size_t pick = 0;
       if (group.size() > 1) {
         settle_arenas(false);
-        const backend_event* e = log_.peek_pending(0);
+        const backend_event* e = pending_free();
         pick = group.size();
         for (std::size_t k = 0; e != nullptr && k < group.size(); ++k)
           if (e->what == backend_event::kind::deallocate && e->ptr == blocks.at(group[k].gid).ptr) pick = k;

@@ -17,6 +17,7 @@ constexpr std::size_t plans_per_key = 16;
 constexpr unsigned thrash_window = 16;
 constexpr unsigned thrash_rerecordings = 4;
 constexpr std::uint64_t longest_pause = 4096;
+constexpr std::uint64_t first_pause = 64;  // a key's first pause, again after it learns again
 
 // A run's fingerprint: a 64-bit hash of its request sizes in order, never 0 (0: unknown).
 std::uint64_t model_fingerprint(const std::vector<std::size_t>& sizes) {
@@ -110,10 +111,11 @@ void model::finish_run(int run) {
     auto it = std::find(k.plans.begin(), k.plans.end(), r.current);
     if (it != k.plans.end()) k.last_used[static_cast<std::size_t>(it - k.plans.begin())] = ++store.clock;
   }
-  // Its fingerprint: the sizes it asked for in order, where it saw them all (a probe, a complete
-  // replay, a recording; a run with no request: the empty sequence). Unknown otherwise.
+  // Its fingerprint: the sizes it asked for in order, where it saw them all (a probe, failed
+  // requests included; a complete replay, a recording; a run asked for nothing: the empty
+  // sequence). Unknown otherwise (a learning run whose requests all failed among them).
   std::vector<std::size_t> sizes;
-  bool hashed = end == 0;
+  bool hashed = end == 0 && !r.asked;
   if (was == mode::probe) {
     sizes = r.probed;
     hashed = true;
@@ -123,7 +125,14 @@ void model::finish_run(int run) {
       sizes.push_back(q.bytes);
     hashed = true;
   }
-  const bool passes = observe_repeats(store, r.key, hashed ? model_fingerprint(sizes) : 0, complete) == 1;
+  const int change = observe_repeats(store, r.key, hashed ? model_fingerprint(sizes) : 0, complete);
+  const bool passes = change == 1;
+  if (change == 2) {  // learning again: no pause from before its pass holds it back
+    plan_totals.pauses_lifted += k.paused_until > k.runs ? 1 : 0;
+    k.paused_until = k.runs;
+    k.next_pause = first_pause;
+    k.rerecordings = 0;
+  }
   // The first complete replay after a plan joined gives the plain path's idle memory back.
   const bool reclaim = complete && k.reclaim_at_replay;
   if (complete) k.reclaim_at_replay = false;
@@ -237,8 +246,12 @@ void model::drop_plan(model_plan_store& store, int key, std::size_t i) {
 // pending already, it and the key's pending recordings become plans, largest first.
 bool model::adopt(int ci, int key, int made) {
   model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
-  if (store.closed) return false;
   model_key& k = store.keys[static_cast<std::size_t>(key)];
+  if (store.closed) return false;
+  if (k.passing) {  // a run open at its key's pass entry: a key in pass keeps nothing
+    plan_totals.passing_recordings += 1;
+    return false;
+  }
   const auto same = [&](int p) {
     return plans[static_cast<std::size_t>(p)].requests == plans[static_cast<std::size_t>(made)].requests;
   };

@@ -267,6 +267,7 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
   const std::uint64_t at = r.position;
   using mode = model_run::mode;
   if (r.how == mode::pass) return slot_acquire(r.cache, lease, backend, bytes, stream, gid, oom_bytes);
+  if (r.how != mode::finished) r.asked = true;
   if (r.how == mode::replay) {
     const model_plan& p = plans[static_cast<std::size_t>(r.current)];
     if (at < p.requests.size() && p.requests[at] == request) return replay_one(run, lease, request, at, gid, oom_bytes);
@@ -288,10 +289,11 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
     }
     case mode::probe:
     case mode::plain: {
+      if (r.how == mode::probe) r.probed.push_back(bytes);  // asked for: a failed probe hashes it too
       const outcome o = fallback(run, lease, request, lease < 0, gid, oom_bytes);
       model_run& now = runs[static_cast<std::size_t>(run)];
-      if (o == outcome::ok && now.how == mode::probe) now.probed.push_back(bytes);
       if (o == outcome::ok) advance(now, at + 1);
+      if (o != outcome::ok && now.how == mode::probe) plan_totals.failed_probes += 1;
       return o;
     }
     default: return fallback(run, lease, request, false, gid, oom_bytes);  // a late request after the run's end

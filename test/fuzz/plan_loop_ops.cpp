@@ -109,6 +109,10 @@ void session::op_plan_sweep(int t) {
 // A serving loop under one key: 40 to 100 runs of sequences never seen before (the key passes
 // after 32: its runs then have no router), then, half the time, a few sequences in turn until the
 // probes see them repeat, the key learns again and replays. As planned steps or scopes.
+// Half the streams begin with two nested scopes of the key open on the other thread, recording
+// one sequence, and end them after the pass entry: they must add no plan (nor an arena) to a
+// key in pass. A quarter of the long ones ask for one size each that no backend holds for 64 runs
+// after the new sequences (the probe window among them): failed probes are no repeats.
 void session::plan_stream(int t, int c, bool as_step) {
   if (as_step && open_steps_[c]) return;
   // Pass at run 32 at the latest, for 64 runs, then 32 probes: by run 128 the repeating sequences
@@ -116,18 +120,97 @@ void session::plan_stream(int t, int c, bool as_step) {
   const std::size_t fresh = 40 + in_.below(61);
   const std::size_t cycle = 1 + in_.below(4);
   const std::size_t total = in_.below(2) == 0 ? fresh : 140 + in_.below(40);
-  trace("thread {}: plan stream on cache {} ({}): {} new sequences, then {} in turn to run {}", t, c,
-        as_step ? "steps" : "scopes", fresh, cycle, total);
-  for (std::size_t run = 0; run < total && steps_ < max_operations; ++run) {
+  const int other = 1 - t;
+  const bool late = fresh % 2 == 0 && frames_[other].size() + 2 <= max_depth;
+  const bool failing = total > fresh && (fresh / 2) % 2 == 0;
+  // A quarter of the long ones run twice: the first time's new sequences paused the key (they
+  // re-record) before it passed, and it learned again; the second time's pause must be as short
+  // as the first's, so that it is over when the key learns again (no pause outlives a pass).
+  const std::size_t rounds = total > fresh && !failing && cycle % 2 == 0 ? 2 : 1;
+  trace("thread {}: plan stream on cache {} ({}): {} new sequences, then {} in turn to run {}{}{}, {} time(s)", t, c,
+        as_step ? "steps" : "scopes", fresh, cycle, total, late ? ", two scopes open on the other thread" : "",
+        failing ? ", failing requests" : "", rounds);
+  std::vector<std::pair<rp::data_ref, std::uint64_t>> late_live;
+  if (late)
+    for (int depth = 0; depth < 2; ++depth) open_late_scope(other, c, late_live);
+  if (rounds == 1 && total > fresh && !failing && cycle == 3) pause_long(t, c, as_step);
+  for (std::size_t i = 0; i < rounds * total && steps_ < max_operations; ++i) {
+    const std::size_t run = i % total, round = i / total;
     std::vector<std::size_t> sizes;
     if (run < fresh) {
-      for (std::size_t j = 0; j <= run % 3; ++j) sizes.push_back(64 * (1 + (run * 3 + j) % 509));
+      for (std::size_t j = 0; j <= run % 3; ++j) sizes.push_back(64 * (1 + (run * 3 + j + round * 100) % 509));
+    } else if (failing && run < fresh + 64) {
+      sizes.push_back(backend0_capacity + 64 * (1 + run));  // out of memory after reclaim
     } else {
       for (std::size_t j = 0; j < 2; ++j) sizes.push_back(64 * (520 + (run % cycle) * 2 + j));
     }
     stream_run(t, c, as_step, sizes);
     if (run % 16 == 15) check_all();
+    if (late && i == 35) close_late_scopes(other, late_live);
   }
+  if (late && !late_live.empty()) close_late_scopes(other, late_live);
+}
+
+// A quarter of the other long streams begin with a loop that replays one sequence in every three
+// runs and records new ones between (it keeps re-recording, so its pauses grow to 256 runs), until
+// the key is paused for 220 more runs: the key passes, probes and learns again while that pause
+// still holds, and learning must lift it.
+void session::pause_long(int t, int c, bool as_step) {
+  const auto paused_for = [&]() -> std::uint64_t {
+    for (const model_key& k : m_.caches[static_cast<std::size_t>(cur_[c])].plans.keys)
+      if (k.name == "stream") return k.passing || k.paused_until <= k.runs ? 0 : k.paused_until - k.runs;
+    return 0;
+  };
+  for (std::size_t run = 0; run < 420 && paused_for() < 220 && steps_ < max_operations; ++run) {
+    std::vector<std::size_t> sizes = {64 * 700, 64 * 703};
+    if (run % 3 != 0) sizes = {64 * (720 + run), 64 * (720 + run)};
+    stream_run(t, c, as_step, sizes);
+    if (run % 16 == 15) check_all();
+  }
+}
+
+// A planned scope of the stream's key on thread `u`, with one request of the same size each time.
+void session::open_late_scope(int u, int c, std::vector<std::pair<rp::data_ref, std::uint64_t>>& live) {
+  open_key_scope(u, c, "stream", "a late scope");
+  const std::size_t bytes = 64 * 600;
+  rp::data_ref ref;
+  const result r = on(u, [&] { ref = rp::allocate(be_[0], bytes); });
+  std::uint64_t gid = 0;
+  std::size_t oom = 0;
+  const outcome want = m_.allocate(u, 0, bytes, nullptr, gid, oom);
+  expect(r, want, "a late scope's request");
+  if (want != outcome::ok) return;
+  const std::uint64_t stamp = next_stamp();
+  fill(ref.data(), 0, bytes, stamp);
+  accept_block(gid, ref.data(), stamp, "a late scope's request");
+  live.emplace_back(std::move(ref), gid);
+}
+
+// Ends the two late scopes, inner first: their buffers go at each one's end.
+void session::close_late_scopes(int u, std::vector<std::pair<rp::data_ref, std::uint64_t>>& live) {
+  for (int depth = 0; depth < 2; ++depth) {
+    if (!live.empty()) {
+      const std::uint64_t gid = live.back().second;
+      verify_block(gid, "before a late scope's buffer went");
+      expect(on(u, [&] { live.pop_back(); }), outcome::ok, "a late scope's release");
+      m_.drop_ref(gid, false);
+    }
+    expect(on(u, [&] { frames_[u].pop_back(); }), outcome::ok, "the end of a late scope");
+    if (m_.close_frame(u, u, m_.frames[u].size() - 1) != outcome::ok) fail("model: closing a late scope failed");
+    check_all();
+  }
+}
+
+// A planned scope of `key` on thread `t`.
+void session::open_key_scope(int t, int c, const std::string& key, const char* what) {
+  expect(on(t,
+            [&] {
+              real_frame f;
+              f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
+              frames_[t].push_back(std::move(f));
+            }),
+         outcome::ok, what);
+  m_.enter_scope(t, cur_[c], 0, key);
 }
 
 // One run of a plan stream: its requests, released at its end (the last one after it, now and then:
@@ -141,14 +224,7 @@ void session::stream_run(int t, int c, bool as_step, const std::vector<std::size
     open_steps_[c] = std::move(made);
     step_cache_[c] = cur_[c];
   } else {
-    expect(on(t,
-              [&] {
-                real_frame f;
-                f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
-                frames_[t].push_back(std::move(f));
-              }),
-           outcome::ok, "a stream's scope");
-    m_.enter_scope(t, cur_[c], 0, key);
+    open_key_scope(t, c, key, "a stream's scope");
   }
   std::vector<std::pair<rp::data_ref, std::uint64_t>> live;
   for (std::size_t bytes : sizes) {
@@ -229,14 +305,7 @@ void session::op_planned_loop(int t) {
         opened = true;
       }
     } else if (depth < max_depth) {
-      expect(on(t,
-                [&] {
-                  real_frame f;
-                  f.scope = std::make_unique<rp::scope>(*cache_[c], rp::scope_options{0, key});
-                  frames_[t].push_back(std::move(f));
-                }),
-             outcome::ok, "a loop's scope");
-      m_.enter_scope(t, cur_[c], 0, key);
+      open_key_scope(t, c, key, "a loop's scope");
       opened = true;
     }
     const std::size_t other_depth = frames_[other].size();

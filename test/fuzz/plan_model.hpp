@@ -123,7 +123,8 @@ struct model_run {
   std::vector<model_segment> segments;
   std::uint64_t segment_from = 0, replayed_to = 0, position = 0;
   std::vector<model_tracked> tracked;
-  std::vector<std::size_t> probed;  ///< probe: the sizes served
+  std::vector<std::size_t> probed;  ///< probe: the sizes asked for (served or not)
+  bool asked = false;               ///< a request came (served or not)
   std::size_t uncached_live = 0;
   std::uint64_t hits = 0, misses = 0;
 };
@@ -132,7 +133,7 @@ struct model_run {
 struct model_plan_totals {
   std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0, busy = 0,
                 pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0, pass_entries = 0, pass_runs = 0,
-                learned_again = 0;
+                learned_again = 0, passing_recordings = 0, failed_probes = 0, pauses_lifted = 0;
 };
 
 }  // namespace refpool::test::fuzz

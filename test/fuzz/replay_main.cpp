@@ -80,6 +80,15 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "refpool fuzz: no key {}\n", all.pass_entries == 0 ? "passed" : "learned again after a pass");
       return 1;
     }
+    // And the cases of the hostile review (plan_stream): a run open across its key's pass entry, a
+    // probe whose request fails, a key that learns again while a pause from before still holds.
+    if (all.passing_recordings == 0 || all.failed_probes == 0 || all.pauses_lifted == 0) {
+      fmt::print(stderr, "refpool fuzz: no {}\n",
+                 all.passing_recordings == 0 ? "recording of a run open at its key's pass entry"
+                 : all.failed_probes == 0    ? "probe whose request failed"
+                                             : "pause lifted by learning again");
+      return 1;
+    }
   }
   return 0;
 }

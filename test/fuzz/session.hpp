@@ -342,6 +342,10 @@ class session {
   void op_plan_sweep(int t);
   void plan_stream(int t, int c, bool as_step);
   void stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes);
+  void pause_long(int t, int c, bool as_step);
+  void open_key_scope(int t, int c, const std::string& key, const char* what);
+  void open_late_scope(int u, int c, std::vector<std::pair<rp::data_ref, std::uint64_t>>& live);
+  void close_late_scopes(int u, std::vector<std::pair<rp::data_ref, std::uint64_t>>& live);
   void op_in_flight(int t);
   void op_racing_frees(int t);
   void op_failing_configure(int t);

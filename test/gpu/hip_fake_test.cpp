@@ -254,6 +254,48 @@ TEST_CASE("hip::retire_stream: the cache never uses a retired stream again", "[h
   CHECK(fake().violations().empty());
 }
 
+TEST_CASE("record_stream: stream-ordered memory is freed after the recorded stream, also once its own is retired",
+          "[hip-7]") {
+  // A whole block (device_async memory has no virtual memory) freed by reclaim goes back with
+  // hipFreeAsync on its last stream, which waits for that stream only: the recorded stream's work
+  // is ordered before it. Its last stream retired meanwhile, the free and the wait go to the
+  // default stream, never to the destroyed one.
+  const backend be = hip::device(0, memory_kind::device_async);
+  alloc_cache cache{cache_options{}};
+  hip::stream side;
+  for (const bool retired : {false, true}) {
+    CAPTURE(retired);
+    hipStream_t user = nullptr;
+    REQUIRE(APP_HIP(hipStreamCreateWithFlags)(&user, 0) == hipSuccess);
+    {
+      data_ref x = cache.allocate(be, 4096, {user});
+      x.record_stream(side);
+    }
+    if (retired) {
+      hip::retire_stream({user});
+      REQUIRE(APP_HIP(hipStreamDestroy)(user) == hipSuccess);
+    }
+    fake().clear_calls();
+    fake().clear_violations();
+    cache.reclaim();
+    CHECK(fake().violations().empty());
+    const auto calls = fake().calls();
+    const hipStream_t freed_on = retired ? nullptr : user;
+    const auto at = [&](std::string_view name, const void* object) {
+      return std::find_if(calls.begin(), calls.end(),
+                          [&](const auto& c) { return c.name == name && c.object == object; });
+    };
+    const auto recorded = at("hipEventRecord", side.ref().handle);
+    const auto waited = at("hipStreamWaitEvent", freed_on);
+    const auto freed = std::find_if(calls.begin(), calls.end(), [](const auto& c) { return c.name == "hipFreeAsync"; });
+    REQUIRE(freed != calls.end());
+    CHECK(recorded < waited);
+    CHECK(waited < freed);
+    CHECK(be.outstanding_bytes() == 0);
+    if (!retired) REQUIRE(APP_HIP(hipStreamDestroy)(user) == hipSuccess);
+  }
+}
+
 TEST_CASE("virtual memory on HIP 5.3 and newer: one hipMemCreate per commit, released on decommit", "[hip-7]") {
   fake().clear_violations();
   virtual_memory* vm = hip::device(0).underlying().address_space();

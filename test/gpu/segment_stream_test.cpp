@@ -83,3 +83,30 @@ TEST_CASE("segments: the race the waits prevent (control)", "[cuda][segments][st
   scope sc(cache);
   CHECK(all_equal(refpool::test::unordered_writes(cuda::device(0), a, b), 1));
 }
+
+TEST_CASE("segments: reclaim unmaps a range only after the work in flight on it is done",
+          "[cuda][segments][streams]") {
+  // The device-wide wait before cuMemUnmap (virtual_memory.cpp). A late write on B, recorded on
+  // the buffer, is still running when reclaim decommits the buffer's bytes: without the wait the
+  // write lands in unmapped memory, the context reports an illegal address, and B's synchronize
+  // throws. (With CUDA 13 headers the driver table once resolved cuCtxSynchronize to its _v2,
+  // which takes a context: called without one it waited for nothing.)
+  const backend be = cuda::device(0);
+  cuda::stream a;
+  cuda::stream b;
+  alloc_cache cache{segments_on()};
+  {
+    scope sc(cache);
+    auto x = empty<std::uint32_t>(be, {words}, a);
+    x.record_stream(b);
+    refpool::test::fill_late(b, x.data(), words, 1);
+  }  // x idle while B still writes into it
+  const auto before = cache.stats();
+  REQUIRE(before.segment_bytes > 0);
+  cache.reclaim();
+  const auto after = cache.stats();
+  REQUIRE(after.segment_trims > before.segment_trims);  // bytes were decommitted
+  CHECK(after.segment_bytes < before.segment_bytes);
+  CHECK_NOTHROW(b.synchronize());
+  CHECK_NOTHROW(a.synchronize());
+}

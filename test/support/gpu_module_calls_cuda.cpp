@@ -1,5 +1,6 @@
 // The CUDA driver's module calls, from the libcuda.so.1 refpool loaded, resolved the way refpool
-// resolves its own (cuGetProcAddress_v2, for the entry points of the CUDA version built against).
+// resolves its own (cuGetProcAddress_v2, at the ABI of CUDA 12.0, which cuda.h's prototypes declare:
+// the headers' CUDA_VERSION may name a newer ABI with other parameters, lib/cuda/driver.hpp).
 #include <dlfcn.h>
 
 #include <type_traits>
@@ -39,7 +40,7 @@ driver load() {
   const auto resolve = [&](const char* name, auto& slot) {
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     void* p = nullptr;
-    if (get_proc(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || p == nullptr)
+    if (get_proc(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || p == nullptr)
       throw backend_unavailable(fmt::format("refpool test support: the CUDA driver lacks {}", name));
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(p);
   };
