@@ -372,9 +372,11 @@ void segment_shadow::check(bool with_stats) {
   // Byte accounting.
   const rp::cache_stats st = cache_->stats();
   const std::size_t out = be_.outstanding_bytes();
-  if (st.segment_bytes < st.segment_free_bytes || st.held_bytes != st.segment_bytes - st.segment_free_bytes)
-    fail(fmt::format("segments: {} B held in blocks, but the segments hold {} B of which {} B are free", st.held_bytes,
-                     st.segment_bytes, st.segment_free_bytes));
+  // Arenas are spans of the same heaps: their bytes are segment bytes that no block holds.
+  if (st.segment_bytes < st.segment_free_bytes + st.arena_bytes ||
+      st.held_bytes != st.segment_bytes - st.segment_free_bytes - st.arena_bytes)
+    fail(fmt::format("segments: {} B held in blocks, but the segments hold {} B of which {} B are free and {} B arenas",
+                     st.held_bytes, st.segment_bytes, st.segment_free_bytes, st.arena_bytes));
   if (st.reserved_bytes != st.held_bytes + st.segment_free_bytes + st.arena_bytes + st.uncached_live_bytes ||
       st.peak_reserved_bytes < st.reserved_bytes)
     fail(fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B + arenas {} B + "
