@@ -226,9 +226,10 @@ void model::settle_arenas(bool at_end_of_operation) {
         std::string pending;
         for (std::size_t k = 0; k < 4 && log_.peek_pending(k) != nullptr; ++k)
           pending += " " + describe(*log_.peek_pending(k));
-        fail(fmt::format("arenas given back (no plan, run or region reaches them), but segment {} ({} B) of backend "
-                         "{} is still allocated; next calls:{}",
-                         seg.base, seg.bytes, h.backend, pending.empty() ? " none" : pending));
+        fail(
+            fmt::format("arenas given back (no plan, run or region reaches them), but segment {} ({} B) of backend "
+                        "{} is still allocated; next calls:{}",
+                        seg.base, seg.bytes, h.backend, pending.empty() ? " none" : pending));
       }
   }
 }

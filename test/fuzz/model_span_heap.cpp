@@ -87,7 +87,8 @@ void model::take_range(model_span_heap& h, std::size_t si, std::size_t ri, std::
   std::vector<model_heap_range> parts;
   if (offset > 0) parts.push_back({whole.offset, offset, -1, whole.streams});
   parts.push_back({whole.offset + offset, n, arena, {}});
-  if (offset + n < whole.bytes) parts.push_back({whole.offset + offset + n, whole.bytes - offset - n, -1, whole.streams});
+  if (offset + n < whole.bytes)
+    parts.push_back({whole.offset + offset + n, whole.bytes - offset - n, -1, whole.streams});
   seg.ranges.erase(seg.ranges.begin() + static_cast<std::ptrdiff_t>(ri));
   seg.ranges.insert(seg.ranges.begin() + static_cast<std::ptrdiff_t>(ri), parts.begin(), parts.end());
   seg.last_use = ++h.tick;
@@ -304,8 +305,8 @@ void model::give_back_span(int arena) {
   // release_or_trim: with no span left every segment goes, the newest first; else a trim.
   bool spans_left = false;
   for (const model_arena& x : arenas)
-    spans_left = spans_left || (x.cache == h.cache && x.backend == h.backend && x.span != model_arena::span_state::none &&
-                                x.span != model_arena::span_state::gone);
+    spans_left = spans_left || (x.cache == h.cache && x.backend == h.backend &&
+                                x.span != model_arena::span_state::none && x.span != model_arena::span_state::gone);
   if (!spans_left) {
     while (!h.segments.empty()) release_segment(h, h.segments.size() - 1);
     return;

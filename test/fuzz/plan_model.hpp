@@ -44,7 +44,7 @@ struct model_plan {
 /// virtual memory, each new segment one backend allocation of the span's size rounded to 512).
 struct model_heap_range {
   std::size_t offset = 0, bytes = 0;
-  int arena = -1;               ///< the span placed here, or -1: free
+  int arena = -1;              ///< the span placed here, or -1: free
   std::vector<void*> streams;  ///< free: the streams its last users ran on
 };
 
@@ -80,8 +80,8 @@ struct model_arena {
   void* home = nullptr;  ///< where its span was last placed
   std::uint64_t idle_since = 0;
   std::uint64_t span_record = 0;  ///< its span's place in its heap's list of spans (made at a carve)
-  std::vector<void*> used_on;  ///< idle: the streams its bytes may still be used on
-  bool memory = false;    ///< its span is placed (held or idle) in its heap
+  std::vector<void*> used_on;     ///< idle: the streams its bytes may still be used on
+  bool memory = false;            ///< its span is placed (held or idle) in its heap
   bool retired = false;   ///< replaced: no run claims it any more
   bool in_group = false;  ///< a store's arena for its (backend, stream, key) now
   int claimed_by = -1;    ///< the run that holds it
