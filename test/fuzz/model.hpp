@@ -264,6 +264,7 @@ class model {
   void free_range(model_span_heap& h, model_heap_segment& seg, std::size_t range, const std::vector<void*>& used_on);
   bool find_fit(model_span_heap& h, bool small, std::size_t bytes, std::size_t& seg, std::size_t& range) const;
   void yield_span(model_span_heap& h, int arena);
+  void wait_for_span_streams(int arena, const std::vector<void*>& streams, const char* why);
   void yield_idle_spans(int c, int backend);
   backend_result carve_rounded(int c, int arena, std::size_t bytes);
   bool carve_with_retry(int c, int arena, std::size_t bytes, bool new_record);

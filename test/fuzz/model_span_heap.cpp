@@ -46,7 +46,10 @@ char* at(const model_heap_segment& seg, std::size_t offset) { return static_cast
 model_span_heap& model::span_heap(int ci, int backend) {
   for (model_span_heap& h : span_heaps)
     if (h.cache == ci && h.backend == backend) return h;
-  span_heaps.push_back(model_span_heap{ci, backend, 0, {}});
+  model_span_heap made;
+  made.cache = ci;
+  made.backend = backend;
+  span_heaps.push_back(std::move(made));  // callers hold no reference to another heap across this
   return span_heaps.back();
 }
 
@@ -99,13 +102,19 @@ void model::take_range(model_span_heap& h, std::size_t si, std::size_t ri, std::
   a.memory = true;
   a.used_on.clear();
   model_trace("arena {}'s span at {} ({} B) in segment {}", arena, a.base, n, seg.base);
-  for (void* s : whole.streams) {
+  wait_for_span_streams(arena, whole.streams, "a span's bytes were used on another stream");
+}
+
+// The arena's stream is ordered after each of `streams` but itself (wait_for_piece).
+void model::wait_for_span_streams(int arena, const std::vector<void*>& streams, const char* why) {
+  const model_arena& a = arenas[static_cast<std::size_t>(arena)];
+  for (void* s : streams) {
     if (s == a.stream) continue;
-    const backend_event& e = next_event("order_streams (a span's bytes were used on another stream)");
+    const backend_event& e = next_event("order_streams");
     if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
         e.consumer != a.stream)
-      fail(fmt::format("model expected order_streams({} -> {}) before arena {}'s span at {}, refpool made {}", s,
-                       a.stream, arena, a.base, describe(e)));
+      fail(fmt::format("model expected order_streams({} -> {}) for arena {} ({}), refpool made {}", s, a.stream, arena,
+                       why, describe(e)));
   }
 }
 
@@ -346,14 +355,7 @@ bool model::take_arena(int arena) {
     a.span = model_arena::span_state::held;
     const std::vector<void*> waits = a.used_on;
     a.used_on.clear();
-    for (void* s : waits) {
-      if (s == a.stream) continue;
-      const backend_event& e = next_event("order_streams (an idle span held again)");
-      if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
-          e.consumer != a.stream)
-        fail(fmt::format("model expected order_streams({} -> {}) as arena {} is held again, refpool made {}", s,
-                         a.stream, arena, describe(e)));
-    }
+    wait_for_span_streams(arena, waits, "an idle span held again");
   } else if (a0.span == model_arena::span_state::yielded) {
     // Home again when its bytes there are free; else anywhere (moved: its regions follow).
     const std::size_t n = a0.bytes;
@@ -421,14 +423,7 @@ void model::extend_into_next(model_span_heap& h, model_heap_segment& seg, std::s
   model_arena& a = arenas[static_cast<std::size_t>(arena)];
   const std::size_t more = n - a.bytes;
   model_heap_range next = seg.ranges[ri + 1];
-  for (void* s : next.streams) {
-    if (s == a.stream) continue;
-    const backend_event& e = next_event("order_streams (a span extended)");
-    if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
-        e.consumer != a.stream)
-      fail(fmt::format("model expected order_streams({} -> {}) as arena {} extends, refpool made {}", s, a.stream,
-                       arena, describe(e)));
-  }
+  wait_for_span_streams(arena, next.streams, "a span extended");
   seg.ranges[ri].bytes += more;
   if (next.bytes == more) {
     seg.ranges.erase(seg.ranges.begin() + static_cast<std::ptrdiff_t>(ri + 1));
