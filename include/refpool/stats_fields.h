@@ -56,7 +56,7 @@
   X(uint64_t, splits, "free remainders split off when pieces were carved")                                   \
   X(uint64_t, merges, "free neighbours joined when pieces came back to their segment")                     \
   X(size_t, peak_plan_live_bytes, "per key, most region bytes live at once in a run since the last reset_peaks") \
-  X(uint64_t, arena_lendings, "idle arenas decommitted while a run without a plan grew the plain path")      \
+  X(uint64_t, arena_lendings, "always 0: arenas are spans, yielded, never lent (kept: the C layout)")            \
   X(uint64_t, segment_trims, "driver calls of segment trims: decommits, and frees of segments without VM")   \
   X(uint64_t, segment_trimmed_bytes, "bytes those trims gave back, in total")                                  \
   X(size_t, segment_free_ranges, "ranges of segment bytes in no piece (PyTorch's inactive split blocks)")    \

@@ -88,26 +88,26 @@ std::size_t cache_state::reclaim_for_retry(backend_state& backend) {
   // A backend whose blocks are whole may have a heap of spans alone: reclaim_idle trimmed the
   // whole-block source, not it.
   if (&source_for(backend) != &segment_pieces_) freed += segment_pieces_.trim(0, &backend, true);
-  cache_extension* plans = nullptr;
-  {
-    std::lock_guard guard(mutex_);
-    if (!closed_.load(std::memory_order_relaxed)) plans = extension_.get();
-  }
-  if (plans != nullptr) freed += plans->release_unused(backend);  // idle arenas: they commit again when used
   return freed;
 }
 
 std::size_t cache_state::reclaim_idle(backend_state& backend) {
-  taken_blocks taken;
-  {
-    std::lock_guard guard(mutex_);
-    taken = take_idle_locked(
-        0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
-  }
-  std::size_t freed = free_blocks(taken.blocks);
+  std::size_t freed = return_idle(backend);
   // An out-of-memory path: a failed trim only means less memory.
   freed += source_for(backend).trim(0, &backend, true);
   return freed;
+}
+
+std::size_t cache_state::return_idle(backend_state& backend) noexcept {
+  taken_blocks taken;
+  try {
+    std::lock_guard guard(mutex_);
+    taken = take_idle_locked(
+        0, [&](const block_key& k) { return k.backend == &backend; }, counters_.reclaimed);
+  } catch (...) {
+    return 0;  // no host memory for the list: the blocks stay idle
+  }
+  return free_blocks(taken.blocks);
 }
 
 void cache_state::enforce_idle_limit() noexcept {

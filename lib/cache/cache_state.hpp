@@ -164,6 +164,10 @@ class cache_state : public ref_counted<cache_state> {
   /// The same without counting a retry: before a plan arena is made or grown, so that the arena
   /// takes the place of the idle memory the plain path held for the same requests.
   std::size_t reclaim_idle(backend_state& backend);
+  /// Every idle block of `backend` leaves the cache (pieces back to their heap, whole blocks to
+  /// the backend) without a trim: before a yielded span is held again, so that it finds its home
+  /// free, and the heap's committed bytes stay for it. Counted as reclaimed. Returns the bytes.
+  std::size_t return_idle(backend_state& backend) noexcept;
   /// An uncached block of this cache lost its last handle: freed and uncounted by the whole-block
   /// source, then the cache's reference dropped.
   void release_uncached(block* b, bool via_unsafe_free) noexcept;

@@ -63,43 +63,6 @@ class router_ref {
   bool counted_ = false;
 };
 
-/// Told before the plain path asks a backend for more memory on this thread (a miss that grows a
-/// segment heap or allocates a block). A planned run without a plan listens while the plain cache
-/// serves it, so that its key's idle arena can lend its memory first (plan_run::before_growth).
-class growth_listener {
- public:
-  /// Returns a growth step: while a lender's memory is given back, the plain path may grow by
-  /// this much at once (few driver calls for the bytes it is about to need again); 0: as usual.
-  virtual std::size_t before_growth(backend_state& backend) noexcept = 0;
-
- protected:
-  ~growth_listener() = default;
-};
-
-/// The calling thread's listener (null: none); set around a planned run's plain-cache request.
-inline thread_local growth_listener* growth_listener_on_thread = nullptr;
-
-/// Makes `listener` the calling thread's growth listener while it lives (null: none), then restores the previous one.
-class listening_for_growth {
- public:
-  explicit listening_for_growth(growth_listener* listener) noexcept
-      : outer_(std::exchange(growth_listener_on_thread, listener)) {}
-  ~listening_for_growth() { growth_listener_on_thread = outer_; }
-  listening_for_growth(const listening_for_growth&) = delete;
-  listening_for_growth& operator=(const listening_for_growth&) = delete;
-
- private:
-  growth_listener* outer_;
-};
-
-/// Tells the calling thread's growth listener, if any, that `backend` is about to be asked for
-/// memory; its growth step (0 without one).
-inline std::size_t before_growth(backend_state& backend) noexcept {
-  if (growth_listener* l = growth_listener_on_thread) [[unlikely]]
-    return l->before_growth(backend);
-  return 0;
-}
-
 /// State that other parts attach to a cache (the plans): closed with it, counted into its stats.
 class cache_extension {
  public:
@@ -108,8 +71,6 @@ class cache_extension {
   virtual void add_counters(cache_stats& out) const = 0;
   /// Restarts the extension's peaks from the current values (cache_state::reset_peaks).
   virtual void reset_peaks() noexcept = 0;
-  /// Out of memory on `backend`: gives back what the extension holds without use now. Returns the bytes.
-  virtual std::size_t release_unused(const backend_state& backend) noexcept = 0;
 };
 
 }  // namespace refpool::detail

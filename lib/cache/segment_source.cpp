@@ -31,9 +31,22 @@ void add_events(segment_heap_stats& into, const segment_heap_stats& st) noexcept
   into.decommits += st.decommits;
   into.plain_frees += st.plain_frees;
   into.trimmed_bytes += st.trimmed_bytes;
+  into.span_yields += st.span_yields;
+  into.span_moves += st.span_moves;
+  into.span_returns += st.span_returns;
 }
 
 }  // namespace
+
+segment_heap_stats segment_source::span_events() const {
+  std::lock_guard guard(mutex_);
+  segment_heap_stats events = dropped_heap_counts_;
+  for (const auto& h : heaps_) {
+    std::lock_guard lock(h->mutex);
+    add_events(events, h->heap.stats());
+  }
+  return events;
+}
 
 void segment_source::release_or_trim(segment_heap& heap) {
   const segment_heap_stats st = heap.stats();
@@ -245,11 +258,10 @@ segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t b
     std::lock_guard lock(h.mutex);
     if (auto c = h.heap.carve_free(bytes, stream)) return *c;
   }
-  const std::size_t growth_step = before_growth(*h.backend);
   {  // grow (a driver call)
     std::lock_guard lock(h.mutex);
     const committed_change change(reserved_, h);
-    if (auto c = h.heap.carve(bytes, stream, placement::anywhere, growth_step)) return *c;
+    if (auto c = h.heap.carve(bytes, stream)) return *c;
   }
   // Out of memory: everything idle of this backend back, the heap trimmed to nothing, once more.
   const std::size_t freed = cache_.reclaim_for_retry(*h.backend);

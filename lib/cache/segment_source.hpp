@@ -59,7 +59,8 @@ class segment_source final : public block_source {
   /// Held span `s` is not used now: the heap may yield its bytes. `used_on`: every stream that may
   /// still use them.
   void idle_span(backend_state& backend, segment_span& s, const stream_set& used_on) noexcept;
-  /// `s` is used again on `stream`; true when it moved (it was yielded and its home was taken: a
+  /// `s` is used again on `stream` (a yielded one after the cache's idle blocks of the backend went
+  /// back to the heap, cache_state::return_idle); true when it moved (it was yielded and its home was taken: a
   /// new s.address(), the holder rebases). nullopt: out of memory, and it stays yielded.
   std::optional<bool> hold_span(backend_state& backend, segment_span& s, stream_ref stream);
   /// Grows held span `s` in place to at least `bytes`. False when the bytes after it are not free
@@ -67,11 +68,17 @@ class segment_source final : public block_source {
   bool extend_span(backend_state& backend, segment_span& s, std::size_t bytes, stream_ref stream);
   /// `s` goes for good (its record too); its bytes become free, with `used_on`.
   void give_back_span(backend_state& backend, segment_span* s, const stream_set& used_on) noexcept;
+  /// The event counts of every heap, those dropped included (span_yields, span_moves,
+  /// span_returns: what the fuzzer's coverage check reads). Takes the cache's mutex.
+  [[nodiscard]] segment_heap_stats span_events() const;
   /// The out-of-memory step: every idle span of `backend`'s heap yields (trim can then give its
   /// bytes back). Returns the bytes yielded.
   std::size_t yield_idle_spans(const backend_state& backend) noexcept;
 
  private:
+  /// The heap that holds span `s` (carve_span keeps it in the span): no lookup under mutex_, and no
+  /// use counted, since a heap that holds a span is never dropped.
+  static cache_heap& heap_of(const segment_span& s) noexcept { return *static_cast<cache_heap*>(s.owner_tag); }
   /// The heap for `backend`, made if absent, with one use held for the caller. Takes mutex_.
   /// Throws config_error where no heap can serve the backend (span_options: nullopt).
   heap_use use_heap(backend_state& backend);

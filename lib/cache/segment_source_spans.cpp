@@ -53,7 +53,9 @@ std::optional<segment_span*> segment_source::carve_span(backend_state& backend, 
   const auto c = cache_.retry_once(backend, freed, [&] {
     std::lock_guard lock(h->mutex);
     const committed_change change(reserved_, *h);
-    return h->heap.carve_span(bytes, stream);
+    auto made = h->heap.carve_span(bytes, stream);
+    if (made) made->span->owner_tag = &*h;  // its heap outlives it (a heap with a span is never dropped)
+    return made;
   });
   if (!c) return std::nullopt;
   try {
@@ -68,20 +70,31 @@ std::optional<segment_span*> segment_source::carve_span(backend_state& backend, 
   return c->span;
 }
 
-void segment_source::idle_span(backend_state& backend, segment_span& s, const stream_set& used_on) noexcept {
-  std::optional<heap_use> h = find_heap(backend);  // there is one: it holds `s`
-  std::lock_guard lock((*h)->mutex);
-  (*h)->heap.idle_span(s, used_on);
+void segment_source::idle_span(backend_state&, segment_span& s, const stream_set& used_on) noexcept {
+  cache_heap& h = heap_of(s);
+  std::lock_guard lock(h.mutex);
+  h.heap.idle_span(s, used_on);
 }
 
 std::optional<bool> segment_source::hold_span(backend_state& backend, segment_span& s, stream_ref stream) {
-  heap_use h = use_heap(backend);
-  std::size_t freed = 0;
-  const auto held = cache_.retry_once(backend, freed, [&] {
+  cache_heap* h = &heap_of(s);
+  std::optional<span_hold> held;
+  {  // idle (or held): held at once, no backend call
     std::lock_guard lock(h->mutex);
-    const committed_change change(reserved_, *h);
-    return h->heap.hold_span(s, stream);  // home again commits its holes: committed bytes change
-  });
+    if (s.placed()) held = h->heap.hold_span(s, stream);
+  }
+  if (!held) {
+    // Yielded: the cache's idle pieces of the backend go back to the heap first, without a trim,
+    // so that its home is free again and the heap's committed bytes stay for it. Not where the
+    // cache keeps whole blocks: they are no bytes of this heap, and would only go to the backend.
+    if (piece_unit(backend, cache_.segments()) != 1) cache_.return_idle(backend);
+    std::size_t freed = 0;
+    held = cache_.retry_once(backend, freed, [&] {
+      std::lock_guard lock(h->mutex);
+      const committed_change change(reserved_, *h);
+      return h->heap.hold_span(s, stream);  // home again commits its holes: committed bytes change
+    });
+  }
   if (!held) return std::nullopt;
   try {
     wait_for_piece(*h, held->waits, stream);
@@ -95,8 +108,8 @@ std::optional<bool> segment_source::hold_span(backend_state& backend, segment_sp
   return held->moved;
 }
 
-bool segment_source::extend_span(backend_state& backend, segment_span& s, std::size_t bytes, stream_ref stream) {
-  heap_use h = use_heap(backend);
+bool segment_source::extend_span(backend_state&, segment_span& s, std::size_t bytes, stream_ref stream) {
+  cache_heap* h = &heap_of(s);
   std::optional<stream_set> waits;
   {
     std::lock_guard lock(h->mutex);
@@ -118,7 +131,10 @@ void segment_source::give_back_span(backend_state& backend, segment_span* s, con
     std::lock_guard lock(h.mutex);
     const committed_change change(reserved_, h);
     h.heap.give_back_span(s, used_on);
-    if (cache_.closed()) {  // nothing carves from the heap any more: its free memory goes now
+    // Nothing carves from a closed cache's heap any more, nor pieces from a heap of spans alone
+    // (a span there is one backend allocation, as an arena was): its free memory goes now.
+    const bool spans_alone = piece_unit(backend, cache_.segments()) == 1;
+    if (cache_.closed() || spans_alone) {
       try {
         release_or_trim(h.heap);
       } catch (const std::exception& e) {

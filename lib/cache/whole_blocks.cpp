@@ -23,7 +23,6 @@ namespace refpool::detail {
 void* whole_block_source::allocate(backend_state& backend, std::size_t bytes, std::size_t requested,
                                    stream_ref stream) {
   // Out of memory: this backend's idle blocks (all sizes, all slots) go back, and it retries once.
-  (void)before_growth(backend);  // a block is its request's size: no step
   std::size_t freed = 0;
   void* ptr = cache_.retry_once(backend, freed, [&] { return backend.allocate(bytes, stream); });
   if (ptr != nullptr) return ptr;

@@ -1,31 +1,17 @@
-// Arenas: one run at a time, the regions they pin, and the streams released regions leave to wait for.
+// Arenas: spans of the segment heap taken by one run at a time, the regions they pin, and the
+// streams released regions leave to wait for.
 #include "plan/arena.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include <refpool/resource.hpp>
 
+#include "cache/segment_source.hpp"
 #include "plan/plan.hpp"
 
 namespace refpool::detail {
-
-namespace {
-// The arena whose memory the calling thread is committing: the out-of-memory ladder of that commit
-// must not decommit it (decommit_if_unused), nor lock its memory mutex again.
-thread_local const arena* committing_on_thread = nullptr;
-
-class committing {
- public:
-  explicit committing(const arena* a) noexcept : outer_(std::exchange(committing_on_thread, a)) {}
-  ~committing() { committing_on_thread = outer_; }
-  committing(const committing&) = delete;
-  committing& operator=(const committing&) = delete;
-
- private:
-  const arena* outer_;
-};
-}  // namespace
 
 arena::arena(arena_source& source, backend_state& backend, stream_ref stream) : source_(source) {
   memory_.backend = &backend;
@@ -34,15 +20,124 @@ arena::arena(arena_source& source, backend_state& backend, stream_ref stream) : 
 }
 
 arena::~arena() {
-  source_.free(memory_);
+  if (memory_.span != nullptr) source_.spans().give_back_span(*memory_.backend, memory_.span, streams_in_use());
   memory_.backend->release();
 }
 
 void arena::free_memory() noexcept {
   retire();
   std::lock_guard guard(memory_mutex_);
-  source_.free(memory_);
-  lent_.store(0, std::memory_order_relaxed);
+  if (memory_.span == nullptr) return;
+  source_.spans().give_back_span(*memory_.backend, std::exchange(memory_.span, nullptr), streams_in_use());
+}
+
+growth_in_place arena::grow_in_place(std::size_t bytes, const void* claimant) noexcept {
+  if (bytes <= capacity()) return growth_in_place::fits;
+  if (!claim(claimant, nullptr)) {
+    // A run holds it: that run's end idles it or pins regions; the next claim extends it.
+    raise_needed(bytes);
+    return growth_in_place::grown;
+  }
+  growth_in_place out = growth_in_place::grown;
+  if (unpinned()) {
+    raise_needed(bytes);  // its next claim extends it, or moves it whole (nothing is live in it)
+  } else {
+    // A live region pins it where it is: extend it now, or the store replaces the arena (its
+    // plans copied into a new one; this one goes with its last pinned region).
+    std::lock_guard guard(memory_mutex_);
+    bool extended = false;
+    try {
+      extended = memory_.span != nullptr && memory_.span->bytes >= bytes;
+      if (!extended && memory_.span != nullptr)
+        extended = source_.spans().extend_span(*memory_.backend, *memory_.span, bytes, memory_.stream);
+      if (extended) source_.growths.fetch_add(1, std::memory_order_relaxed);
+    } catch (...) {
+      extended = false;  // the backend failed: replaced as when no room is after it
+    }
+    if (extended) raise_needed(bytes);
+    out = extended ? growth_in_place::grown : growth_in_place::cannot;
+  }
+  unclaim();
+  return out;
+}
+
+void arena::raise_needed(std::size_t bytes) noexcept {
+  std::size_t now = memory_.needed.load(std::memory_order_relaxed);
+  while (now < bytes && !memory_.needed.compare_exchange_weak(now, bytes, std::memory_order_relaxed)) {}
+}
+
+bool arena::take() {
+  std::lock_guard guard(memory_mutex_);
+  segment_source& spans = source_.spans();
+  backend_state& backend = *memory_.backend;
+  const std::size_t needed = memory_.needed.load(std::memory_order_relaxed);
+  if (memory_.span == nullptr) {
+    // Its first placement: the plain path's idle memory goes first (the recording runs' escapes
+    // are released by then), so that the two are not held at once.
+    source_.reclaim_idle(backend);
+    return place_new_span(needed);
+  }
+  const std::optional<bool> moved = spans.hold_span(backend, *memory_.span, memory_.stream);
+  if (!moved) return false;
+  span_held_ = true;
+  if (memory_.span->bytes < needed) {
+    if (spans.extend_span(backend, *memory_.span, needed, memory_.stream)) {
+      source_.growths.fetch_add(1, std::memory_order_relaxed);  // counted when the heap gave the bytes
+    } else {
+      // No room after it: a new span, when no region of the old one is live (else it stays held
+      // and this run goes to the plain cache; the store replaces a pinned arena when it grows it).
+      if (!unpinned()) return false;
+      spans.give_back_span(backend, std::exchange(memory_.span, nullptr), streams_in_use());
+      source_.span_replacements.fetch_add(1, std::memory_order_relaxed);
+      return place_new_span(needed);
+    }
+  }
+  if (*moved) rebase_locked();
+  return true;
+}
+
+bool arena::place_new_span(std::size_t bytes) {
+  const std::optional<segment_span*> made = source_.spans().carve_span(*memory_.backend, bytes, memory_.stream);
+  if (!made) return false;
+  memory_.span = *made;
+  span_held_ = true;
+  rebase_locked();
+  return true;
+}
+
+void arena::idle() noexcept {
+  std::lock_guard guard(memory_mutex_);
+  if (memory_.span == nullptr || !span_held_) return;
+  source_.spans().idle_span(*memory_.backend, *memory_.span, streams_in_use());
+  span_held_ = false;
+}
+
+void arena::idle_if_unpinned() noexcept {
+  if (!claim(this, nullptr)) return;  // a run holds it (its end idles it), or it was retired
+  if (unpinned()) idle();
+  unclaim();
+}
+
+void arena::add_plan(plan& p) {
+  // Under pinned_mutex, which rebase takes too: the plan reads the base it is placed at.
+  std::lock_guard guard(pinned_mutex);
+  plans_.push_back(&p);
+  p.rebase(memory_.base);
+}
+
+void arena::remove_plan(const plan& p) noexcept { std::erase(plans_, &p); }
+
+void arena::rebase_locked() noexcept {
+  std::lock_guard guard(pinned_mutex);
+  memory_.base = static_cast<std::byte*>(memory_.span->address());
+  for (plan* p : plans_) p->rebase(memory_.base);  // no region is live: the span was idle (or new)
+}
+
+stream_set arena::streams_in_use() noexcept {
+  stream_set out(memory_.stream);
+  std::lock_guard guard(waits_lock_);
+  for (stream_ref s : waits_) out.add(s);
+  return out;
 }
 
 bool arena::claim(const void* run, const void* key) noexcept {
@@ -56,34 +151,6 @@ bool arena::claim(const void* run, const void* key) noexcept {
   }
   claimed_key_.store(key, std::memory_order_relaxed);
   return true;
-}
-
-growth_in_place arena::grow_in_place(std::size_t bytes) {
-  std::lock_guard guard(memory_mutex_);
-  const committing marked(this);
-  return source_.grow_in_place(memory_, bytes);
-}
-
-bool arena::recommit() {
-  std::lock_guard guard(memory_mutex_);
-  const committing marked(this);
-  if (!source_.recommit(memory_)) return false;
-  lent_.store(0, std::memory_order_relaxed);
-  return true;
-}
-
-std::size_t arena::decommit_if_unused(const void* claimant) noexcept {
-  if (committing_on_thread == this || !claim(claimant, nullptr)) return 0;
-  std::size_t freed = 0;
-  if (unpinned()) {
-    std::unique_lock guard(memory_mutex_, std::try_to_lock);
-    if (guard.owns_lock()) {
-      freed = memory_.committed.load(std::memory_order_relaxed);
-      source_.decommit(memory_);
-    }
-  }
-  unclaim();
-  return freed;
 }
 
 void arena::drop_released_pins_locked() noexcept {

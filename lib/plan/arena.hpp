@@ -1,8 +1,8 @@
 // An arena: the memory that plans place their regions in, one backend and one stream. Plans of
 // several keys may share one (their runs never overlap in time: a run claims the arena for its
-// whole length, and a second run finding it claimed is served by the plain cache). Grows in place
-// through the backend's virtual memory when it has some, else by being replaced. Its memory, its
-// accounting and its regions' blocks come from the arena source (arena_source.hpp).
+// whole length, and a second run finding it claimed is served by the plain cache). Its memory is a
+// span of the backend's segment heap (issue 36 step 2, work in progress): held while a run claims
+// it or a region pins it, idle between runs (the heap may yield it), grown at a claim.
 #pragma once
 
 #include <atomic>
@@ -44,40 +44,35 @@ class arena : public ref_counted<arena> {
   /// `backend`. No memory yet.
   arena(arena_source& source, backend_state& backend, stream_ref stream);
 
-  /// Memory for `bytes` (> 0) from its source (arena_source::allocate). False when out of
-  /// memory. Once, before the arena is shared.
-  bool allocate(std::size_t bytes) { return source_.allocate(memory_, bytes); }
-  /// Grows to `bytes` where it is, keeping every address (arena_source::grow_in_place): `cannot`
-  /// when it cannot (the caller replaces the arena) or is out of memory.
-  growth_in_place grow_in_place(std::size_t bytes);
-  /// The bytes it holds when committed, whether it is now or not (lent, fresh, or decommitted by
-  /// the out-of-memory ladder): what plans placed in it may use.
-  /// Read without the memory mutex (the store reads it under its own, which the out-of-memory
-  /// ladder of a commit, holding the memory mutex, takes): a hint that grow_in_place confirms.
-  [[nodiscard]] std::size_t capacity() const noexcept { return arena_source::capacity(memory_); }
-  /// Gives the memory back now (no region can reach it: the caller holds the claim, nothing is
+  /// Its plans need `bytes` (> 0): its span is made at the first claim. Once, before it is shared.
+  bool allocate(std::size_t bytes) {
+    memory_.needed.store(bytes, std::memory_order_relaxed);
+    return true;
+  }
+  /// Its plans need `bytes`. `fits`: its span holds them already (or will at its next claim).
+  /// `grown`: its next claim extends its span (or moves it whole, nothing being live in it), or,
+  /// pinned by a live region, it was extended now. `cannot`: pinned and no room after its span
+  /// (or the backend failed): the caller replaces the arena. Claims it as `claimant` (the store).
+  growth_in_place grow_in_place(std::size_t bytes, const void* claimant) noexcept;
+  /// What plans placed in it may use (its span has it, or will at the next claim).
+  [[nodiscard]] std::size_t capacity() const noexcept { return memory_.needed.load(std::memory_order_relaxed); }
+  /// Gives its span back now (no region can reach it: the caller holds the claim, nothing is
   /// pinned); the arena is retired.
   void free_memory() noexcept;
-  /// Lends its memory back to the backend while a run without a plan needs it (plan_run::
-  /// before_growth), keeping every address: the caller holds the claim and nothing is pinned.
-  void lend() noexcept {
-    std::lock_guard guard(memory_mutex_);
-    lent_.store(memory_.committed.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    source_.decommit(memory_);
-  }
-  /// Takes it back (arena_source::recommit): false when out of memory, and it stays decommitted.
-  [[nodiscard]] bool recommit();
-  /// Decommits it if no run holds it, no region pins it and its memory is not being changed (the
-  /// out-of-memory ladder: the arena may be the one whose commit ran out). Returns the bytes.
-  std::size_t decommit_if_unused(const void* claimant) noexcept;
-  /// Read without the memory mutex, which the out-of-memory ladder holds while it decommits: a
-  /// run need not wait for that to see it claimed (the claimer reads it again under its claim).
-  [[nodiscard]] bool decommitted() const noexcept { return memory_.decommitted.load(std::memory_order_relaxed) != 0; }
-  /// Bytes lend() gave back, until recommit takes them again (0: not lent; a fresh arena, or one
-  /// the out-of-memory ladder decommitted, lent nothing). Read without the memory mutex: a run's
-  /// plain-cache request (plan_run::before_growth) must not wait for another thread's decommit,
-  /// which on a GPU waits for the device first.
-  [[nodiscard]] std::size_t lent_bytes() const noexcept { return lent_.load(std::memory_order_relaxed); }
+  /// The claimer makes its span usable for this run: made at the first claim (after the cache's
+  /// idle memory of the backend went), held again (rebased when it moved), extended to what its
+  /// plans need (a new span when no room is after it and nothing pins the old one). False: out
+  /// of memory (the run is served by the plain cache). Caller holds the claim.
+  [[nodiscard]] bool take();
+  /// The claimer's run ended and no region of it is live: the heap may yield its bytes.
+  void idle() noexcept;
+  /// The last pinned region of a finished run went (plan::put back of a region whose plan it
+  /// held): idles the span when no run holds the arena and nothing else pins it, so that the plain
+  /// path may take its bytes before the arena's next claim.
+  void idle_if_unpinned() noexcept;
+  /// Plan `p` places its regions in it (plan::bind): they follow its span (rebase). Takes pinned_mutex.
+  void add_plan(plan& p);
+  void remove_plan(const plan& p) noexcept;  // ~plan, under pinned_mutex
   /// Drops pinned regions released since; true when none is left (caller holds the claim).
   [[nodiscard]] bool unpinned() noexcept;
   /// Drops pinned regions released since (caller holds pinned_mutex).
@@ -86,10 +81,8 @@ class arena : public ref_counted<arena> {
   [[nodiscard]] arena_source& source() const noexcept { return source_; }
   [[nodiscard]] const arena_memory& memory() const noexcept { return memory_; }
   [[nodiscard]] std::byte* base() const noexcept { return memory_.base; }
-  [[nodiscard]] std::size_t bytes() const noexcept { return memory_.committed.load(std::memory_order_relaxed); }
   [[nodiscard]] backend_state* backend() const noexcept { return memory_.backend; }
   [[nodiscard]] stream_ref stream() const noexcept { return memory_.stream; }
-  [[nodiscard]] bool in_place_growth() const noexcept { return static_cast<bool>(memory_.region); }
 
   // ---- one run at a time ----------------------------------------------------------------------
   /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
@@ -100,7 +93,7 @@ class arena : public ref_counted<arena> {
     claimed_by_.store(nullptr, std::memory_order_release);
   }
   /// The key of the run that holds the claim (a hint: read without a lock). Null when no run of
-  /// a key holds it: the store's own claims (decommit_if_unused, a replacement) name none, and a
+  /// a key holds it: the store's own claims (a growth, a replacement) name none, and a
   /// run that found it claimed must not take the store for another key (issue 35).
   [[nodiscard]] const void* claimed_key() const noexcept { return claimed_key_.load(std::memory_order_relaxed); }
   /// No run may claim it any more (it was replaced); runs holding it finish normally.
@@ -129,11 +122,20 @@ class arena : public ref_counted<arena> {
   ~arena();
 
   arena_source& source_;
-  // Serialises changes to memory_ after it is shared: the store grows it in place (no claim)
-  // while a run that claims it may commit it (recommit) or lend it.
+  /// Every stream its bytes may still be used on: its own and the pending waits.
+  [[nodiscard]] stream_set streams_in_use() noexcept;
+  /// Its plans' regions point into the span at its address now (caller holds memory_mutex_).
+  void rebase_locked() noexcept;
+  /// A new held span of `bytes` for it, its plans rebased onto it; false when out of memory.
+  /// Caller holds memory_mutex_ and the claim, and it has no span.
+  bool place_new_span(std::size_t bytes);
+  void raise_needed(std::size_t bytes) noexcept;
+
+  // Serialises changes to its span: claimers take it, the last reference gives it back.
   mutable std::mutex memory_mutex_;
   arena_memory memory_;
-  std::atomic<std::size_t> lent_{0};  ///< bytes lend() gave back, until recommit (written under memory_mutex_)
+  bool span_held_ = false;    ///< its span is held (not idle, not yielded), under memory_mutex_
+  std::vector<plan*> plans_;  ///< bound plans (uncounted: ~plan removes itself), under pinned_mutex
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};

@@ -132,7 +132,7 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     // agree on its pending sequences; only other ends that add plans wait here, no request.
     const std::lock_guard growing(growth_mutex_);
     std::vector<plan*> made;
-    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, outcome.lent, made);
+    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, made);
     for (plan* p : made) rerecorded = add_plan(*key, p) || rerecorded;
     if (outcome.busy_other_key) move_to_own_arena(*key);
   }

@@ -66,6 +66,7 @@ plan::~plan() {
       // is live); drop them before anyone reads through them.
       std::lock_guard guard(arena_->pinned_mutex);
       std::erase_if(arena_->pinned, [&](const pinned_region& p) { return p.owner == this; });
+      arena_->remove_plan(*this);
     }
     arena_->source().take_back_regions(*this, regions_);
     arena_->release();
@@ -75,8 +76,27 @@ plan::~plan() {
 
 void plan::bind(arena& a) {
   regions_ = a.source().make_regions(*this, a.memory(), requests_, offsets_);
+  try {
+    a.add_plan(*this);  // its regions point into the arena's span from now on
+  } catch (...) {
+    a.source().take_back_regions(*this, std::exchange(regions_, nullptr));
+    throw;
+  }
   a.retain();
   arena_ = &a;
+}
+
+void plan::rebase(std::byte* base) noexcept {
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    region_block& r = regions_[i];
+    std::byte* at = base == nullptr ? nullptr : base + offsets_[i];
+    if (r.ptr == at) continue;
+    // The pointer table keeps a region's node under its address until the block goes: a region
+    // that moves must leave it first, or its node stays filed under bytes it no longer has (and
+    // ~block looks for it in the wrong shard). No region is live, so no hand-over is lost.
+    if (r.pointer.load(std::memory_order_acquire) != nullptr) forget_pointer(r);
+    r.ptr = at;
+  }
 }
 
 std::size_t plan::live_region_bytes() const noexcept {
@@ -104,7 +124,11 @@ void plan::release_region(block* b, bool via_unsafe_free) noexcept {
     st.state.store(freed, std::memory_order_release);
     return;
   }
-  if ((st.state.exchange(freed, std::memory_order_acq_rel) & region_state::holds_plan) != 0) release();
+  if ((st.state.exchange(freed, std::memory_order_acq_rel) & region_state::holds_plan) != 0) {
+    // A pinned region (it outlived its run): the arena's span stays held until the last goes.
+    arena_->idle_if_unpinned();
+    release();
+  }
 }
 
 }  // namespace refpool::detail

@@ -81,6 +81,9 @@ class plan final : public ref_counted<plan>, public region_owner {
   /// Binds the plan to `a` (retained): its regions, which `a`'s source makes, point into it.
   /// Once, before it is shared.
   void bind(arena& a);
+  /// Its arena's span is at `base` now (null: none yet): every region points into it. Caller holds
+  /// the arena's pinned_mutex; no region is live.
+  void rebase(std::byte* base) noexcept;
 
   [[nodiscard]] std::size_t size() const noexcept { return requests_.size(); }
   [[nodiscard]] const std::vector<planned_request>& requests() const noexcept { return requests_; }

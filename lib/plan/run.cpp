@@ -32,7 +32,6 @@ plan_run::plan_run(cache_state& cache, plan_store& store, key_state* key, run_ki
 }
 
 plan_run::~plan_run() {
-  end_lending();
   if (mode_ != mode::finished) {  // never started (a step that could not open): no run to count
     store_.abandon_run(this);
     for (plan* p : candidates_) p->release();
@@ -190,14 +189,11 @@ void plan_run::begin_with(const planned_request& request) {
       mode_ = mode::plain;
       return;
     }
-    bool usable = true;  // an arena made or lent without memory commits it first
-    if (a.decommitted()) {
-      try {
-        cache_.reclaim_idle(*a.backend());  // the plain path's idle memory goes first
-        usable = a.recommit();
-      } catch (...) {
-        usable = false;
-      }
+    bool usable = false;  // its span: made, held again or extended (out of memory: the plain cache)
+    try {
+      usable = a.take();
+    } catch (...) {
+      usable = false;
     }
     if (!usable) {
       a.unclaim();
@@ -266,53 +262,8 @@ void plan_run::diverge() {
 }
 
 block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
-  const listening_for_growth listening(arena_ == nullptr ? this : nullptr);  // one holding an arena lends none
   return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)
                           : cache_.allocate_uncached(backend, bytes, stream);
-}
-
-// A sequence without a plan (a new length, a novel request) would otherwise have the plain path's
-// memory and the idle arena held at once: on the H200, GPT-2 training with 13 lengths peaked at
-// arena + the plain path's recording, 1.5x of PyTorch's reserved bytes.
-//
-// While the key's arena is lent (by this run or an earlier one, until a run takes it back), the
-// plain path grows by a sixteenth of the lent bytes at a time: the run needs about as much, and each
-// commit is a driver call (about 45 us on the H200, nearly whatever its size, docs/segments.md),
-// as is each decommit when a run takes the arena back. Overshoot is bounded by one step, inside
-// bytes the arena gave back.
-std::size_t plan_run::before_growth(backend_state& backend) noexcept {
-  if (arena_ != nullptr || candidates_.empty()) return 0;
-  arena& a = candidates_.front()->memory();
-  if (a.backend() != &backend) return 0;
-  if (!lend_tried_) {
-    lend_tried_ = true;
-    lend(a);
-  }
-  const std::size_t step = a.lent_bytes() / lending_steps;
-  borrowed_ = borrowed_ || step != 0;
-  return step;
-}
-
-void plan_run::lend(arena& a) noexcept {
-  if (!a.in_place_growth() || a.decommitted() || !a.claim(this, key_)) return;
-  if (!a.unpinned()) {
-    a.unclaim();
-    return;
-  }
-  a.retain();
-  a.lend();
-  lent_ = &a;
-  store_.count_lent_arena();
-}
-
-// The lent arena stays decommitted until the next run that claims it (begin_with): that run
-// first gives back the plain path's idle memory, by then also what this run's escapes held
-// (gradients, released when the next step begins), so the two are not held at once.
-void plan_run::end_lending() noexcept {
-  arena* a = std::exchange(lent_, nullptr);
-  if (a == nullptr) return;
-  a->unclaim();
-  a->release();
 }
 
 void plan_run::reserve_tracking() {
@@ -365,6 +316,7 @@ void plan_run::finish() noexcept {
     if (mode_ == mode::finished) return;
     out = finish_locked(started_with);
   }
+  leave_arena();  // its plans (started_with) keep it alive
   // The store makes plans of the recording (placement, up to plans_per_key of them at once) and
   // grows arenas with the serving lock free: a thread whose request came through this run late
   // is served by the plain cache at once, not after them (issue 35: 10-23 s under ASan).
@@ -412,7 +364,6 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.unrecorded = !may_record_ && !busy_ && was == mode::plain;
   out.used = complete ? current_ : nullptr;
   out.replayed_peak = replayed_peak;
-  out.lent = borrowed_;
   out.probed = was == mode::probe;
   if (out.probed) out.fingerprint = probed_.value();
   if (complete) out.fingerprint = current_->fingerprint();
@@ -428,7 +379,6 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
       // leaves the cache correct.
     }
   }
-  end_lending();
   // The key's plans it started with are needed no more (later requests go to the plain cache),
   // but stay retained until the store has read the outcome.
   started_with = std::move(candidates_);
@@ -439,8 +389,8 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
 }
 
 // Pins this run's regions that are still live (their plan stays alive and the next run of the
-// arena avoids their bytes), drops the foreign regions and gives the arena back. Returns the
-// number pinned: escapes.
+// arena avoids their bytes) and drops the foreign regions; leave_arena gives the arena back.
+// Returns the number pinned: escapes.
 std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept {
   if (arena_ == nullptr) return 0;
   segments_.push_back({current_, segment_from_, std::min(end, replayed_to_)});
@@ -470,9 +420,19 @@ std::size_t plan_run::settle_regions(std::uint64_t end, std::vector<lifetime>* l
     std::lock_guard guard(arena_->pinned_mutex);
     arena_->drop_released_pins_locked();
     arena_->pinned.insert(arena_->pinned.end(), pins.begin(), pins.end());
+    idle_at_end_ = arena_->pinned.empty();
   }
-  arena_->unclaim();
   return pins.size();
+}
+
+void plan_run::leave_arena() noexcept {
+  if (arena_ == nullptr) return;
+  // No region live: the heap may yield its bytes until the next claim. Pinned: it stays held, and
+  // a later run's end idles it once its regions went. After the serving section (idling takes the
+  // cache's and the heap's locks, which a request waiting to be served need not wait for), and
+  // before the claim goes (an idle span must not be one another run holds again already).
+  if (idle_at_end_) arena_->idle();
+  arena_->unclaim();
 }
 
 // The run's sequence and lifetimes, for a plan: replayed positions from the plans' region states,

@@ -25,10 +25,7 @@
 
 namespace refpool::detail {
 
-class plan_run final : public ref_counted<plan_run>,
-                       public request_router,
-                       public release_observer,
-                       public growth_listener {
+class plan_run final : public ref_counted<plan_run>, public request_router, public release_observer {
  public:
   /// Opens a planned step or scope of `key` on `cache` (plan_store::begin_run): its run, or null
   /// when the key is in pass (`passing` names it then: pass_ticket). `shared`: a step's run,
@@ -46,18 +43,10 @@ class plan_run final : public ref_counted<plan_run>,
   void observe_release(block* b, bool via_unsafe_free) noexcept override;
   void retain_router() noexcept override { retain(); }
   void release_router() noexcept override { release(); }
-  /// The plain cache is about to ask `backend` for memory for this run, which replays no plan: the
-  /// key's arena, when nothing in it is live, gives its memory back (once a run; only where it
-  /// grows in place, so that every region keeps its address) until a run claims it again.
-  /// Returns a growth step while the key's arena is lent: a sixteenth of the lent bytes (docs/segments.md).
-  std::size_t before_growth(backend_state& backend) noexcept override;
   /// The run ends: counts escapes, pins regions still live, and hands its recording to the store
   /// (which places it with the serving lock free). Later requests (a step's thread that was late)
   /// go to the plain cache.
   void finish() noexcept;
-
-  /// While the key's arena is lent, the plain path grows by 1/lending_steps of its bytes at a time.
-  static constexpr std::size_t lending_steps = 16;
 
   /// Counters of the running run (stats read them while it runs; the store adds them at its end).
   std::atomic<std::uint64_t> hits{0};
@@ -109,9 +98,8 @@ class plan_run final : public ref_counted<plan_run>,
   void reserve_tracking();
   void advance(std::uint64_t to) noexcept;
   run_outcome finish_locked(std::vector<plan*>& started_with) noexcept;
-  void lend(arena& a) noexcept;
-  void end_lending() noexcept;
   std::size_t settle_regions(std::uint64_t end, std::vector<lifetime>* lifetimes) noexcept;
+  void leave_arena() noexcept;  // after the serving section: idles the span if nothing pins it, unclaims
   recording* make_recording(std::uint64_t end, std::vector<lifetime> region_lifetimes) const;
 
   cache_state& cache_;
@@ -129,6 +117,7 @@ class plan_run final : public ref_counted<plan_run>,
   std::vector<plan*> candidates_;           ///< the key's plans at the start, most recently used first (retained)
   plan* current_ = nullptr;                 ///< replay: the plan matched so far
   arena* arena_ = nullptr;                  ///< its arena, claimed by this run until it ends
+  bool idle_at_end_ = false;                ///< settle_regions found no region of arena_ live
   std::uint64_t generation_ = 0;            ///< this run's number in arena_
   std::vector<segment> segments_;           ///< earlier plans of this run (after switches)
   std::uint64_t segment_from_ = 0;          ///< current_ serves from this position
@@ -139,9 +128,6 @@ class plan_run final : public ref_counted<plan_run>,
   std::atomic<std::uint64_t> position_{0};  ///< requests served so far (written by the serving thread)
   fingerprint probed_;                      ///< probe: the sizes asked for so far
   bool asked_ = false;                      ///< a request came past the inlined replay (served or not)
-  bool lend_tried_ = false;                 ///< before_growth looked at the key's arena already
-  arena* lent_ = nullptr;                   ///< the arena that lent its memory (claimed, retained) until the end
-  bool borrowed_ = false;                   ///< the plain path grew while the key's arena was lent
 
   mutable spinlock lock_;  // guards what releases write: tracked_, uncached_live_, finished_
   std::vector<tracked> tracked_;

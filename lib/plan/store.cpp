@@ -17,7 +17,7 @@ plan_store& plan_store::of(cache_state& cache) {
 
 // ---- adding plans -------------------------------------------------------------------------
 
-bool plan_store::adopt(key_state& key, recording* made, bool lent, std::vector<plan*>& plans) noexcept {
+bool plan_store::adopt(key_state& key, recording* made, std::vector<plan*>& plans) noexcept {
   std::vector<recording*> now;  // owned: become plans
   std::vector<recording*> dropped;  // at most two: room made first, so that no branch throws
   try {
@@ -35,17 +35,11 @@ bool plan_store::adopt(key_state& key, recording* made, bool lent, std::vector<p
       dropped.push_back(made);  // a run open at the key's pass entry: a key in pass keeps nothing
     } else if (std::any_of(key.plans.begin(), key.plans.end(), same_plan)) {
       now.push_back(made);  // a plan of its sequence went stale: replaced at once
-    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same);
-               again != key.pending.end() || lent) {
+    } else if (auto again = std::find_if(key.pending.begin(), key.pending.end(), same); again != key.pending.end()) {
       // The sequence came again: the key's loop repeats. The newer recording replaces the pending
       // one, and every pending sequence becomes a plan, into one arena of their largest need.
-      // So too for a new sequence of a loop that replays already (its key has an arena) which
-      // needed the arena's memory (`lent`): waiting for it to come again would lend the arena a
-      // second time (on the H200, a GPT-2 step with a new length paid 10-25 ms for each lending).
-      if (again != key.pending.end()) {
-        dropped.push_back(*again);
-        key.pending.erase(again);
-      }
+      dropped.push_back(*again);
+      key.pending.erase(again);
       try {
         key.pending.reserve(key.pending.size() + 1);
         now = std::move(key.pending);
@@ -105,28 +99,6 @@ std::size_t plan_store::needed_by(const arena* a) const noexcept {
     for (const plan* p : k->plans)
       if (&p->memory() == a) needed = std::max(needed, p->bytes_needed());
   return needed;
-}
-
-std::size_t plan_store::release_unused(const backend_state& backend) noexcept {
-  std::vector<arena*> unused;
-  {
-    std::lock_guard guard(mutex_);
-    try {
-      for (const arena_group& g : groups_) {
-        if (g.backend != &backend || !g.memory->in_place_growth()) continue;
-        unused.push_back(g.memory);
-        g.memory->retain();
-      }
-    } catch (...) {
-      // The arenas gathered so far go.
-    }
-  }
-  std::size_t freed = 0;
-  for (arena* a : unused) {
-    freed += a->decommit_if_unused(this);
-    a->release();
-  }
-  return freed;
 }
 
 // A new plan takes the place of what the plain path holds idle for its requests (a recording is
@@ -224,7 +196,8 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
                                   std::vector<plan*>& dropped) noexcept {
   reclaim_plain_memory(*made->request(0).key.backend);
   try {
-    const growth_in_place growth = old != nullptr ? old->grow_in_place(needed) : growth_in_place::cannot;
+    // Counted as a growth when the heap gives the bytes (arena::take, or now when pinned).
+    const growth_in_place growth = old != nullptr ? old->grow_in_place(needed, this) : growth_in_place::cannot;
     if (growth != growth_in_place::cannot) {
       std::lock_guard guard(mutex_);
       if (closed_) {  // the cache closed while the arena grew: no plan any more
@@ -233,7 +206,6 @@ void plan_store::grow_and_install(key_state& key, plan* made, arena* old, std::s
       }
       made->bind(*old);
       install(key, made);
-      if (growth == growth_in_place::grown) growths_ += 1;  // not when another plan made room meanwhile
       return;
     }
   } catch (...) {

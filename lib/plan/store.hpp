@@ -72,7 +72,6 @@ struct run_outcome {
   bool busy_other_key = false;    ///< ... of another key
   bool unrecorded = false;        ///< served by the plain cache, unrecorded, because its key was paused
   std::size_t replayed_peak = 0;  ///< the largest peak live bytes of the plans it replayed regions of
-  bool lent = false;              ///< the plain path grew for it while its key's arena was lent (arena::lend)
   bool probed = false;            ///< a probe of a key in pass: served by the plain cache, fingerprinted
   std::uint64_t fingerprint = fingerprint::unknown;  ///< its sequence's (repeat_detector::observe)
   std::uint64_t hits = 0;
@@ -113,14 +112,6 @@ class plan_store final : public cache_extension {
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
   void reset_peaks() noexcept override;
-  /// Decommits the arenas of `backend` that no run holds and no region pins (virtual memory: they
-  /// keep their addresses, and commit again at their next claim).
-  std::size_t release_unused(const backend_state& backend) noexcept override;
-  /// An idle arena lent its memory to a run without a plan (plan_run::before_growth).
-  void count_lent_arena() noexcept {
-    std::lock_guard guard(mutex_);
-    lendings_ += 1;
-  }
 
  private:
   struct arena_group {
@@ -130,11 +121,11 @@ class plan_store final : public cache_extension {
     arena* memory;           ///< retained
   };
   /// A run's recording (adopted; placed only when it becomes a plan): a plan at once when the key has a plan of its
-  /// sequence (a re-recording), pending when the sequence is new, and when it is pending already (it came again) or its
-  /// run borrowed the key's lent arena (`lent`) it and every pending recording of the key become plans, largest first,
-  /// into `plans` (owned, for add_plan). True when it dropped one (the oldest pending one). Caller holds
-  /// growth_mutex_ only: the placements, O(n log n) each, hold up no request.
-  bool adopt(key_state& key, recording* made, bool lent, std::vector<plan*>& plans) noexcept;
+  /// sequence (a re-recording), pending when the sequence is new, and when it is pending already (it came again) it
+  /// and every pending recording of the key become plans, largest first, into `plans` (owned, for add_plan). True
+  /// when it dropped one (the oldest pending one). Caller holds growth_mutex_ only: the placements, O(n log n) each,
+  /// hold up no request.
+  bool adopt(key_state& key, recording* made, std::vector<plan*>& plans) noexcept;
   /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
   /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).
   /// Caller holds growth_mutex_ only.
@@ -162,8 +153,7 @@ class plan_store final : public cache_extension {
   std::vector<arena_group> groups_;
   std::vector<plan_run*> active_;  // runs begun and not ended (their counters are live)
   std::uint64_t hits_ = 0, misses_ = 0, recordings_ = 0, evictions_ = 0, pauses_ = 0, unrecorded_runs_ = 0,
-                busy_runs_ = 0, growths_ = 0, replacements_ = 0, lendings_ = 0, pass_runs_ = 0, probe_runs_ = 0,
-                pass_entries_ = 0;
+                busy_runs_ = 0, replacements_ = 0, pass_runs_ = 0, probe_runs_ = 0, pass_entries_ = 0;
 };
 
 }  // namespace refpool::detail

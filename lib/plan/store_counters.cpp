@@ -22,15 +22,13 @@ void plan_store::add_counters(cache_stats& out) const {
     out.planned_peak_live_bytes += peak;
     out.peak_plan_live_bytes += k->peak_plan_live;
   }
-  out.arena_bytes += arenas_.bytes();  // replaced arenas a live region still pins included (spans: the heaps add theirs)
   out.plan_live_bytes = arenas_.live_region_bytes();  // and regions of plans dropped or moved
   out.plan_evictions = evictions_;
   out.plan_pauses = pauses_;
   out.plan_unrecorded_runs = unrecorded_runs_;
   out.plan_busy_runs = busy_runs_;
-  out.arena_growths = growths_;
-  out.arena_replacements = replacements_;
-  out.arena_lendings = lendings_;
+  out.arena_growths = arenas_.growths.load(std::memory_order_relaxed);
+  out.arena_replacements = replacements_ + arenas_.span_replacements.load(std::memory_order_relaxed);
   out.plan_pass_runs = pass_runs_;
   out.plan_probe_runs = probe_runs_;
   out.plan_pass_entries = pass_entries_;

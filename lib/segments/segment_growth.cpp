@@ -26,8 +26,7 @@ std::size_t plain_segment_bytes(const segment_heap_options& o, pool_id id, std::
 
 }  // namespace
 
-range* segment_heap::grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream,
-                          std::size_t growth_step) {
+range* segment_heap::grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream) {
   fully_trimmed_ = false;
   if (vm_ == nullptr) return new_plain_segment(pool, id, plain_segment_bytes(options_, id, bytes), stream);
   const std::size_t whole = checked_round_up(bytes, vm_->granularity(), "virtual memory granularity");
@@ -36,7 +35,7 @@ range* segment_heap::grow(pool_state& pool, pool_id id, std::size_t bytes, place
     if (!g.no_address_space) return g.grown;
     return new_plain_segment(pool, id, plain_segment_bytes(options_, id, bytes), stream);
   }
-  if (const auto h = best_hole(id, bytes, where)) return fill_hole(pool, *h, growth_step);  // null: out of memory
+  if (const auto h = best_hole(id, bytes, where)) return fill_hole(pool, *h);  // null: out of memory
   return new_growable_segment(pool, id, bytes, stream);
 }
 

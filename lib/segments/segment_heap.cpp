@@ -158,22 +158,21 @@ std::optional<segment_heap::carved> segment_heap::carve_free(std::size_t bytes, 
   return take(pool, *f, n, stream);
 }
 
-std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, stream_ref stream, placement where,
-                                                        std::size_t growth_step) {
+std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, stream_ref stream, placement where) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
   prepare_carve(pool);
-  return carve_rounded(pool, n, stream, where, growth_step);
+  return carve_rounded(pool, n, stream, where);
 }
 
 std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool, std::size_t n, stream_ref stream,
-                                                                placement where, std::size_t growth_step) {
+                                                                placement where) {
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   // Before the pool grows: the bytes of idle spans (docs/segments.md, "One memory space").
   if (!spans_.empty())
     if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
-  range* r = grow(pool, id, n, where, stream, growth_step);
+  range* r = grow(pool, id, n, where, stream);
   if (r == nullptr) return std::nullopt;
   const auto offset = offset_in(*r, n, where);
   if (!offset)

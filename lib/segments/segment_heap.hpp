@@ -56,6 +56,7 @@ struct segment_heap_stats {
   std::uint64_t trimmed_bytes = 0;  ///< bytes trim gave back to the backend, in total
   std::uint64_t span_yields = 0;    ///< idle spans whose bytes went back to the free ranges
   std::uint64_t span_moves = 0;     ///< yielded spans held again away from their home address
+  std::uint64_t span_returns = 0;   ///< yielded spans held again at their home address
 };
 
 /// One backend's segments and the pieces carved from them.
@@ -103,12 +104,9 @@ class segment_heap {
 
   /// A piece of at least `bytes` for use on `stream`: best fit among free ranges, else the bytes
   /// of idle spans of its pool (yielded, least recently idle first), else grows a segment (or
-  /// makes one). nullopt: out of memory. `growth_step`: a growth commits at least
-  /// this much where the hole it commits into has room after the commit's start, at the tail or
-  /// inside a segment (bytes a lender gave back to the backend, so that the plain path takes
-  /// them in few driver calls; 0: the usual step, at the growable tail only).
-  [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream, placement where = placement::anywhere,
-                                            std::size_t growth_step = 0);
+  /// makes one). nullopt: out of memory.
+  [[nodiscard]] std::optional<carved> carve(std::size_t bytes, stream_ref stream,
+                                            placement where = placement::anywhere);
   /// As carve, from free ranges only: never calls the backend, never yields a span. nullopt:
   /// nothing fits.
   [[nodiscard]] std::optional<carved> carve_free(std::size_t bytes, stream_ref stream,
@@ -206,8 +204,7 @@ class segment_heap {
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
   void prepare_carve(pool_state& pool);
   /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth.
-  std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where,
-                                      std::size_t growth_step);
+  std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where);
   /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it
   /// (and clears a span's flag).
   std::size_t free_range(range* r, const stream_set& used_on) noexcept;
@@ -232,8 +229,7 @@ class segment_heap {
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.
-  range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream,
-              std::size_t growth_step);
+  range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream);
   struct vm_growth {
     range* grown = nullptr;         ///< null: out of memory, or no address space (below)
     bool no_address_space = false;  ///< the reservation was refused
@@ -259,7 +255,7 @@ class segment_heap {
   };
   [[nodiscard]] std::optional<hole> best_hole(pool_id id, std::size_t bytes, placement where) const;
   void consider_holes(const segment& seg, std::size_t bytes, placement where, std::optional<hole>& best) const;
-  range* fill_hole(pool_state& pool, const hole& h, std::size_t growth_step);
+  range* fill_hole(pool_state& pool, const hole& h);
 
   // Trim (segment_trim.cpp).
   std::size_t release_segment(segment& seg);

@@ -70,16 +70,15 @@ void segment_heap::consider_holes(const segment& seg, std::size_t bytes, placeme
   if (cursor != seg.base + seg.reserved) consider(cursor - seg.base, seg.reserved, prev, nullptr);
 }
 
-range* segment_heap::fill_hole(pool_state& pool, const hole& h, std::size_t growth_step) {
+range* segment_heap::fill_hole(pool_state& pool, const hole& h) {
   segment& seg = *h.seg;
   std::size_t size = h.commit_bytes;
   // The growable segment's tail grows by a step in proportion to the segment (growth_divisor),
-  // where the reservation has room for it; any hole by the caller's step, up to the hole's end.
+  // where the reservation has room for it; a hole inside a segment by what the piece needs.
   const std::size_t g = seg.vm.granularity();
   const std::size_t usual =
       h.growable_tail ? round_up(std::min(seg.committed() / options_.growth_divisor, options_.max_growth_step), g) : 0;
-  const std::size_t step = std::max(usual, round_up(std::min(growth_step, h.end - h.commit_at), g));
-  if (step > size && h.commit_at + step <= h.end) size = step;
+  if (usual > size && h.commit_at + usual <= h.end) size = usual;
   range* before = h.prev != nullptr && h.prev->free && h.commit_at == h.start ? h.prev : nullptr;
   std::unique_ptr<range> fresh = before == nullptr ? std::make_unique<range>() : nullptr;
   if (!seg.vm.commit(h.commit_at, size)) {

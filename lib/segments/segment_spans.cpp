@@ -21,7 +21,7 @@ std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t by
   spans_.reserve(spans_.size() + 1);  // records first: nothing below throws once the piece is taken
   auto made = std::make_unique<segment_span>();
   prepare_carve(pool);
-  const auto c = carve_rounded(pool, n, stream, placement::anywhere, 0);
+  const auto c = carve_rounded(pool, n, stream, placement::anywhere);
   if (!c) return std::nullopt;
   made->id = next_span_id_++;
   place_span(*made, *c);
@@ -62,10 +62,10 @@ std::optional<span_hold> segment_heap::hold_span(segment_span& s, stream_ref str
   std::optional<carved> c;
   if (segment* seg = segment_of(s.home); seg != nullptr && seg->pool == id) c = carve_at(*seg, s.home, s.bytes, stream);
   const bool moved = !c;
-  if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere, 0);
+  if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere);
   if (!c) return std::nullopt;
   place_span(s, *c);
-  if (moved) ++counts_.span_moves;
+  ++(moved ? counts_.span_moves : counts_.span_returns);
   return span_hold{moved, c->waits};
 }
 

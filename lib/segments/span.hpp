@@ -32,6 +32,9 @@ struct segment_span {
   std::size_t bytes = 0;    ///< a multiple of the piece unit
   std::uint64_t id = 0;     ///< numbers spans for stats and messages
   std::uint64_t idle_since = 0;  ///< the heap's tick when it became idle (the least recent yields first)
+  /// Whatever the heap's owner keeps it with (the cache's segment source: its cache_heap), set at
+  /// carve_span: a span's calls reach its heap without a lookup. The heap never reads it.
+  void* owner_tag = nullptr;
   /// Idle: every stream that may still use its bytes (the owner says so at idle_span); they go with
   /// the bytes when it yields.
   stream_set used_on;

@@ -60,6 +60,10 @@ void session::cleanup() {
   all.pauses += pt.pauses;
   all.arenas += pt.arenas;
   all.arena_frees += pt.arena_frees;
+  all.span_yields += pt.span_yields;
+  all.span_moves += pt.span_moves;
+  all.span_extensions += pt.span_extensions;
+  all.span_remakes += pt.span_remakes;
   all.stale += pt.stale;
   all.plan_evictions += pt.evictions;
   all.pass_entries += pt.pass_entries;

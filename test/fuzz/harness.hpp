@@ -23,8 +23,8 @@ struct totals {
   /// Planned scopes and steps, from the model: runs, requests served by a region, conflicts
   /// (fell back), divergences, recordings, escapes of runs, busy runs, pauses, arenas made/freed.
   std::uint64_t plan_runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, run_escapes = 0,
-                busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, steps = 0, cache_level = 0, stale = 0,
-                plan_evictions = 0;
+                busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, span_yields = 0, span_moves = 0,
+                span_extensions = 0, span_remakes = 0, steps = 0, cache_level = 0, stale = 0, plan_evictions = 0;
   /// Keys whose sequences did not repeat: times one entered pass, its runs that passed (no router),
   /// and times one learned again after its probes saw repeats (plan_loop_ops.cpp, op_plan_stream).
   std::uint64_t pass_entries = 0, pass_runs = 0, learned_again = 0;

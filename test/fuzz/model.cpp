@@ -124,10 +124,11 @@ model::backend_result model::backend_allocate(int backend, std::size_t bytes, vo
     if (b.kind != block_kind::region && overlaps(e.ptr, bytes, b.ptr, b.capacity))
       fail(fmt::format("the backend returned {} ({} B), overlapping block {} at {} ({} B) that is still allocated",
                        e.ptr, bytes, gid, b.ptr, b.capacity));
-  for (std::size_t a = 0; a < arenas.size(); ++a)
-    if (arenas[a].memory && overlaps(e.ptr, bytes, arenas[a].base, arenas[a].bytes))
-      fail(fmt::format("the backend returned {} ({} B), overlapping arena {} at {} ({} B) that is still allocated",
-                       e.ptr, bytes, a, arenas[a].base, arenas[a].bytes));
+  for (const model_span_heap& h : span_heaps)
+    for (const model_heap_segment& seg : h.segments)
+      if (h.backend == backend && overlaps(e.ptr, bytes, seg.base, seg.bytes))
+        fail(fmt::format("the backend returned {} ({} B), overlapping a segment of arenas at {} ({} B) still allocated",
+                         e.ptr, bytes, seg.base, seg.bytes));
   m.outstanding += bytes;
   ptr = e.ptr;
   return expect;
@@ -164,12 +165,7 @@ std::size_t model::allocated_bytes(int backend) const {
   return sum;
 }
 
-std::size_t model::arena_bytes(int backend) const {
-  std::size_t sum = 0;
-  for (const model_arena& a : arenas)
-    if (a.memory && a.backend == backend) sum += a.bytes;
-  return sum;
-}
+std::size_t model::arena_bytes(int backend) const { return span_heap_bytes(-1, backend); }
 
 // ---- caches and scopes --------------------------------------------------------------------
 
@@ -297,6 +293,8 @@ void model::close_cache(int ci) {
   }
   for (model_slot& s : c.slots)
     if (!s.orphaned) s.erased = true;
+  // Its heaps of spans give their free segments back (the rest goes with the last span).
+  for (int b = 0; b < backends; ++b) trim_span_heap(ci, b, 0);
 }
 
 refpool::cache_stats model::stats(int ci) const {
@@ -346,7 +344,7 @@ refpool::cache_stats model::stats(int ci) const {
     out.plans += k.plans.size();
     out.planned_peak_live_bytes += peak;
   }
-  // Every arena with memory: one replaced but still pinned by a live region (or held by its run) too.
+  // Every arena's placed span (held or idle): one replaced but still pinned by a live region too.
   for (const model_arena& a : arenas)
     if (a.cache == ci && a.memory) out.arena_bytes += a.bytes;
   // Regions held by handles, of every plan: kept, or dropped or moved while a region is live.
@@ -355,7 +353,8 @@ refpool::cache_stats model::stats(int ci) const {
       for (std::size_t i = 0; i < plan.regions.size(); ++i)
         if (plan.regions[i].live) out.plan_live_bytes += plan.spans[i];
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
-  out.reserved_bytes = out.held_bytes + out.arena_bytes + out.uncached_live_bytes;
+  // Arenas' heaps of spans count whole: free segments (yielded spans not trimmed yet) too.
+  out.reserved_bytes = out.held_bytes + span_heap_bytes(ci, -1) + out.uncached_live_bytes;
   out.plan_evictions = store.evictions;
   out.plan_pauses = store.pauses;
   out.plan_unrecorded_runs = store.unrecorded;

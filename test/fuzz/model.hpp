@@ -197,6 +197,7 @@ class model {
   std::uint64_t next_gid = 1;
   std::vector<model_plan> plans;
   std::vector<model_arena> arenas;
+  std::vector<model_span_heap> span_heaps;  ///< of caches without segments: arenas' spans (model_span_heap.cpp)
   std::vector<model_run> runs;
   std::vector<int> active_runs;      ///< runs begun and not ended
   std::size_t first_live_arena = 0;  ///< arenas below are all freed
@@ -252,6 +253,30 @@ class model {
   int copy_plan(int plan, int arena);
   bool new_arena(int c, int backend, void* stream, std::size_t bytes, int& arena);
   void release_region(model_block& b, bool via_unsafe_free);
+
+  // Arenas as spans of a heap of spans alone (model_span_heap.cpp).
+  model_span_heap& span_heap(int c, int backend);
+  /// Bytes of the segments of heaps of spans (cache or backend -1: all).
+  [[nodiscard]] std::size_t span_heap_bytes(int c, int backend) const;
+  [[nodiscard]] std::size_t span_heap_free_bytes(const model_span_heap& h) const;
+  void take_range(model_span_heap& h, std::size_t seg, std::size_t range, std::size_t offset, std::size_t bytes,
+                  int arena);
+  void free_range(model_span_heap& h, model_heap_segment& seg, std::size_t range, const std::vector<void*>& used_on);
+  bool find_fit(model_span_heap& h, bool small, std::size_t bytes, std::size_t& seg, std::size_t& range) const;
+  void yield_span(model_span_heap& h, int arena);
+  void wait_for_span_streams(int arena, const std::vector<void*>& streams, const char* why);
+  void yield_idle_spans(int c, int backend);
+  backend_result carve_rounded(int c, int arena, std::size_t bytes);
+  bool carve_with_retry(int c, int arena, std::size_t bytes, bool new_record);
+  void reclaim_for_retry(int c, int backend);
+  std::size_t trim_span_heap(int c, int backend, std::size_t keep);
+  void release_segment(model_span_heap& h, std::size_t seg);
+  void give_back_span(int arena);
+  void idle_span(int arena);
+  [[nodiscard]] bool arena_unpinned(int arena) const;
+  bool take_arena(int arena);
+  bool extend_span(int arena, std::size_t bytes);
+  void extend_into_next(model_span_heap& h, model_heap_segment& seg, std::size_t range, std::size_t bytes, int arena);
   void observe_release(const model_block& b);
   void close_plans(int c);
   /// Accepts the deallocation of arenas that may go now, and checks those that must be gone.
@@ -266,6 +291,7 @@ class model {
   /// Frees least recently released idle blocks (of `backend`, or all when -1) while more than
   /// `keep` idle bytes match. Ties in release order are resolved by reading the log.
   std::size_t free_idle(int c, std::size_t keep, int backend, std::uint64_t& counter);
+  std::size_t free_idle_blocks(int c, std::size_t keep, int backend, std::uint64_t& counter, std::size_t& idle_left);
   void enforce_limit(int c);
   void free_block(model_cache& c, std::uint64_t gid);  // to the backend, counted as a cache free
   int lease(model_cache& c, int thread);

@@ -119,8 +119,7 @@ model::backend_result model::allocate_or_reclaim(int ci, int backend, std::size_
   model_cache& c = caches[static_cast<std::size_t>(ci)];
   backend_result r = backend_allocate(backend, bytes, ptr);
   if (r != backend_result::out_of_memory) return r;
-  free_idle(ci, 0, backend, c.reclaimed);
-  c.oom_retries += 1;
+  reclaim_for_retry(ci, backend);
   r = backend_allocate(backend, bytes, ptr);
   if (r == backend_result::out_of_memory && count_oom) c.ooms += 1;
   return r;
@@ -323,6 +322,24 @@ void model::drop_ref(std::uint64_t gid, bool via_unsafe_free) {
 }
 
 std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_t& counter) {
+  std::size_t idle_left = 0;
+  std::size_t freed = free_idle_blocks(ci, keep, backend, counter, idle_left);
+  if (backend >= 0) return freed;  // an out-of-memory path or a plan's: the plain blocks' source only
+  // Free memory the sources keep is idle memory too: the heaps of spans get what `keep` leaves
+  // after the idle blocks, in the order they were made.
+  std::size_t allowance = keep > idle_left ? keep - idle_left : 0;
+  for (std::size_t h = 0; h < span_heaps.size(); ++h) {
+    if (span_heaps[h].cache != ci) continue;
+    const std::size_t before = span_heap_bytes(ci, span_heaps[h].backend);
+    const std::size_t free_after = trim_span_heap(ci, span_heaps[h].backend, allowance);
+    freed += before - span_heap_bytes(ci, span_heaps[h].backend);
+    allowance -= std::min(allowance, free_after);
+  }
+  return freed;
+}
+
+std::size_t model::free_idle_blocks(int ci, std::size_t keep, int backend, std::uint64_t& counter,
+                                    std::size_t& idle_left) {
   model_cache& c = caches[static_cast<std::size_t>(ci)];
   struct candidate {
     std::uint64_t since, seq, gid;
@@ -355,7 +372,10 @@ std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_
     std::vector<candidate> group(candidates.begin() + static_cast<std::ptrdiff_t>(i),
                                  candidates.begin() + static_cast<std::ptrdiff_t>(j));
     while (!group.empty()) {
-      if (matching - freed <= keep) return freed;
+      if (matching - freed <= keep) {
+        idle_left = matching - freed;
+        return freed;
+      }
       std::size_t pick = 0;
       if (group.size() > 1) {
         settle_arenas(false);
@@ -381,6 +401,7 @@ std::size_t model::free_idle(int ci, std::size_t keep, int backend, std::uint64_
     }
     i = j;
   }
+  idle_left = matching - freed;
   return freed;
 }
 

@@ -77,6 +77,8 @@ void model::finish_run(int run) {
         }
       }
     }
+    // No region of the arena pinned (this run's or an earlier one's): its span idles.
+    if (arena_unpinned(r.arena)) idle_span(r.arena);
     arenas[static_cast<std::size_t>(r.arena)].claimed_by = -1;
   }
   for (const model_tracked& t : r.tracked) {
@@ -306,7 +308,7 @@ bool model::add_plan(int ci, int key, int made) {
   auto g = std::find_if(store.groups.begin(), store.groups.end(), [&](const model_group& x) {
     return x.backend == m.requests[0].backend && x.stream == m.requests[0].stream && x.owner == owner;
   });
-  if (g != store.groups.end() && arenas[static_cast<std::size_t>(g->arena)].bytes >= m.bytes_needed) {
+  if (g != store.groups.end() && arenas[static_cast<std::size_t>(g->arena)].needed >= m.bytes_needed) {
     plans[static_cast<std::size_t>(made)].arena = g->arena;
     arenas[static_cast<std::size_t>(g->arena)].plans.push_back(made);
     const auto backend = m.requests[0].backend;
@@ -328,50 +330,37 @@ bool model::add_plan(int ci, int key, int made) {
   return rerecorded;
 }
 
-// No virtual memory here: a larger arena replaces the group's. The old one is freed first when
-// no run holds it and no region of it is pinned; its plans move (as copies) to the new one.
+// A plan that needs more than its group's arena has: the arena grows in place (its next claim
+// extends its span) when a run holds it or no region of it is pinned; pinned, its span is
+// extended now when it has room or a free range follows it. Otherwise a new arena replaces it
+// (no memory until its first claim), its plans copied; the old one goes with its last pinned region.
 void model::grow_and_install(int ci, int key, int made, int old, std::size_t needed) {
   model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
   const model_request first = plans[static_cast<std::size_t>(made)].requests[0];
   // The plain path's idle memory of the backend goes first: the arena takes its place.
   free_idle(ci, 0, first.backend, caches[static_cast<std::size_t>(ci)].reclaimed);
-  bool old_freed = false;
   if (old >= 0) {
     model_arena& o = arenas[static_cast<std::size_t>(old)];
-    bool pinned = false;
-    for (int p : o.plans)
-      for (const model_region& reg : plans[static_cast<std::size_t>(p)].regions)
-        pinned = pinned || (reg.live && reg.pinned);
-    if (o.claimed_by < 0 && !o.retired && !pinned) {
-      const backend_event& e = next_event("deallocate (an arena freed before its replacement)");
-      if (e.what != backend_event::kind::deallocate || e.ptr != o.base || e.bytes != o.bytes)
-        fail(fmt::format("model expected arena {} ({}, {} B) to be freed before its replacement is allocated", old,
-                         o.base, o.bytes));
-      o.memory = false;
-      o.retired = true;
-      be[o.backend].outstanding -= o.bytes;
-      old_freed = true;
-      plan_totals.arena_frees += 1;
+    bool grown = o.claimed_by >= 0 || arena_unpinned(old);
+    if (!grown && o.memory) {
+      grown = o.bytes >= needed || extend_span(old, needed);
+      if (grown) store.growths += 1;
+    }
+    if (grown) {
+      model_arena& g = arenas[static_cast<std::size_t>(old)];
+      g.needed = std::max(g.needed, needed);
+      plans[static_cast<std::size_t>(made)].arena = old;
+      g.plans.push_back(made);
+      install(store, key, made);
+      return;
     }
   }
   int fresh = -1;
-  const bool allocated = new_arena(ci, first.backend, first.stream, needed, fresh);
+  new_arena(ci, first.backend, first.stream, needed, fresh);  // no memory yet: nothing fails
   const int owner = store.keys[static_cast<std::size_t>(key)].own_arena ? key : -1;
   auto g = std::find_if(store.groups.begin(), store.groups.end(), [&](const model_group& x) {
     return x.backend == first.backend && x.stream == first.stream && x.owner == owner;
   });
-  if (!allocated) {
-    if (old_freed) {  // its plans have no memory now
-      for (std::size_t k = 0; k < store.keys.size(); ++k)
-        for (std::size_t i = store.keys[k].plans.size(); i-- > 0;)
-          if (plans[static_cast<std::size_t>(store.keys[k].plans[i])].arena == old)
-            drop_plan(store, static_cast<int>(k), i);
-      arenas[static_cast<std::size_t>(old)].in_group = false;
-      *g = store.groups.back();
-      store.groups.pop_back();
-    }
-    return;
-  }
   if (old >= 0) {
     for (model_key& k : store.keys) {
       for (std::size_t i = k.plans.size(); i-- > 0;) {

@@ -17,8 +17,11 @@
 //   order recorded, the new one last). Before an arena is made for a plan (or replaced by a
 //   larger one), the cache's idle memory of its backend is freed, as on out-of-memory, uncounted.
 // - Plans go to one arena per (backend, stream), shared by keys until a run finds it held by
-//   another key's run; a plan that needs more replaces it (the old one freed first when nothing
-//   reaches it). 16 plans per key; 4 re-recordings in 16 runs pause the key for 64 runs, doubling.
+//   another key's run. An arena is a span of a heap of spans alone (model_span_heap.cpp): made at
+//   its first claim, idle between runs, given back when nothing reaches it. A plan that needs more
+//   grows it at its next claim; pinned by a live region, it is extended now or replaced (the old
+//   one goes with its last pinned region). 16 plans per key; 4 re-recordings in 16 runs pause the
+//   key for 64 runs, doubling.
 // - A key whose last 32 runs in learn repeated fewer than 4 times (a run repeats when it replayed a
 //   plan to its end or hashes like one of the last 16) passes: its plans and pending recordings
 //   go, its runs get no router for 64 runs, then 32 probe (the plain cache, hashed); 4 repeats and
@@ -115,23 +118,17 @@ int model::copy_plan(int from, int arena) {
   return static_cast<int>(plans.size()) - 1;
 }
 
-// A new arena of `bytes` for (backend, stream), with the out-of-memory ladder. False when the
-// backend has no memory (or fails): no plan then.
+// A new arena for (backend, stream) whose plans need `bytes`: no memory yet (its span is made at
+// its first claim, model_span_heap.cpp).
 bool model::new_arena(int ci, int backend, void* stream, std::size_t bytes, int& arena) {
-  void* ptr = nullptr;
-  const backend_result r = allocate_or_reclaim(ci, backend, bytes, ptr, false);
-  if (r != backend_result::ok) return false;
   model_arena a;
   a.cache = ci;
   a.backend = backend;
   a.stream = stream;
-  a.base = ptr;
-  a.bytes = bytes;
-  a.memory = true;
+  a.needed = bytes;
   arenas.push_back(a);
   arena = static_cast<int>(arenas.size()) - 1;
-  plan_totals.arenas += 1;
-  model_trace("arena {} at {} ({} B) for backend {} stream {}", arena, ptr, bytes, backend, stream);
+  model_trace("arena {} ({} B) for backend {} stream {}", arena, bytes, backend, stream);
   return true;
 }
 
@@ -152,40 +149,89 @@ bool model::plan_held(int p, bool counting_foreign) const {
   return false;
 }
 
+// An arena that no plan, run or pinned region reaches any more gives its span back (~arena):
+// its range goes free, and every free segment of its heap goes to the backend. The library does
+// that when its last reference goes, which the model does not follow call by call: a
+// deallocation of a segment of a heap with such an arena is one of theirs.
 void model::settle_arenas(bool at_end_of_operation) {
-  while (first_live_arena < arenas.size() && !arenas[first_live_arena].memory) ++first_live_arena;
+  using span = model_arena::span_state;
   const auto unreachable = [&](std::size_t a, bool counting_foreign) {
-    if (arenas[a].in_group) return false;
+    if (arenas[a].in_group || arenas[a].claimed_by >= 0) return false;
     for (int p : arenas[a].plans)
       if (plan_held(p, counting_foreign)) return false;
     return true;
   };
-  // Deallocations of arenas that nothing holds any more may come at any point.
-  for (const backend_event* e = log_.peek_pending(0); e != nullptr && e->what == backend_event::kind::deallocate;
-       e = log_.peek_pending(0)) {
-    std::size_t a = 0;
-    while (a < arenas.size() && !(arenas[a].memory && arenas[a].base == e->ptr && arenas[a].backend == e->backend)) ++a;
-    if (a == arenas.size()) break;
-    if (!unreachable(a, false)) break;  // not this one's time: the caller expects something else
-    if (e->bytes != arenas[a].bytes)
-      fail(fmt::format("arena {} at {} ({} B) freed with {} B", a, arenas[a].base, arenas[a].bytes, e->bytes));
-    (void)log_.next();
-    model_trace("arena {} freed", a);
-    arenas[a].memory = false;
-    be[arenas[a].backend].outstanding -= arenas[a].bytes;
-    plan_totals.arena_frees += 1;
-  }
-  if (!at_end_of_operation) return;
-  for (std::size_t a = first_live_arena; a < arenas.size(); ++a)
-    if (arenas[a].memory && unreachable(a, true)) {
-      std::string pending;
-      for (std::size_t i = 0; i < 4 && log_.peek_pending(i) != nullptr; ++i)
-        pending += fmt::format(" [{} {} {} B]", static_cast<int>(log_.peek_pending(i)->what), log_.peek_pending(i)->ptr,
-                               log_.peek_pending(i)->bytes);
-      fail(fmt::format(
-          "arena {} at {} ({} B) is still allocated, but no plan, run or region can reach it; next calls:{}", a,
-          arenas[a].base, arenas[a].bytes, pending.empty() ? " none" : pending));
+  const auto going = [&](const model_span_heap& h, bool counting_foreign) {
+    std::vector<int> out;
+    for (std::size_t a = first_live_arena; a < arenas.size(); ++a)
+      if (arenas[a].cache == h.cache && arenas[a].backend == h.backend && arenas[a].span != span::none &&
+          arenas[a].span != span::gone && unreachable(a, counting_foreign))
+        out.push_back(static_cast<int>(a));
+    return out;
+  };
+  // Their spans free their ranges (no call): the heap's free segments then go.
+  const auto give_back = [&](model_span_heap& h, const std::vector<int>& list) {
+    for (int a : list) {
+      model_arena& x = arenas[static_cast<std::size_t>(a)];
+      if (x.memory) {
+        for (model_heap_segment& seg : h.segments)
+          for (std::size_t r = 0; r < seg.ranges.size(); ++r)
+            if (seg.ranges[r].arena == a) {
+              std::vector<void*> used{x.stream};
+              for (void* s : x.waits)
+                if (std::find(used.begin(), used.end(), s) == used.end()) used.push_back(s);
+              free_range(h, seg, r, used);
+              break;
+            }
+      }
+      x.span = span::gone;
+      x.memory = false;
+      model_trace("arena {} given back", a);
     }
+  };
+  for (;;) {
+    // The next deallocation (after the order_streams a segment's release makes).
+    std::size_t i = 0;
+    while (log_.peek_pending(i) != nullptr && log_.peek_pending(i)->what == backend_event::kind::order_streams) ++i;
+    const backend_event* e = log_.peek_pending(i);
+    if (e == nullptr || e->what != backend_event::kind::deallocate) break;
+    model_span_heap* h = nullptr;
+    for (model_span_heap& x : span_heaps)
+      for (const model_heap_segment& seg : x.segments)
+        if (x.backend == e->backend && seg.base == e->ptr) h = &x;
+    if (h == nullptr) break;
+    const std::vector<int> list = going(*h, false);
+    if (list.empty() && !h->settling) break;  // not this one's time: the caller expects something else
+    give_back(*h, list);
+    h->settling = true;
+    std::size_t s = 0;
+    while (s < h->segments.size() && h->segments[s].base != e->ptr) ++s;
+    if (h->segments[s].ranges.size() != 1 || h->segments[s].ranges[0].arena >= 0)
+      fail(fmt::format("segment {} of backend {} freed, but a span of it is still held or idle", e->ptr, e->backend));
+    release_segment(*h, s);
+  }
+  while (first_live_arena < arenas.size() &&
+         (arenas[first_live_arena].span == span::gone ||
+          (arenas[first_live_arena].span == span::none && !arenas[first_live_arena].in_group &&
+           arenas[first_live_arena].plans.empty())))
+    ++first_live_arena;
+  if (!at_end_of_operation) return;
+  for (model_span_heap& h : span_heaps) {
+    const std::vector<int> list = going(h, true);
+    if (list.empty() && !h.settling) continue;
+    give_back(h, list);
+    h.settling = false;
+    for (const model_heap_segment& seg : h.segments)
+      if (seg.ranges.size() == 1 && seg.ranges[0].arena < 0) {
+        std::string pending;
+        for (std::size_t k = 0; k < 4 && log_.peek_pending(k) != nullptr; ++k)
+          pending += " " + describe(*log_.peek_pending(k));
+        fail(
+            fmt::format("arenas given back (no plan, run or region reaches them), but segment {} ({} B) of backend "
+                        "{} is still allocated; next calls:{}",
+                        seg.base, seg.bytes, h.backend, pending.empty() ? " none" : pending));
+      }
+  }
 }
 
 // ---- runs -----------------------------------------------------------------------------------
@@ -315,16 +361,23 @@ void model::begin_with(model_run& r, const model_request& request) {
       return;
     }
     const int self = static_cast<int>(&r - runs.data());
+    const int ai = p.arena;
     a.claimed_by = self;
     a.claimed_key = r.key;
-    a.generation += 1;
+    // Its span: made at the first claim, held again, extended (out of memory: the plain cache).
+    if (!take_arena(ai)) {
+      arenas[static_cast<std::size_t>(ai)].claimed_by = -1;
+      r.how = model_run::mode::plain;
+      return;
+    }
+    arenas[static_cast<std::size_t>(ai)].generation += 1;
     r.arena = p.arena;
-    r.generation = a.generation;
+    r.generation = arenas[static_cast<std::size_t>(ai)].generation;
     r.current = c;
     r.segment_from = 0;
     r.how = model_run::mode::replay;
     // Regions of earlier runs still live in this arena: the run may look at them until its end.
-    for (int q : a.plans) {
+    for (int q : arenas[static_cast<std::size_t>(ai)].plans) {
       for (const model_region& reg : plans[static_cast<std::size_t>(q)].regions)
         if (reg.live) {
           r.foreign_plans.push_back(q);
@@ -427,11 +480,15 @@ void model::release_region(model_block& b, bool via_unsafe_free) {
   if (via_unsafe_free) caches[static_cast<std::size_t>(p.cache)].extra_unsafe_frees += 1;
   for (void* s : b.extra_streams)
     if (s != a.stream && std::find(a.waits.begin(), a.waits.end(), s) == a.waits.end()) a.waits.push_back(s);
+  const bool was_pinned = reg.pinned;
   reg.live = false;
   reg.pinned = false;
   reg.released_at = a.position;
   reg.gid = 0;
   blocks.erase(b.gid);
+  // The last pinned region of an arena no run holds: its span idles (arena::idle_if_unpinned).
+  const int ai = p.arena;
+  if (was_pinned && a.claimed_by < 0 && !a.retired && arena_unpinned(ai)) idle_span(ai);
 }
 
 }  // namespace refpool::test::fuzz

@@ -40,13 +40,48 @@ struct model_plan {
   bool in_store = false;
 };
 
+/// A range of a segment of a heap of spans alone (lib/cache/segment_source_spans.cpp: no
+/// virtual memory, each new segment one backend allocation of the span's size rounded to 512).
+struct model_heap_range {
+  std::size_t offset = 0, bytes = 0;
+  int arena = -1;              ///< the span placed here, or -1: free
+  std::vector<void*> streams;  ///< free: the streams its last users ran on
+};
+
+struct model_heap_segment {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  bool small = false;  ///< the small pool (512 B) or the large one
+  std::uint64_t last_use = 0;
+  std::vector<model_heap_range> ranges;  ///< in address order, tiling the segment
+};
+
+/// The heap of spans alone of one (cache, backend): where arenas' spans live.
+struct model_span_heap {
+  int cache = -1;
+  int backend = 0;
+  std::uint64_t tick = 0;
+  std::uint64_t spans_made = 0;
+  std::vector<model_heap_segment> segments;  ///< in creation order
+  /// Arenas of it were given back where the model does not follow the library call by call
+  /// (settle_arenas): its free segments go in the order the log shows.
+  bool settling = false;
+};
+
 struct model_arena {
+  enum class span_state { none, held, idle, yielded, gone };
   int cache = -1;
   int backend = 0;
   void* stream = nullptr;
   void* base = nullptr;
-  std::size_t bytes = 0;
-  bool memory = false;    ///< allocated and not freed yet
+  std::size_t bytes = 0;   ///< its span's bytes (512 B pieces)
+  std::size_t needed = 0;  ///< what its plans need: its span's size at the next claim
+  span_state span = span_state::none;
+  void* home = nullptr;  ///< where its span was last placed
+  std::uint64_t idle_since = 0;
+  std::uint64_t span_record = 0;  ///< its span's place in its heap's list of spans (made at a carve)
+  std::vector<void*> used_on;     ///< idle: the streams its bytes may still be used on
+  bool memory = false;            ///< its span is placed (held or idle) in its heap
   bool retired = false;   ///< replaced: no run claims it any more
   bool in_group = false;  ///< a store's arena for its (backend, stream, key) now
   int claimed_by = -1;    ///< the run that holds it
@@ -134,6 +169,8 @@ struct model_plan_totals {
   std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0, busy = 0,
                 pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0, pass_entries = 0, pass_runs = 0,
                 learned_again = 0, passing_recordings = 0, failed_probes = 0, pauses_lifted = 0;
+  // Arenas' spans (model_span_heap.cpp): yielded, held again elsewhere, extended, made again larger.
+  std::uint64_t span_yields = 0, span_moves = 0, span_extensions = 0, span_remakes = 0;
 };
 
 }  // namespace refpool::test::fuzz

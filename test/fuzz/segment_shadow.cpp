@@ -37,7 +37,7 @@ constexpr std::size_t limits[] = {rp::cache_options::unlimited, 0, 64 * KiB, 2 *
 struct shadow_totals {
   std::uint64_t operations = 0, pieces = 0, out_of_memory = 0, injected = 0, orphaned_caches = 0, cross_stream = 0;
   std::uint64_t grows = 0, splits = 0, merges = 0;
-  std::uint64_t plan_recordings = 0, plan_hits = 0, lendings = 0;
+  std::uint64_t plan_recordings = 0, plan_hits = 0, span_yields = 0, span_returns = 0;
 } totals;
 
 rp::stream_ref stream_of(std::uint64_t h) {
@@ -169,9 +169,9 @@ void segment_shadow::allocate(int t, std::size_t slot, std::uint64_t h) {
 // A training loop: each step makes the requests of one of the input's four sequences and releases
 // them as the sequence says, a few kept past the step (escapes, into the slots). The first sequence
 // comes most often, so it becomes a plan (at its second sighting) replayed from an arena; the
-// others meet that arena idle, so growing the plain path lends it (plan_run::before_growth), and
-// a sequence that borrowed it becomes a plan at once, with the key's pending ones (plan_store::
-// adopt). The fourth mostly uses two streams: then it never becomes a plan.
+// others meet that arena's span idle, so growing the plain path yields it (segment_heap::carve),
+// and its next replay holds it again, at home when the pieces left it. The fourth mostly uses two
+// streams: then it never becomes a plan.
 void segment_shadow::training_loop(int t, std::uint64_t h) {
   if (step_) run_on_(t, [&] { step_.reset(); });
   constexpr std::size_t loop_sizes[] = {4096,    100 * KiB, MiB,      MiB + 1,  3 * MiB,
@@ -334,7 +334,9 @@ void segment_shadow::add_totals() const {
   totals.cross_stream += st.cross_stream_reuses;
   totals.plan_recordings += st.plan_recordings;
   totals.plan_hits += st.plan_hits;
-  totals.lendings += st.arena_lendings;
+  const rp::detail::segment_heap_stats spans = rp::detail::access::state(*cache_).spans().span_events();
+  totals.span_yields += spans.span_yields;
+  totals.span_returns += spans.span_returns;
 }
 
 void segment_shadow::check(bool with_stats) {
@@ -370,9 +372,11 @@ void segment_shadow::check(bool with_stats) {
   // Byte accounting.
   const rp::cache_stats st = cache_->stats();
   const std::size_t out = be_.outstanding_bytes();
-  if (st.segment_bytes < st.segment_free_bytes || st.held_bytes != st.segment_bytes - st.segment_free_bytes)
-    fail(fmt::format("segments: {} B held in blocks, but the segments hold {} B of which {} B are free", st.held_bytes,
-                     st.segment_bytes, st.segment_free_bytes));
+  // Arenas are spans of the same heaps: their bytes are segment bytes that no block holds.
+  if (st.segment_bytes < st.segment_free_bytes + st.arena_bytes ||
+      st.held_bytes != st.segment_bytes - st.segment_free_bytes - st.arena_bytes)
+    fail(fmt::format("segments: {} B held in blocks, but the segments hold {} B of which {} B are free and {} B arenas",
+                     st.held_bytes, st.segment_bytes, st.segment_free_bytes, st.arena_bytes));
   if (st.reserved_bytes != st.held_bytes + st.segment_free_bytes + st.arena_bytes + st.uncached_live_bytes ||
       st.peak_reserved_bytes < st.reserved_bytes)
     fail(fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B + arenas {} B + "
@@ -382,11 +386,12 @@ void segment_shadow::check(bool with_stats) {
   if (out != limited_->used())
     fail(fmt::format("segments: the backend has {} B out, its limit adaptor counts {} B", out, limited_->used()));
   if (orphans ? out < st.reserved_bytes : out != st.reserved_bytes)
-    fail(fmt::format("segments: the backend has {} B out, the cache holds {} B{} (held {} B, segment free {} B, "
-                     "arenas {} B, uncached {} B; {} plans, {} dropped, {} arenas lent, {} replaced)",
-                     out, st.reserved_bytes, orphans ? " (and pieces of a destroyed cache)" : "", st.held_bytes,
-                     st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
-                     st.arena_lendings, st.arena_replacements));
+    fail(
+        fmt::format("segments: the backend has {} B out, the cache holds {} B{} (held {} B, segment free {} B, "
+                    "arenas {} B, uncached {} B; {} plans, {} dropped, {} arenas replaced)",
+                    out, st.reserved_bytes, orphans ? " (and pieces of a destroyed cache)" : "", st.held_bytes,
+                    st.segment_free_bytes, st.arena_bytes, st.uncached_live_bytes, st.plans, st.plan_evictions,
+                    st.arena_replacements));
   // Escaped regions count in plan_live_bytes (their plan kept or not), not as blocks.
   if (st.live_blocks != live_blocks || st.live_bytes != live_bytes || st.plan_live_bytes != region_bytes ||
       st.uncached_live_bytes != direct_bytes)
@@ -418,7 +423,8 @@ std::string missing_segment_coverage() {
   std::string missing;
   if (totals.plan_recordings == 0) missing += " no plan was made;";
   if (totals.plan_hits == 0) missing += " no region was handed out;";
-  if (totals.lendings == 0) missing += " no arena was lent;";
+  if (totals.span_yields == 0) missing += " no arena span yielded;";
+  if (totals.span_returns == 0) missing += " no arena held again at home;";
   return missing + missing_span_coverage();
 }
 
@@ -426,10 +432,10 @@ void print_segment_totals() {
   fmt::print(stderr,
              "refpool fuzz, cache with segments: {} operations; {} pieces handed out, {} out of memory, {} injected "
              "backend errors, {} caches destroyed with pieces live; segments grown {} times, {} splits, {} merges, "
-             "{} cross-stream reuses; plans recorded {}, region hits {}, arenas lent {}\n",
+             "{} cross-stream reuses; plans recorded {}, region hits {}, spans yielded {}, held again at home {}\n",
              totals.operations, totals.pieces, totals.out_of_memory, totals.injected, totals.orphaned_caches,
              totals.grows, totals.splits, totals.merges, totals.cross_stream, totals.plan_recordings, totals.plan_hits,
-             totals.lendings);
+             totals.span_yields, totals.span_returns);
   print_span_totals();
 }
 

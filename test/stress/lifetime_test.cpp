@@ -166,24 +166,31 @@ TEST_CASE("a cache destroyed while a cache-level miss is in flight: the thread's
   CHECK(be.outstanding_bytes() == 0);
 }
 
-TEST_CASE("a cache destroyed while a step's end makes the arena of its new plan: the arena goes too",
+TEST_CASE("a cache destroyed while a step's first replay places its arena's span: the span goes too",
           "[lifetime][threads][step][plan]") {
+  // An arena's memory is a span of the backend's heap, placed at its first claim: the first
+  // request of the first replay. The cache goes while that placement waits in the backend.
   gate g;
   const backend be(std::make_shared<gated_resource>(g));
   auto cache = std::make_unique<alloc_cache>(cache_options{});
-  {
-    step first(*cache, {.plan = "ends-late"});  // the key's first run: a new sequence, pending
+  for (int i = 0; i < 2; ++i) {  // a new sequence (pending), then the same again: a plan, no memory yet
+    step run(*cache, {.plan = "ends-late"});
     (void)cache->allocate(be, 4096);
   }
-  step st(*cache, {.plan = "ends-late"});  // the same again: it records
-  (void)cache->allocate(be, 4096);
+  const std::uint64_t before = be.allocation_count();
   g.arm();
-  std::thread ender([&] { st.end(); });  // the recording becomes a plan: its arena waits in the backend
+  std::thread replayer([&] {
+    step st(*cache, {.plan = "ends-late"});
+    data_ref r = cache->allocate(be, 4096);  // the claim places the span: waits in the backend
+    std::memset(r.data(), 7, r.bytes());
+    r.reset();
+    st.end();
+  });
   g.wait_for_arrival();
-  cache.reset();  // closes the plan store (it waits for no arena)
-  g.open();
-  ender.join();
-  CHECK(be.outstanding_bytes() == 0);  // the plan came too late for the store: no arena is kept
+  CHECK(be.allocation_count() == before);  // the span's allocation is the one waiting
+  destroy_then_open(cache, g);
+  replayer.join();
+  CHECK(be.outstanding_bytes() == 0);  // the span came too late for the store: nothing is kept
   CHECK(be.allocation_count() == be.deallocation_count());
 }
 

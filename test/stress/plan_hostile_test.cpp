@@ -518,12 +518,13 @@ TEST_CASE("arenas replaced by growth while escaped regions pin them and are free
 }
 
 // Arenas with virtual memory (host, 2 MiB granules: 32 MiB and more) under a budget: key-less
-// steps on one thread alternate three sequences and now and then a new one (the key's idle arena
-// lends its memory to the plain path, and the new sequence becomes a plan at once, growing the arena
-// in place); planned scopes of another key on a second thread grow their own arena in place; a
-// third thread asks for more than the budget in a plain scope, so the out-of-memory ladder
-// decommits idle arenas under both. Escapes go by pointer to a freer. Nothing may be lost.
-TEST_CASE("lending, in-place growth and the out-of-memory ladder's decommits on three threads", "[plan][hostile][vm]") {
+// steps on one thread alternate three sequences and now and then a new one (served by the plain
+// path; it becomes a plan when it comes again, growing the arena's span); planned scopes of another
+// key on a second thread grow their own arena; a third thread asks for more than the budget in a
+// plain scope, so the out-of-memory ladder yields idle arenas' spans under both. Escapes go by
+// pointer to a freer. Nothing may be lost.
+TEST_CASE("arenas grown, yielded and placed again under the out-of-memory ladder on three threads",
+          "[plan][hostile][vm]") {
   constexpr std::size_t mib = std::size_t{1} << 20;
   const auto limited = std::make_shared<limiting_resource>(make_host_resource(), 320 * mib);
   const backend be(limited);

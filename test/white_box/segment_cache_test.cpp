@@ -39,11 +39,13 @@ cache_options with_segments(segment_policy p = segment_policy::on) {
 std::uintptr_t at(const data_ref& r) { return reinterpret_cast<std::uintptr_t>(r.data()); }
 
 /// The heaps are consistent, their pieces are exactly the cache's blocks, and the backend's
-/// bytes are the cache's: held bytes plus the segments' free bytes.
+/// bytes are the cache's: held bytes plus the segments' free bytes (plus `uncached`: plain
+/// blocks, or arenas' spans, which are segment bytes in no cached block).
 void check_books(const alloc_cache& cache, const backend& be, std::size_t uncached = 0) {
   detail::access::state(cache).check_segments();
   const cache_stats st = cache.stats();
-  CHECK(st.segment_bytes - st.segment_free_bytes <= st.held_bytes);
+  REQUIRE(st.segment_bytes - st.segment_free_bytes >= st.arena_bytes);  // spans are segment bytes
+  CHECK(st.segment_bytes - st.segment_free_bytes - st.arena_bytes <= st.held_bytes);
   CHECK(be.outstanding_bytes() == st.held_bytes + st.segment_free_bytes + uncached);
   CHECK(st.reserved_bytes == be.outstanding_bytes());  // PyTorch's "reserved": everything held from the backend
   CHECK(st.peak_reserved_bytes >= st.reserved_bytes);

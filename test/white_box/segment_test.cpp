@@ -564,45 +564,6 @@ TEST_CASE("trim decommits free commits of a grown segment, in the middle and at 
   CHECK(f.tracker->bad_releases() == 0);
 }
 
-// A caller's growth step (a lent plan arena's bytes: plan_run::before_growth) commits more at once
-// where the heap grows, in a hole as at the tail, but never past the hole's end.
-TEST_CASE("a caller's growth step commits ahead in a hole and at the tail, never past the hole", "[segments][vm]") {
-  heap_fixture f;
-  segment_heap heap(f.be, vm_options());
-  const auto a = must_carve(heap, 2 * MiB);
-  const auto b = must_carve(heap, 16 * MiB);
-  const auto c = must_carve(heap, 2 * MiB);
-  heap.give_back(b, {});
-  REQUIRE(heap.trim(0) == 16 * MiB);  // a hole of 16 MiB between a and c
-  const auto grows = heap.stats().grows;
-  // 2 MiB with a step of 8: one commit of 8 MiB at the hole's start, 6 MiB of it free.
-  auto d = heap.carve(2 * MiB, {}, placement::anywhere, 8 * MiB);
-  REQUIRE(d.has_value());
-  CHECK(addr(d->p) == addr(a) + 2 * MiB);
-  CHECK(heap.stats().committed_bytes == 12 * MiB);
-  CHECK(heap.stats().free_bytes == 6 * MiB);
-  const auto e = must_carve(heap, 2 * MiB);  // from the step's free bytes: no growth
-  CHECK(heap.stats().grows == grows + 1);
-  // 12 MiB: the 4 MiB free and the rest of the hole (8 MiB); a step of 64 MiB stops at c.
-  auto g = heap.carve(12 * MiB, {}, placement::anywhere, 64 * MiB);
-  REQUIRE(g.has_value());
-  CHECK(addr(g->p) == addr(e) + 2 * MiB);
-  CHECK(addr(g->p) + 12 * MiB == addr(c));
-  CHECK(heap.stats().committed_bytes == 20 * MiB);
-  CHECK(heap.stats().free_bytes == 0);
-  heap.check();
-  // At the tail the step applies too: 2 MiB requested, 16 MiB committed.
-  auto t = heap.carve(2 * MiB, {}, placement::anywhere, 16 * MiB);
-  REQUIRE(t.has_value());
-  CHECK(addr(t->p) == addr(c) + 2 * MiB);
-  CHECK(heap.stats().committed_bytes == 36 * MiB);
-  CHECK(heap.stats().segments == 1);
-  heap.check();
-  for (const auto& piece : {a, c, d->p, e, g->p, t->p}) heap.give_back(piece, {});
-  CHECK(heap.trim(0) == 36 * MiB);
-  CHECK(f.tracker->committed() == 0);
-}
-
 TEST_CASE("release_all refuses while a piece is out, and changes nothing", "[segments][trim]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options());

@@ -264,11 +264,15 @@ TEST_CASE("row 6: under an address-space limit (ulimit -v) a cache with segments
 }
 
 // ---- row 8: plan arenas -------------------------------------------------------------------------
+// An arena is a span of its backend's segment heap; in a cache without segments that heap gives
+// each span a segment of its own: one backend allocation, made at the arena's first claim.
 
 namespace {
 
-// Four runs of a planned step of 40 MiB: its arena (20 granules) is reserved and committed when
-// the second ends (the first is pending); if that fails, when the fourth ends.
+// Four runs of a planned step of 40 MiB: the first is pending, the second recorded (a plan, its
+// arena not placed yet); the third's first request places the arena's span (the backend's second
+// allocation: the first run's block is reused by the second, and freed just before the span is
+// made). If that fails, the third run is served by the plain cache and the fourth places it.
 void planned_runs(alloc_cache& cache, const backend& be) {
   for (int i = 0; i < 4; ++i) {
     scope s(cache, {.plan = "step"});
@@ -279,42 +283,46 @@ void planned_runs(alloc_cache& cache, const backend& be) {
 
 }  // namespace
 
-TEST_CASE("row 8: an arena whose first commit throws holds nothing, and the cache closes cleanly", "[vm][plan]") {
+TEST_CASE("row 8: an arena whose span's allocation throws holds nothing, and the cache closes cleanly", "[vm][plan]") {
   const auto [aborted, output] = refpool::test::in_child([] {
     auto failing = std::make_shared<failing_resource>(make_host_resource());
     const backend be(failing);
     {
       alloc_cache cache{cache_options{}};
-      failing->arm_only(fault_schedule::commits, 1, 1, how::backend_error);
+      failing->arm_only(fault_schedule::allocations, 2, 1, how::backend_error);
       planned_runs(cache, be);
-      std::fprintf(stderr, "%llu commit failed; %zu plan\n", static_cast<unsigned long long>(failing->injected()),
-                   static_cast<std::size_t>(cache.stats().plans));
+      const cache_stats st = cache.stats();
+      std::fprintf(stderr, "%llu allocation failed; %zu plan; %llu hits\n",
+                   static_cast<unsigned long long>(failing->injected()), static_cast<std::size_t>(st.plans),
+                   static_cast<unsigned long long>(st.plan_hits));
     }
     std::fprintf(stderr, "closed with %zu B out\n", be.outstanding_bytes());
   });
   INFO(output);
   CHECK_FALSE(aborted);
-  CHECK_THAT(output, Catch::Contains("1 commit failed; 1 plan"));
+  CHECK_THAT(output, Catch::Contains("1 allocation failed; 1 plan; 1 hits"));  // the fourth run replays
   CHECK_THAT(output, Catch::Contains("closed with 0 B out"));
 }
 
-TEST_CASE("plan arenas: a reservation or commit that fails either way costs one plan, never a leak", "[vm][plan]") {
-  for (const unsigned kind : {fault_schedule::reservations, fault_schedule::commits}) {
-    for (const how h : {how::out_of_memory, how::backend_error}) {
-      CAPTURE(kind, static_cast<int>(h));
-      auto failing = std::make_shared<failing_resource>(make_host_resource());
-      const backend be(failing);
-      {
-        alloc_cache cache{cache_options{}};
-        failing->arm_only(kind, 1, 1, h);
-        planned_runs(cache, be);
-        CHECK(failing->injected() == 1);
-        // A refused reservation: one allocation instead; a refused commit: reclaim and retry.
-        // Thrown errors: no plan for that run, and the next run records again.
-        CHECK(cache.stats().plans == 1);
-      }
-      CHECK(be.outstanding_bytes() == 0);
+TEST_CASE("plan arenas: a span's allocation that fails either way costs one replay, never a leak", "[vm][plan]") {
+  for (const how h : {how::out_of_memory, how::backend_error}) {
+    CAPTURE(static_cast<int>(h));
+    auto failing = std::make_shared<failing_resource>(make_host_resource());
+    const backend be(failing);
+    {
+      alloc_cache cache{cache_options{}};
+      failing->arm_only(fault_schedule::allocations, 2, h == how::out_of_memory ? 2 : 1, h);
+      planned_runs(cache, be);
+      CHECK(failing->injected() == (h == how::out_of_memory ? 2 : 1));
+      // Out of memory: the ladder's retry fails too (two refused). Either way the third run is
+      // served by the plain cache and the fourth places the span and replays.
+      const cache_stats st = cache.stats();
+      CHECK(st.plans == 1);
+      CHECK(st.plan_hits == 1);
+      CHECK(st.arena_bytes == 40 * MiB);
+      CHECK(be.outstanding_bytes() == st.reserved_bytes);
     }
+    CHECK(be.outstanding_bytes() == 0);
   }
 }
 
