@@ -49,6 +49,25 @@ cache_options with_segments() {
   return o;
 }
 
+// A stream of its own that captures a graph (relaxed mode) from construction until end() or
+// destruction. The fake records the failed device wait a capture breaks as a violation.
+struct capturing_stream {
+  hipStream_t stream = nullptr;
+  capturing_stream() {
+    REQUIRE(fake_hip::symbol<decltype(::hipStreamCreateWithFlags)>("hipStreamCreateWithFlags")(
+                &stream, hipStreamNonBlocking) == hipSuccess);
+    REQUIRE(fake_hip::symbol<decltype(::hipStreamBeginCapture)>("hipStreamBeginCapture")(
+                stream, hipStreamCaptureModeRelaxed) == hipSuccess);
+  }
+  hipError_t end() {
+    hipGraph_t graph = nullptr;
+    return fake_hip::symbol<decltype(::hipStreamEndCapture)>("hipStreamEndCapture")(stream, &graph);
+  }
+  ~capturing_stream() { (void)fake_hip::symbol<decltype(::hipStreamDestroy)>("hipStreamDestroy")(stream); }
+  capturing_stream(const capturing_stream&) = delete;
+  capturing_stream& operator=(const capturing_stream&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("hipMemAddressReserve: out of memory is no address space, another error a backend_error", "[hip-7]") {
@@ -192,18 +211,12 @@ TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wai
   REQUIRE(base != nullptr);
   REQUIRE(vm.commit(base, g));
   REQUIRE(vm.commit(static_cast<char*>(base) + g, g));
-  hipStream_t captured = nullptr;
-  REQUIRE(fake_hip::symbol<decltype(::hipStreamCreateWithFlags)>("hipStreamCreateWithFlags")(
-              &captured, hipStreamNonBlocking) == hipSuccess);
-  REQUIRE(fake_hip::symbol<decltype(::hipStreamBeginCapture)>("hipStreamBeginCapture")(
-              captured, hipStreamCaptureModeRelaxed) == hipSuccess);
+  capturing_stream captured;
   fake().clear_calls();
   vm.decommit(base, g);
   CHECK(fake_hip::count_calls(fake().calls(), "hipMemUnmap") == 0);
   CHECK(fake().device_bytes_in_use(0) == before + 2 * g);
-  hipGraph_t graph = nullptr;
-  CHECK(fake_hip::symbol<decltype(::hipStreamEndCapture)>("hipStreamEndCapture")(captured, &graph) ==
-        hipErrorStreamCaptureInvalidated);
+  CHECK(captured.end() == hipErrorStreamCaptureInvalidated);
   fake().clear_violations();                     // the failed wait broke the capture: recorded by the fake
   vm.decommit(static_cast<char*>(base) + g, g);  // after the capture: both go
   CHECK(fake().device_bytes_in_use(0) == before);
@@ -212,7 +225,6 @@ TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wai
   vm.release(base, 4 * g);
   CHECK(fake().device_bytes_in_use(0) == before);
   CHECK(fake().violations().empty());
-  (void)fake_hip::symbol<decltype(::hipStreamDestroy)>("hipStreamDestroy")(captured);
 }
 
 TEST_CASE("a reservation released during a graph capture goes with its last piece, after a wait succeeds", "[hip-7]") {
@@ -229,19 +241,13 @@ TEST_CASE("a reservation released during a graph capture goes with its last piec
   REQUIRE(other != nullptr);
   REQUIRE(vm.commit(released, g));
   REQUIRE(vm.commit(other, g));
-  hipStream_t captured = nullptr;
-  REQUIRE(fake_hip::symbol<decltype(::hipStreamCreateWithFlags)>("hipStreamCreateWithFlags")(
-              &captured, hipStreamNonBlocking) == hipSuccess);
-  REQUIRE(fake_hip::symbol<decltype(::hipStreamBeginCapture)>("hipStreamBeginCapture")(
-              captured, hipStreamCaptureModeRelaxed) == hipSuccess);
+  capturing_stream captured;
   fake().clear_calls();
   vm.decommit(released, g);
   vm.release(released, 2 * g);
   CHECK(fake_hip::count_calls(fake().calls(), "hipMemUnmap") == 0);
   CHECK(fake_hip::count_calls(fake().calls(), "hipMemAddressFree") == 0);  // not refused: not asked
-  hipGraph_t graph = nullptr;
-  CHECK(fake_hip::symbol<decltype(::hipStreamEndCapture)>("hipStreamEndCapture")(captured, &graph) ==
-        hipErrorStreamCaptureInvalidated);
+  CHECK(captured.end() == hipErrorStreamCaptureInvalidated);
   fake().clear_violations();  // the failed wait broke the capture: recorded by the fake
   fake().clear_calls();
   vm.decommit(other, g);  // a wait that succeeds: the kept piece goes, then its reservation
@@ -250,5 +256,4 @@ TEST_CASE("a reservation released during a graph capture goes with its last piec
   CHECK(fake().device_bytes_in_use(0) == before);
   vm.release(other, g);
   CHECK(fake().violations().empty());
-  (void)fake_hip::symbol<decltype(::hipStreamDestroy)>("hipStreamDestroy")(captured);
 }
