@@ -124,6 +124,17 @@ status stream_capture(handle stream, gpu::capture_status* capture, unsigned long
   *id = native_id;
   return r;
 }
+constexpr std::string_view exchange_capture_mode_call = "cuThreadExchangeStreamCaptureMode";
+status exchange_capture_mode(gpu::capture_mode* mode) {
+  CUstreamCaptureMode native = *mode == gpu::capture_mode::relaxed      ? CU_STREAM_CAPTURE_MODE_RELAXED
+                               : *mode == gpu::capture_mode::per_thread ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                                                        : CU_STREAM_CAPTURE_MODE_GLOBAL;
+  const CUresult r = driver().cuThreadExchangeStreamCaptureMode(&native);
+  *mode = native == CU_STREAM_CAPTURE_MODE_RELAXED        ? gpu::capture_mode::relaxed
+          : native == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ? gpu::capture_mode::per_thread
+                                                          : gpu::capture_mode::global;
+  return r;
+}
 constexpr std::string_view device_synchronize_call = "cuCtxSynchronize";
 status device_synchronize() { return driver().cuCtxSynchronize(); }
 

@@ -41,6 +41,7 @@ namespace refpool::detail::cuda {
   X(cuStreamDestroy, 4000) \
   X(cuStreamSynchronize, 2000) \
   X(cuStreamGetCaptureInfo, 11030) \
+  X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuEventCreate, 2000) \
   X(cuEventDestroy, 4000) \
   X(cuEventRecord, 2000) \

@@ -38,6 +38,9 @@ class gpu_resource final : public resource {
   void* allocate(std::size_t bytes, stream_ref stream) override {
     if (has_deferred_.load(std::memory_order_relaxed)) retry_deferred();
     device_guard guard(api_, device_);
+    // A capture in global mode (on any stream) must not refuse the allocation. The mode does not
+    // change what a stream-ordered allocation on a capturing stream is: a node of its graph.
+    const relaxed_capture_mode relaxed(api_);
     void* ptr = nullptr;
     status code = api_.success;
     std::string_view call;
@@ -117,6 +120,7 @@ class gpu_resource final : public resource {
   bool free_now(const deferred_free& d) noexcept {
     try {
       device_guard guard(api_, device_);
+      const relaxed_capture_mode relaxed(api_);
       status code = api_.success;
       std::string_view call;
       switch (kind_) {

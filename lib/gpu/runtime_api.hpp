@@ -24,6 +24,9 @@ using runtime_id = refpool::gpu::runtime;
 
 /// Whether a stream captures a graph (cuStreamGetCaptureInfo, hipStreamGetCaptureInfo).
 enum class capture_status { none, active, invalidated };
+/// A thread's capture mode (cuThreadExchangeStreamCaptureMode): in `global` (the default) and
+/// `per_thread`, a capture forbids "potentially unsafe" calls (allocating, mapping, freeing).
+enum class capture_mode { global, per_thread, relaxed };
 
 /// One entry point: the function, and the runtime call it makes for messages ("cuMemAlloc").
 template <class F>
@@ -49,7 +52,8 @@ struct entry<status (*)(Args...)> {
 ///   readable and writable by `device`;
 /// - stream_capture: whether `stream` captures and the id of its capture (0 when it does not);
 ///   never called with the null stream, which the runtimes answer with an error (and CUDA with
-///   the capture invalidated) while a blocking stream captures.
+///   the capture invalidated) while a blocking stream captures;
+/// - exchange_capture_mode sets this thread's capture mode to `*mode`, `*mode` receiving the old one.
 #define REFPOOL_GPU_ENTRIES(X)                                                                                \
   X(activate, status (*)(int device, handle* saved))                                                          \
   X(restore, status (*)(handle saved))                                                                        \
@@ -71,6 +75,7 @@ struct entry<status (*)(Args...)> {
   X(stream_destroy, status (*)(handle stream))                                                                \
   X(stream_synchronize, status (*)(handle stream))                                                            \
   X(stream_capture, status (*)(handle stream, capture_status * capture, unsigned long long* id))              \
+  X(exchange_capture_mode, status (*)(capture_mode * mode))                                                   \
   X(device_synchronize, status (*)())                                                                         \
   X(copy, status (*)(void* dst, const void* src, std::size_t bytes, handle stream))                           \
   X(fill, status (*)(void* dst, unsigned char value, std::size_t bytes, handle stream))                       \
@@ -154,6 +159,24 @@ class device_guard {
  private:
   const runtime_api& api_;
   handle saved_ = nullptr;
+};
+
+/// Sets this thread's capture mode to relaxed for a scope, restoring the previous one after, so
+/// that a graph capture in global mode (on any thread) does not make the runtime refuse the calls
+/// that allocate, map, unmap or free memory (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), as PyTorch's
+/// allocator does around cudaMalloc. Never around a synchronisation: a wait during a capture must
+/// still be refused. If the runtime refuses the exchange, the mode is left as it was. Never throws.
+class relaxed_capture_mode {
+ public:
+  explicit relaxed_capture_mode(const runtime_api& api) noexcept;
+  ~relaxed_capture_mode();
+  relaxed_capture_mode(const relaxed_capture_mode&) = delete;
+  relaxed_capture_mode& operator=(const relaxed_capture_mode&) = delete;
+
+ private:
+  const runtime_api& api_;
+  capture_mode saved_ = capture_mode::relaxed;
+  bool exchanged_ = false;
 };
 
 /// Streams destroyed after refpool synchronised them. Blocks may still name such a stream as the

@@ -44,4 +44,12 @@ device_guard::device_guard(const runtime_api& api, int device) : api_(api) {
 
 device_guard::~device_guard() { (void)api_.restore(saved_); }
 
+relaxed_capture_mode::relaxed_capture_mode(const runtime_api& api) noexcept : api_(api) {
+  exchanged_ = api_.exchange_capture_mode(&saved_) == api_.success;
+}
+
+relaxed_capture_mode::~relaxed_capture_mode() {
+  if (exchanged_) (void)api_.exchange_capture_mode(&saved_);
+}
+
 }  // namespace refpool::detail::gpu

@@ -27,6 +27,7 @@ class gpu_virtual_memory final : public virtual_memory {
   void* reserve(std::size_t bytes) override {
     check_size(bytes, "reserve");
     device_guard guard(api_, device_);
+    const relaxed_capture_mode relaxed(api_);  // a capture in global mode must not refuse it
     void* ptr = nullptr;
     const status code = api_.vm_reserve(&ptr, bytes, granularity_);
     if (code == api_.out_of_memory) return nullptr;  // no address space left
@@ -46,6 +47,7 @@ class gpu_virtual_memory final : public virtual_memory {
       check_uncommitted_range(addr, bytes);
     }
     device_guard guard(api_, device_);
+    const relaxed_capture_mode relaxed(api_);
     handle physical = nullptr;
     const status created = api_.vm_create(&physical, bytes, device_);
     if (created == api_.out_of_memory) return false;
@@ -131,6 +133,7 @@ class gpu_virtual_memory final : public virtual_memory {
     const std::size_t bytes = reservation->second;
     try {
       device_guard guard(api_, device_);
+      const relaxed_capture_mode relaxed(api_);
       check(api_, api_.vm_free(addr, bytes), api_.vm_free.name, fmt::format("{} B at {}", bytes, addr));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
@@ -211,6 +214,7 @@ class gpu_virtual_memory final : public virtual_memory {
   std::map<std::uintptr_t, piece>::iterator give_back_piece(std::map<std::uintptr_t, piece>::iterator it) noexcept {
     piece& p = it->second;
     p.unwaited = false;  // every caller has waited for the device
+    const relaxed_capture_mode relaxed(api_);  // after the wait, which a capture must still refuse
     void* ptr = reinterpret_cast<void*>(it->first);
     if (p.mapped) {
       if (const status code = api_.vm_unmap(ptr, p.bytes); code != api_.success) {

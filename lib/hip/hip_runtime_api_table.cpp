@@ -117,6 +117,17 @@ status stream_capture(handle stream, gpu::capture_status* capture, unsigned long
                                                            : gpu::capture_status::none;
   return r;
 }
+constexpr std::string_view exchange_capture_mode_call = "hipThreadExchangeStreamCaptureMode";
+status exchange_capture_mode(gpu::capture_mode* mode) {
+  hipStreamCaptureMode native = *mode == gpu::capture_mode::relaxed      ? hipStreamCaptureModeRelaxed
+                                : *mode == gpu::capture_mode::per_thread ? hipStreamCaptureModeThreadLocal
+                                                                         : hipStreamCaptureModeGlobal;
+  const status r = call(runtime().hipThreadExchangeStreamCaptureMode, &native);
+  *mode = native == hipStreamCaptureModeRelaxed       ? gpu::capture_mode::relaxed
+          : native == hipStreamCaptureModeThreadLocal ? gpu::capture_mode::per_thread
+                                                      : gpu::capture_mode::global;
+  return r;
+}
 constexpr std::string_view device_synchronize_call = "hipDeviceSynchronize";
 status device_synchronize() { return call(runtime().hipDeviceSynchronize); }
 

@@ -18,16 +18,17 @@ using hip_malloc_async_t = hipError_t (*)(void**, size_t, hipStream_t);
 
 // X(name) takes the type of the header's declaration; TYPED(name, type) names the type of an
 // overloaded name's C entry point.
-#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                                       \
-  X(hipRuntimeGetVersion)                                                                                           \
-  X(hipDriverGetVersion)                                                                                            \
-  X(hipGetDeviceCount) X(hipGetDevice) X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) X(hipMemGetInfo)         \
-      X(hipMalloc) X(hipFree) TYPED(hipMallocAsync, hip_malloc_async_t) X(hipFreeAsync) X(hipHostMalloc)            \
-          X(hipHostFree) X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute) X(hipStreamCreateWithFlags)        \
-              X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamGetCaptureInfo) X(hipDeviceSynchronize)        \
-                  X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord) X(hipStreamWaitEvent)             \
-                      X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync) X(hipGetErrorName)          \
-                          X(hipGetErrorString) X(hipGetLastError)
+#define REFPOOL_HIP_RUNTIME_SYMBOLS(X, TYPED)                                                                     \
+  X(hipRuntimeGetVersion)                                                                                         \
+  X(hipDriverGetVersion)                                                                                          \
+  X(hipGetDeviceCount)                                                                                            \
+  X(hipGetDevice) X(hipSetDevice) X(hipDeviceGet) X(hipDeviceGetName) X(hipMemGetInfo) X(hipMalloc) X(hipFree)    \
+      TYPED(hipMallocAsync, hip_malloc_async_t) X(hipFreeAsync) X(hipHostMalloc) X(hipHostFree)                   \
+          X(hipDeviceGetDefaultMemPool) X(hipMemPoolSetAttribute) X(hipStreamCreateWithFlags) X(hipStreamDestroy) \
+              X(hipStreamSynchronize) X(hipStreamGetCaptureInfo) X(hipThreadExchangeStreamCaptureMode)            \
+                  X(hipDeviceSynchronize) X(hipEventCreateWithFlags) X(hipEventDestroy) X(hipEventRecord)         \
+                      X(hipStreamWaitEvent) X(hipMemcpyAsync) X(hipMemsetAsync) X(hipMemcpyPeerAsync)             \
+                          X(hipGetErrorName) X(hipGetErrorString) X(hipGetLastError)
 
 // The hipMemAllocationProp of HIP 5.3 and later (HIP 5.2's header, which refpool may compile
 // against, has another order of the same fields), which is what refpool passes: virtual memory is

@@ -16,7 +16,10 @@
 // stream waiting for an event of another capture or of none, or a device-wide or capturing
 // stream's synchronisation during a capture, fails (hipErrorStreamCaptureIsolation,
 // hipErrorStreamCaptureUnsupported) and invalidates the capture (its end then fails with
-// hipErrorStreamCaptureInvalidated), recorded as a violation too.
+// hipErrorStreamCaptureInvalidated), recorded as a violation too. While a capture in global mode
+// runs, a thread whose own mode (hipThreadExchangeStreamCaptureMode) is not relaxed may not
+// allocate, map, unmap or free memory: the call fails (hipErrorStreamCaptureUnsupported) and
+// invalidates the capture, as CUDA does.
 // Memory is host memory, work runs at once on the calling thread, kernels are named in the code
 // object's payload (fake_hip/code_object.hpp) and run on the host. The last error is sticky
 // (kept until hipGetLastError) from HIP 7 on, as in HIP 7, else set by every call.
@@ -80,6 +83,7 @@ struct stream_object {
   int device;
   bool destroyed = false;
   unsigned long long capture = 0;
+  hipStreamCaptureMode mode = hipStreamCaptureModeGlobal;  // of its capture
   bool invalidated = false;  // its capture was broken: hipStreamEndCapture fails
   bool forked = false;       // joined a capture by waiting for one of its events...
   bool rejoined = false;     // ...and was waited for by the capture again since its last record
@@ -154,6 +158,7 @@ runtime_state& state() {
 
 thread_local int current_device = 0;
 thread_local hipError_t last_error = hipSuccess;
+thread_local hipStreamCaptureMode thread_capture_mode = hipStreamCaptureModeGlobal;
 
 // The runtime's teardown at exit: a static object's destructor, registered when the library is
 // loaded (ROCclr's RuntimeTearDown does the same), so it runs before the destructors of statics
@@ -254,6 +259,20 @@ void invalidate_capture(entry& e, unsigned long long capture, const char* why) {
     if (st->capture == capture) st->invalidated = true;
   }
   violation(e.s, std::string(why) + ": the capture is invalidated");
+}
+
+// A "potentially unsafe" call (allocating, mapping, freeing) while a capture in global mode runs,
+// from a thread not in relaxed mode: refused, and every such capture is invalidated.
+hipError_t unsafe_during_capture(entry& e, const char* call) {
+  if (thread_capture_mode == hipStreamCaptureModeRelaxed) return hipSuccess;
+  std::set<unsigned long long> global;
+  for (const void* object : e.s.streams) {
+    const auto* st = static_cast<const stream_object*>(object);
+    if (!st->destroyed && st->capture != 0 && st->mode == hipStreamCaptureModeGlobal) global.insert(st->capture);
+  }
+  for (const unsigned long long capture : global)
+    invalidate_capture(e, capture, (std::string(call) + " during a capture in global mode").c_str());
+  return global.empty() ? hipSuccess : hipErrorStreamCaptureUnsupported;
 }
 
 hipError_t allocate(entry& e, void** ptr, std::size_t bytes, int device) {
@@ -468,6 +487,7 @@ FAKE_API const char* hipGetErrorString(hipError_t code) {
 
 FAKE_API hipError_t hipMalloc(void** ptr, size_t bytes) {
   entry e("hipMalloc");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMalloc"); r != hipSuccess) return e.done(r);
   if (!e.device_ok(current_device)) return e.done(hipErrorNoDevice);
   const hipError_t r = allocate(e, ptr, bytes, current_device);
   return e.done(r, *ptr);
@@ -475,6 +495,7 @@ FAKE_API hipError_t hipMalloc(void** ptr, size_t bytes) {
 
 FAKE_API hipError_t hipFree(void* ptr) {
   entry e("hipFree");
+  if (const hipError_t r = unsafe_during_capture(e, "hipFree"); r != hipSuccess) return e.done(r);
   return e.done(deallocate(e, ptr, true), ptr);
 }
 
@@ -498,12 +519,14 @@ FAKE_API hipError_t hipFreeAsync(void* ptr, hipStream_t stream) {
 
 FAKE_API hipError_t hipHostMalloc(void** ptr, size_t bytes, unsigned int) {
   entry e("hipHostMalloc");
+  if (const hipError_t r = unsafe_during_capture(e, "hipHostMalloc"); r != hipSuccess) return e.done(r);
   const hipError_t r = allocate(e, ptr, bytes, -1);
   return e.done(r, *ptr);
 }
 
 FAKE_API hipError_t hipHostFree(void* ptr) {
   entry e("hipHostFree");
+  if (const hipError_t r = unsafe_during_capture(e, "hipHostFree"); r != hipSuccess) return e.done(r);
   return e.done(deallocate(e, ptr, false), ptr);
 }
 
@@ -570,12 +593,13 @@ FAKE_API hipError_t hipDeviceSynchronize() {
 
 // ---- stream capture
 
-FAKE_API hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode) {
+FAKE_API hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode) {
   entry e("hipStreamBeginCapture");
   if (stream == nullptr || !e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
   stream_object* st = as_stream(stream);
   if (st->capture != 0) return e.done(hipErrorIllegalState, stream);
   st->capture = ++e.s.captures;
+  st->mode = mode;
   st->invalidated = false;
   return e.done(hipSuccess, stream);
 }
@@ -604,6 +628,14 @@ FAKE_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t* graph) {
 FAKE_API hipError_t hipGraphDestroy(hipGraph_t graph) {
   entry e("hipGraphDestroy");
   return e.done(graph == nullptr ? hipErrorInvalidValue : hipSuccess);  // the fake's captures make no graph
+}
+
+// This thread's capture mode (thread-local, as in the runtimes).
+FAKE_API hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode* mode) {
+  entry e("hipThreadExchangeStreamCaptureMode");
+  if (mode == nullptr) return e.done(hipErrorInvalidValue);
+  std::swap(*mode, thread_capture_mode);
+  return e.done(hipSuccess);
 }
 
 FAKE_API hipError_t hipStreamGetCaptureInfo(hipStream_t stream, hipStreamCaptureStatus* status,
@@ -807,6 +839,7 @@ FAKE_API hipError_t hipMemGetAllocationGranularity(size_t* granularity, const hi
 
 FAKE_API hipError_t hipMemAddressReserve(void** ptr, size_t bytes, size_t alignment, void*, unsigned long long) {
   entry e("hipMemAddressReserve");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemAddressReserve"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   if (!e.s.vmm) return e.done(hipErrorNotSupported);
   alignment = std::max(alignment, vmm_granularity);
@@ -825,6 +858,7 @@ FAKE_API hipError_t hipMemAddressReserve(void** ptr, size_t bytes, size_t alignm
 
 FAKE_API hipError_t hipMemAddressFree(void* ptr, size_t bytes) {
   entry e("hipMemAddressFree");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemAddressFree"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   const auto it = e.s.reservations.find(at);
@@ -840,6 +874,7 @@ FAKE_API hipError_t hipMemAddressFree(void* ptr, size_t bytes) {
 FAKE_API hipError_t hipMemCreate(hipMemGenericAllocationHandle_t* handle, size_t bytes,
                                  const hipMemAllocationProp* prop, unsigned long long) {
   entry e("hipMemCreate");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemCreate"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   if (const hipError_t r = check_prop(e, prop); r != hipSuccess) return e.done(r);
   if (bytes == 0 || bytes % vmm_granularity != 0) return e.done(hipErrorInvalidValue);
@@ -864,6 +899,7 @@ void free_physical_if_unused(entry& e, physical_object* p) {
 
 FAKE_API hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
   entry e("hipMemRelease");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemRelease"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   auto* p = reinterpret_cast<physical_object*>(handle);
   if (e.s.physicals.count(p) == 0 || p->released) return e.done(hipErrorInvalidValue, handle);
@@ -875,6 +911,7 @@ FAKE_API hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
 FAKE_API hipError_t hipMemMap(void* ptr, size_t bytes, size_t offset, hipMemGenericAllocationHandle_t handle,
                               unsigned long long) {
   entry e("hipMemMap");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemMap"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   auto* p = reinterpret_cast<physical_object*>(handle);
   if (e.s.physicals.count(p) == 0 || p->released || offset != 0 || bytes != p->bytes)
@@ -896,6 +933,7 @@ FAKE_API hipError_t hipMemMap(void* ptr, size_t bytes, size_t offset, hipMemGene
 
 FAKE_API hipError_t hipMemSetAccess(void* ptr, size_t bytes, const hipMemAccessDesc* desc, size_t count) {
   entry e("hipMemSetAccess");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemSetAccess"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
   if (count != 1 || desc->location.type != hipMemLocationTypeDevice || !e.device_ok(desc->location.id))
@@ -914,6 +952,7 @@ FAKE_API hipError_t hipMemSetAccess(void* ptr, size_t bytes, const hipMemAccessD
 
 FAKE_API hipError_t hipMemUnmap(void* ptr, size_t bytes) {
   entry e("hipMemUnmap");
+  if (const hipError_t r = unsafe_during_capture(e, "hipMemUnmap"); r != hipSuccess) return e.done(r);
   if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault);
   const auto it = e.s.regions.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == e.s.regions.end() || it->second.physical == nullptr || it->second.bytes != bytes)
