@@ -2,6 +2,7 @@
 // blocks, and direct blocks.
 #include "cache/whole_blocks.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -107,6 +108,7 @@ namespace {
 // them: docs/design.md, "Stream safety"): kept, and freed by a later free_block once they can be.
 struct deferred_blocks {
   std::mutex mutex;
+  std::atomic<bool> any{false};  // lets a free skip the mutex when nothing is kept (the usual case)
   std::vector<block*> blocks;
 };
 deferred_blocks& deferred() {
@@ -143,48 +145,39 @@ bool free_now(block* b, bool anyway = false) noexcept {
   return true;
 }
 
+// Keeps `b` for a later free; with nowhere to keep it, frees it without the order.
+void keep(block* b) noexcept {
+  deferred_blocks& d = deferred();
+  {
+    std::lock_guard lock(d.mutex);
+    try {
+      d.blocks.push_back(b);
+      d.any.store(true, std::memory_order_relaxed);
+      return;
+    } catch (const std::bad_alloc&) {}
+  }
+  (void)free_now(b, true);
+}
+
 }  // namespace
 
-namespace {
-// Frees the deferred blocks and `b` (if not null); keeps those whose order is still unavailable.
-void free_with_deferred(block* b) noexcept {
+void free_deferred_blocks() noexcept {
   deferred_blocks& d = deferred();
+  if (!d.any.load(std::memory_order_relaxed)) return;
   std::vector<block*> waiting;
   {
     std::lock_guard lock(d.mutex);
     waiting.swap(d.blocks);  // each free below runs without the lock: it calls the backend
-  }
-  if (waiting.empty() && b == nullptr) return;
-  std::vector<block*> kept;
-  try {
-    kept.reserve(waiting.size() + 1);
-  } catch (const std::bad_alloc&) {  // nowhere to keep one: freed without the order, as before
-    for (block* w : waiting) (void)free_now(w, true);
-    if (b != nullptr) (void)free_now(b, true);
-    return;
+    d.any.store(false, std::memory_order_relaxed);
   }
   for (block* w : waiting)
-    if (!free_now(w)) kept.push_back(w);
-  if (b != nullptr && !free_now(b)) kept.push_back(b);
-  if (kept.empty()) return;
-  {
-    std::lock_guard lock(d.mutex);
-    if (d.blocks.empty()) {
-      d.blocks.swap(kept);
-      return;
-    }
-    try {
-      d.blocks.insert(d.blocks.end(), kept.begin(), kept.end());
-      return;
-    } catch (const std::bad_alloc&) {}
-  }
-  for (block* k : kept) (void)free_now(k, true);  // nowhere to keep them: freed without the order
+    if (!free_now(w)) keep(w);
 }
-}  // namespace
 
-void free_block(block* b) noexcept { free_with_deferred(b); }
-
-void free_deferred_blocks() noexcept { free_with_deferred(nullptr); }
+void free_block(block* b) noexcept {
+  free_deferred_blocks();
+  if (!free_now(b)) keep(b);
+}
 
 block* allocate_direct(backend_state& backend, std::size_t bytes, stream_ref stream) {
   auto made = std::make_unique<block>();
