@@ -6,6 +6,8 @@
 
 #include <refpool/error.hpp>
 
+#include "gpu/captures.hpp"
+
 namespace refpool::detail {
 
 namespace {
@@ -47,6 +49,7 @@ void private_pools::begin(int device, id pool_id, stream_filter filter, void* co
     found->second.uses += 1;
     active_.push_back({device, pool_id, filter, context, drop});
     routes_.fetch_add(1, std::memory_order_release);
+    gpu::capture_announced(device);  // a route brackets a capture: no device-wide waits until its end
   } catch (...) {
     drop_context(drop, context);
     throw;
@@ -66,6 +69,7 @@ void private_pools::end(int device, id pool_id) {
     active_.erase(it);
     routes_.fetch_sub(1, std::memory_order_release);
   }
+  gpu::capture_over(device);  // outside the lock: the last one gives back what the captures kept
   drop_context(ended.drop, ended.context);
 }
 

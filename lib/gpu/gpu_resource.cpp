@@ -10,6 +10,7 @@
 
 #include <refpool/error.hpp>
 
+#include "gpu/captures.hpp"
 #include "runtime_api.hpp"
 
 namespace refpool::detail::gpu {
@@ -79,6 +80,10 @@ class gpu_resource final : public resource {
   // Waits for every stream of the device (the cache's wait for bytes whose last streams it no
   // longer knows: docs/design.md, "Segments").
   void synchronize() override {
+    if (capture_may_run(device_))  // the wait would fail and break the capture: the caller keeps the memory
+      throw stream_order_unavailable(
+          fmt::format("refpool: cannot wait for device {} while a graph capture may run on it", device_),
+          capture_unsupported);
     device_guard guard(api_, device_);
     const status code = api_.device_synchronize();
     if (api_.context_gone(code)) return;  // at exit: nothing of the device is in flight any more

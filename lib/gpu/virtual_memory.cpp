@@ -11,13 +11,14 @@
 
 #include <refpool/error.hpp>
 
+#include "gpu/captures.hpp"
 #include "runtime_api.hpp"
 
 namespace refpool::detail::gpu {
 
 namespace {
 
-class gpu_virtual_memory final : public virtual_memory {
+class gpu_virtual_memory final : public virtual_memory, public kept_for_capture {
  public:
   gpu_virtual_memory(const runtime_api& api, int device, std::size_t granularity)
       : api_(api), device_(device), granularity_(granularity) {}
@@ -172,41 +173,67 @@ class gpu_virtual_memory final : public virtual_memory {
   // does not wait for kernels or copies in flight on the range (PyTorch's expandable segments
   // synchronise before cuMemUnmap for the same reason), and the heap cannot name every stream that
   // used a free range. Decommits are rare (trim, reclaim). A piece the driver refuses to unmap or
-  // release is reported and kept as stale, for retry_stale. When the wait fails (a stream of the
-  // device captures a graph: a device-wide wait is illegal then), nothing is unmapped under work
-  // that may be in flight: the pieces stay mapped, stale, and go at the next give_back whose wait
-  // succeeds (a later trim or reclaim), at a commit over their range, or with their reservation.
+  // release is reported and kept as stale, for retry_stale. While a graph capture may run on the
+  // device (gpu/captures.hpp: the wait would break it), or when the wait fails, nothing is unmapped
+  // under work that may be in flight: the pieces stay mapped, stale, and go at the next give_back
+  // whose wait succeeds (a later trim or reclaim), at a commit over their range, or with their
+  // reservation.
   // Called with mutex_ held.
   void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
     auto it = pieces_.lower_bound(start);
     if (it == pieces_.end() || it->first >= end) return;
+    const auto keep_unwaited = [&] {
+      for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it)
+        it->second.stale = it->second.unwaited = true;
+    };
+    if (settle_later(device_, *this)) return keep_unwaited();  // the wait itself would break the capture
     try {
       device_guard guard(api_, device_);
-      // A context that is gone (at exit, after the runtime's teardown) has no work in flight.
-      if (const status code = api_.device_synchronize(); code != api_.success && !api_.context_gone(code)) {
-        std::fprintf(stderr, "%s\n",
-                     error_text(code, api_.device_synchronize.name, "before unmapping (kept, to retry)").c_str());
-        for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it)
-          it->second.stale = it->second.unwaited = true;
-        return;
-      }
+      if (!wait_for_device()) return keep_unwaited();
       while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
-      // The wait covered the pieces an earlier give_back kept for want of one: they may go now,
-      // and then the reservations released meanwhile.
-      for (auto kept = pieces_.begin(); kept != pieces_.end();)
-        kept = kept->second.unwaited ? give_back_piece(kept) : std::next(kept);
-      for (auto pending = releases_pending_.begin(); pending != releases_pending_.end();) {
-        const auto [at, bytes] = *pending;
-        if (has_pieces(at, at + bytes)) {
-          ++pending;
-          continue;
-        }
-        pending = releases_pending_.erase(pending);
-        if (const auto reservation = reservations_.find(at); reservation != reservations_.end())
-          free_reservation(reservation);
-      }
+      give_back_kept();
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  // The pieces kept while announced captures ran go once the last is over (gpu/captures.hpp).
+  void settle() noexcept override {
+    std::lock_guard lock(mutex_);
+    if (settle_later(device_, *this)) return;  // another capture began meanwhile
+    try {
+      device_guard guard(api_, device_);
+      if (wait_for_device()) give_back_kept();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  // Waits for every stream of the device; false (said on stderr) if the runtime refused. A context
+  // that is gone (at exit, after the runtime's teardown) has no work in flight. Called with the
+  // device current.
+  bool wait_for_device() const {
+    const status code = api_.device_synchronize();
+    if (code == api_.success || api_.context_gone(code)) return true;
+    std::fprintf(stderr, "%s\n",
+                 error_text(code, api_.device_synchronize.name, "before unmapping (kept, to retry)").c_str());
+    return false;
+  }
+
+  // After a wait for the device: the pieces an earlier give_back kept for want of one go, and then
+  // the reservations released meanwhile. Called with mutex_ held and the device current.
+  void give_back_kept() noexcept {
+    for (auto kept = pieces_.begin(); kept != pieces_.end();)
+      kept = kept->second.unwaited ? give_back_piece(kept) : std::next(kept);
+    for (auto pending = releases_pending_.begin(); pending != releases_pending_.end();) {
+      const auto [at, bytes] = *pending;
+      if (has_pieces(at, at + bytes)) {
+        ++pending;
+        continue;
+      }
+      pending = releases_pending_.erase(pending);
+      if (const auto reservation = reservations_.find(at); reservation != reservations_.end())
+        free_reservation(reservation);
     }
   }
 
@@ -243,8 +270,15 @@ class gpu_virtual_memory final : public virtual_memory {
         continue;
       }
       device_guard guard(api_, device_);
-      if (it->second.unwaited)  // kept because the wait before unmapping failed: wait now
+      if (it->second.unwaited) {  // kept because the wait before unmapping failed: wait now
+        if (capture_may_run(device_))
+          throw stream_order_unavailable(
+              fmt::format("refpool: cannot commit {:#x} on device {} now: its last memory still waits to be "
+                          "unmapped, and waiting for the device would break a graph capture",
+                          it->first, device_),
+              -1);
         check(api_, api_.device_synchronize(), api_.device_synchronize.name, "before unmapping");
+      }
       const auto stale = it->first;
       it = give_back_piece(it);
       if (pieces_.count(stale) != 0)

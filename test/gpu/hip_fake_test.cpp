@@ -15,6 +15,7 @@
 #include <refpool/refpool.hpp>
 
 #include "fake_hip/app.hpp"
+#include "fake_hip/app_stream.hpp"
 #include "fake_hip/code_object.hpp"
 #include "runtime_under_test.hpp"
 #include "support/gpu_modules.hpp"
@@ -392,26 +393,7 @@ TEST_CASE("HIP 5.2: no virtual memory (no attribute says whether a device has it
 // capturing stream waiting for an event from outside invalidates it. A cache that reused memory
 // across such streams broke the application's graph (PyTorch's test_cuda_graph_error_options).
 
-namespace {
-
-// A non-blocking stream of the application's, and its graph capture.
-struct app_stream {
-  hipStream_t handle = nullptr;
-  app_stream() { REQUIRE(APP_HIP(hipStreamCreateWithFlags)(&handle, hipStreamNonBlocking) == hipSuccess); }
-  ~app_stream() { (void)APP_HIP(hipStreamDestroy)(handle); }
-  app_stream(const app_stream&) = delete;
-  app_stream& operator=(const app_stream&) = delete;
-  stream_ref ref() const { return {handle}; }
-  void begin_capture(hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed) const {
-    REQUIRE(APP_HIP(hipStreamBeginCapture)(handle, mode) == hipSuccess);
-  }
-  hipError_t end_capture() const {
-    hipGraph_t graph = nullptr;
-    return APP_HIP(hipStreamEndCapture)(handle, &graph);
-  }
-};
-
-}  // namespace
+using fake_hip::app_stream;
 
 TEST_CASE("graph capture: the fake runtime breaks a capture that an event wait crosses (control)", "[hip-7]") {
   app_stream captured;
