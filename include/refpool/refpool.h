@@ -503,8 +503,9 @@ REFPOOL_C_API refpool_status refpool_allocator_alloc(size_t bytes, int device, v
 /// BACKEND_UNAVAILABLE.
 REFPOOL_C_API refpool_status refpool_allocator_set_device_limit(int device, size_t bytes);
 
-/// Frees the framework allocator's idle blocks back to the driver (PyTorch's empty_cache). Private
-/// pools keep theirs: graphs captured into them replay into those bytes. Errors: CONFIG.
+/// Frees the framework allocator's idle blocks back to the driver (PyTorch's empty_cache), and the
+/// freeable private pools (refpool_allocator_release_pool). Pools in use keep theirs: graphs
+/// captured into them replay into those bytes. Errors: CONFIG.
 REFPOOL_C_API refpool_status refpool_allocator_empty_cache(void);
 
 /// Marks the buffer handed out at `ptr` as used on `stream` too (PyTorch's recordStream): its
@@ -543,9 +544,13 @@ REFPOOL_C_API refpool_status refpool_allocator_begin_pool(int device, refpool_po
 /// route).
 REFPOOL_C_API refpool_status refpool_allocator_end_pool(int device, refpool_pool_id pool);
 
-/// Gives back one use of `pool`. At the last one the pool goes: its idle memory goes back to the
-/// driver, and buffers still held go when freed. A pool never begun is ignored (PyTorch releases
-/// memory pools whose requests it never routed here). Never fails for a valid `device`.
+/// Gives back one use of `pool`. At the last one the pool is freeable: it keeps its memory, also
+/// what its buffers still held give back when freed, until refpool_allocator_empty_cache or until a
+/// request of the framework allocator runs out of memory; then its idle memory goes back to the
+/// driver, and buffers still held go when freed. PyTorch's allocator keeps a released graph pool's
+/// blocks the same way, and graphs rely on it: a graph captured later may still use a buffer the
+/// pool freed during the capture. A pool never begun, or released already, is ignored (PyTorch
+/// releases memory pools whose requests it never routed here). Never fails for a valid `device`.
 /// Errors: INVALID_ARGUMENT (an active route to the pool remains).
 REFPOOL_C_API refpool_status refpool_allocator_release_pool(int device, refpool_pool_id pool);
 
@@ -553,7 +558,7 @@ REFPOOL_C_API refpool_status refpool_allocator_release_pool(int device, refpool_
 /// relax CUDA's stream-capture mode around requests that may reach the driver checks this first.
 REFPOOL_C_API int refpool_allocator_routing_to_pools(void);
 
-/// The live private pools: writes up to `capacity` ids to `ids` and their number to *count.
+/// The private pools, freeable ones too: writes up to `capacity` ids to `ids` and their number to *count.
 /// Errors: INVALID_ARGUMENT (count NULL, or ids NULL with capacity > 0).
 REFPOOL_C_API refpool_status refpool_allocator_pool_ids(refpool_pool_id* ids, size_t capacity, size_t* count);
 

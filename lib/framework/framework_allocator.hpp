@@ -66,22 +66,23 @@ class framework_allocator {
   std::shared_ptr<alloc_cache> cache();
 
   /// `bytes` for `stream` on `device`, as a pointer the pointer table keeps (refpool::free_pointer
-  /// frees it); nullptr for 0 bytes. Throws as alloc_cache::allocate, and invalid_argument for a
-  /// device outside 0 to max_devices - 1.
+  /// frees it); nullptr for 0 bytes. Out of memory, the released private pools are dropped and the
+  /// request made once more (PyTorch's allocator frees a released graph pool's blocks before it
+  /// gives up). Throws as alloc_cache::allocate, and invalid_argument for a device outside 0 to
+  /// max_devices - 1.
   void* allocate(std::size_t bytes, int device, stream_ref stream) {
     if (bytes == 0) return nullptr;
-    if (pools_.routing()) [[unlikely]] {
-      if (private_pools::target pool = pools_.route(device, stream.handle); pool.cache != nullptr)
-        return to_pointer(pool.cache->allocate(pool.be, bytes, stream));
+    try {
+      return allocate_now(bytes, device, stream);
+    } catch (const out_of_memory&) {
+      if (pools_.drop_freeable() == 0) throw;
     }
-    alloc_cache* cache = made_.load(std::memory_order_acquire);
-    if (cache == nullptr) cache = this->cache().get();
-    return to_pointer(cache->allocate(backend_for(device), bytes, stream));
+    return allocate_now(bytes, device, stream);  // again, after the released pools' memory went back
   }
 
   /// Caps the bytes the allocator (its cache and private pools) holds from `device`.
   void set_device_limit(int device, std::size_t bytes);
-  /// Frees the cache's idle memory (private pools keep theirs).
+  /// Frees the idle memory of the cache and of the released private pools (private_pools::drop_freeable).
   void empty_cache();
   /// Routes `device`'s requests that `filter` accepts to private pool `pool` (private_pools::begin),
   /// whose cache takes the allocator's options. Takes `context` in every case.
@@ -91,6 +92,16 @@ class framework_allocator {
 
  private:
   framework_allocator() = default;
+
+  void* allocate_now(std::size_t bytes, int device, stream_ref stream) {
+    if (pools_.routing()) [[unlikely]] {
+      if (private_pools::target pool = pools_.route(device, stream.handle); pool.cache != nullptr)
+        return to_pointer(pool.cache->allocate(pool.be, bytes, stream));
+    }
+    alloc_cache* cache = made_.load(std::memory_order_acquire);
+    if (cache == nullptr) cache = this->cache().get();
+    return to_pointer(cache->allocate(backend_for(device), bytes, stream));
+  }
 
   const backend& backend_for(int device) {
     if (device >= 0 && device < max_devices) [[likely]] {

@@ -74,21 +74,34 @@ void private_pools::end(int device, id pool_id) {
 }
 
 void private_pools::release(int device, id pool_id) {
-  std::shared_ptr<alloc_cache> last;  // destroyed outside the lock: it frees idle memory
+  std::lock_guard guard(mutex_);
+  auto found = pools_.find(pool_id);
+  if (found == pools_.end()) return;
+  for (const active_route& r : active_)
+    if (r.pool == pool_id)
+      throw invalid_argument(
+          fmt::format("refpool: refpool_allocator_release_pool: requests of device {} are still routed to {}",
+                      r.device, name_of(pool_id)));
+  (void)device;  // PyTorch names the capture's device; the pool's uses span every device
+  if (found->second.uses > 0) found->second.uses -= 1;  // at 0 freeable: drop_freeable frees it
+}
+
+std::size_t private_pools::drop_freeable() {
+  std::vector<std::shared_ptr<alloc_cache>> freed;  // destroyed outside the lock: they free idle memory
   {
     std::lock_guard guard(mutex_);
-    auto found = pools_.find(pool_id);
-    if (found == pools_.end()) return;
-    for (const active_route& r : active_)
-      if (r.pool == pool_id)
-        throw invalid_argument(
-            fmt::format("refpool: refpool_allocator_release_pool: requests of device {} are still routed to {}",
-                        r.device, name_of(pool_id)));
-    (void)device;  // PyTorch names the capture's device; the pool's uses span every device
-    if (--found->second.uses > 0) return;
-    last = std::move(found->second.cache);
-    pools_.erase(found);
+    for (auto it = pools_.begin(); it != pools_.end();) {
+      const bool routed = std::any_of(active_.begin(), active_.end(),
+                                      [&](const active_route& r) { return r.pool == it->first; });
+      if (it->second.uses > 0 || routed) {
+        ++it;
+        continue;
+      }
+      freed.push_back(std::move(it->second.cache));
+      it = pools_.erase(it);
+    }
   }
+  return freed.size();
 }
 
 private_pools::target private_pools::route(int device, void* stream) {

@@ -36,8 +36,13 @@ class private_pools {
              const cache_options& options, const backend_maker& make_backend);
   /// refpool_allocator_end_pool; invalid_argument if no such route is in force.
   void end(int device, id pool);
-  /// refpool_allocator_release_pool; invalid_argument while a route to the pool remains.
+  /// refpool_allocator_release_pool: one use fewer; at none the pool is freeable, its memory kept
+  /// (a graph captured later may still use a buffer it freed, as with PyTorch's allocator) until
+  /// drop_freeable. invalid_argument while a route to the pool remains.
   void release(int device, id pool);
+  /// Drops the freeable pools (no use, no route): their idle memory goes back, and buffers still
+  /// held go when freed. Returns how many were dropped.
+  std::size_t drop_freeable();
 
   /// True while a route is in force (relaxed: a request racing a begin may miss the new route,
   /// as a request made just before it would).

@@ -179,6 +179,8 @@ def test_pools_limit_and_empty_cache_from_python():
         result["main_idle"] = refpool.allocator.stats()["idle_bytes"]
         result["pool_idle"] = refpool.allocator.pool_stats((5, 0))["idle_bytes"]
         lib.call("refpool_allocator_release_pool", 0, t.PoolId(5, 0))
+        result["ids_released"] = refpool.allocator.pool_ids()  # freeable, until empty_cache
+        refpool.allocator.empty_cache()
         result["ids_after"] = refpool.allocator.pool_ids()
         refpool.allocator.set_device_limit(0, 8192)
         try:
@@ -190,7 +192,7 @@ def test_pools_limit_and_empty_cache_from_python():
         print(json.dumps(result))
     """)
     assert result == {"ids": [[5, 0]], "pool_live": 4096, "main_live": 4096, "main_idle": 0, "pool_idle": 4096,
-                      "ids_after": [], "refused": True}, result
+                      "ids_released": [[5, 0]], "ids_after": [], "refused": True}, result
 
 
 def test_cupy_s_hook_raises_the_library_s_error_for_a_failed_request():
