@@ -106,7 +106,10 @@ std::size_t private_pools::drop_freeable() {
 
 private_pools::target private_pools::route(int device, void* stream) {
   std::lock_guard guard(mutex_);
-  for (const active_route& r : active_) {
+  // The latest route first (LIFO, as PyTorch's allocator): nested use_mem_pool blocks on one thread
+  // accept the same requests, and the innermost takes them.
+  for (auto it = active_.rbegin(); it != active_.rend(); ++it) {
+    const active_route& r = *it;
     if (r.device != device || r.filter(r.context, stream) == 0) continue;
     pool& p = pools_.at(r.pool);
     return {p.cache, p.backends.at(device)};

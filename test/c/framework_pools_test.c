@@ -130,6 +130,30 @@ static void test_pool_misuse(void) {
   EXPECT(refpool_allocator_pool_ids(NULL, 0, NULL), REFPOOL_ERROR_INVALID_ARGUMENT);
 }
 
+static void test_nested_routes(void) {
+  /* Nested use_mem_pool on one thread (PyTorch's test_nested_mempool): every route accepts the
+   * request; the latest begun takes it, and the outer one again once the inner ends. */
+  const refpool_pool_id outer = {11, 0};
+  const refpool_pool_id inner = {12, 0};
+  void* const* context = &capturing;
+  OK(refpool_allocator_begin_pool(0, outer, captures, (void*)context, NULL));
+  void* a = alloc(4096, capturing);
+  OK(refpool_allocator_begin_pool(0, inner, captures, (void*)context, NULL));
+  void* b = alloc(4096, capturing);
+  OK(refpool_allocator_end_pool(0, inner));
+  void* c = alloc(4096, capturing);
+  OK(refpool_allocator_end_pool(0, outer));
+  CHECK(pool_stat(outer, "live_bytes") == 8192);
+  CHECK(pool_stat(inner, "live_bytes") == 4096);
+  OK(refpool_free(a));
+  OK(refpool_free(b));
+  OK(refpool_free(c));
+  OK(refpool_allocator_release_pool(0, outer));
+  OK(refpool_allocator_release_pool(0, inner));
+  OK(refpool_allocator_empty_cache());
+  CHECK(live_pools() == 0);
+}
+
 static void test_device_limit(refpool_cache main_cache) {
   const refpool_pool_id pool = {9, 0};
   void* const* context = &capturing;
@@ -190,6 +214,7 @@ int main(void) {
   OK(refpool_allocator_cache(&main_cache));
   test_capture_into_a_pool(main_cache);
   test_pool_misuse();
+  test_nested_routes();
   test_device_limit(main_cache);
   test_record_stream_by_pointer();
   OK(refpool_allocator_empty_cache());
