@@ -122,6 +122,43 @@ TEST_CASE("emptying the cache while a capture runs keeps what needs a wait, unti
   CHECK(fake().violations().empty());
 }
 
+TEST_CASE("running out of memory during a capture drops no released pool: the capture may use its freed memory",
+          "[hip-7]") {
+  // test_graph_capture_reset_recapture again, but the second capture runs out of memory after b
+  // was freed into the first graph's released pool. PyTorch's allocator frees released graph
+  // pools only while no capture is underway; dropping the pool here unmaps b at the route's end,
+  // and the second graph's replay writes unmapped memory.
+  app_stream s;
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  fake().clear_violations();
+  void* a = allocate(4000, s);
+  void* b = capture_additions(s, {5, 1}, a, false);
+  REQUIRE(refpool_allocator_release_pool(0, {5, 1}) == REFPOOL_OK);
+  hipStream_t captured = s.handle;
+  REQUIRE(refpool_allocator_begin_pool(0, {6, 1}, same_stream, &captured, nullptr) == REFPOOL_OK);
+  s.begin_capture(hipStreamCaptureModeGlobal);
+  void* c = allocate(4000, s);
+  REQUIRE(refpool_free(b) == REFPOOL_OK);  // the graph being captured used b: its replay writes it
+  fake().clear_calls();
+  REQUIRE(refpool_allocator_set_device_limit(0, fake().device_bytes_in_use(0)) == REFPOOL_OK);
+  void* refused = nullptr;
+  CHECK(refpool_allocator_alloc(std::size_t{16} << 20, 0, s.handle, &refused) == REFPOOL_ERROR_OUT_OF_MEMORY);
+  REQUIRE(refpool_allocator_set_device_limit(0, SIZE_MAX) == REFPOOL_OK);
+  refpool_cache first_pool{};
+  CHECK(refpool_allocator_pool_cache({5, 1}, &first_pool) == REFPOOL_OK);  // the released pool keeps b's memory
+  if (first_pool.id != 0) REQUIRE(refpool_cache_destroy(first_pool) == REFPOOL_OK);
+  CHECK(s.end_capture() == hipSuccess);
+  REQUIRE(refpool_allocator_end_pool(0, {6, 1}) == REFPOOL_OK);
+  CHECK(fake_hip::count_calls(fake().calls(), "hipMemUnmap") == 0);
+  CHECK(fake().violations().empty());
+  REQUIRE(refpool_free(c) == REFPOOL_OK);
+  REQUIRE(refpool_free(a) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_release_pool(0, {6, 1}) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);  // no capture now: both pools go
+  CHECK(live_pools() == 0);
+  CHECK(fake().device_bytes_in_use(0) == 0);
+}
+
 TEST_CASE("an end that matches no route is refused and ends no announced capture", "[hip-7]") {
   app_stream s;
   app_stream other;
