@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <thread>
@@ -59,6 +60,28 @@ void make_idle(const app_stream& stream) {
   void* idle = allocate(std::size_t{8} << 20, stream);
   REQUIRE(refpool_free(idle) == REFPOOL_OK);
 }
+
+// A capture begun by another thread while refpool is about to wait for the device: the fake's
+// hook on hipDeviceSynchronize starts it, and lets the wait go on once it has begun, or after half
+// a second (refpool may hold the capture's announcement off until its wait is over).
+namespace capture_during_wait {
+std::atomic<bool> armed{false};
+std::atomic<bool> begun{false};
+std::atomic<int> failures{0};
+hipStream_t stream = nullptr;
+std::thread capturer;
+void begin_from_another_thread() {
+  if (!armed.exchange(false)) return;
+  capturer = std::thread([] {  // no Catch2 macro here: Catch2 2 is not thread-safe
+    static hipStream_t captured = stream;
+    if (refpool_allocator_begin_pool(0, {300, 1}, same_stream, &captured, nullptr) != REFPOOL_OK) ++failures;
+    const auto begin_capture = fake_hip::symbol<decltype(::hipStreamBeginCapture)>("hipStreamBeginCapture");
+    if (begin_capture(stream, hipStreamCaptureModeGlobal) != hipSuccess) ++failures;
+    begun = true;
+  });
+  for (int waited = 0; waited < 500 && !begun; ++waited) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+}  // namespace capture_during_wait
 
 }  // namespace
 
@@ -179,8 +202,7 @@ TEST_CASE("an end that matches no route is refused and ends no announced capture
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("a refused begin announces no capture: memory given back after the route waits for the device",
-          "[hip-7]") {
+TEST_CASE("a refused begin announces no capture: memory given back after the route waits for the device", "[hip-7]") {
   app_stream s;
   hipStream_t captured = s.handle;
   REQUIRE(refpool_allocator_begin_pool(0, {9, 1}, same_stream, &captured, nullptr) == REFPOOL_OK);
@@ -243,5 +265,30 @@ TEST_CASE("captures begun and ended on one thread while another empties the cach
   CHECK(fake().violations().empty());
   REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
   CHECK(live_pools() == 0);
+  CHECK(fake().device_bytes_in_use(0) == 0);
+}
+
+TEST_CASE("a capture announced while refpool waits for the device is not broken by that wait", "[hip-7]") {
+  // PyTorch's allocator holds its lock over its device-wide waits and over beginAllocateToPool, so
+  // no capture begins between its check and its wait. Here empty_cache finds no capture announced
+  // and is about to wait for the device when another thread begins a route and its capture.
+  namespace race = capture_during_wait;
+  app_stream s;
+  app_stream other;
+  make_idle(other);
+  fake().clear_violations();
+  race::stream = s.handle;
+  race::armed = true;
+  fake().before_calls("hipDeviceSynchronize", race::begin_from_another_thread);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  fake().before_calls("hipDeviceSynchronize", nullptr);
+  REQUIRE(race::capturer.joinable());
+  race::capturer.join();
+  CHECK(race::failures == 0);
+  CHECK(s.end_capture() == hipSuccess);
+  CHECK(fake().violations().empty());
+  REQUIRE(refpool_allocator_end_pool(0, {300, 1}) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_release_pool(0, {300, 1}) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
   CHECK(fake().device_bytes_in_use(0) == 0);
 }
