@@ -196,6 +196,33 @@ static void test_released_pool_kept_while_routed(void) {
   OK(refpool_allocator_set_device_limit(0, SIZE_MAX));
 }
 
+/* A released pool begun again (a graph captured into g.pool() after g.reset()) is in use again:
+ * empty_cache leaves it and its memory, which the new capture reuses. */
+static void test_released_pool_revived(void) {
+  const refpool_pool_id pool = {13, 0};
+  void* const* context = &capturing;
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  void* first = alloc(8 * 1024, capturing);
+  OK(refpool_free(first));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool)); /* freeable */
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  CHECK(live_pools() == 1);
+  CHECK(pool_stat(pool, "idle_bytes") == 8 * 1024);
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  void* again = alloc(8 * 1024, capturing);
+  CHECK(again == first);
+  OK(refpool_free(again));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool));
+  CHECK(live_pools() == 1); /* three begins, two releases: in use still */
+  OK(refpool_allocator_release_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  CHECK(live_pools() == 0);
+}
+
 static void test_record_stream_by_pointer(void) {
   void* a = alloc(1024, other);
   OK(refpool_allocator_record_stream(a, capturing));
@@ -221,6 +248,7 @@ int main(void) {
   test_pool_misuse();
   test_device_limit(main_cache);
   test_released_pool_kept_while_routed();
+  test_released_pool_revived();
   test_record_stream_by_pointer();
   OK(refpool_allocator_empty_cache());
   CHECK(stat(main_cache, "live_bytes") == 0 && stat(main_cache, "held_bytes") == 0);
