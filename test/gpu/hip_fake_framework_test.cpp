@@ -209,6 +209,9 @@ TEST_CASE("a refused begin announces no capture: memory given back after the rou
   CHECK(refpool_allocator_begin_pool(0, {9, 1}, same_stream, &captured, nullptr) == REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(refpool_allocator_begin_pool(0, {9, 2}, nullptr, &captured, nullptr) == REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(refpool_allocator_begin_pool(0, {0, 0}, same_stream, &captured, nullptr) == REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(refpool_allocator_begin_pool(64, {9, 3}, same_stream, &captured, nullptr) == REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(refpool_allocator_begin_pool(-1, {9, 3}, same_stream, &captured, nullptr) == REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(refpool_allocator_end_pool(64, {9, 3}) == REFPOOL_ERROR_INVALID_ARGUMENT);
   REQUIRE(refpool_allocator_end_pool(0, {9, 1}) == REFPOOL_OK);
   REQUIRE(refpool_allocator_release_pool(0, {9, 1}) == REFPOOL_OK);
   make_idle(s);
