@@ -546,7 +546,8 @@ REFPOOL_C_API refpool_status refpool_allocator_end_pool(int device, refpool_pool
 
 /// Gives back one use of `pool`. At the last one the pool is freeable: it keeps its memory, also
 /// what its buffers still held give back when freed, until refpool_allocator_empty_cache or until a
-/// request of the framework allocator runs out of memory; then its idle memory goes back to the
+/// request of the framework allocator runs out of memory, either made while no route to a private
+/// pool is in force (a capture may use that memory); then its idle memory goes back to the
 /// driver, and buffers still held go when freed. PyTorch's allocator keeps a released graph pool's
 /// blocks the same way, and graphs rely on it: a graph captured later may still use a buffer the
 /// pool freed during the capture. A pool never begun, or released already, is ignored (PyTorch

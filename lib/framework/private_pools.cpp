@@ -90,10 +90,12 @@ std::size_t private_pools::drop_freeable() {
   std::vector<std::shared_ptr<alloc_cache>> freed;  // destroyed outside the lock: they free idle memory
   {
     std::lock_guard guard(mutex_);
+    // While a route is in force a graph may be captured, and it may use memory a released pool
+    // got back during the capture (a freed graph output): PyTorch's allocator frees released
+    // pools only while no capture is underway.
+    if (!active_.empty()) return 0;
     for (auto it = pools_.begin(); it != pools_.end();) {
-      const bool routed = std::any_of(active_.begin(), active_.end(),
-                                      [&](const active_route& r) { return r.pool == it->first; });
-      if (it->second.uses > 0 || routed) {
+      if (it->second.uses > 0) {
         ++it;
         continue;
       }

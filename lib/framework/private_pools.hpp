@@ -40,8 +40,9 @@ class private_pools {
   /// (a graph captured later may still use a buffer it freed, as with PyTorch's allocator) until
   /// drop_freeable. invalid_argument while a route to the pool remains.
   void release(int device, id pool);
-  /// Drops the freeable pools (no use, no route): their idle memory goes back, and buffers still
-  /// held go when freed. Returns how many were dropped.
+  /// Drops the freeable pools (no use): their idle memory goes back, and buffers still held go
+  /// when freed. None while any route is in force (a capture may use their freed memory). Returns
+  /// how many were dropped.
   std::size_t drop_freeable();
 
   /// True while a route is in force (relaxed: a request racing a begin may miss the new route,

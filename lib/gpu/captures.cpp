@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
-#include <mutex>
 #include <new>
 #include <vector>
 
@@ -14,55 +12,59 @@ namespace {
 // Devices 0 to 63, as the framework allocator's; others are never announced.
 constexpr std::size_t counted_devices = 64;
 
-struct announced_captures {
-  std::array<std::atomic<int>, counted_devices> counts{};  // lowered under `mutex`
-  std::mutex mutex;
-  std::array<std::vector<kept_for_capture*>, counted_devices> kept;  // under `mutex`
+struct device_captures {
+  std::mutex mutex;  // held by a device_wait: a capture is not announced during the wait
+  int count = 0;
+  std::vector<kept_for_capture*> kept;
 };
-announced_captures& state() {
-  static auto* instance = new announced_captures;  // leaked: frees may come from static destructors
+std::array<device_captures, counted_devices>& devices() {
+  static auto* instance =
+      new std::array<device_captures, counted_devices>;  // leaked: frees may come from static destructors
   return *instance;
 }
 
-bool counted(int device) noexcept { return device >= 0 && static_cast<std::size_t>(device) < counted_devices; }
+device_captures* counted(int device) noexcept {
+  return device >= 0 && static_cast<std::size_t>(device) < counted_devices
+             ? &devices()[static_cast<std::size_t>(device)]
+             : nullptr;
+}
 }  // namespace
 
 void capture_announced(int device) noexcept {
-  if (counted(device)) state().counts[static_cast<std::size_t>(device)].fetch_add(1, std::memory_order_acq_rel);
+  if (device_captures* d = counted(device)) {
+    std::lock_guard lock(d->mutex);
+    d->count += 1;
+  }
 }
 
 void capture_over(int device) noexcept {
-  if (!counted(device)) return;
-  announced_captures& s = state();
-  const auto at = static_cast<std::size_t>(device);
+  device_captures* d = counted(device);
+  if (d == nullptr) return;
   std::vector<kept_for_capture*> due;
   {
-    // Lowered under the lock settle_later checks under: memory kept for a capture is never
+    // Lowered under the lock device_wait registers under: memory kept for a capture is never
     // registered after the last capture_over has looked.
-    std::lock_guard lock(s.mutex);
-    if (s.counts[at].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    due.swap(s.kept[at]);
+    std::lock_guard lock(d->mutex);
+    if (d->count == 0 || --d->count != 0) return;  // (never below 0)
+    due.swap(d->kept);
   }
   for (kept_for_capture* k : due) k->settle();
 }
 
-bool capture_may_run(int device) noexcept {
-  return counted(device) && state().counts[static_cast<std::size_t>(device)].load(std::memory_order_acquire) > 0;
-}
-
-bool settle_later(int device, kept_for_capture& kept) noexcept {
-  if (!counted(device)) return false;
-  announced_captures& s = state();
-  const auto at = static_cast<std::size_t>(device);
-  std::lock_guard lock(s.mutex);
-  if (s.counts[at].load(std::memory_order_acquire) == 0) return false;
-  auto& list = s.kept[at];
-  if (std::find(list.begin(), list.end(), &kept) == list.end()) {
+device_wait permit_device_wait(int device, kept_for_capture* kept) noexcept {
+  device_wait wait;
+  device_captures* d = counted(device);
+  if (d == nullptr) return wait;
+  wait.captures_held_off_ = std::unique_lock(d->mutex);
+  if (d->count == 0) return wait;
+  wait.allowed_ = false;
+  if (kept != nullptr && std::find(d->kept.begin(), d->kept.end(), kept) == d->kept.end()) {
     try {
-      list.push_back(&kept);
+      d->kept.push_back(kept);
     } catch (const std::bad_alloc&) {}  // kept until a later give_back waits for the device
   }
-  return true;
+  wait.captures_held_off_.unlock();
+  return wait;
 }
 
 }  // namespace refpool::detail::gpu

@@ -80,7 +80,8 @@ class gpu_resource final : public resource {
   // Waits for every stream of the device (the cache's wait for bytes whose last streams it no
   // longer knows: docs/design.md, "Segments").
   void synchronize() override {
-    if (capture_may_run(device_))  // the wait would fail and break the capture: the caller keeps the memory
+    const device_wait wait = permit_device_wait(device_, nullptr);
+    if (!wait)  // the wait would fail and break the capture: the caller keeps the memory
       throw stream_order_unavailable(
           fmt::format("refpool: cannot wait for device {} while a graph capture may run on it", device_),
           capture_unsupported);

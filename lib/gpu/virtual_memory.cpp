@@ -186,7 +186,8 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
       for (; it != pieces_.end() && it->first + it->second.bytes <= end; ++it)
         it->second.stale = it->second.unwaited = true;
     };
-    if (settle_later(device_, *this)) return keep_unwaited();  // the wait itself would break the capture
+    const device_wait wait = permit_device_wait(device_, this);
+    if (!wait) return keep_unwaited();  // the wait itself would break the capture
     try {
       device_guard guard(api_, device_);
       if (!wait_for_device()) return keep_unwaited();
@@ -200,7 +201,8 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
   // The pieces kept while announced captures ran go once the last is over (gpu/captures.hpp).
   void settle() noexcept override {
     std::lock_guard lock(mutex_);
-    if (settle_later(device_, *this)) return;  // another capture began meanwhile
+    const device_wait wait = permit_device_wait(device_, this);
+    if (!wait) return;  // another capture began meanwhile
     try {
       device_guard guard(api_, device_);
       if (wait_for_device()) give_back_kept();
@@ -271,7 +273,8 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
       }
       device_guard guard(api_, device_);
       if (it->second.unwaited) {  // kept because the wait before unmapping failed: wait now
-        if (capture_may_run(device_))
+        const device_wait wait = permit_device_wait(device_, nullptr);
+        if (!wait)
           throw stream_order_unavailable(
               fmt::format("refpool: cannot commit {:#x} on device {} now: its last memory still waits to be "
                           "unmapped, and waiting for the device would break a graph capture",

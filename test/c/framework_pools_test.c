@@ -191,6 +191,62 @@ static void test_device_limit(refpool_cache main_cache) {
   OK(refpool_free(b));
 }
 
+/* While any route is in force a capture may run and use memory a released pool got back during it:
+ * neither empty_cache nor a request out of memory drops the released pool then (PyTorch frees
+ * released pools only while no capture is underway), and the request's own error is returned. */
+static void test_released_pool_kept_while_routed(void) {
+  const refpool_pool_id released = {11, 0};
+  const refpool_pool_id routed = {12, 0};
+  void* const* context = &capturing;
+  OK(refpool_allocator_empty_cache());
+  OK(refpool_allocator_begin_pool(0, released, captures, (void*)context, NULL));
+  void* freed_later = alloc(16 * 1024, capturing);
+  OK(refpool_allocator_end_pool(0, released));
+  OK(refpool_allocator_release_pool(0, released));
+  OK(refpool_allocator_begin_pool(0, routed, captures, (void*)context, NULL));
+  OK(refpool_free(freed_later)); /* "during the capture": back to the released pool */
+  OK(refpool_allocator_empty_cache());
+  CHECK(live_pools() == 2);
+  OK(refpool_allocator_set_device_limit(0, 16 * 1024));
+  void* refused = &refused;
+  EXPECT(refpool_allocator_alloc(8 * 1024, 0, capturing, &refused), REFPOOL_ERROR_OUT_OF_MEMORY);
+  CHECK(strstr(refpool_last_error(), "private pool (12, 0)") != NULL); /* the request's own error */
+  CHECK(live_pools() == 2);
+  OK(refpool_allocator_end_pool(0, routed));
+  OK(refpool_allocator_release_pool(0, routed));
+  void* after = alloc(8 * 1024, other); /* no route now: out of memory drops both, then fits */
+  CHECK(live_pools() == 0);
+  OK(refpool_free(after));
+  OK(refpool_allocator_set_device_limit(0, SIZE_MAX));
+}
+
+/* A released pool begun again (a graph captured into g.pool() after g.reset()) is in use again:
+ * empty_cache leaves it and its memory, which the new capture reuses. */
+static void test_released_pool_revived(void) {
+  const refpool_pool_id pool = {13, 0};
+  void* const* context = &capturing;
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  void* first = alloc(8 * 1024, capturing);
+  OK(refpool_free(first));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool)); /* freeable */
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  CHECK(live_pools() == 1);
+  CHECK(pool_stat(pool, "idle_bytes") == 8 * 1024);
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+  void* again = alloc(8 * 1024, capturing);
+  CHECK(again == first);
+  OK(refpool_free(again));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool));
+  CHECK(live_pools() == 1); /* three begins, two releases: in use still */
+  OK(refpool_allocator_release_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  CHECK(live_pools() == 0);
+}
+
 static void test_record_stream_by_pointer(void) {
   void* a = alloc(1024, other);
   OK(refpool_allocator_record_stream(a, capturing));
@@ -216,6 +272,8 @@ int main(void) {
   test_pool_misuse();
   test_nested_routes();
   test_device_limit(main_cache);
+  test_released_pool_kept_while_routed();
+  test_released_pool_revived();
   test_record_stream_by_pointer();
   OK(refpool_allocator_empty_cache());
   CHECK(stat(main_cache, "live_bytes") == 0 && stat(main_cache, "held_bytes") == 0);

@@ -175,10 +175,30 @@ void violation(runtime_state& s, std::string text) {
 
 stream_object* as_stream(hipStream_t stream) { return reinterpret_cast<stream_object*>(stream); }
 
+// control::before_calls: a hook run at the start of one entry point's calls, outside the lock.
+struct call_hook {
+  std::mutex mutex;
+  std::string name;
+  void (*hook)() = nullptr;
+};
+call_hook& before_calls() {
+  static auto* hook = new call_hook;
+  return *hook;
+}
+runtime_state& state_after_hook(const char* name) {
+  void (*hook)() = nullptr;
+  {
+    std::lock_guard lock(before_calls().mutex);
+    if (before_calls().name == name) hook = before_calls().hook;
+  }
+  if (hook != nullptr) hook();
+  return state();
+}
+
 // One entry point's call: holds the lock, and records the call and its result on the way out.
 class entry {
  public:
-  explicit entry(const char* name) : s(state()), lock_(s.mutex), name_(name) {
+  explicit entry(const char* name) : s(state_after_hook(name)), lock_(s.mutex), name_(name) {
     if (s.torn_down) violation(s, std::string(name_) + " called after the runtime was torn down at exit");
   }
   // Records the call; sets the last error as the runtime does (sticky from HIP 7: only failures).
@@ -353,6 +373,11 @@ FAKE_API const fake_hip::control* refpool_fake_hip_control() {
       [](const char* name, int error, int count) {
         std::lock_guard lock(state().mutex);
         state().faults[name] = {static_cast<hipError_t>(error), count};
+      },
+      [](const char* name, void (*hook)()) {
+        std::lock_guard lock(before_calls().mutex);
+        before_calls().name = hook != nullptr ? name : "";
+        before_calls().hook = hook;
       },
   };
   return &instance;

@@ -30,6 +30,10 @@ struct control {
   /// Makes the next `count` calls of entry point `name` ("hipMemMap") return `error` (a
   /// hipError_t) and do nothing else; a count of 0 ends it. For failure tests of every call.
   void (*fail_calls)(const char* name, int error, int count);
+  /// Runs `hook` on the calling thread at the start of every call of entry point `name`, before
+  /// the call looks at the runtime's state (so another thread may change it meanwhile); a null
+  /// hook ends it. For tests of what happens between refpool's check and its call.
+  void (*before_calls)(const char* name, void (*hook)());
 };
 
 }  // namespace fake_hip
