@@ -315,14 +315,18 @@ def test_mem_pool_under_install_is_a_refpool_private_pool():
         in_refpool = pool.id in refpool.allocator.pool_ids()
         del pool
         gc.collect()
+        freeable = len(refpool.allocator.pool_ids())  # released, kept until empty_cache (as PyTorch's)
+        value = float(inside.sum())  # outlives its MemPool
+        torch.cuda.empty_cache()
         print(json.dumps({"uses": uses, "in_pool": in_pool, "inside": inside.data_ptr(), "outside": outside.data_ptr(),
-                          "in_refpool": in_refpool, "value": float(inside.sum()),  # outlives its MemPool
+                          "in_refpool": in_refpool, "value": value, "freeable": freeable,
                           "pools_left": len(refpool.allocator.pool_ids())}))
     """)
     assert result["uses"] == [1, 2, 1]
     assert result["in_pool"] == [result["inside"]] and result["outside"] not in result["in_pool"]
     assert result["in_refpool"] and result["value"] == 3.0 * (1 << 20)
-    assert result["pools_left"] == 0  # released with the MemPool; its tensor goes back to refpool when freed
+    assert result["freeable"] == 1  # released with the MemPool, kept until empty_cache
+    assert result["pools_left"] == 0  # dropped by empty_cache; its tensor goes back to refpool when freed
 
 
 def test_out_of_memory_is_torchs_out_of_memory_error_with_refpools_message():
@@ -406,6 +410,8 @@ GRAPH = """
               "kept_after_empty_cache": kept_after_empty_cache, "hooked": refpool.torch.hooked()}
     del g1, g2, g3, static_out, static_small_out, own_pool_out
     gc.collect()
+    result["pools_freeable"] = len(refpool.allocator.pool_ids())  # kept until empty_cache, as PyTorch's
+    torch.cuda.empty_cache()
     result["pools_after_release"] = len(refpool.allocator.pool_ids())
     print(json.dumps(result))
 """
@@ -424,7 +430,8 @@ def test_cuda_graphs_replay_bitwise_and_share_a_pool(segments):
     if segments == "auto":
         assert result["after_g2"] - result["after_g1"] < result["own_pool"], result
     assert result["after_g1"] > 0 and result["kept_after_empty_cache"]
-    assert result["pools_after_release"] == 0  # the graphs gone, their pools went
+    assert result["pools_freeable"] == 2  # the graphs gone, their pools freeable
+    assert result["pools_after_release"] == 0  # and gone at empty_cache
 
 
 def test_make_graphed_callables_trains_bitwise_like_eager():
