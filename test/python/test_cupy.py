@@ -104,7 +104,7 @@ def test_a_cupy_array_keeps_a_closed_buffer_alive():
         cp.asarray(other)[...] = 1
         reused, total = other.ptr == address, float(a.sum())
         other.close()
-        del a, b
+        del a, b, other  # other's __cuda_array_interface__ reference goes with the object
         gc.collect()
         print(json.dumps({"reused": reused, "sum": total, "live": cache.stats()["live_blocks"]}))
     """)

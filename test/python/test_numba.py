@@ -76,7 +76,9 @@ KERNEL_LOOP = with_alias("""
 def check(result):
     assert result["manager"] == "RefpoolNumbaManager"
     assert result["correct"]
-    assert result["driver"][3:] == [result["driver"][3]] * 5, result["driver"]
+    # Steps 0-2 record the three sizes, steps 3-5 replay each for the first time (a plan's arena is
+    # placed in the segment heap at its first replay, which may grow it once); no driver call after.
+    assert result["driver"][5:] == [result["driver"][5]] * 3, result["driver"]
     free, total = result["memory_info"]
     assert 0 < free <= total
     assert "IPC handles of refpool memory are not supported" in result["ipc"]
