@@ -1,6 +1,6 @@
-// Planned runs: serving a request (the inlined replay path), falling back to the plain cache, and
-// tracking what is not a region. The mode machine (a run's start, plan switches, divergence):
-// run_modes.cpp; what a run leaves behind at its end: run_end.cpp.
+// Planned runs: serving a request (the inlined replay path, then by the run's mode), falling back
+// to the plain cache, and tracking what is not a region. The mode machine (a run's start, plan
+// switches, divergence): run_modes.cpp; what a run leaves behind at its end: run_end.cpp.
 #include "plan/run.hpp"
 
 #include <utility>
@@ -75,6 +75,48 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
   } catch (...) {
     cursor_.advance(at);  // nothing was served: the next request takes this position again
     throw;
+  }
+}
+
+block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
+  if (mode_.now == mode::probe && lease != nullptr) {
+    // Does the key repeat again? Only the sizes are seen: nothing is tracked or matched.
+    recorder_.probed(bytes);  // asked for, served or not: probes that fail are no repeats of each other
+    block* b = cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream);
+    cursor_.advance(cursor_.position() + 1);
+    return b;
+  }
+  if (mode_.now != mode::finished) mode_.asked = true;
+  const backend_state& bs = backend;
+  const planned_request request{{&bs, bs.device(), bs.kind(), bs.alignment(), bytes}, stream};
+  const std::uint64_t at = cursor_.position();
+  if (mode_.now == mode::start) {
+    begin_with(request);
+  } else if (mode_.now == mode::replay && !cursor_.switch_to(candidates_, request, at)) {
+    diverge();
+  }
+  switch (mode_.now) {
+    case mode::replay: return replay_one(lease, backend, bytes, stream, at);
+    case mode::record: {
+      // A new sequence: served by the plain cache, as the default path would serve it (no
+      // driver call a request, no memory beside the cache's), and tracked, since it may become a
+      // plan at the end (the store keeps it pending until the sequence comes again).
+      recorder_.reserve();
+      block* b = fallback(lease, backend, bytes, stream);
+      track(b, request, at);  // only now that it succeeded: a request that threw is no part of it
+      cursor_.advance(at + 1);
+      return b;
+    }
+    case mode::probe:  // without a lease (not a step's or scope's request)
+    case mode::plain: {
+      if (lease == nullptr) recorder_.reserve();
+      if (mode_.now == mode::probe) recorder_.probed(bytes);
+      block* b = fallback(lease, backend, bytes, stream);
+      if (lease == nullptr) track(b, request, at);  // its escape is counted by the run
+      cursor_.advance(at + 1);
+      return b;
+    }
+    default: return fallback(lease, backend, bytes, stream);  // a step's late request after its end
   }
 }
 
