@@ -19,6 +19,9 @@ namespace refpool::detail {
 
 class replay_cursor {
  public:
+  /// `thread`: the thread that serves the run, whose regions it hands out (null for a step's run).
+  explicit replay_cursor(const void* thread) noexcept : thread_(thread) {}
+
   /// Requests served so far by the run (written by its serving thread).
   [[nodiscard]] std::uint64_t position() const noexcept { return position_.load(std::memory_order_relaxed); }
   /// The current plan's request at `at` (replay).
@@ -28,14 +31,18 @@ class replay_cursor {
   /// A release later than recorded blocked a region: the plan's lifetimes no longer hold.
   [[nodiscard]] bool stale() const noexcept { return stale_; }
 
-  void advance(std::uint64_t to) noexcept {
+  /// Inlined also where the replay path catches (a call there needs this cursor's address, which
+  /// the compiler then computes and keeps on the stack for every request).
+  [[gnu::always_inline]] void advance(std::uint64_t to) noexcept {
     position_.store(to, std::memory_order_relaxed);
     if (arena_ != nullptr) arena_->position.store(to, std::memory_order_relaxed);
   }
 
-  /// The region of the current plan at `at`, handed out to `thread`; null when a live handle can
-  /// still reach its bytes.
-  [[gnu::always_inline]] block* take_region(std::uint64_t at, stream_ref stream, const void* thread) {
+  /// The region of the current plan at `at`; null when a live handle can still reach its bytes.
+  /// `scan(at)` calls blocked(at) through the run (plan_run::blocked): a call here would need this
+  /// cursor's address, which the compiler then computes and keeps on the stack for every request.
+  template <class Scan>
+  [[gnu::always_inline]] block* take_region(std::uint64_t at, stream_ref stream, Scan scan) {
     plan& p = *current_;
     if (arena_->waits_pending()) [[unlikely]]
       arena_->wait_for_pending(stream);
@@ -46,19 +53,24 @@ class replay_cursor {
           overdue_.push_back(*d);
       due_processed_ = at + 1;
     }
-    region_state& st = p.state(at);
-    if ((st.state.load(std::memory_order_acquire) & region_state::live) != 0) [[unlikely]]
+    // p.state(at) twice, not a reference kept across scan: the compiler then keeps no pointer on
+    // the stack (one instruction a replayed request, callgrind).
+    if ((p.state(at).state.load(std::memory_order_acquire) & region_state::live) != 0) [[unlikely]]
       return nullptr;
     // Only an overdue region of this run or a live region of another can share bytes with this one:
     // every other live region was recorded alive together with it, and placed apart.
-    if ((!overdue_.empty() || !foreign_.empty()) && blocked(at)) [[unlikely]]
+    if ((!overdue_.empty() || !foreign_.empty()) && scan(at)) [[unlikely]]
       return nullptr;
     region_block& r = p.region_at(at);
-    r.thread = thread;
+    r.thread = thread_;
     r.refs.reset(1);
-    st.state.store(region_state::live_in(generation_), std::memory_order_relaxed);
+    p.state(at).state.store(region_state::live_in(generation_), std::memory_order_relaxed);
     return &r;
   }
+
+  /// An overdue region of this run or a live one of another run may share bytes with the region
+  /// at `at` (take_region's slow check). An overdue one makes the replay stale.
+  [[nodiscard]] bool blocked(std::uint64_t at);
 
   /// Replays `first` in `a`, which the run claimed and took: a new generation of the arena, and
   /// the regions other runs left live in it. Throws (no host memory) with the claim given up.
@@ -104,8 +116,7 @@ class replay_cursor {
     std::uint64_t to;
   };
 
-  [[nodiscard]] bool blocked(std::uint64_t at);
-
+  const void* const thread_;                ///< the serving thread of a scope's run; null for steps
   plan* current_ = nullptr;                 ///< replay: the plan matched so far
   arena* arena_ = nullptr;                  ///< its arena, claimed by this run until it ends
   std::uint64_t generation_ = 0;            ///< this run's number in arena_

@@ -17,9 +17,9 @@ plan_run::plan_run(cache_state& cache, plan_store& store, key_state* key, run_ki
       store_(store),
       key_(key),
       shared_(shared),
-      thread_(shared ? nullptr : this_thread_token()),
       mode_{kind == run_kind::probe ? mode::probe : mode::start, may_record},
-      candidates_(std::move(candidates)) {
+      candidates_(std::move(candidates)),
+      cursor_(shared ? nullptr : this_thread_token()) {
   for (plan* p : candidates_) p->retain();
   cache_.retain();  // until its end (finish)
 }
@@ -62,7 +62,7 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
                                                           stream_ref stream, std::uint64_t at) {
   cursor_.advance(at + 1);
   try {
-    if (block* b = cursor_.take_region(at, stream, thread_)) [[likely]] {
+    if (block* b = cursor_.take_region(at, stream, [this](std::uint64_t a) { return blocked(a); })) [[likely]] {
       hits.store(hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       return b;
     }
@@ -119,6 +119,8 @@ block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t byt
     default: return fallback(lease, backend, bytes, stream);  // a step's late request after its end
   }
 }
+
+bool plan_run::blocked(std::uint64_t at) { return cursor_.blocked(at); }
 
 block* plan_run::fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream) {
   return lease != nullptr ? cache_.acquire(*lease, backend, cache_.key_of(backend, bytes), bytes, stream)

@@ -77,6 +77,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
 
   block* serve(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
   block* replay_one(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream, std::uint64_t at);
+  [[gnu::noinline, gnu::cold]] bool blocked(std::uint64_t at);  // the cursor's take_region's slow check
   block* serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
   void begin_with(const planned_request& request);
   void diverge();
@@ -90,7 +91,6 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   key_state* key_ = nullptr;
   const bool shared_;
   serving_lock serving_;      // shared runs: one request (and the end) at a time
-  const void* const thread_;  ///< the serving thread of a scope's run; null for steps
 
   mode_state mode_;
   std::vector<plan*> candidates_;  ///< the key's plans at the start, most recently used first (retained)
