@@ -59,8 +59,7 @@ bool replay_cursor::blocked(std::uint64_t at) {
   return hit;
 }
 
-bool replay_cursor::switch_to(const std::vector<plan*>& candidates, const planned_request& request,
-                              std::uint64_t at) {
+bool replay_cursor::switch_to(const std::vector<plan*>& candidates, const planned_request& request, std::uint64_t at) {
   for (plan* c : candidates) {
     if (c == current_ || c->size() <= at || &c->memory() != arena_ || !(c->request(at) == request)) continue;
     if (!std::equal(c->requests().begin(), c->requests().begin() + static_cast<std::ptrdiff_t>(at),

@@ -79,8 +79,7 @@ class replay_cursor {
   /// that recorded the same requests up to `at` and then `request`, in the same arena. The regions
   /// this run holds of the plan it leaves become foreign (they may share bytes with the new one's).
   /// False when none does.
-  [[nodiscard]] bool switch_to(const std::vector<plan*>& candidates, const planned_request& request,
-                               std::uint64_t at);
+  [[nodiscard]] bool switch_to(const std::vector<plan*>& candidates, const planned_request& request, std::uint64_t at);
   /// Replay ends here: later positions are recorded.
   void stop() noexcept { replayed_to_ = position(); }
 

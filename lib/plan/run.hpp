@@ -69,10 +69,10 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   /// that its end reports to the store.
   struct mode_state {
     mode now = mode::start;
-    bool may_record = true;      ///< the key is not paused: a new sequence is recorded
-    bool busy = false;           ///< another run held the arena of the plan that matched
-    bool busy_other_key = false; ///< ... a run of another key
-    bool asked = false;          ///< a request came past the inlined replay (served or not)
+    bool may_record = true;       ///< the key is not paused: a new sequence is recorded
+    bool busy = false;            ///< another run held the arena of the plan that matched
+    bool busy_other_key = false;  ///< ... a run of another key
+    bool asked = false;           ///< a request came past the inlined replay (served or not)
   };
 
   block* serve(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
@@ -90,7 +90,7 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   plan_store& store_;
   key_state* key_ = nullptr;
   const bool shared_;
-  serving_lock serving_;      // shared runs: one request (and the end) at a time
+  serving_lock serving_;  // shared runs: one request (and the end) at a time
 
   mode_state mode_;
   std::vector<plan*> candidates_;  ///< the key's plans at the start, most recently used first (retained)

@@ -40,8 +40,8 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   if (was == mode::replay) cursor_.stop();
   const bool complete = was == mode::replay && end == cursor_.current()->size();
   if (was == mode::replay && !complete) misses.store(misses.load(std::memory_order_relaxed) + 1);  // a shorter run
-  const bool record = mode_.may_record && end != 0 &&
-                      (was == mode::record || (was == mode::replay && (!complete || cursor_.stale())));
+  const bool record =
+      mode_.may_record && end != 0 && (was == mode::record || (was == mode::replay && (!complete || cursor_.stale())));
   std::vector<lifetime> region_lifetimes;
   bool recordable = record;
   try {
