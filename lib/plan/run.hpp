@@ -3,6 +3,10 @@
 // its requests when none matches (or a late release made the plan stale); and falls back to the
 // plain cache for a request whose region a live handle can still reach.
 //
+// Its parts: where the replay stands (replay_cursor.hpp, the inlined path's state), what it
+// records of blocks that are not regions (recorder.hpp), and the mode machine (mode_state:
+// run_modes.cpp starts, switches and diverges; run_end.cpp ends).
+//
 // Threads. A scope's run is served by its scope's thread only: the replay path takes no lock and
 // makes no atomic read-modify-write. A step's run may be served by several threads at once: its
 // requests are matched one at a time under serving_, so an interleaving that differs from the
