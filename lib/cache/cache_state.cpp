@@ -193,17 +193,17 @@ void cache_state::end_step() noexcept {
 void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept {
   if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !idle_limit_.tracking()) {
     // The owner (or an intruder) drains it; the block is idle from the next look at the slot.
-    b->handed_off_unsafe = via_unsafe_free;
+    b->hand_off.unsafe = via_unsafe_free;
     // Steps end without draining hand-off lists: whether this release came before its step's end
     // is known only now (ambient slots' epochs are the cache's step epochs).
-    b->handed_off_in_epoch = b->epoch == step_epoch_.load(std::memory_order_relaxed);
+    b->hand_off.in_epoch = b->epoch == step_epoch_.load(std::memory_order_relaxed);
     block* head = s.handed_off.load(std::memory_order_relaxed);
     do {
       if (head == orphaned_marker) {
         release_orphaned(s, b);
         return;
       }
-      b->next_handed_off = head;
+      b->hand_off.next = head;
     } while (!s.handed_off.compare_exchange_weak(head, b, std::memory_order_release, std::memory_order_relaxed));
     return;
   }

@@ -62,7 +62,7 @@ REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) n
   const bool fast = s.lock.owner_enter();
   const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;
   if (done) [[likely]] {
-    b->idle_since = clock_.load(std::memory_order_relaxed);
+    b->idle_at.tick = clock_.load(std::memory_order_relaxed);
     release_in_slot(s, b, via_unsafe_free);
   }
   s.lock.owner_leave(fast);
