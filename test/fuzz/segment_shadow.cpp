@@ -334,7 +334,7 @@ void segment_shadow::add_totals() const {
   totals.cross_stream += st.cross_stream_reuses;
   totals.plan_recordings += st.plan_recordings;
   totals.plan_hits += st.plan_hits;
-  const rp::detail::segment_heap_stats spans = rp::detail::access::state(*cache_).spans().span_events();
+  const rp::detail::segment_heap_events spans = rp::detail::access::state(*cache_).spans().span_events();
   totals.span_yields += spans.span_yields;
   totals.span_returns += spans.span_returns;
 }
