@@ -73,10 +73,10 @@ struct alignas(64) block : block_header {
   release_observer* observer = nullptr;  ///< planned runs: sees the release first
   std::uint32_t observer_index = 0;      ///< the observer's number for this block
   stream_ref last_stream;
-  std::uint64_t id = 0;              ///< cached: creation number; lower ids are handed out first
-  std::uint64_t epoch = 0;           ///< cached: its slot's epoch when handed out (escape counting)
-  block_idle_stamp idle_at;          ///< cached: when it last went idle
-  block_hand_off hand_off;           ///< its place in a slot's hand-off list (released on another thread)
+  std::uint64_t id = 0;      ///< cached: creation number; lower ids are handed out first
+  std::uint64_t epoch = 0;   ///< cached: its slot's epoch when handed out (escape counting)
+  block_idle_stamp idle_at;  ///< cached: when it last went idle
+  block_hand_off hand_off;   ///< its place in a slot's hand-off list (released on another thread)
 
   /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.
   spinlock streams_lock;

@@ -40,7 +40,7 @@ REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stre
   block* b = nullptr;
   bucket* home = s.last_bucket;
   if (fast && s.handed_off.load(std::memory_order_relaxed) == nullptr && home != nullptr && home->key == key &&
-      !home->idle.empty() && (!s.ambient || s.epoch == step_epoch_.load(std::memory_order_relaxed)) &&
+      !home->idle.empty() && (!s.ambient || s.epoch == step_.epoch.load(std::memory_order_relaxed)) &&
       !idle_limit_.tracking()) [[likely]] {
     block* oldest = home->idle.back();
     if (oldest->last_stream == stream && oldest->extra_streams.empty()) [[likely]] {

@@ -324,7 +324,7 @@ std::size_t segment_source::take_back(block* taken) noexcept {
     delete b;
   }
   if (emptied) drop_empty_heaps();  // the heap (and its backend) need not wait for the state
-  return 0;  // stays in the heap until a trim
+  return 0;                         // stays in the heap until a trim
 }
 
 }  // namespace refpool::detail

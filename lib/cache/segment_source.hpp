@@ -130,7 +130,7 @@ class segment_source final : public block_source {
   std::mutex& mutex_;  // the cache's: guards heaps_ and dropped_heap_counts_
   reserved_counter& reserved_;
   std::vector<std::unique_ptr<cache_heap>> heaps_;  // one per backend with segments, made on its first miss
-  segment_heap_events dropped_heap_counts_;          // event counters of heaps dropped since
+  segment_heap_events dropped_heap_counts_;         // event counters of heaps dropped since
 };
 
 }  // namespace refpool::detail

@@ -45,7 +45,8 @@ segment_heap::~segment_heap() {
     fmt::print(stderr,
                "refpool: segment heap of {} destroyed with {} pieces ({} B) and {} spans ({} B placed) still out; "
                "their segments are left allocated\n",
-               backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned, spans_.records.size(), totals_.spanned);
+               backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned,
+               spans_.records.size(), totals_.spanned);
   // Whole free segments go back. Those holding pieces keep their memory, so that the pieces
   // stay valid (a caller bug, reported above); only their records go.
   for (std::size_t i = segments_.size(); i-- > 0;) {

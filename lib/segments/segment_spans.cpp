@@ -134,7 +134,8 @@ void segment_heap::give_back_span(segment_span* s, const stream_set& used_on) no
     --totals_.pieces_out;
     free_range(s->node, used_on);
   }
-  const auto it = std::find_if(spans_.records.begin(), spans_.records.end(), [&](const auto& p) { return p.get() == s; });
+  const auto it =
+      std::find_if(spans_.records.begin(), spans_.records.end(), [&](const auto& p) { return p.get() == s; });
   assert(it != spans_.records.end());
   spans_.records.erase(it);
 }

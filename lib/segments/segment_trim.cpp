@@ -117,7 +117,8 @@ void segment_heap::release_all() {
   if (totals_.pieces_out != 0 || !spans_.records.empty())
     throw invalid_argument(fmt::format(
         "refpool: cannot release the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
-        backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned, spans_.records.size(), totals_.spanned));
+        backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned, spans_.records.size(),
+        totals_.spanned));
   while (!segments_.empty()) release_segment(*segments_.back());
 }
 

@@ -108,7 +108,8 @@ void segment_heap::check() const {
         used += r->bytes;
         ++seg_pieces;
         if (r->span) {
-          const auto record = std::find_if(spans_.records.begin(), spans_.records.end(), [&](const auto& s) { return s->node == r; });
+          const auto record =
+              std::find_if(spans_.records.begin(), spans_.records.end(), [&](const auto& s) { return s->node == r; });
           if (record == spans_.records.end() || (*record)->home != r->address || (*record)->bytes != r->bytes)
             fail(fmt::format("segment {}: the span at {:#x} and its record disagree", seg.id, r->address));
           spanned += r->bytes;
@@ -129,12 +130,13 @@ void segment_heap::check() const {
   for (std::size_t i = 0; i < 2; ++i)
     if (pools_[i].free.size() != free_ranges[i])
       fail(fmt::format("pool {} indexes {} free ranges, segments have {}", i, pools_[i].free.size(), free_ranges[i]));
-  if (reserved != totals_.reserved || committed != totals_.committed || used != totals_.used || pieces != totals_.pieces_out ||
-      physical != totals_.physical || spanned != totals_.spanned)
-    fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces and spans {}/{}, physical {}/{}, "
-                     "in spans {}/{}",
-                     reserved, totals_.reserved, committed, totals_.committed, used, totals_.used, pieces, totals_.pieces_out,
-                     physical, totals_.physical, spanned, totals_.spanned));
+  if (reserved != totals_.reserved || committed != totals_.committed || used != totals_.used ||
+      pieces != totals_.pieces_out || physical != totals_.physical || spanned != totals_.spanned)
+    fail(
+        fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces and spans {}/{}, physical {}/{}, "
+                    "in spans {}/{}",
+                    reserved, totals_.reserved, committed, totals_.committed, used, totals_.used, pieces,
+                    totals_.pieces_out, physical, totals_.physical, spanned, totals_.spanned));
 }
 
 void segment_heap::check_spans(std::size_t span_ranges) const {

@@ -448,7 +448,7 @@ TEST_CASE("by default a huge request comes from the growable segment, and a free
   const auto logits = must_carve(heap, 300 * MiB);
   CHECK(logits.segment == small.segment);  // no segment of its own
   heap.give_back(logits, {});
-  const auto cache = must_carve(heap, 100 * MiB);       // lands in the freed bytes
+  const auto cache = must_carve(heap, 100 * MiB);        // lands in the freed bytes
   const auto next_logits = must_carve(heap, 310 * MiB);  // the rest of them, and what they lack
   CHECK(heap.stats().segments == 1);
   // 4 + 300 + 110 MiB (and the growth step's rounding), where segments of their own held
