@@ -59,7 +59,7 @@ class heap_allocator {
   void deallocate(handle& h) { heap_.give_back(h, refpool::stream_ref{}); }
   footprint measure() const {
     const auto st = heap_.stats();
-    return {st.committed_bytes, st.segments_made + st.grows};
+    return {st.committed_bytes, st.events.segments_made + st.events.grows};
   }
   const std::string& label() const { return label_; }
 

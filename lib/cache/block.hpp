@@ -44,6 +44,21 @@ class release_observer {
   ~release_observer() = default;
 };
 
+/// When a cached block last went idle: reclaim takes idle blocks least recently released first
+/// (reclaim_policy.hpp), ordered by tick, then by seq within a tick.
+struct block_idle_stamp {
+  std::uint64_t tick = 0;  ///< the cache clock then
+  std::uint64_t seq = 0;   ///< its slot's release count then
+};
+
+/// A block released on another thread than its slot's waits in the slot's hand-off list
+/// (slot::handed_off) until the slot's owner, or a thread holding the slot, drains it.
+struct block_hand_off {
+  block* next = nullptr;  ///< the next block of the list
+  bool unsafe = false;    ///< the release was an unsafe_free
+  bool in_epoch = false;  ///< the step it was handed out in was still open
+};
+
 // Cache-line aligned: blocks of different threads must not share a line (false sharing).
 struct alignas(64) block : block_header {
   /// The backend the memory came from. Direct and cached blocks hold one counted reference to
@@ -58,13 +73,10 @@ struct alignas(64) block : block_header {
   release_observer* observer = nullptr;  ///< planned runs: sees the release first
   std::uint32_t observer_index = 0;      ///< the observer's number for this block
   stream_ref last_stream;
-  std::uint64_t id = 0;              ///< cached: creation number; lower ids are handed out first
-  std::uint64_t epoch = 0;           ///< cached: its slot's epoch when handed out (escape counting)
-  std::uint64_t idle_since = 0;      ///< cached: cache clock when it went idle (least recently used first)
-  std::uint64_t idle_seq = 0;        ///< cached: its slot's release count then (orders within a tick)
-  block* next_handed_off = nullptr;  ///< link in a slot's hand-off list (released on another thread)
-  bool handed_off_unsafe = false;    ///< ... and whether that release was an unsafe_free
-  bool handed_off_in_epoch = false;  ///< ... and whether the step it was handed out in was still open
+  std::uint64_t id = 0;      ///< cached: creation number; lower ids are handed out first
+  std::uint64_t epoch = 0;   ///< cached: its slot's epoch when handed out (escape counting)
+  block_idle_stamp idle_at;  ///< cached: when it last went idle
+  block_hand_off hand_off;   ///< its place in a slot's hand-off list (released on another thread)
 
   /// Streams added by record_stream, waited for at cross-stream reuse. Rarely used.
   spinlock streams_lock;

@@ -26,7 +26,7 @@ block* cache_state::steal(slot& thief, const block_key& key, stream_ref stream, 
     owner_section section(thief.lock);  // nobody intrudes: every intruder needs mutex_
     reserve_for_one_more(thief.bucket_for(key));
   }
-  for (const auto& victim : slots_) {
+  for (const auto& victim : slots_.all) {
     if (victim.get() == &thief) continue;
     block* b = nullptr;
     intrude(*victim);

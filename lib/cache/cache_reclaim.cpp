@@ -38,7 +38,7 @@ cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
   taken_blocks taken;
   intrude_all();
   try {
-    for (const auto& s : slots_) {
+    for (const auto& s : slots_.all) {
       s->buckets.for_each([&](const bucket& bk) {
         if (!filter(bk.key)) return;
         for (block* b : bk.idle) policy.offer(b, s.get());
@@ -131,7 +131,8 @@ void cache_state::set_max_idle_bytes(std::size_t bytes) {
     // With every slot held, no idle count is in flight: start tracking from the exact sum.
     intrude_all();
     std::size_t idle = 0;
-    for (const auto& s : slots_) s->buckets.for_each([&](const bucket& bk) { idle += bk.idle.size() * bk.key.bytes; });
+    for (const auto& s : slots_.all)
+      s->buckets.for_each([&](const bucket& bk) { idle += bk.idle.size() * bk.key.bytes; });
     idle_limit_.set(bytes, idle);
     leave_all();
   }

@@ -46,12 +46,12 @@ std::size_t cache_state::give_back_idle_pieces(slot& s, cache_heap& h, std::size
     detach_idle(s, pieces, 0);
   }
   std::size_t given = return_pieces(h, pieces);
-  if (slots_.size() == 1) return given;
+  if (slots_.all.size() == 1) return given;
   // Then the other slots', as an intruder: all of them with one barrier.
   pieces.clear();
   intrude_all();
   try {
-    for (const auto& other : slots_) {
+    for (const auto& other : slots_.all) {
       if (other.get() == &s) continue;
       const std::size_t from = pieces.size();
       collect_idle(*other, h, bytes, pieces);

@@ -14,10 +14,7 @@
 namespace refpool::detail {
 
 cache_state::cache_state(const cache_options& options, bool bypass)
-    : rounding_(options.rounding),
-      segments_(options.segments),
-      auto_plans_(options.auto_plans),
-      bypass_(bypass),
+    : settings_{options.rounding, options.segments, options.auto_plans, bypass},
       idle_limit_(options.max_idle_bytes),
       reserved_(new reserved_counter),
       whole_blocks_(*this, *reserved_),
@@ -27,7 +24,7 @@ cache_state::~cache_state() { reserved_->release(); }
 
 std::string_view cache_state::step_plan_key(std::string_view explicit_key) const noexcept {
   static constexpr std::string_view automatic{"\0step", 5};  // no user spells it by accident
-  return explicit_key.empty() && auto_plans_ ? automatic : explicit_key;
+  return explicit_key.empty() && settings_.auto_plans ? automatic : explicit_key;
 }
 
 // ---- holding other threads' slots -----------------------------------------------------------
@@ -39,9 +36,9 @@ bool cache_state::intrude(slot& s) noexcept {
 }
 
 void cache_state::intrude_all() noexcept {
-  for (const auto& s : slots_) s->lock.begin_intrusion();
+  for (const auto& s : slots_.all) s->lock.begin_intrusion();
   owner_lock::barrier();
-  for (const auto& s : slots_) {
+  for (const auto& s : slots_.all) {
     s->lock.wait_until_owner_out();
     const block* pending = s->handed_off.load(std::memory_order_relaxed);
     if (pending != nullptr && pending != orphaned_marker) drain_handed_off(*s);
@@ -49,7 +46,7 @@ void cache_state::intrude_all() noexcept {
 }
 
 void cache_state::leave_all() noexcept {
-  for (const auto& s : slots_) s->lock.unlock();
+  for (const auto& s : slots_.all) s->lock.unlock();
 }
 
 // ---- scopes -------------------------------------------------------------------------------
@@ -64,8 +61,8 @@ slot* cache_state::lease_locked(std::vector<slot*>& free, const void* thread) {
     s = free.back();
     free.pop_back();
   } else {
-    slots_.push_back(std::make_unique<slot>(this));
-    s = slots_.back().get();
+    slots_.all.push_back(std::make_unique<slot>(this));
+    s = slots_.all.back().get();
   }
   s->owner_thread.store(thread, std::memory_order_relaxed);
   s->last_thread = thread;
@@ -76,7 +73,7 @@ slot* cache_state::lease_locked(std::vector<slot*>& free, const void* thread) {
 slot* cache_state::lease() {
   std::lock_guard guard(mutex_);
   if (closed_.load(std::memory_order_relaxed)) return nullptr;
-  return lease_locked(free_slots_, this_thread_token());
+  return lease_locked(slots_.free_scope, this_thread_token());
 }
 
 void cache_state::give_back(slot* s) noexcept {
@@ -95,7 +92,7 @@ void cache_state::give_back(slot* s) noexcept {
     std::lock_guard guard(mutex_);
     s->owner_thread.store(nullptr, std::memory_order_relaxed);
     // The marker is set under mutex_; a closed cache keeps no free list.
-    if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) free_slots_.push_back(s);
+    if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) slots_.free_scope.push_back(s);
   }
   clock_.fetch_add(1, std::memory_order_relaxed);
   if (over_limit) enforce_idle_limit();  // while the lease still keeps the state
@@ -113,7 +110,7 @@ bool cache_state::count_entry(std::size_t warmup) noexcept {
 slot* cache_state::lease_ambient() {
   std::lock_guard guard(mutex_);
   if (closed_.load(std::memory_order_relaxed)) return nullptr;
-  slot* s = lease_locked(free_ambient_slots_, this_thread_token());
+  slot* s = lease_locked(slots_.free_ambient, this_thread_token());
   s->ambient = true;
   // Blocks an earlier thread got from this slot in the open step still count for it.
   catch_up_with_steps(*s);
@@ -129,7 +126,7 @@ void cache_state::give_back_ambient(slot* s) noexcept {
   {
     std::lock_guard guard(mutex_);
     s->owner_thread.store(nullptr, std::memory_order_relaxed);
-    if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) free_ambient_slots_.push_back(s);
+    if (s->handed_off.load(std::memory_order_relaxed) != orphaned_marker) slots_.free_ambient.push_back(s);
   }
   drop_slot_ref(*s);  // the lease's
 }
@@ -151,22 +148,22 @@ std::atomic<std::uint64_t> next_step_epoch{1};
 
 void cache_state::begin_step(request_router* router) {
   std::lock_guard guard(mutex_);
-  if (step_epoch_.load(std::memory_order_relaxed) % 2 == 1)
+  if (step_.epoch.load(std::memory_order_relaxed) % 2 == 1)
     throw scope_error("refpool: a step is already open on this cache (steps of one cache do not nest; end it first)");
   counters_.steps.fetch_add(1, std::memory_order_relaxed);
   if (router != nullptr) {
     router->retain_router();  // the cache's, until end_step
-    std::lock_guard publish(router_lock_);
-    step_router_.store(router, std::memory_order_relaxed);
+    std::lock_guard publish(step_.router_lock);
+    step_.router.store(router, std::memory_order_relaxed);
   }
   const std::uint64_t epoch = next_step_epoch.fetch_add(2, std::memory_order_relaxed);
-  step_epoch_.store(epoch, std::memory_order_release);  // after the router (thread_step_router)
+  step_.epoch.store(epoch, std::memory_order_release);  // after the router (thread_step_router)
 }
 
 router_ref cache_state::retain_step_router() const noexcept {
   // Under the lock, so the router cannot lose its last reference between the load and the retain.
-  std::lock_guard guard(router_lock_);
-  request_router* r = step_router_.load(std::memory_order_relaxed);
+  std::lock_guard guard(step_.router_lock);
+  request_router* r = step_.router.load(std::memory_order_relaxed);
   if (r != nullptr) r->retain_router();
   return router_ref(r);
 }
@@ -175,11 +172,11 @@ void cache_state::end_step() noexcept {
   request_router* ended = nullptr;
   {
     std::lock_guard guard(mutex_);
-    const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed) + 1;
-    step_epoch_.store(epoch, std::memory_order_release);
+    const std::uint64_t epoch = step_.epoch.load(std::memory_order_relaxed) + 1;
+    step_.epoch.store(epoch, std::memory_order_release);
     {
-      std::lock_guard unpublish(router_lock_);
-      ended = step_router_.exchange(nullptr, std::memory_order_relaxed);
+      std::lock_guard unpublish(step_.router_lock);
+      ended = step_.router.exchange(nullptr, std::memory_order_relaxed);
     }
     // The slots are not held here (holding each costs a process-wide barrier): each counts the
     // step's escapes when next held (catch_up_with_steps: a request, a release, stats).
@@ -193,17 +190,17 @@ void cache_state::end_step() noexcept {
 void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept {
   if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !idle_limit_.tracking()) {
     // The owner (or an intruder) drains it; the block is idle from the next look at the slot.
-    b->handed_off_unsafe = via_unsafe_free;
+    b->hand_off.unsafe = via_unsafe_free;
     // Steps end without draining hand-off lists: whether this release came before its step's end
     // is known only now (ambient slots' epochs are the cache's step epochs).
-    b->handed_off_in_epoch = b->epoch == step_epoch_.load(std::memory_order_relaxed);
+    b->hand_off.in_epoch = b->epoch == step_.epoch.load(std::memory_order_relaxed);
     block* head = s.handed_off.load(std::memory_order_relaxed);
     do {
       if (head == orphaned_marker) {
         release_orphaned(s, b);
         return;
       }
-      b->next_handed_off = head;
+      b->hand_off.next = head;
     } while (!s.handed_off.compare_exchange_weak(head, b, std::memory_order_release, std::memory_order_relaxed));
     return;
   }
@@ -240,8 +237,8 @@ void cache_state::drop_slot_ref(slot& s) noexcept {
   if (s.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // The last reference: the cache closed (it held one until then), and no lease or block is left.
   {
-    std::lock_guard guard(mutex_);  // intruders find slots in slots_ under mutex_
-    std::erase_if(slots_, [&](const std::unique_ptr<slot>& p) { return p.get() == &s; });
+    std::lock_guard guard(mutex_);  // intruders find slots in slots_.all under mutex_
+    std::erase_if(slots_.all, [&](const std::unique_ptr<slot>& p) { return p.get() == &s; });
   }
   release();  // each slot that outlived close() held the cache's state
 }
@@ -265,13 +262,13 @@ void cache_state::close() noexcept {
   std::vector<block*> idle;
   {
     std::lock_guard guard(mutex_);
-    free_slots_.clear();
-    free_ambient_slots_.clear();
+    slots_.free_scope.clear();
+    slots_.free_ambient.clear();
     intrude_all();
     std::size_t idle_count = 0;
-    for (const auto& s : slots_) s->buckets.for_each([&](const bucket& bk) { idle_count += bk.idle.size(); });
+    for (const auto& s : slots_.all) s->buckets.for_each([&](const bucket& bk) { idle_count += bk.idle.size(); });
     idle.reserve(idle_count);  // a bad_alloc here ends the process: host memory is gone anyway
-    for (const auto& s : slots_) {
+    for (const auto& s : slots_.all) {
       // Releases racing with us see the marker from now on and free their blocks themselves.
       if (block* late = s->handed_off.exchange(orphaned_marker, std::memory_order_acq_rel)) drain_list(*s, late);
       std::size_t leaving = 0;
@@ -286,7 +283,7 @@ void cache_state::close() noexcept {
     leave_all();
     // The cache's own reference goes. A slot still leased or homing live blocks (also one a miss
     // in flight adds later: its lease holds it until then) stays, and needs our counters.
-    std::erase_if(slots_, [&](const std::unique_ptr<slot>& s) {
+    std::erase_if(slots_.all, [&](const std::unique_ptr<slot>& s) {
       if (s->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) return true;
       retain();  // released by the drop_slot_ref that deletes it (which waits for mutex_)
       return false;

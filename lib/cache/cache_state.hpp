@@ -86,9 +86,9 @@ class cache_state : public ref_counted<cache_state> {
   /// The calling thread keeps one reference to the router of the step it last called (until its
   /// next request finds another step, or it exits), so a step's requests count no reference.
   [[nodiscard]] router_ref step_router() noexcept {
-    if (step_router_.load(std::memory_order_relaxed) == nullptr) [[likely]]
+    if (step_.router.load(std::memory_order_relaxed) == nullptr) [[likely]]
       return {};
-    const std::uint64_t epoch = step_epoch_.load(std::memory_order_acquire);
+    const std::uint64_t epoch = step_.epoch.load(std::memory_order_acquire);
     if (kept_step_cache == this && kept_step_epoch == epoch) [[likely]]
       return router_ref::borrowed(kept_step_router);
     return thread_step_router(epoch);
@@ -106,8 +106,8 @@ class cache_state : public ref_counted<cache_state> {
   /// the backend's blocks from segments) up to the segment heap's piece unit, so that every
   /// block of a key has the key's size, pieces included.
   [[nodiscard]] block_key key_of(const backend_state& backend, std::size_t bytes) const {
-    std::size_t rounded = rounding_.round(bytes);
-    const std::size_t unit = piece_unit(backend, segments_);  // 1: plain blocks
+    std::size_t rounded = settings_.rounding.round(bytes);
+    const std::size_t unit = piece_unit(backend, settings_.segments);  // 1: plain blocks
     if (rounded > std::numeric_limits<std::size_t>::max() - (unit - 1)) [[unlikely]]
       throw_piece_rounding_overflow(rounded, unit);
     rounded = (rounded + unit - 1) & ~(unit - 1);
@@ -133,13 +133,13 @@ class cache_state : public ref_counted<cache_state> {
   std::size_t reclaim(std::size_t keep_bytes);
   void set_max_idle_bytes(std::size_t bytes);
   [[nodiscard]] std::size_t max_idle_bytes() const noexcept { return idle_limit_.max(); }
-  [[nodiscard]] const rounding_policy& rounding() const noexcept { return rounding_; }
-  [[nodiscard]] segment_policy segments() const noexcept { return segments_; }
+  [[nodiscard]] const rounding_policy& rounding() const noexcept { return settings_.rounding; }
+  [[nodiscard]] segment_policy segments() const noexcept { return settings_.segments; }
   /// The plan key of a step: `explicit_key` when set, else the cache's own key when auto_plans
   /// is on, else empty (a plain step).
   [[nodiscard]] std::string_view step_plan_key(std::string_view explicit_key) const noexcept;
   /// REFPOOL_NO_CACHING=1 was set when the cache was made: every request goes to the backend.
-  [[nodiscard]] bool bypassed() const noexcept { return bypass_; }
+  [[nodiscard]] bool bypassed() const noexcept { return settings_.bypass; }
 
   // ---- for planned runs and uncached requests -----------------------------------------------
   /// A block straight from `backend`, owned by no cache (freed on its last release). On
@@ -218,7 +218,7 @@ class cache_state : public ref_counted<cache_state> {
   /// escapes): steps end without touching the slots, each slot catches up when next held.
   void catch_up_with_steps(slot& s) noexcept {
     if (!s.ambient) return;
-    const std::uint64_t epoch = step_epoch_.load(std::memory_order_relaxed);
+    const std::uint64_t epoch = step_.epoch.load(std::memory_order_relaxed);
     if (epoch != s.epoch) [[unlikely]]
       roll_epoch(s, epoch);
   }
@@ -259,7 +259,7 @@ class cache_state : public ref_counted<cache_state> {
   // Block sources.
   /// Where `backend`'s new blocks come from in this cache, and where they go back to.
   block_source& source_for(const backend_state& backend) noexcept {
-    if (piece_unit(backend, segments_) != 1) return segment_pieces_;
+    if (piece_unit(backend, settings_.segments) != 1) return segment_pieces_;
     return whole_blocks_;
   }
   [[nodiscard]] std::array<block_source*, 2> sources() noexcept { return {&whole_blocks_, &segment_pieces_}; }
@@ -277,24 +277,35 @@ class cache_state : public ref_counted<cache_state> {
   /// Drops one of `s`'s references (slot::refs); the last deletes the slot. Not under mutex_.
   void drop_slot_ref(slot& s) noexcept;
 
-  const rounding_policy rounding_;
-  const segment_policy segments_;
-  const bool auto_plans_;
-  const bool bypass_;
+  // What the options fixed when the cache was made.
+  struct settings {
+    rounding_policy rounding;
+    segment_policy segments;
+    bool auto_plans;
+    bool bypass;  // REFPOOL_NO_CACHING=1
+  };
+  const settings settings_;
   std::atomic<bool> closed_{false};
 
   mutable std::mutex mutex_;  // see the top of this file
-  std::vector<std::unique_ptr<slot>> slots_;
-  std::vector<slot*> free_slots_;          // scope slots not leased now
-  std::vector<slot*> free_ambient_slots_;  // cache-level slots whose thread ended
+  // Every slot of the cache, and those free to lease (under mutex_).
+  struct slot_lists {
+    std::vector<std::unique_ptr<slot>> all;
+    std::vector<slot*> free_scope;    // scope slots not leased now
+    std::vector<slot*> free_ambient;  // cache-level slots whose thread ended
+  };
+  slot_lists slots_;
   std::unique_ptr<cache_extension> extension_;
   std::vector<block*> giving_back_;  // give_back_idle_pieces' list, under mutex_
 
   // Steps: the epoch of cache-level allocations is odd inside a step (unique in the process:
-  // begin_step), even outside.
-  std::atomic<std::uint64_t> step_epoch_{0};
-  std::atomic<request_router*> step_router_{nullptr};  // a counted reference; changes under router_lock_
-  mutable spinlock router_lock_;                       // taken only while a step has a router
+  // begin_step), even outside; the router of the open step, if any.
+  struct step_state {
+    std::atomic<std::uint64_t> epoch{0};
+    std::atomic<request_router*> router{nullptr};  // a counted reference; changes under router_lock
+    mutable spinlock router_lock;                  // taken only while a step has a router
+  };
+  step_state step_;
 
   // The idle limit and the idle bytes over all slots, counted only while a limit is set (so the
   // hit path of an unlimited cache touches no shared counter). Changes under a slot.

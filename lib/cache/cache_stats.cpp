@@ -17,7 +17,7 @@ cache_stats cache_state::stats() const {
   {
     std::lock_guard guard(mutex_);
     self.intrude_all();
-    for (const auto& s : slots_) {
+    for (const auto& s : slots_.all) {
       self.catch_up_with_steps(*s);  // escapes of ended steps
       const slot_counters& c = s->counters;
       out.hits += c.hits;
@@ -57,7 +57,7 @@ cache_stats cache_state::stats() const {
 void cache_state::reset_peaks() noexcept {
   std::lock_guard guard(mutex_);
   intrude_all();
-  for (const auto& s : slots_) s->counters.peak_live_bytes = s->counters.live_bytes;
+  for (const auto& s : slots_.all) s->counters.peak_live_bytes = s->counters.live_bytes;
   leave_all();
   counters_.reset_peaks();
   whole_blocks_.reset_peaks();

@@ -89,7 +89,7 @@ block* cache_state::acquire(slot& s, backend_state& backend, const block_key& ke
 
 bool cache_state::add_idle(slot& s, block* b) noexcept {
   b->idle = true;
-  b->idle_seq = ++s.releases;
+  b->idle_at.seq = ++s.releases;
   b->home->put(b);  // never reallocates: capacity was reserved when the block joined the bucket
   if (!idle_limit_.tracking()) return false;
   return idle_limit_.went_idle(b->capacity);
@@ -108,15 +108,15 @@ bool cache_state::drain_list(slot& s, block* newest) noexcept {
   // Oldest first, so idle order (and least-recently-used order) is release order.
   block* oldest = nullptr;
   while (newest != nullptr) {
-    block* next = newest->next_handed_off;
-    newest->next_handed_off = oldest;
+    block* next = newest->hand_off.next;
+    newest->hand_off.next = oldest;
     oldest = newest;
     newest = next;
   }
   if (s.ambient) {
     // Releases made before their step ended are no escapes of it, whenever the list is drained.
-    for (block* b = oldest; b != nullptr; b = b->next_handed_off) {
-      if (b->handed_off_in_epoch && b->epoch == s.epoch) {
+    for (block* b = oldest; b != nullptr; b = b->hand_off.next) {
+      if (b->hand_off.in_epoch && b->epoch == s.epoch) {
         s.live_in_epoch -= 1;
         b->epoch = no_epoch;  // counted: release_in_slot must not count it again
       }
@@ -124,9 +124,9 @@ bool cache_state::drain_list(slot& s, block* newest) noexcept {
   }
   bool over_limit = false;
   for (block* b = oldest; b != nullptr;) {
-    block* next = b->next_handed_off;
-    b->next_handed_off = nullptr;
-    over_limit |= release_in_slot(s, b, b->handed_off_unsafe);
+    block* next = b->hand_off.next;
+    b->hand_off.next = nullptr;
+    over_limit |= release_in_slot(s, b, b->hand_off.unsafe);
     b = next;
   }
   return over_limit;
@@ -138,7 +138,7 @@ bool cache_state::drain_handed_off(slot& s) noexcept {
 
 void cache_state::release_cached(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
-  b->idle_since = clock_.load(std::memory_order_relaxed);
+  b->idle_at.tick = clock_.load(std::memory_order_relaxed);
   if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token()) {
     release_elsewhere(s, b, via_unsafe_free);  // another thread's slot, or nobody's
     return;

@@ -40,7 +40,7 @@ REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stre
   block* b = nullptr;
   bucket* home = s.last_bucket;
   if (fast && s.handed_off.load(std::memory_order_relaxed) == nullptr && home != nullptr && home->key == key &&
-      !home->idle.empty() && (!s.ambient || s.epoch == step_epoch_.load(std::memory_order_relaxed)) &&
+      !home->idle.empty() && (!s.ambient || s.epoch == step_.epoch.load(std::memory_order_relaxed)) &&
       !idle_limit_.tracking()) [[likely]] {
     block* oldest = home->idle.back();
     if (oldest->last_stream == stream && oldest->extra_streams.empty()) [[likely]] {
@@ -62,7 +62,7 @@ REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) n
   const bool fast = s.lock.owner_enter();
   const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;
   if (done) [[likely]] {
-    b->idle_since = clock_.load(std::memory_order_relaxed);
+    b->idle_at.tick = clock_.load(std::memory_order_relaxed);
     release_in_slot(s, b, via_unsafe_free);
   }
   s.lock.owner_leave(fast);

@@ -1,7 +1,7 @@
 // The reclaim policy of a cache: which idle blocks leave first when idle memory must go (reclaim,
 // the idle limit, the out-of-memory retry), and how much of `keep` is left to the memory the block
 // sources keep outside blocks. Least recently released first: by the scope-exit clock at release
-// (block::idle_since), then by release order within a slot (block::idle_seq); blocks leave until at
+// (block::idle_at.tick), then by release order within a slot (block::idle_at.seq); blocks leave until at
 // most `keep` bytes of the offered ones stay idle. The rest (taking blocks out of their slots under
 // the cache's mutex, giving them to their sources) is the cache's, in cache_reclaim.cpp.
 #pragma once
@@ -21,7 +21,7 @@ class lru_reclaim {
  public:
   /// Idle block `b` of slot `s` may leave. Throws std::bad_alloc.
   void offer(block* b, slot* s) {
-    candidates_.push_back({b->idle_since, b->idle_seq, b, s});
+    candidates_.push_back({b->idle_at, b, s});
     offered_bytes_ += b->capacity;
   }
   [[nodiscard]] std::size_t offered_bytes() const noexcept { return offered_bytes_; }
@@ -32,7 +32,7 @@ class lru_reclaim {
   template <class Leave>
   std::size_t choose(std::size_t keep, Leave&& leave) {
     std::sort(candidates_.begin(), candidates_.end(), [](const candidate& x, const candidate& y) {
-      return x.idle_since != y.idle_since ? x.idle_since < y.idle_since : x.idle_seq < y.idle_seq;
+      return x.at.tick != y.at.tick ? x.at.tick < y.at.tick : x.at.seq < y.at.seq;
     });
     std::size_t left = 0;
     for (const candidate& c : candidates_) {
@@ -51,8 +51,7 @@ class lru_reclaim {
 
  private:
   struct candidate {
-    std::uint64_t idle_since;
-    std::uint64_t idle_seq;
+    block_idle_stamp at;
     block* b;
     slot* s;
   };

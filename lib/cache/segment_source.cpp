@@ -20,30 +20,12 @@
 
 namespace refpool::detail {
 
-namespace {
-
-/// Adds the event counters of `st` (not its sizes) to `into`.
-void add_events(segment_heap_stats& into, const segment_heap_stats& st) noexcept {
-  into.segments_made += st.segments_made;
-  into.grows += st.grows;
-  into.splits += st.splits;
-  into.merges += st.merges;
-  into.decommits += st.decommits;
-  into.plain_frees += st.plain_frees;
-  into.trimmed_bytes += st.trimmed_bytes;
-  into.span_yields += st.span_yields;
-  into.span_moves += st.span_moves;
-  into.span_returns += st.span_returns;
-}
-
-}  // namespace
-
-segment_heap_stats segment_source::span_events() const {
+segment_heap_events segment_source::span_events() const {
   std::lock_guard guard(mutex_);
-  segment_heap_stats events = dropped_heap_counts_;
+  segment_heap_events events = dropped_heap_counts_;
   for (const auto& h : heaps_) {
     std::lock_guard lock(h->mutex);
-    add_events(events, h->heap.stats());
+    events += h->heap.stats().events;
   }
   return events;
 }
@@ -104,7 +86,7 @@ std::vector<std::unique_ptr<cache_heap>> segment_source::drop_empty_heaps_locked
       const segment_heap_stats st = h.heap.stats();
       // A yielded span keeps its record, and its owner the pointer, with no segment under it.
       empty = st.segments == 0 && st.pieces_out == 0 && st.spans == 0;
-      if (empty) add_events(dropped_heap_counts_, st);
+      if (empty) dropped_heap_counts_ += st.events;
     }
     if (empty) {
       dropped.push_back(std::move(*it));
@@ -191,7 +173,7 @@ void segment_source::close() noexcept {
 }
 
 void segment_source::add_counters(cache_stats& out) const {
-  segment_heap_stats events = dropped_heap_counts_;
+  segment_heap_events events = dropped_heap_counts_;
   for (const auto& h : heaps_) {
     std::lock_guard lock(h->mutex);
     const segment_heap_stats st = h->heap.stats();
@@ -200,7 +182,7 @@ void segment_source::add_counters(cache_stats& out) const {
     out.segment_free_bytes += st.free_bytes;
     out.segment_free_ranges += st.free_ranges;
     out.arena_bytes += st.span_bytes;  // committed like any segment bytes, but no cached block's
-    add_events(events, st);
+    events += st.events;
   }
   out.segment_grows = events.segments_made + events.grows;
   out.splits = events.splits;
@@ -342,7 +324,7 @@ std::size_t segment_source::take_back(block* taken) noexcept {
     delete b;
   }
   if (emptied) drop_empty_heaps();  // the heap (and its backend) need not wait for the state
-  return 0;  // stays in the heap until a trim
+  return 0;                         // stays in the heap until a trim
 }
 
 }  // namespace refpool::detail

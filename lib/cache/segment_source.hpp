@@ -70,7 +70,7 @@ class segment_source final : public block_source {
   void give_back_span(backend_state& backend, segment_span* s, const stream_set& used_on) noexcept;
   /// The event counts of every heap, those dropped included (span_yields, span_moves,
   /// span_returns: what the fuzzer's coverage check reads). Takes the cache's mutex.
-  [[nodiscard]] segment_heap_stats span_events() const;
+  [[nodiscard]] segment_heap_events span_events() const;
   /// The out-of-memory step: every idle span of `backend`'s heap yields (trim can then give its
   /// bytes back). Returns the bytes yielded.
   std::size_t yield_idle_spans(const backend_state& backend) noexcept;
@@ -130,7 +130,7 @@ class segment_source final : public block_source {
   std::mutex& mutex_;  // the cache's: guards heaps_ and dropped_heap_counts_
   reserved_counter& reserved_;
   std::vector<std::unique_ptr<cache_heap>> heaps_;  // one per backend with segments, made on its first miss
-  segment_heap_stats dropped_heap_counts_;          // event counters of heaps dropped since
+  segment_heap_events dropped_heap_counts_;         // event counters of heaps dropped since
 };
 
 }  // namespace refpool::detail

@@ -135,7 +135,7 @@ struct alignas(64) slot {
   /// under the cache's mutex.
   std::atomic<const void*> owner_thread{nullptr};
   /// Blocks released on other threads, newest first (a Treiber stack), each with its
-  /// unsafe_free flag in `handed_off_unsafe`; or orphaned_marker.
+  /// unsafe_free flag in `hand_off.unsafe`; or orphaned_marker.
   std::atomic<block*> handed_off{nullptr};
 
   key_map<bucket> buckets;
@@ -152,7 +152,7 @@ struct alignas(64) slot {
   // cache-level allocations) and still live.
   std::uint64_t epoch = 1;
   std::uint64_t live_in_epoch = 0;
-  std::uint64_t releases = 0;  ///< idle_seq source
+  std::uint64_t releases = 0;  ///< block::idle_at.seq source
 
   bool ambient = false;               ///< serves a thread's cache-level allocations (not a scope)
   const void* last_thread = nullptr;  ///< prefer giving the slot back to the thread that used it last

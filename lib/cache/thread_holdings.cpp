@@ -126,7 +126,7 @@ router_ref cache_state::thread_step_router(std::uint64_t epoch) noexcept {
   // Kept only when it is the router of the step this epoch names: a step begun (odd) and not
   // ended since (a step ending now passes its router to this call only), and while the thread can
   // still give it back.
-  if (!fresh || epoch % 2 == 0 || step_epoch_.load(std::memory_order_acquire) != epoch) return fresh;
+  if (!fresh || epoch % 2 == 0 || step_.epoch.load(std::memory_order_acquire) != epoch) return fresh;
   if (holdings_of_this_thread() == nullptr) return fresh;
   fresh->retain_router();
   request_router* const dropped = std::exchange(kept_step_router, fresh.get());

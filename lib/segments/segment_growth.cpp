@@ -72,7 +72,7 @@ segment_heap::vm_growth segment_heap::new_vm_segment(pool_state& pool, pool_id i
   seg->growable = growable;
   seg->base = seg->vm.base();
   seg->reserved = reserve;
-  ++physical_;
+  ++totals_.physical;
   if (growable) {
     // The old growable segment is full: it keeps serving its free ranges and holes, and trim
     // may still decommit its free commits, but it grows no more at its end by steps.
@@ -90,7 +90,7 @@ range* segment_heap::new_plain_segment(pool_state& pool, pool_id id, std::size_t
   if (base == nullptr) return nullptr;
   seg->base = reinterpret_cast<std::uintptr_t>(base);
   seg->reserved = bytes;
-  ++physical_;
+  ++totals_.physical;
   return adopt(pool, id, std::move(seg), std::move(whole));
 }
 
@@ -106,9 +106,9 @@ range* segment_heap::adopt(pool_state& pool, pool_id id, std::unique_ptr<segment
   r->free = true;
   seg->first = r;
   seg->last = r;
-  reserved_ += seg->reserved;
-  committed_ += seg->committed();
-  ++counts_.segments_made;
+  totals_.reserved += seg->reserved;
+  totals_.committed += seg->committed();
+  ++events_.segments_made;
   segments_.push_back(std::move(seg));  // capacity reserved by the caller
   pool.free.insert(r);
   return r;

@@ -41,11 +41,12 @@ segment_heap::segment_heap(backend be, segment_heap_options options)
 }
 
 segment_heap::~segment_heap() {
-  if (pieces_out_ != placed_spans() || !spans_.empty())
+  if (totals_.pieces_out != placed_spans() || !spans_.records.empty())
     fmt::print(stderr,
                "refpool: segment heap of {} destroyed with {} pieces ({} B) and {} spans ({} B placed) still out; "
                "their segments are left allocated\n",
-               backend_.name(), pieces_out_ - placed_spans(), used_ - spanned_, spans_.size(), spanned_);
+               backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned,
+               spans_.records.size(), totals_.spanned);
   // Whole free segments go back. Those holding pieces keep their memory, so that the pieces
   // stay valid (a caller bug, reported above); only their records go.
   for (std::size_t i = segments_.size(); i-- > 0;) {
@@ -97,9 +98,9 @@ std::optional<segment_heap::fit> segment_heap::find_fit(pool_state& pool, std::s
 
 void segment_heap::prepare_carve(pool_state& pool) {
   // Index nodes for the carve's worst case (a grown range and two remainders) and one more per
-  // piece or placed span out (pieces_out_ counts both), so that give_back never allocates: each
+  // piece or placed span out (totals_.pieces_out counts both), so that give_back never allocates: each
   // pool keeps at least as many spare nodes as ranges are out, and a give_back uses at most one.
-  pool.free.reserve(pieces_out_ + 3);
+  pool.free.reserve(totals_.pieces_out + 3);
   while (spare_ranges_.size() < 2) spare_ranges_.push_back(std::make_unique<range>());
   // Room to keep the records give_back frees, so that a carve after it needs no allocation.
   if (spare_ranges_.capacity() < spare_records) spare_ranges_.reserve(spare_records);
@@ -122,7 +123,7 @@ segment_heap::carved segment_heap::take(pool_state& pool, fit f, std::size_t byt
     link_after(seg, r, p);
     r->bytes = f.offset;
     pool.free.insert(r);
-    ++counts_.splits;
+    ++events_.splits;
   }
   p->address = start;
   p->bytes = bytes;
@@ -138,14 +139,14 @@ segment_heap::carved segment_heap::take(pool_state& pool, fit f, std::size_t byt
     rest->streams = old_streams;
     link_after(seg, p, rest);
     pool.free.insert(rest);
-    ++counts_.splits;
+    ++events_.splits;
   }
   if (host_visible_) unpoison_bytes(start, bytes);
   ++seg.pieces;
   seg.last_use = ++tick_;
-  used_ += bytes;
-  ++pieces_out_;
-  ++counts_.carves;
+  totals_.used += bytes;
+  ++totals_.pieces_out;
+  ++events_.carves;
   return carved{piece{reinterpret_cast<void*>(start), bytes, seg.id, p}, old_streams.without(stream)};
 }
 
@@ -169,7 +170,7 @@ std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool
                                                                 placement where) {
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   // Before the pool grows: the bytes of idle spans (docs/segments.md, "One memory space").
-  if (!spans_.empty())
+  if (!spans_.records.empty())
     if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
   range* r = grow(pool, id, n, where, stream);
@@ -184,7 +185,7 @@ std::size_t segment_heap::give_back(const piece& p, const stream_set& used_on) n
   range* r = p.node;
   assert(r != nullptr && !r->free && !r->span && r->address == reinterpret_cast<std::uintptr_t>(p.address) &&
          r->bytes == p.bytes);
-  --pieces_out_;
+  --totals_.pieces_out;
   return free_range(r, used_on);
 }
 
@@ -194,11 +195,11 @@ std::size_t segment_heap::free_range(range* r, const stream_set& used_on) noexce
   r->free = true;
   r->streams = used_on;
   if (host_visible_) poison_bytes(r->address, r->bytes);
-  used_ -= r->bytes;
+  totals_.used -= r->bytes;
   --seg.pieces;
   seg.last_use = ++tick_;
   fully_trimmed_ = false;
-  r = join_free_neighbours(seg, pool.free, r, &counts_.merges, [this](range* q) { keep_spare(q); });
+  r = join_free_neighbours(seg, pool.free, r, &events_.merges, [this](range* q) { keep_spare(q); });
   pool.free.insert(r);
   return r->bytes;
 }
@@ -216,7 +217,7 @@ void segment_heap::forget_streams() noexcept {
   for (const auto& seg : segments_)
     for (range* r = seg->first; r != nullptr; r = r->next)
       if (r->free) r->streams.clear();
-  for (const auto& s : spans_)
+  for (const auto& s : spans_.records)
     if (s->now == segment_span::state::idle) s->used_on.clear();  // its owner uses none of its bytes
 }
 
@@ -234,20 +235,21 @@ std::size_t segment_heap::physical_allocations(const piece& p) const noexcept {
 }
 
 segment_heap_stats segment_heap::stats() const noexcept {
-  segment_heap_stats s = counts_;
+  segment_heap_stats s;
+  s.events = events_;
   s.segments = segments_.size();
-  s.reserved_bytes = reserved_;
-  s.committed_bytes = committed_;
-  s.used_bytes = used_ - spanned_;
-  s.span_bytes = spanned_;
-  for (const auto& sp : spans_)
+  s.reserved_bytes = totals_.reserved;
+  s.committed_bytes = totals_.committed;
+  s.used_bytes = totals_.used - totals_.spanned;
+  s.span_bytes = totals_.spanned;
+  for (const auto& sp : spans_.records)
     if (sp->now == segment_span::state::idle) s.idle_span_bytes += sp->bytes;
-  s.spans = spans_.size();
-  s.free_bytes = committed_ - used_;
+  s.spans = spans_.records.size();
+  s.free_bytes = totals_.committed - totals_.used;
   s.largest_free_bytes = std::max(pools_[0].free.largest(), pools_[1].free.largest());
   s.free_ranges = pools_[0].free.size() + pools_[1].free.size();
-  s.pieces_out = pieces_out_ - placed_spans();
-  s.physical_allocations = physical_;
+  s.pieces_out = totals_.pieces_out - placed_spans();
+  s.physical_allocations = totals_.physical;
   return s;
 }
 

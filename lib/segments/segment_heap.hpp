@@ -14,6 +14,7 @@
 #include <refpool/backend.hpp>
 
 #include "free_index.hpp"
+#include "heap_counts.hpp"
 #include "piece.hpp"
 #include "segment.hpp"
 #include "segment_options.hpp"
@@ -29,34 +30,6 @@ enum class placement : std::uint8_t {
   anywhere,
   /// Inside one physical allocation, as IPC export and NCCL/RDMA registration need.
   one_physical_allocation,
-};
-
-/// Counters and sizes of a heap. Bytes are exact: used + span + free = committed.
-struct segment_heap_stats {
-  std::size_t segments = 0;
-  std::size_t reserved_bytes = 0;   ///< address space of all segments
-  std::size_t committed_bytes = 0;  ///< memory behind them (backend allocations + commits)
-  std::size_t used_bytes = 0;       ///< in pieces handed out
-  std::size_t span_bytes = 0;       ///< in spans placed (held or idle)
-  std::size_t idle_span_bytes = 0;  ///< of those, in idle spans (the heap may yield them)
-  std::size_t free_bytes = 0;       ///< committed and in no piece or span
-  std::size_t largest_free_bytes = 0;
-  std::size_t free_ranges = 0;
-  std::size_t pieces_out = 0;
-  std::size_t spans = 0;  ///< span records (placed or yielded)
-  std::size_t physical_allocations = 0;  ///< backend allocations + live commits
-  std::uint64_t carves = 0;
-  std::uint64_t splits = 0;  ///< carves that left a free remainder
-  std::uint64_t merges = 0;  ///< free neighbours joined by give_back
-  std::uint64_t grows = 0;   ///< commits into an existing segment (its tail or a hole)
-  std::uint64_t segments_made = 0;
-  std::uint64_t segments_released = 0;
-  std::uint64_t decommits = 0;      ///< commits given back by trim (whole segments included)
-  std::uint64_t plain_frees = 0;    ///< segments without virtual memory given back (one call each)
-  std::uint64_t trimmed_bytes = 0;  ///< bytes trim gave back to the backend, in total
-  std::uint64_t span_yields = 0;    ///< idle spans whose bytes went back to the free ranges
-  std::uint64_t span_moves = 0;     ///< yielded spans held again away from their home address
-  std::uint64_t span_returns = 0;   ///< yielded spans held again at their home address
 };
 
 /// One backend's segments and the pieces carved from them.
@@ -137,7 +110,7 @@ class segment_heap {
   [[nodiscard]] std::size_t physical_allocations(const piece& p) const noexcept;
   [[nodiscard]] segment_heap_stats stats() const noexcept;
   /// stats().committed_bytes, cheaply.
-  [[nodiscard]] std::size_t committed_bytes() const noexcept { return committed_; }
+  [[nodiscard]] std::size_t committed_bytes() const noexcept { return totals_.committed; }
   [[nodiscard]] const backend& source() const noexcept { return backend_; }
   /// True when segments grow through virtual memory.
   [[nodiscard]] bool uses_virtual_memory() const noexcept { return vm_ != nullptr; }
@@ -276,16 +249,15 @@ class segment_heap {
   void keep_spare(range* r) noexcept;
   std::vector<std::unique_ptr<range>> spare_ranges_;
 
-  std::uint64_t tick_ = 0;
+  std::uint64_t tick_ = 0;  ///< the last use of segments and spans (least recently used first)
   std::uint64_t next_segment_id_ = 1;
-  std::size_t reserved_ = 0;
-  std::size_t committed_ = 0;
-  std::size_t used_ = 0;     ///< bytes of ranges that are not free: pieces and placed spans
-  std::size_t spanned_ = 0;  ///< of used_, in placed spans
-  std::size_t pieces_out_ = 0;  ///< ranges out: pieces and placed spans (each may need an index node back)
-  std::vector<std::unique_ptr<segment_span>> spans_;  ///< records from carve_span to give_back_span
-  std::uint64_t next_span_id_ = 1;
-  std::size_t physical_ = 0;
+  segment_heap_totals totals_;
+  /// Span records from carve_span to give_back_span, in the order they were made, and the id of the next.
+  struct span_book {
+    std::vector<std::unique_ptr<segment_span>> records;
+    std::uint64_t next_id = 1;
+  };
+  span_book spans_;
   /// Address space a new growable segment reserves: full_reservation(), halved each time the
   /// backend refuses it, and back to full_reservation() once trim releases a reservation (docs/
   /// design.md, "Virtual memory failure rules").
@@ -293,7 +265,7 @@ class segment_heap {
   /// The last trim could give back no more, and no piece came back since: no segment is free and
   /// no commit lies entirely in a free range (check() verifies it).
   bool fully_trimmed_ = false;
-  segment_heap_stats counts_;  ///< the event counters (carves .. trimmed_bytes)
+  segment_heap_events events_;
 };
 
 }  // namespace refpool::detail

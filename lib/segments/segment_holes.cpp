@@ -89,9 +89,9 @@ range* segment_heap::fill_hole(pool_state& pool, const hole& h) {
 
   // Committed: nothing below allocates or throws. The new bytes carry no stream; the free
   // ranges they join keep theirs.
-  committed_ += size;
-  ++physical_;
-  ++counts_.grows;
+  totals_.committed += size;
+  ++totals_.physical;
+  ++events_.grows;
   range* r = before;
   if (r != nullptr) {
     pool.free.erase(r);

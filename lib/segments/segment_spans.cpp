@@ -18,21 +18,21 @@ namespace refpool::detail {
 std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t bytes, stream_ref stream) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
-  spans_.reserve(spans_.size() + 1);  // records first: nothing below throws once the piece is taken
+  spans_.records.reserve(spans_.records.size() + 1);  // records first: nothing below throws once the piece is taken
   auto made = std::make_unique<segment_span>();
   prepare_carve(pool);
   const auto c = carve_rounded(pool, n, stream, placement::anywhere);
   if (!c) return std::nullopt;
-  made->id = next_span_id_++;
+  made->id = spans_.next_id++;
   place_span(*made, *c);
-  spans_.push_back(std::move(made));  // within the reserved capacity
-  return span_carved{spans_.back().get(), c->waits};
+  spans_.records.push_back(std::move(made));  // within the reserved capacity
+  return span_carved{spans_.records.back().get(), c->waits};
 }
 
 void segment_heap::place_span(segment_span& s, const carved& c) noexcept {
   range* r = c.p.node;
   r->span = true;
-  spanned_ += r->bytes;
+  totals_.spanned += r->bytes;
   s.node = r;
   s.home = r->address;
   s.bytes = r->bytes;
@@ -65,7 +65,7 @@ std::optional<span_hold> segment_heap::hold_span(segment_span& s, stream_ref str
   if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere);
   if (!c) return std::nullopt;
   place_span(s, *c);
-  ++(moved ? counts_.span_moves : counts_.span_returns);
+  ++(moved ? events_.span_moves : events_.span_returns);
   return span_hold{moved, c->waits};
 }
 
@@ -81,9 +81,9 @@ std::optional<stream_set> segment_heap::extend_span(segment_span& s, std::size_t
   if (!c) return std::nullopt;
   range* more = c->p.node;  // the piece right after the span: it joins it
   assert(more->prev == r && r->end() == more->address);
-  --pieces_out_;
+  --totals_.pieces_out;
   --seg.pieces;
-  spanned_ += more->bytes;
+  totals_.spanned += more->bytes;
   r->bytes += more->bytes;
   s.bytes = r->bytes;
   unlink(seg, more);
@@ -95,12 +95,12 @@ std::size_t segment_heap::yield_span(segment_span& s) noexcept {
   assert(s.now == segment_span::state::idle);
   range* r = s.node;
   const std::size_t bytes = r->bytes;
-  spanned_ -= bytes;
+  totals_.spanned -= bytes;
   s.node = nullptr;
   s.now = segment_span::state::yielded;
-  ++counts_.span_yields;
+  ++events_.span_yields;
   r->span = false;
-  --pieces_out_;
+  --totals_.pieces_out;
   free_range(r, s.used_on);
   s.used_on.clear();
   return bytes;
@@ -110,7 +110,7 @@ std::optional<segment_heap::fit> segment_heap::yield_until_fit(pool_state& pool,
                                                                placement where) noexcept {
   for (;;) {
     segment_span* oldest = nullptr;
-    for (const auto& s : spans_)
+    for (const auto& s : spans_.records)
       if (s->now == segment_span::state::idle && &pools_[static_cast<std::size_t>(s->node->owner->pool)] == &pool &&
           (oldest == nullptr || s->idle_since < oldest->idle_since))
         oldest = s.get();
@@ -122,31 +122,32 @@ std::optional<segment_heap::fit> segment_heap::yield_until_fit(pool_state& pool,
 
 std::size_t segment_heap::yield_idle_spans() noexcept {
   std::size_t bytes = 0;
-  for (const auto& s : spans_)
+  for (const auto& s : spans_.records)
     if (s->now == segment_span::state::idle) bytes += yield_span(*s);
   return bytes;
 }
 
 void segment_heap::give_back_span(segment_span* s, const stream_set& used_on) noexcept {
   if (s->node != nullptr) {
-    spanned_ -= s->node->bytes;
+    totals_.spanned -= s->node->bytes;
     s->node->span = false;
-    --pieces_out_;
+    --totals_.pieces_out;
     free_range(s->node, used_on);
   }
-  const auto it = std::find_if(spans_.begin(), spans_.end(), [&](const auto& p) { return p.get() == s; });
-  assert(it != spans_.end());
-  spans_.erase(it);
+  const auto it =
+      std::find_if(spans_.records.begin(), spans_.records.end(), [&](const auto& p) { return p.get() == s; });
+  assert(it != spans_.records.end());
+  spans_.records.erase(it);
 }
 
 std::size_t segment_heap::placed_spans() const noexcept {
   return static_cast<std::size_t>(
-      std::count_if(spans_.begin(), spans_.end(), [](const auto& s) { return s->placed(); }));
+      std::count_if(spans_.records.begin(), spans_.records.end(), [](const auto& s) { return s->placed(); }));
 }
 
 std::vector<const segment_span*> segment_heap::spans() const {
   std::vector<const segment_span*> out;
-  for (const auto& s : spans_) out.push_back(s.get());
+  for (const auto& s : spans_.records) out.push_back(s.get());
   return out;
 }
 
@@ -183,7 +184,7 @@ std::optional<segment_heap::carved> segment_heap::carve_at(segment& seg, std::ui
   if (!commits.empty() && !seg.virtual_memory()) return std::nullopt;  // not reached: plain segments have no holes
 
   // Records before the backend is called, so that nothing after the commits can fail.
-  pools_[static_cast<std::size_t>(seg.pool)].free.reserve(pieces_out_ + commits.size() + 3);
+  pools_[static_cast<std::size_t>(seg.pool)].free.reserve(totals_.pieces_out + commits.size() + 3);
   std::vector<std::unique_ptr<range>> fresh(commits.size());
   for (auto& f : fresh) f = std::make_unique<range>();
   std::size_t done = 0;
@@ -221,9 +222,9 @@ void segment_heap::adopt_commit(segment& seg, std::unique_ptr<range> fresh, std:
   r->bytes = bytes;
   r->free = true;
   link_after(seg, before, r);
-  committed_ += bytes;
-  ++physical_;
-  ++counts_.grows;
+  totals_.committed += bytes;
+  ++totals_.physical;
+  ++events_.grows;
   fully_trimmed_ = false;
   // New bytes carry no stream; the ranges they join keep theirs.
   pool.free.insert(join_free_neighbours(seg, pool.free, r, nullptr, [this](range* q) { keep_spare(q); }));

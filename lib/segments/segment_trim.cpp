@@ -17,16 +17,16 @@ namespace refpool::detail {
 
 std::size_t segment_heap::trim(std::size_t keep_bytes) {
   std::size_t given = 0;
-  while (committed_ - used_ > keep_bytes) {
+  while (totals_.committed - totals_.used > keep_bytes) {
     segment* whole = nullptr;
     for (const auto& seg : segments_)
       if (seg->pieces == 0 && (whole == nullptr || seg->last_use < whole->last_use)) whole = seg.get();
     if (whole == nullptr) break;
     given += release_segment(*whole);
   }
-  if (committed_ - used_ > keep_bytes) given += decommit_free_commits(keep_bytes);
+  if (totals_.committed - totals_.used > keep_bytes) given += decommit_free_commits(keep_bytes);
   // Either it met `keep_bytes`, or nothing it could give back is left (check() verifies that).
-  fully_trimmed_ = keep_bytes == 0 || committed_ - used_ > keep_bytes;
+  fully_trimmed_ = keep_bytes == 0 || totals_.committed - totals_.used > keep_bytes;
   return given;
 }
 
@@ -44,7 +44,7 @@ std::size_t segment_heap::decommit_free_commits(std::size_t keep_bytes) {
   });
   std::size_t given = 0;
   for (range* r : candidates) {
-    if (committed_ - used_ <= keep_bytes) break;
+    if (totals_.committed - totals_.used <= keep_bytes) break;
     given += decommit_inside(*r, keep_bytes);
   }
   return given;
@@ -70,16 +70,16 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
   const std::size_t hole_end = commits[last - 1].end();
   std::size_t hole_start = hole_end;
   std::size_t given = 0;
-  for (std::size_t i = last; i-- > first && committed_ - used_ > keep_bytes;) {
+  for (std::size_t i = last; i-- > first && totals_.committed - totals_.used > keep_bytes;) {
     const vm_region::commit_record c = commits[i];
     if (host_visible_) unpoison_bytes(seg.base + c.offset, c.bytes);  // the next mapping reuses them
     seg.vm.decommit(i);                                               // one physical allocation, whole
     hole_start = c.offset;
-    committed_ -= c.bytes;
+    totals_.committed -= c.bytes;
     given += c.bytes;
-    --physical_;
-    ++counts_.decommits;
-    counts_.trimmed_bytes += c.bytes;
+    --totals_.physical;
+    ++events_.decommits;
+    events_.trimmed_bytes += c.bytes;
   }
   if (given == 0) {  // the caller saw bytes to give back: not reached
     index.insert(&r);
@@ -114,10 +114,11 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
 }
 
 void segment_heap::release_all() {
-  if (pieces_out_ != 0 || !spans_.empty())
+  if (totals_.pieces_out != 0 || !spans_.records.empty())
     throw invalid_argument(fmt::format(
         "refpool: cannot release the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
-        backend_.name(), pieces_out_ - placed_spans(), used_ - spanned_, spans_.size(), spanned_));
+        backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned, spans_.records.size(),
+        totals_.spanned));
   while (!segments_.empty()) release_segment(*segments_.back());
 }
 
@@ -145,19 +146,19 @@ std::size_t segment_heap::release_segment(segment& seg) {
     // Each commit goes whole (a GPU unmaps whole mappings), then the reservation.
     const std::size_t commits = seg.vm.commits().size();
     seg.vm.release();
-    physical_ -= commits;
-    counts_.decommits += commits;
+    totals_.physical -= commits;
+    events_.decommits += commits;
     // Address space came back: a refused size may fit now (one refused call if it still does not).
     reservation_ = full_reservation();
   } else {
     access::state(backend_)->deallocate(reinterpret_cast<void*>(seg.base), seg.reserved, last_stream);
-    --physical_;
-    ++counts_.plain_frees;
+    --totals_.physical;
+    ++events_.plain_frees;
   }
-  committed_ -= bytes;
-  reserved_ -= seg.reserved;
-  counts_.trimmed_bytes += bytes;
-  ++counts_.segments_released;
+  totals_.committed -= bytes;
+  totals_.reserved -= seg.reserved;
+  events_.trimmed_bytes += bytes;
+  ++events_.segments_released;
   drop_segment(seg);
   return bytes;
 }

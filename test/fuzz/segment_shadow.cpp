@@ -198,8 +198,7 @@ void segment_shadow::training_loop(int t, std::uint64_t h) {
       for (std::size_t k = 0; k <= j; ++k)
         if (released_after[k] == j && live[k].ref) {
           verify(live[k], "when its step released it");
-          if ((r >> 16) % 16 == 0)
-            run_on_(t, [&] { live[k].ref.unsafe_free(); });
+          if ((r >> 16) % 16 == 0) run_on_(t, [&] { live[k].ref.unsafe_free(); });
           live[k] = piece{};
         }
     }
@@ -334,7 +333,7 @@ void segment_shadow::add_totals() const {
   totals.cross_stream += st.cross_stream_reuses;
   totals.plan_recordings += st.plan_recordings;
   totals.plan_hits += st.plan_hits;
-  const rp::detail::segment_heap_stats spans = rp::detail::access::state(*cache_).spans().span_events();
+  const rp::detail::segment_heap_events spans = rp::detail::access::state(*cache_).spans().span_events();
   totals.span_yields += spans.span_yields;
   totals.span_returns += spans.span_returns;
 }
@@ -379,10 +378,11 @@ void segment_shadow::check(bool with_stats) {
                      st.held_bytes, st.segment_bytes, st.segment_free_bytes, st.arena_bytes));
   if (st.reserved_bytes != st.held_bytes + st.segment_free_bytes + st.arena_bytes + st.uncached_live_bytes ||
       st.peak_reserved_bytes < st.reserved_bytes)
-    fail(fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B + arenas {} B + "
-                     "uncached {} B",
-                     st.reserved_bytes, st.peak_reserved_bytes, st.held_bytes, st.segment_free_bytes, st.arena_bytes,
-                     st.uncached_live_bytes));
+    fail(
+        fmt::format("segments: reserved {} B (peak {} B) is not held {} B + segment free {} B + arenas {} B + "
+                    "uncached {} B",
+                    st.reserved_bytes, st.peak_reserved_bytes, st.held_bytes, st.segment_free_bytes, st.arena_bytes,
+                    st.uncached_live_bytes));
   if (out != limited_->used())
     fail(fmt::format("segments: the backend has {} B out, its limit adaptor counts {} B", out, limited_->used()));
   if (orphans ? out < st.reserved_bytes : out != st.reserved_bytes)
@@ -395,10 +395,11 @@ void segment_shadow::check(bool with_stats) {
   // Escaped regions count in plan_live_bytes (their plan kept or not), not as blocks.
   if (st.live_blocks != live_blocks || st.live_bytes != live_bytes || st.plan_live_bytes != region_bytes ||
       st.uncached_live_bytes != direct_bytes)
-    fail(fmt::format("segments: the cache counts {} live blocks of {} B, {} B of plan regions and {} B uncached; "
-                     "the handles hold {} blocks of {} B, {} B of regions and {} B from the backend",
-                     st.live_blocks, st.live_bytes, st.plan_live_bytes, st.uncached_live_bytes, live_blocks,
-                     live_bytes, region_bytes, direct_bytes));
+    fail(
+        fmt::format("segments: the cache counts {} live blocks of {} B, {} B of plan regions and {} B uncached; "
+                    "the handles hold {} blocks of {} B, {} B of regions and {} B from the backend",
+                    st.live_blocks, st.live_bytes, st.plan_live_bytes, st.uncached_live_bytes, live_blocks, live_bytes,
+                    region_bytes, direct_bytes));
   // The heaps' own invariants, and the slots' lists of idle pieces against their buckets.
   try {
     rp::detail::access::state(*cache_).check_segments();

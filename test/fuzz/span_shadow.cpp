@@ -211,7 +211,7 @@ void span_shadow::check(bool stamps) {
 
 void span_shadow::finish() {
   failing_->disarm();
-  totals.yields += heap_->stats().span_yields;
+  totals.yields += heap_->stats().events.span_yields;
   for (owned& o : owned_) drop(o);
   check(true);
   heap_->release_all();

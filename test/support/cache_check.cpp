@@ -32,7 +32,7 @@ void cache_state::check_segments() const {
     self.leave_all();
     throw std::logic_error(std::move(what));
   };
-  for (const auto& s : slots_) {
+  for (const auto& s : slots_.all) {
     // Every idle piece is listed exactly once, in its bucket's piece list.
     std::size_t listed = 0;
     for (const auto& list : s->piece_lists) {
@@ -47,7 +47,7 @@ void cache_state::check_segments() const {
     const std::size_t idle_before = idle_pieces;
     s->buckets.for_each([&](const bucket& bk) {
       if (bk.unused()) return;  // holds no block, so nothing holds its key's backend
-      const bool segmented = piece_unit(*bk.key.backend, segments_) != 1;
+      const bool segmented = piece_unit(*bk.key.backend, settings_.segments) != 1;
       if ((bk.pieces != nullptr) != segmented)
         fail(fmt::format("refpool: the bucket of {} B has the wrong piece list", bk.key.bytes));
       if (!segmented) return;

@@ -108,8 +108,9 @@ void segment_heap::check() const {
         used += r->bytes;
         ++seg_pieces;
         if (r->span) {
-          const auto record = std::find_if(spans_.begin(), spans_.end(), [&](const auto& s) { return s->node == r; });
-          if (record == spans_.end() || (*record)->home != r->address || (*record)->bytes != r->bytes)
+          const auto record =
+              std::find_if(spans_.records.begin(), spans_.records.end(), [&](const auto& s) { return s->node == r; });
+          if (record == spans_.records.end() || (*record)->home != r->address || (*record)->bytes != r->bytes)
             fail(fmt::format("segment {}: the span at {:#x} and its record disagree", seg.id, r->address));
           spanned += r->bytes;
           ++span_ranges;
@@ -129,17 +130,18 @@ void segment_heap::check() const {
   for (std::size_t i = 0; i < 2; ++i)
     if (pools_[i].free.size() != free_ranges[i])
       fail(fmt::format("pool {} indexes {} free ranges, segments have {}", i, pools_[i].free.size(), free_ranges[i]));
-  if (reserved != reserved_ || committed != committed_ || used != used_ || pieces != pieces_out_ ||
-      physical != physical_ || spanned != spanned_)
-    fail(fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces and spans {}/{}, physical {}/{}, "
-                     "in spans {}/{}",
-                     reserved, reserved_, committed, committed_, used, used_, pieces, pieces_out_,
-                     physical, physical_, spanned, spanned_));
+  if (reserved != totals_.reserved || committed != totals_.committed || used != totals_.used ||
+      pieces != totals_.pieces_out || physical != totals_.physical || spanned != totals_.spanned)
+    fail(
+        fmt::format("totals: reserved {}/{}, committed {}/{}, used {}/{}, pieces and spans {}/{}, physical {}/{}, "
+                    "in spans {}/{}",
+                    reserved, totals_.reserved, committed, totals_.committed, used, totals_.used, pieces,
+                    totals_.pieces_out, physical, totals_.physical, spanned, totals_.spanned));
 }
 
 void segment_heap::check_spans(std::size_t span_ranges) const {
   std::size_t placed = 0;
-  for (const auto& s : spans_) {
+  for (const auto& s : spans_.records) {
     if (!s->placed()) {
       if (s->node != nullptr) fail(fmt::format("span {} was yielded but keeps a range", s->id));
       continue;

@@ -270,9 +270,9 @@ TEST_CASE("random carves, give-backs, trims and faults against a model", "[segme
       CHECK(trims > 50);
       CHECK(waits_checked > 100);
       const auto st = heap.stats();
-      CHECK(st.merges > 100);
-      CHECK(st.segments_released + st.decommits > 0);
-      if (cfg.options.use_virtual_memory) CHECK(st.grows > 0);
+      CHECK(st.events.merges > 100);
+      CHECK(st.events.segments_released + st.events.decommits > 0);
+      if (cfg.options.use_virtual_memory) CHECK(st.events.grows > 0);
       if (cfg.options.use_virtual_memory) CHECK(holes_seen > 0);  // trim decommitted commits in the middle
       (void)any_waits;
     }

@@ -169,7 +169,7 @@ TEST_CASE("random spans and pieces against a model", "[segments][spans][model]")
         check_all(op % 16 == 0);
       }
       check_all(true);
-      yields += heap.stats().span_yields;
+      yields += heap.stats().events.span_yields;
       f.failing->disarm();
       while (!out.empty()) give_back(out.size() - 1);
       heap.release_all();

@@ -114,7 +114,7 @@ TEST_CASE("an idle span yields its bytes when its pool would grow: no backend ca
   CHECK(idle.now == state::yielded);
   CHECK(held.now == state::held);
   auto st = heap.stats();
-  CHECK(st.span_yields == 1);
+  CHECK(st.events.span_yields == 1);
   CHECK(st.span_bytes == 4 * MiB);
   CHECK(st.spans == 2);
   heap.check();
@@ -126,7 +126,7 @@ TEST_CASE("an idle span yields its bytes when its pool would grow: no backend ca
   CHECK(idle.home != home);
   CHECK_FALSE(overlaps(p->p, idle));
   CHECK(stamped(p->p, 0x7));
-  CHECK(heap.stats().span_moves == 1);
+  CHECK(heap.stats().events.span_moves == 1);
   heap.check();
   // A held span never yields: this growth commits.
   const auto big = must_carve(heap, 16 * MiB);
@@ -153,7 +153,7 @@ TEST_CASE("idle spans yield least recently idle first, and only to growth of the
   CHECK(older.now == state::yielded);
   CHECK(newer.now == state::idle);
   CHECK(small.now == state::idle);
-  CHECK(heap.stats().span_yields == 1);
+  CHECK(heap.stats().events.span_yields == 1);
   // The out-of-memory step yields every idle span.
   CHECK(heap.yield_idle_spans() == newer.bytes + small.bytes);
   CHECK(newer.now == state::yielded);
@@ -200,7 +200,7 @@ TEST_CASE("a yielded span is held again at home, committing what trim decommitte
   stamp(bytes_of(s), 0x9);
   heap.check();
   CHECK(stamped(bytes_of(s), 0x9));
-  CHECK(heap.stats().span_moves == 0);
+  CHECK(heap.stats().events.span_moves == 0);
   heap.give_back(before, {});
   heap.give_back(after, {});
   heap.give_back_span(&s, {});
@@ -320,7 +320,7 @@ TEST_CASE("out of memory and backend errors while a span is placed leave the hea
   CHECK(heap.ranges().size() == ranges.size());
   CHECK(f.be.outstanding_bytes() == was.committed_bytes);
   REQUIRE(heap.hold_span(s, {}).has_value());  // and it works once memory is there
-  CHECK(heap.stats().span_moves == 0);
+  CHECK(heap.stats().events.span_moves == 0);
   heap.give_back(before, {});
   heap.give_back(after, {});
   heap.give_back_span(&s, {});

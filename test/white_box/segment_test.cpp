@@ -146,19 +146,19 @@ TEST_CASE("carving splits off the rest; giving back coalesces with free neighbou
   const auto b = must_carve(heap, 64 * KiB);
   const auto c = must_carve(heap, 64 * KiB);
   auto st = heap.stats();
-  CHECK(st.splits == 3);
+  CHECK(st.events.splits == 3);
   CHECK(st.free_ranges == 1);
   CHECK(st.used_bytes == 192 * KiB);
   CHECK(st.free_bytes == 2 * MiB - 192 * KiB);
   heap.give_back(a, {});  // no free neighbour
-  CHECK(heap.stats().merges == 0);
+  CHECK(heap.stats().events.merges == 0);
   CHECK(heap.stats().free_ranges == 2);
   heap.give_back(c, {});  // joins the free tail
-  CHECK(heap.stats().merges == 1);
+  CHECK(heap.stats().events.merges == 1);
   CHECK(heap.stats().free_ranges == 2);
   heap.give_back(b, {});  // joins both
   st = heap.stats();
-  CHECK(st.merges == 3);
+  CHECK(st.events.merges == 3);
   CHECK(st.free_ranges == 1);
   CHECK(st.largest_free_bytes == 2 * MiB);
   CHECK(st.used_bytes == 0);
@@ -293,7 +293,7 @@ TEST_CASE("with virtual memory a segment grows in place: contiguous addresses, n
   CHECK(addr(b) == addr(a) + 3 * MiB);
   st = heap.stats();
   CHECK(st.segments == 1);
-  CHECK(st.grows == 1);
+  CHECK(st.events.grows == 1);
   CHECK(st.committed_bytes == 6 * MiB);
   CHECK(f.tracker->commits() == 2);
   CHECK(f.tracker->reservations() == 1);
@@ -334,7 +334,7 @@ TEST_CASE("growing in place keeps the streams of the free tail it extends", "[se
   auto c = heap.carve(3 * MiB, stream(3));  // extends it by a commit of 2 MiB
   REQUIRE(c);
   CHECK(addr(c->p) == addr(a) + 2 * MiB);
-  CHECK(heap.stats().grows == 2);
+  CHECK(heap.stats().events.grows == 2);
   CHECK(c->waits.size() == 1);
   CHECK(has(c->waits, stream(2)));
   heap.give_back(a, stream(1));
@@ -380,7 +380,7 @@ TEST_CASE("a large segment grows in steps of 1/growth_divisor of itself: few com
   CHECK(st.used_bytes == 300 * MiB);
   // 2 MiB at a time would be 149 grows; in steps: 2 MiB up to 32 MiB committed, then growing
   // steps up to 16 MiB (about 16 + 12 + 14 grows).
-  CHECK(st.grows < 60);
+  CHECK(st.events.grows < 60);
   CHECK(most_ahead >= 8 * MiB);  // the steps really grew past the granularity
   for (std::size_t i = 1; i < p.size(); ++i) CHECK(addr(p[i]) == addr(p[i - 1]) + 1 * MiB);
   for (const auto& piece : p) heap.give_back(piece, {});
@@ -448,7 +448,7 @@ TEST_CASE("by default a huge request comes from the growable segment, and a free
   const auto logits = must_carve(heap, 300 * MiB);
   CHECK(logits.segment == small.segment);  // no segment of its own
   heap.give_back(logits, {});
-  const auto cache = must_carve(heap, 100 * MiB);       // lands in the freed bytes
+  const auto cache = must_carve(heap, 100 * MiB);        // lands in the freed bytes
   const auto next_logits = must_carve(heap, 310 * MiB);  // the rest of them, and what they lack
   CHECK(heap.stats().segments == 1);
   // 4 + 300 + 110 MiB (and the growth step's rounding), where segments of their own held
@@ -479,8 +479,8 @@ TEST_CASE("trim gives whole free segments back, least recently used first", "[se
   CHECK(heap.trim(0) == 2 * MiB);
   const auto st = heap.stats();
   CHECK(st.segments == 0);
-  CHECK(st.segments_released == 2);
-  CHECK(st.trimmed_bytes == 4 * MiB);
+  CHECK(st.events.segments_released == 2);
+  CHECK(st.events.trimmed_bytes == 4 * MiB);
   CHECK(f.be.outstanding_bytes() == 0);
   CHECK(f.tracker->allocated() == 0);
   CHECK(f.tracker->deallocations() == 2);
@@ -543,7 +543,7 @@ TEST_CASE("trim decommits free commits of a grown segment, in the middle and at 
   CHECK(heap.trim(0) == 2 * MiB);
   auto st = heap.stats();
   CHECK(st.committed_bytes == 2 * MiB);
-  CHECK(st.decommits == 2);
+  CHECK(st.events.decommits == 2);
   CHECK(st.segments == 1);
   CHECK(f.tracker->committed() == 2 * MiB);
   CHECK(f.tracker->decommits() == 2);

@@ -81,7 +81,7 @@ TEST_CASE("trim decommits a free commit in the middle; growth commits the hole b
   CHECK(f.tracker->committed() == 4 * MiB);
   CHECK(f.limited->used() == 4 * MiB);
   CHECK(f.be.outstanding_bytes() == 4 * MiB);
-  CHECK(heap.stats().decommits == 1);
+  CHECK(heap.stats().events.decommits == 1);
   CHECK(heap.stats().free_bytes == 0);
   CHECK(stamped(p[0], 0xa));
   CHECK(stamped(p[2], 0xc));
