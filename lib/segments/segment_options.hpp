@@ -20,8 +20,11 @@ struct segment_heap_options {
   /// in PyTorch: a 1-byte request costs 512 B, and the unit keeps free ranges few.
   std::size_t piece_granularity = default_piece_unit;
   /// Requests up to this size are small and come from the small pool, so that small pieces,
-  /// which often live long (parameters, scalars), never pin a large segment.
-  std::size_t small_max = std::size_t{1} << 20;
+  /// which often live long (parameters, scalars), never pin a large segment. 256 KiB, not
+  /// PyTorch's 1 MiB: each pool peaks on its own and neither can use the other's free bytes, and
+  /// GPT-2 serving's activations of 256 KiB to 1 MiB made the small pool's peak an extra 8% of
+  /// peak live (1.175x against 1.083x; docs/segments.md, "Size classes").
+  std::size_t small_max = std::size_t{256} << 10;
 
   /// Without virtual memory: size of a small-pool segment (one backend allocation).
   std::size_t small_segment = std::size_t{2} << 20;

@@ -204,13 +204,14 @@ TEST_CASE("an arena's span grows in place in a heap with virtual memory: its reg
   cache_options options;
   options.segments = segment_policy::on;
   alloc_cache cache{options};
-  for (int i = 0; i < 3; ++i) run_step(cache, be, 8, "small");  // pending, recorded, replayed
-  void* const region_before = run_step(cache, be, 8, "small");
+  for (int i = 0; i < 3; ++i) run_step(cache, be, 2, "small");  // pending, recorded, replayed
+  void* const region_before = run_step(cache, be, 2, "small");
   const auto first = cache.stats().arena_bytes;
   REQUIRE(first > 0);
   // The large key's plan joins the shared arena and needs more: its first replay extends the span
-  // where it is, into the bytes its recordings' pieces gave back.
-  for (int i = 0; i < 3; ++i) run_step(cache, be, 32, "large");
+  // where it is, into the bytes its recordings' pieces gave back (all in the small pool: steps
+  // small enough that the grown span stays a small request, up to 256 KiB).
+  for (int i = 0; i < 3; ++i) run_step(cache, be, 8, "large");
   const auto stats = cache.stats();
   CHECK(stats.arena_growths == 1);
   CHECK(stats.arena_replacements == 0);
@@ -219,8 +220,8 @@ TEST_CASE("an arena's span grows in place in a heap with virtual memory: its reg
   CHECK(be.outstanding_bytes() == stats.reserved_bytes);
   const auto allocations = be.allocation_count();
   const auto grows = stats.segment_grows;
-  CHECK(run_step(cache, be, 8, "small") == region_before);  // nothing moved
-  CHECK(run_step(cache, be, 32, "large") != nullptr);
+  CHECK(run_step(cache, be, 2, "small") == region_before);  // nothing moved
+  CHECK(run_step(cache, be, 8, "large") != nullptr);
   CHECK(be.allocation_count() == allocations);
   CHECK(cache.stats().segment_grows == grows);
   CHECK(cache.stats().plan_hits == 5 + 5 + 5 + 5 + 5);

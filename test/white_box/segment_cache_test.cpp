@@ -146,7 +146,7 @@ TEST_CASE("segments: a small miss no free range holds gives the pool's idle piec
   CHECK(at(pieces[5]) == base + 5 * 64 * KiB);
   CHECK(cache.stats().hits == 1);
   for (auto& p : pieces) p.reset();
-  auto big = allocate(f.be, MiB);
+  auto big = allocate(f.be, 256 * KiB);  // small: at most 256 KiB
   CHECK(at(big) == base);  // the 32 pieces went back and joined into one free range
   const cache_stats st = cache.stats();
   CHECK(st.idle_blocks == 1);  // the large pool's idle piece: only the small pool's went back
@@ -298,24 +298,26 @@ TEST_CASE("segments: bytes used on more streams than a set holds make the next u
   heap_fixture f(2 * MiB);
   alloc_cache cache{with_segments()};
   scope s(cache);
-  // Nine 64 KiB pieces on nine streams, a live separator, one more piece, and a live filler.
+  const std::size_t piece = 16 * KiB;  // nine of them are still a small request (up to 256 KiB)
+  // Nine 16 KiB pieces on nine streams, a live separator, one more piece, and a live filler.
   std::vector<data_ref> nine;
-  for (std::uintptr_t i = 1; i <= 9; ++i) nine.push_back(allocate(f.be, 64 * KiB, stream(i)));
-  auto separator = allocate(f.be, 64 * KiB, stream(100));
-  auto tenth = allocate(f.be, 64 * KiB, stream(10));
-  auto filler = allocate(f.be, MiB, stream(100));  // two fillers: both in the small pool (up to 1 MiB)
-  auto filler2 = allocate(f.be, MiB - 11 * 64 * KiB, stream(100));
+  for (std::uintptr_t i = 1; i <= 9; ++i) nine.push_back(allocate(f.be, piece, stream(i)));
+  auto separator = allocate(f.be, piece, stream(100));
+  auto tenth = allocate(f.be, piece, stream(10));
+  std::vector<data_ref> fillers;  // the rest of the small pool's 2 MiB, in small pieces (up to 256 KiB)
+  for (std::size_t left = 2 * MiB - 11 * piece; left > 0; left -= std::min(left, 256 * KiB))
+    fillers.push_back(allocate(f.be, std::min(left, 256 * KiB), stream(100)));
   CHECK(cache.stats().segment_free_bytes == 0);
   tenth.reset();                   // released first: given back first, alone
   for (auto& p : nine) p.reset();  // then the nine, which coalesce
   f.tracker->clear_orders();
-  auto wide = allocate(f.be, 9 * 64 * KiB, stream(50));
+  auto wide = allocate(f.be, 9 * piece, stream(50));
   CHECK(f.tracker->synchronizations() == 1);  // nine streams: "any", so the whole device
   CHECK(f.tracker->orders().empty());
   // After the device-wide wait no free byte has work in flight: the tenth piece's range forgot
   // stream 10, so carving it for stream 51 needs no wait.
-  auto after = allocate(f.be, 64 * KiB, stream(51));
-  CHECK(at(after) == at(separator) + 64 * KiB);
+  auto after = allocate(f.be, piece, stream(51));
+  CHECK(at(after) == at(separator) + piece);
   CHECK(f.tracker->orders().empty());
   CHECK(f.tracker->synchronizations() == 1);
 }
@@ -424,7 +426,7 @@ TEST_CASE("segments: out of memory gives idle pieces back, trims, retries once, 
     alloc_cache cache{with_segments()};
     scope s(cache);
     { auto large = allocate(f.be, 3 * MiB); }  // the large pool commits 4 MiB: the whole budget
-    auto small = allocate(f.be, 512 * KiB);    // the small pool needs 2 MiB: the large segment must go
+    auto small = allocate(f.be, 256 * KiB);    // the small pool needs 2 MiB: the large segment must go
     const cache_stats st = cache.stats();
     CHECK(st.oom_retries == 1);
     CHECK(st.ooms == 0);

@@ -37,16 +37,25 @@ struct heap_fixture {
   backend be;
 };
 
+/// The heap's tests are written against a small pool of requests up to 1 MiB (PyTorch's split,
+/// and the heap's default before it became 256 KiB): the split itself is what they test, not the
+/// default's value.
+inline detail::segment_heap_options test_heap_options() {
+  detail::segment_heap_options o;
+  o.small_max = MiB;
+  return o;
+}
+
 /// No virtual memory: segments are backend allocations.
 inline detail::segment_heap_options plain_options() {
-  detail::segment_heap_options o;
+  detail::segment_heap_options o = test_heap_options();
   o.use_virtual_memory = false;
   return o;
 }
 
 /// Virtual memory with reservations small enough to fill in a test.
 inline detail::segment_heap_options vm_options(std::size_t reserve = 64 * MiB, std::size_t own_min = 32 * MiB) {
-  detail::segment_heap_options o;
+  detail::segment_heap_options o = test_heap_options();
   o.reserve_bytes = reserve;
   o.own_segment_min = own_min;
   return o;

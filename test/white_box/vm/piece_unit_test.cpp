@@ -66,11 +66,11 @@ TEST_CASE("row 7: the cache gives a backend segments exactly when a heap can ser
       CHECK(unit == std::max<std::size_t>(a, 512));
     }
   }
-  CHECK(segmented == 21);  // 1 B .. 1 MiB: larger units than small_max would cost every small request a unit
+  CHECK(segmented == 19);  // 1 B .. 256 KiB: larger units than small_max would cost every small request a unit
 }
 
 TEST_CASE("row 7: a backend aligned to 4 MiB allocates with segments on (plain blocks)", "[vm][segments]") {
-  for (const std::size_t a : {MiB, 2 * MiB, 4 * MiB, 64 * MiB}) {
+  for (const std::size_t a : {256 * KiB, MiB, 4 * MiB, 64 * MiB}) {
     CAPTURE(a);
     const backend be(std::make_shared<aligned_resource>(a));
     cache_options o;
@@ -81,8 +81,9 @@ TEST_CASE("row 7: a backend aligned to 4 MiB allocates with segments on (plain b
       const data_ref large = cache.allocate(be, 3 * MiB, {});
       CHECK(reinterpret_cast<std::uintptr_t>(small.data()) % a == 0);
       CHECK(reinterpret_cast<std::uintptr_t>(large.data()) % a == 0);
-      // 1 MiB units keep segments (a piece is a multiple of the unit); larger ones plain blocks.
-      CHECK((cache.stats().segments != 0) == (a == MiB));
+      // 256 KiB units (small_max) keep segments (a piece is a multiple of the unit); larger ones
+      // plain blocks.
+      CHECK((cache.stats().segments != 0) == (a == 256 * KiB));
     }
     cache.reclaim();
     CHECK(be.outstanding_bytes() == 0);
