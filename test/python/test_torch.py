@@ -434,6 +434,48 @@ def test_cuda_graphs_replay_bitwise_and_share_a_pool(segments):
     assert result["pools_after_release"] == 0  # and gone at empty_cache
 
 
+RECAPTURE = """
+    import json, torch, refpool, refpool.torch
+    refpool.torch.install()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        start = torch.full((4096,), 1.0, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.empty_cache()
+        graph.capture_begin()
+        out = start
+        for _ in range(10):
+            out = out + 1  # each step frees the one before it, during the capture
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    first = float(out.sum())
+    graph.reset()  # releases the first graph's pool while `out`, its output, lives
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        out.fill_(2.0)
+        for _ in range(10):
+            out = out + 2  # frees the first graph's output during this capture; the replay writes it
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    second = float(out.sum())
+    graph.reset()
+    del graph
+    probe = float(torch.ones(8, device="cuda").sum())  # a capture left broken would fail here
+    print(json.dumps({"first": first, "second": second, "probe": probe}))
+"""
+
+
+@pytest.mark.parametrize("segments", ["auto", "off"])
+def test_a_graph_recaptured_over_its_released_pool(segments):
+    # PyTorch's test_graph_capture_reset_recapture, in this project's words: the second capture
+    # frees memory of the first graph's released pool, which must neither wait for the device
+    # during the capture (that breaks it) nor go back before the replay that writes it.
+    result = child_json(RECAPTURE, env={"REFPOOL_CONF": f"segments:{segments}"})
+    assert result == {"first": 11.0 * 4096, "second": 22.0 * 4096, "probe": 8.0}, result
+
+
 def test_make_graphed_callables_trains_bitwise_like_eager():
     result = child_json("""
         import copy, json, torch, refpool.torch
