@@ -43,6 +43,15 @@ virtual_memory& device_vm() {
   return *vm;
 }
 
+// The virtual memory cases' set-up: faults cleared, device 0's address space, its granularity,
+// and the device memory in use before the case.
+struct device_vm_case {
+  faults_cleared guard;
+  virtual_memory& vm = device_vm();
+  const std::size_t g = vm.granularity();
+  const std::size_t before = fake().device_bytes_in_use(0);
+};
+
 cache_options with_segments() {
   cache_options o;
   o.segments = segment_policy::on;
@@ -70,10 +79,8 @@ struct capturing_stream {
 
 }  // namespace
 
-TEST_CASE("hipMemAddressReserve: out of memory is no address space, another error a backend_error", "[hip-7]") {
-  faults_cleared guard;
-  virtual_memory& vm = device_vm();
-  const std::size_t g = vm.granularity();
+TEST_CASE_METHOD(device_vm_case,
+                 "hipMemAddressReserve: out of memory is no address space, another error a backend_error", "[hip-7]") {
   fake().fail_calls("hipMemAddressReserve", hipErrorOutOfMemory, 1);
   CHECK(vm.reserve(4 * g) == nullptr);
   fake().fail_calls("hipMemAddressReserve", hipErrorInvalidValue, 1);
@@ -84,10 +91,7 @@ TEST_CASE("hipMemAddressReserve: out of memory is no address space, another erro
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("hipMemCreate, hipMemMap, hipMemSetAccess: a failed commit holds nothing", "[hip-7]") {
-  faults_cleared guard;
-  virtual_memory& vm = device_vm();
-  const std::size_t g = vm.granularity();
+TEST_CASE_METHOD(device_vm_case, "hipMemCreate, hipMemMap, hipMemSetAccess: a failed commit holds nothing", "[hip-7]") {
   for (const char* call : {"hipMemCreate", "hipMemMap", "hipMemSetAccess"}) {
     for (const hipError_t error : {hipErrorOutOfMemory, hipErrorInvalidValue}) {
       CAPTURE(call, error);
@@ -109,12 +113,10 @@ TEST_CASE("hipMemCreate, hipMemMap, hipMemSetAccess: a failed commit holds nothi
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("hipMemUnmap or hipMemRelease refused at decommit: kept, retried by the next commit there and by release",
-          "[hip-7]") {
-  faults_cleared guard;
-  virtual_memory& vm = device_vm();
-  const std::size_t g = vm.granularity();
-  const std::size_t before = fake().device_bytes_in_use(0);
+TEST_CASE_METHOD(
+    device_vm_case,
+    "hipMemUnmap or hipMemRelease refused at decommit: kept, retried by the next commit there and by release",
+    "[hip-7]") {
   void* base = vm.reserve(4 * g);
   REQUIRE(base != nullptr);
 
@@ -144,11 +146,7 @@ TEST_CASE("hipMemUnmap or hipMemRelease refused at decommit: kept, retried by th
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("hipMemAddressFree refused at release: reported, and the process goes on", "[hip-7]") {
-  faults_cleared guard;
-  virtual_memory& vm = device_vm();
-  const std::size_t g = vm.granularity();
-  const std::size_t before = fake().device_bytes_in_use(0);
+TEST_CASE_METHOD(device_vm_case, "hipMemAddressFree refused at release: reported, and the process goes on", "[hip-7]") {
   void* base = vm.reserve(4 * g);
   REQUIRE(base != nullptr);
   REQUIRE(vm.commit(base, g));
@@ -198,15 +196,13 @@ TEST_CASE("a cache with segments when a commit fails with an error: backend_erro
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wait for the device succeeds", "[hip-7]") {
+TEST_CASE_METHOD(device_vm_case,
+                 "a decommit during a graph capture keeps the memory mapped until a wait for the device succeeds",
+                 "[hip-7]") {
   // Unmapping waits for the device first; during a capture that wait fails (and breaks the
   // capture: the runtime does not say beforehand that a stream captures). Nothing is unmapped
   // under work that may still be in flight: the pieces stay, and the next decommit after the
   // capture gives them back.
-  faults_cleared guard;
-  virtual_memory& vm = device_vm();
-  const std::size_t g = vm.granularity();
-  const std::size_t before = fake().device_bytes_in_use(0);
   void* base = vm.reserve(4 * g);
   REQUIRE(base != nullptr);
   REQUIRE(vm.commit(base, g));
@@ -227,14 +223,12 @@ TEST_CASE("a decommit during a graph capture keeps the memory mapped until a wai
   CHECK(fake().violations().empty());
 }
 
-TEST_CASE("a reservation released during a graph capture goes with its last piece, after a wait succeeds", "[hip-7]") {
+TEST_CASE_METHOD(device_vm_case,
+                 "a reservation released during a graph capture goes with its last piece, after a wait succeeds",
+                 "[hip-7]") {
   // The driver refuses to free a range that still has mappings (the H100 said
   // CUDA_ERROR_INVALID_VALUE in cuMemAddressFree when a trim during a capture released a segment
   // whose pieces the failed wait had kept): the release waits for the pieces.
-  faults_cleared guard;
-  virtual_memory& vm = device_vm();
-  const std::size_t g = vm.granularity();
-  const std::size_t before = fake().device_bytes_in_use(0);
   void* released = vm.reserve(2 * g);
   void* other = vm.reserve(g);
   REQUIRE(released != nullptr);
