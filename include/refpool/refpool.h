@@ -567,6 +567,23 @@ REFPOOL_C_API refpool_status refpool_allocator_pool_ids(refpool_pool_id* ids, si
 /// Errors: INVALID_ARGUMENT (no such pool).
 REFPOOL_C_API refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, refpool_cache* out);
 
+/// Allocates again, in private pool `pool` of `device`, exactly the `bytes` at `address` that the
+/// pool handed out before and that are idle in it now: *out == address. For restoring a pool to a
+/// checkpoint (PyTorch's setCheckpointPoolState re-allocates the blocks freed since, at their
+/// addresses). Those bytes are either a buffer freed into the pool whose size is what a request of
+/// `bytes` gets (handed out again as a hit would be), or, where the pool carves segments (the
+/// default on CUDA), bytes of its segments that are free or in idle buffers of the pool: those
+/// buffers go back to their segment, and the new buffer is carved exactly there (as a miss). The
+/// buffer counts as an allocation of the pool (stats, live bytes) and is freed like any buffer of
+/// the allocator (refpool_free, refpool_torch_free). `stream`: the stream it is used on, ordered
+/// after the streams that used those bytes, as at a reuse. Thread-safe; a request of another
+/// thread may take the same bytes first. Errors: INVALID_ARGUMENT (out NULL, address NULL, 0 bytes,
+/// no such pool, a device the pool never served, or bytes not idle in the pool: the message says
+/// which bytes are live, or that they are not the pool's; nothing changed then), OUT_OF_MEMORY
+/// (trimmed bytes there could not be committed again), BACKEND.
+REFPOOL_C_API refpool_status refpool_allocator_pool_take(int device, refpool_pool_id pool, void* address, size_t bytes,
+                                                         void* stream, void** out);
+
 /* The exact signatures frameworks call, so they load these by name from librefpool and no Python
  * runs per allocation (docs/frameworks.md). They allocate through the framework allocator.
  *

@@ -141,6 +141,15 @@ refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, refpool_cache*
   });
 }
 
+refpool_status refpool_allocator_pool_take(int device, refpool_pool_id pool, void* address, size_t bytes,
+                                           void* stream, void** out) {
+  return guarded([&] {
+    void*& result = required(out, "refpool_allocator_pool_take", "out");
+    result = framework_allocator::instance().take_in_pool(device, pool_id(pool), address, bytes,
+                                                          refpool::stream_ref{stream});
+  });
+}
+
 void* refpool_torch_malloc(ptrdiff_t size, int device, void* stream) {
   if (size < 0) throw refpool::size_error(fmt::format("refpool: refpool_torch_malloc was asked for {} bytes", size));
   return framework_allocator::instance().allocate(static_cast<std::size_t>(size), device, refpool::stream_ref{stream});

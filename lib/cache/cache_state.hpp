@@ -127,6 +127,21 @@ class cache_state : public ref_counted<cache_state> {
   /// The last handle of cached block `b` went away (any thread).
   void release_cached(block* b, bool via_unsafe_free) noexcept;
 
+  // ---- taking idle bytes back at their address (take_at.cpp) ----------------------------------
+  /// The idle bytes at `address` that a request of `key` gets, handed out again as a live block for
+  /// `stream`, homed in `s` (a private pool restored to a checkpoint: PyTorch's
+  /// setCheckpointPoolState). An idle block of `key` starting there is handed out as a hit (and a
+  /// steal, from another slot); else, where `backend`'s blocks are pieces, the idle pieces over
+  /// those bytes go back to the heap and a piece is carved exactly there from free bytes, as a miss
+  /// makes one. Null when nothing of the cache lies idle there (nothing changed: the caller says
+  /// why). Throws invalid_argument naming the bytes in use when some are (nothing changed), and what
+  /// ordering streams or carving throws. Caller owns `s`; `where` names the caller in messages.
+  /// Sets neither `requested` nor the handle count.
+  block* take_at(slot& s, backend_state& backend, const block_key& key, std::uintptr_t address, stream_ref stream,
+                 std::string_view where);
+  /// The capacity of an idle block of the cache starting at `address` (any key), or 0.
+  [[nodiscard]] std::size_t idle_capacity_at(std::uintptr_t address);
+
   // ---- what alloc_cache offers --------------------------------------------------------------------
   [[nodiscard]] cache_stats stats() const;
   void reset_peaks() noexcept;
@@ -255,6 +270,16 @@ class cache_state : public ref_counted<cache_state> {
   /// Frees idle blocks (then segment free bytes) down to max_idle_bytes when idle bytes passed it.
   void enforce_idle_limit() noexcept;
   void free_to_backend(block* b) noexcept;  // to its source, uncounted from held bytes
+
+  // Taking idle bytes back at their address (take_at.cpp).
+  block* take_idle_block_at(slot& s, const block_key& key, std::uintptr_t address, stream_ref stream,
+                            bool& other_stream);
+  block* carve_idle_at(slot& s, backend_state& backend, const block_key& key, std::uintptr_t address,
+                       stream_ref stream, std::string_view where);
+  /// Gives the idle pieces that are the ranges `used` of `h` back to it; throws invalid_argument
+  /// naming the first range that is no idle piece of this cache (live, or a span), nothing changed.
+  void return_idle_pieces_over(cache_heap& h, const block_key& key, const std::vector<segment_heap::in_use>& used,
+                               std::string_view where);
 
   // Block sources.
   /// Where `backend`'s new blocks come from in this cache, and where they go back to.

@@ -198,29 +198,34 @@ block* segment_source::make(slot& s, backend_state& backend, const block_key& ke
   heap_use h = use_heap(backend);
   std::unique_ptr<piece_block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
   const segment_heap::carved c = carve(s, *h, key.bytes, requested, stream);
+  return home_piece(s, *h, key, std::move(made), c, stream);
+}
+
+block* segment_source::home_piece(slot& s, cache_heap& h, const block_key& key, std::unique_ptr<piece_block> made,
+                                  const segment_heap::carved& c, stream_ref stream) {
   assert(c.p.bytes == key.bytes);  // keys are rounded to the piece unit: every block of a key has its size
   const auto give_up = [&]() noexcept {
     stream_set used = c.waits;  // some waits may have been enqueued: keep every stream
     used.add(stream);
-    std::lock_guard lock(h->mutex);
-    h->heap.give_back(c.p, used);
+    std::lock_guard lock(h.mutex);
+    h.heap.give_back(c.p, used);
   };
   try {
-    wait_for_piece(*h, c.waits, stream);
+    wait_for_piece(h, c.waits, stream);
   } catch (...) {
     give_up();
     throw;
   }
   made->source = this;
-  made->heap = &*h;
+  made->heap = &h;
   made->piece = c.p;
   try {
-    cache_.home_new_block(s, backend, key, made.get(), c.p.address, stream, !c.waits.empty());
+    cache_.home_new_block(s, *h.backend, key, made.get(), c.p.address, stream, !c.waits.empty());
   } catch (...) {
     give_up();
     throw;
   }
-  backend.retain();
+  h.backend->retain();
   cache_.count_held(key.bytes);
   return made.release();
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,6 +41,14 @@ class segment_source final : public block_source {
   /// Gives detached idle pieces of `h` back to it and deletes their blocks. Returns their bytes
   /// (the caller counts them out of the cache).
   std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
+  /// `backend`'s heap if it has one, with one use held. Takes mutex_.
+  std::optional<heap_use> find_heap(const backend_state& backend);
+  /// A take at an address (cache_state::take_at): a new block of exactly the bytes [address,
+  /// address + key.bytes) of `h` for `stream`, homed in `s` and live, as make() makes one. Null
+  /// when some byte is in use or the bytes cannot be a piece of `h` (segment_heap::carve_exact):
+  /// nothing changed then. Throws as make, out of memory included (no reclaim: the bytes are
+  /// the caller's to free).
+  block* make_at(slot& s, cache_heap& h, const block_key& key, std::uintptr_t address, stream_ref stream);
   /// For cache_state::check_segments (test/support/cache_check.cpp): checks every heap (segment_heap::check, throws
   /// std::logic_error) and sums the bytes and count of their pieces out. Caller holds the cache's mutex.
   void check(std::size_t& used_bytes, std::size_t& pieces_out) const;
@@ -85,8 +94,6 @@ class segment_source final : public block_source {
   /// The options of a new heap of `backend`: the defaults where this cache carves its blocks from
   /// segments, else those of a heap of spans alone; nullopt when no heap can serve it.
   [[nodiscard]] std::optional<segment_heap_options> heap_options(const backend_state& backend) const;
-  /// `backend`'s heap if it has one, with one use held. Takes mutex_.
-  std::optional<heap_use> find_heap(const backend_state& backend);
   /// Every heap (or `backend`'s only), with one use held for the caller. Caller holds mutex_.
   std::vector<heap_use> use_heaps_locked(const backend_state* only = nullptr);
   /// Takes out the heaps that hold no segment and have no user, for the caller to destroy once
@@ -96,6 +103,10 @@ class segment_source final : public block_source {
   /// The same, destroying them once it left mutex_. Takes mutex_.
   void drop_empty_heaps() noexcept;
   segment_heap::carved carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested, stream_ref stream);
+  /// The carved piece `c` of `h` becomes block `made`, homed in `s` and live, once `stream` is
+  /// ordered after the streams that used its bytes. On a throw the piece goes back to the heap.
+  block* home_piece(slot& s, cache_heap& h, const block_key& key, std::unique_ptr<piece_block> made,
+                    const segment_heap::carved& c, stream_ref stream);
   void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
   /// A heap of a closed cache: every segment back when nothing is out of it, else every free one
   /// (the rest goes with the last piece or span). Caller holds its lock.

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "api/take_at.hpp"
 #include "framework/pool_resource.hpp"
 
 namespace refpool::detail {
@@ -52,6 +53,17 @@ void framework_allocator::begin_pool(int device, private_pools::id pool, private
     return backend(
         std::make_shared<pool_resource>(backend_for(d), fmt::format("private pool ({}, {})", p.first, p.second)));
   });
+}
+
+void* framework_allocator::take_in_pool(int device, private_pools::id pool, void* address, std::size_t bytes,
+                                        stream_ref stream) {
+  const std::string where =
+      fmt::format("refpool_allocator_pool_take in private pool ({}, {})", pool.first, pool.second);
+  const private_pools::target found = pools_.find(pool, device);
+  if (found.cache == nullptr) throw invalid_argument(fmt::format("refpool: {}: there is no such pool", where));
+  if (!found.be)
+    throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
+  return to_pointer(take_idle_at(*found.cache, found.be, address, bytes, stream, where));
 }
 
 const backend& framework_allocator::make_backend(int device) {

@@ -88,6 +88,11 @@ class framework_allocator {
   /// whose cache takes the allocator's options. Takes `context` in every case.
   void begin_pool(int device, private_pools::id pool, private_pools::stream_filter filter, void* context,
                   void (*drop)(void*));
+  /// refpool_allocator_pool_take: the idle `bytes` at `address` of private pool `pool` on
+  /// `device`, handed out again for `stream` at that address (take_idle_at), as a pointer the
+  /// pointer table keeps. Throws invalid_argument (no such pool, a device it never served, and as
+  /// take_idle_at), and what take_idle_at throws.
+  void* take_in_pool(int device, private_pools::id pool, void* address, std::size_t bytes, stream_ref stream);
   private_pools& pools() noexcept { return pools_; }
 
  private:

@@ -119,6 +119,14 @@ private_pools::target private_pools::route(int device, void* stream) {
   return {};
 }
 
+private_pools::target private_pools::find(id pool_id, int device) {
+  std::lock_guard guard(mutex_);
+  auto found = pools_.find(pool_id);
+  if (found == pools_.end()) return {};
+  auto be = found->second.backends.find(device);
+  return {found->second.cache, be == found->second.backends.end() ? backend{} : be->second};
+}
+
 std::vector<private_pools::id> private_pools::ids() {
   std::lock_guard guard(mutex_);
   std::vector<id> out;

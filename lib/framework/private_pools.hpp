@@ -56,6 +56,10 @@ class private_pools {
   };
   [[nodiscard]] target route(int device, void* stream);
 
+  /// Pool `pool`'s cache with its backend of `device` (null when the pool never served the
+  /// device); empty if no such pool.
+  [[nodiscard]] target find(id pool, int device);
+
   [[nodiscard]] std::vector<id> ids();
   /// The pool's cache, or null.
   [[nodiscard]] std::shared_ptr<alloc_cache> cache_of(id pool);

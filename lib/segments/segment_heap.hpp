@@ -155,6 +155,25 @@ class segment_heap {
   /// Every span record, in the order they were made (for tests).
   [[nodiscard]] std::vector<const segment_span*> spans() const;
 
+  // ---- carving at an address (segment_spans.cpp): a cache handing out again the bytes it handed out
+  // before (a private pool restored to a checkpoint) ------------------------------------------------
+  /// A range in use over the bytes a carve_exact would take: a piece, or a span.
+  struct in_use {
+    range* node;
+    std::uintptr_t address;
+    std::size_t bytes;
+    bool span;
+  };
+  /// The ranges in use over [address, address + piece_bytes(bytes)), in address order: what must
+  /// become free before carve_exact can carve there. nullopt when those bytes cannot be a piece of
+  /// this heap: not inside one segment, in a segment of the other pool than pieces of that size, or
+  /// not at a multiple of the piece unit. Throws size_error as piece_bytes.
+  [[nodiscard]] std::optional<std::vector<in_use>> in_use_over(std::uintptr_t address, std::size_t bytes) const;
+  /// A piece of exactly [address, address + piece_bytes(bytes)) for `stream`, when every byte of it
+  /// is free or uncommitted (the holes are committed). nullopt: some byte is in use, the bytes cannot
+  /// be a piece (in_use_over), or out of memory; nothing changed then. Throws as carve.
+  [[nodiscard]] std::optional<carved> carve_exact(std::uintptr_t address, std::size_t bytes, stream_ref stream);
+
   /// Checks every invariant (commits inside their reservation and apart, ranges tile exactly
   /// the committed bytes, no two free ranges touch, the free indexes hold exactly the free
   /// ranges, counters match, and after a trim that could give back no more, no free segment and
@@ -199,6 +218,9 @@ class segment_heap {
   /// indexed (records and index nodes reserved by the caller).
   void adopt_commit(segment& seg, std::unique_ptr<range> fresh, std::size_t offset, std::size_t bytes) noexcept;
   [[nodiscard]] segment* segment_of(std::uintptr_t address) const noexcept;
+  /// The segment a piece of exactly `n` bytes (a piece size) at `address` would lie in, or null
+  /// (in_use_over says when).
+  [[nodiscard]] segment* segment_for_piece_at(std::uintptr_t address, std::size_t n) const noexcept;
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.

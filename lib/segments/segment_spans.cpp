@@ -159,6 +159,37 @@ segment* segment_heap::segment_of(std::uintptr_t address) const noexcept {
 
 // ---- placing at an address --------------------------------------------------------------------
 
+segment* segment_heap::segment_for_piece_at(std::uintptr_t address, std::size_t n) const noexcept {
+  segment* seg = segment_of(address);
+  if (seg == nullptr) return nullptr;
+  const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
+  const std::uintptr_t end = address + n;
+  // Pieces start at multiples of the piece unit from their segment's base, and lie in one segment.
+  if (seg->pool != id || (address - seg->base) % granule_ != 0 || end < address || end > seg->base + seg->reserved)
+    return nullptr;
+  return seg;
+}
+
+std::optional<std::vector<segment_heap::in_use>> segment_heap::in_use_over(std::uintptr_t address,
+                                                                           std::size_t bytes) const {
+  const std::size_t n = piece_bytes(bytes);
+  const segment* seg = segment_for_piece_at(address, n);
+  if (seg == nullptr) return std::nullopt;
+  std::vector<in_use> out;
+  for (range* r = seg->first; r != nullptr && r->address < address + n; r = r->next)
+    if (!r->free && r->end() > address) out.push_back({r, r->address, r->bytes, r->span});
+  return out;
+}
+
+std::optional<segment_heap::carved> segment_heap::carve_exact(std::uintptr_t address, std::size_t bytes,
+                                                              stream_ref stream) {
+  const std::size_t n = piece_bytes(bytes);
+  segment* seg = segment_for_piece_at(address, n);
+  if (seg == nullptr) return std::nullopt;
+  prepare_carve(pools_[static_cast<std::size_t>(seg->pool)]);
+  return carve_at(*seg, address, n, stream);
+}
+
 std::optional<segment_heap::carved> segment_heap::carve_at(segment& seg, std::uintptr_t address, std::size_t bytes,
                                                            stream_ref stream) {
   const std::uintptr_t end = address + bytes;
