@@ -17,10 +17,6 @@ inline slot* cache_state::ambient_slot() {
   return lease_ambient_for_thread();
 }
 
-/// Orders `stream` after the last stream of idle block `b` and the streams recorded on it (a
-/// cross-stream reuse), and forgets the recorded ones. Throws what resource::order_streams throws.
-void wait_for_streams(block* b, stream_ref stream);
-
 // ---- handing out --------------------------------------------------------------------------
 
 inline void cache_state::mark_live(slot& s, bucket& home, block* b, bool hit) noexcept {

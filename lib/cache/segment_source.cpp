@@ -193,16 +193,11 @@ void segment_source::add_counters(cache_stats& out) const {
 
 // ---- a miss -------------------------------------------------------------------------------
 
-block* segment_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
-                            stream_ref stream) {
-  heap_use h = use_heap(backend);
-  std::unique_ptr<piece_block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
-  const segment_heap::carved c = carve(s, *h, key.bytes, requested, stream);
-  return home_piece(s, *h, key, std::move(made), c, stream);
-}
-
-block* segment_source::home_piece(slot& s, cache_heap& h, const block_key& key, std::unique_ptr<piece_block> made,
-                                  const segment_heap::carved& c, stream_ref stream) {
+// Always inlined: make() keeps the code it had when this was its own (make_at shares it).
+inline __attribute__((always_inline)) block* segment_source::home_piece(slot& s, cache_heap& h, const block_key& key,
+                                                                        std::unique_ptr<piece_block> made,
+                                                                        const segment_heap::carved& c,
+                                                                        stream_ref stream) {
   assert(c.p.bytes == key.bytes);  // keys are rounded to the piece unit: every block of a key has its size
   const auto give_up = [&]() noexcept {
     stream_set used = c.waits;  // some waits may have been enqueued: keep every stream
@@ -228,6 +223,27 @@ block* segment_source::home_piece(slot& s, cache_heap& h, const block_key& key, 
   h.backend->retain();
   cache_.count_held(key.bytes);
   return made.release();
+}
+
+block* segment_source::make(slot& s, backend_state& backend, const block_key& key, std::size_t requested,
+                            stream_ref stream) {
+  heap_use h = use_heap(backend);
+  std::unique_ptr<piece_block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
+  const segment_heap::carved c = carve(s, *h, key.bytes, requested, stream);
+  return home_piece(s, *h, key, std::move(made), c, stream);
+}
+
+block* segment_source::make_at(slot& s, cache_heap& h, const block_key& key, std::uintptr_t address,
+                               stream_ref stream) {
+  std::unique_ptr<piece_block> made(h.new_block());  // before carving, so a bad_alloc leaves the heap alone
+  std::optional<segment_heap::carved> c;
+  {
+    std::lock_guard lock(h.mutex);
+    const committed_change change(reserved_, h);  // uncommitted holes there are committed
+    c = h.heap.carve_exact(address, key.bytes, stream);
+  }
+  if (!c) return nullptr;
+  return home_piece(s, h, key, std::move(made), *c, stream);
 }
 
 segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,

@@ -13,7 +13,7 @@
 
 #include <refpool/error.hpp>
 
-#include "cache/hit_path.hpp"  // mark_live, wait_for_streams
+#include "cache/hit_path.hpp"  // mark_live
 
 namespace refpool::detail {
 
@@ -24,6 +24,20 @@ std::string byte_range(std::uintptr_t address, std::size_t bytes) {
 }
 
 std::uintptr_t address_of(const block* b) noexcept { return reinterpret_cast<std::uintptr_t>(b->ptr); }
+
+/// Orders `stream` after every stream that may still use idle block `b` (its last one and those
+/// recorded on it: the whole device when there were too many to keep), which it then forgets.
+void order_after_users(block* b, stream_ref stream) {
+  resource& res = b->backend->res();
+  const stream_set users = streams_of(*b).without(stream);
+  if (users.any()) {
+    res.synchronize();
+  } else {
+    for (const stream_ref producer : users) res.order_streams(producer, stream);
+  }
+  std::lock_guard guard(b->streams_lock);
+  b->extra_streams.clear();
+}
 
 }  // namespace
 
@@ -37,7 +51,7 @@ block* cache_state::take_at(slot& s, backend_state& backend, const block_key& ke
   }
   if (other_stream) {
     try {
-      wait_for_streams(b, stream);
+      order_after_users(b, stream);
     } catch (...) {
       release_cached(b, false);  // idle again, still ordered after its old streams
       throw;
@@ -147,19 +161,6 @@ void cache_state::return_idle_pieces_over(cache_heap& h, const block_key& key,
   }
   leave_all();
   return_pieces(h, pieces);
-}
-
-block* segment_source::make_at(slot& s, cache_heap& h, const block_key& key, std::uintptr_t address,
-                               stream_ref stream) {
-  std::unique_ptr<piece_block> made(h.new_block());  // before carving, so a bad_alloc leaves the heap alone
-  std::optional<segment_heap::carved> c;
-  {
-    std::lock_guard lock(h.mutex);
-    const committed_change change(reserved_, h);  // uncommitted holes there are committed
-    c = h.heap.carve_exact(address, key.bytes, stream);
-  }
-  if (!c) return nullptr;
-  return home_piece(s, h, key, std::move(made), *c, stream);
 }
 
 std::size_t cache_state::idle_capacity_at(std::uintptr_t address) {
