@@ -34,16 +34,17 @@ namespace {
     // nothing handed out starts there
   }
   if (live)
-    throw invalid_argument(
-        fmt::format("refpool: {}: bytes {} are live: the buffer at {} is in use (free it first)", where, range, address));
+    throw invalid_argument(fmt::format("refpool: {}: bytes {} are live: the buffer at {} is in use (free it first)",
+                                       where, range, address));
   if (const std::size_t other = cache.idle_capacity_at(at); other != 0)
     throw invalid_argument(fmt::format(
         "refpool: {}: the idle buffer at {} holds {}, but a request of {} gets {}: take it with the size it was "
         "allocated with",
         where, address, scaled_bytes(other), scaled_bytes(bytes), scaled_bytes(capacity)));
-  throw invalid_argument(fmt::format("refpool: {}: bytes {} are not the pool's: no idle buffer of it starts there, no live "
-                                     "one handed out by pointer does, and no free bytes of its segments lie there",
-                                     where, range));
+  throw invalid_argument(
+      fmt::format("refpool: {}: bytes {} are not the pool's: no idle buffer of it starts there, no live "
+                  "one handed out by pointer does, and no free bytes of its segments lie there",
+                  where, range));
 }
 
 }  // namespace

@@ -141,8 +141,8 @@ refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, refpool_cache*
   });
 }
 
-refpool_status refpool_allocator_pool_take(int device, refpool_pool_id pool, void* address, size_t bytes,
-                                           void* stream, void** out) {
+refpool_status refpool_allocator_pool_take(int device, refpool_pool_id pool, void* address, size_t bytes, void* stream,
+                                           void** out) {
   return guarded([&] {
     void*& result = required(out, "refpool_allocator_pool_take", "out");
     result = framework_allocator::instance().take_in_pool(device, pool_id(pool), address, bytes,

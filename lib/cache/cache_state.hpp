@@ -274,8 +274,8 @@ class cache_state : public ref_counted<cache_state> {
   // Taking idle bytes back at their address (take_at.cpp).
   block* take_idle_block_at(slot& s, const block_key& key, std::uintptr_t address, stream_ref stream,
                             bool& other_stream);
-  block* carve_idle_at(slot& s, backend_state& backend, const block_key& key, std::uintptr_t address,
-                       stream_ref stream, std::string_view where);
+  block* carve_idle_at(slot& s, backend_state& backend, const block_key& key, std::uintptr_t address, stream_ref stream,
+                       std::string_view where);
   /// Gives the idle pieces that are the ranges `used` of `h` back to it; throws invalid_argument
   /// naming the first range that is no idle piece of this cache (live, or a span), nothing changed.
   void return_idle_pieces_over(cache_heap& h, const block_key& key, const std::vector<segment_heap::in_use>& used,

@@ -61,8 +61,7 @@ void* framework_allocator::take_in_pool(int device, private_pools::id pool, void
       fmt::format("refpool_allocator_pool_take in private pool ({}, {})", pool.first, pool.second);
   const private_pools::target found = pools_.find(pool, device);
   if (found.cache == nullptr) throw invalid_argument(fmt::format("refpool: {}: there is no such pool", where));
-  if (!found.be)
-    throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
+  if (!found.be) throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
   return to_pointer(take_idle_at(*found.cache, found.be, address, bytes, stream, where));
 }
 

@@ -49,16 +49,21 @@ struct counts {
   std::size_t live_bytes, live_blocks, idle_bytes, idle_blocks, held_bytes, segment_free_bytes;
   std::uint64_t hits, misses, steals;
   explicit counts(const cache_stats& s)
-      : live_bytes(s.live_bytes), live_blocks(s.live_blocks), idle_bytes(s.idle_bytes), idle_blocks(s.idle_blocks),
-        held_bytes(s.held_bytes), segment_free_bytes(s.segment_free_bytes), hits(s.hits), misses(s.misses),
+      : live_bytes(s.live_bytes),
+        live_blocks(s.live_blocks),
+        idle_bytes(s.idle_bytes),
+        idle_blocks(s.idle_blocks),
+        held_bytes(s.held_bytes),
+        segment_free_bytes(s.segment_free_bytes),
+        hits(s.hits),
+        misses(s.misses),
         steals(s.steals) {}
   friend bool operator==(const counts&, const counts&) = default;
 };
 
 }  // namespace
 
-TEST_CASE("take at: a freed block comes back at its address, counted as before its free",
-          "[take_at][cache]") {
+TEST_CASE("take at: a freed block comes back at its address, counted as before its free", "[take_at][cache]") {
   const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
   INFO("segments " << (policy == segment_policy::on ? "on" : "off"));
   heap_fixture f;
