@@ -92,6 +92,8 @@ block* cache_state::take_idle_block_at(slot& s, const block_key& key, std::uintp
     mark_live(s, s.bucket_for(key), b, true);  // the bucket exists: reserved above, under mutex_ since
     other_stream = b->last_stream != stream || !b->extra_streams.empty();
     if (other_stream) s.counters.cross_stream_reuses += 1;
+  } else if (bucket* mine = s.buckets.find(key)) {
+    s.erase_if_unused(*mine);  // the one made above, if it holds nothing
   }
   leave_all();
   return b;
@@ -149,8 +151,8 @@ void cache_state::return_idle_pieces_over(cache_heap& h, const block_key& key,
   if (missing != found.end()) {
     leave_all();
     const segment_heap::in_use& u = used[static_cast<std::size_t>(missing - found.begin())];
-    throw invalid_argument(fmt::format("refpool: {}: bytes {} are in use: {}", where, byte_range(u.address, u.bytes),
-                                       u.span ? "a plan arena's span" : "a live buffer of the cache starts there"));
+    throw invalid_argument(fmt::format("refpool: {}: bytes {} are in use ({})", where, byte_range(u.address, u.bytes),
+                                       u.span ? "a plan arena's span" : "a live buffer"));
   }
   // All idle: each leaves its slot (slot by slot, as detach_idle takes them), then the heap takes them back.
   for (const auto& holder : slots_.all) {
