@@ -193,9 +193,11 @@ void segment_source::add_counters(cache_stats& out) const {
 
 // ---- a miss -------------------------------------------------------------------------------
 
-// Always inlined: make() keeps the code it had when this was its own (make_at shares it).
-inline __attribute__((always_inline)) block* segment_source::home_piece(slot& s, cache_heap& h, const block_key& key,
-                                                                        std::unique_ptr<piece_block> made,
+// Always inlined, so that make() keeps its own code as before (make_at shares this part with it); the
+// block `made` is the caller's until it is homed.
+inline __attribute__((always_inline)) block* segment_source::home_piece(slot& s, cache_heap& h, backend_state& backend,
+                                                                        const block_key& key,
+                                                                        std::unique_ptr<piece_block>& made,
                                                                         const segment_heap::carved& c,
                                                                         stream_ref stream) {
   assert(c.p.bytes == key.bytes);  // keys are rounded to the piece unit: every block of a key has its size
@@ -215,12 +217,12 @@ inline __attribute__((always_inline)) block* segment_source::home_piece(slot& s,
   made->heap = &h;
   made->piece = c.p;
   try {
-    cache_.home_new_block(s, *h.backend, key, made.get(), c.p.address, stream, !c.waits.empty());
+    cache_.home_new_block(s, backend, key, made.get(), c.p.address, stream, !c.waits.empty());
   } catch (...) {
     give_up();
     throw;
   }
-  h.backend->retain();
+  backend.retain();
   cache_.count_held(key.bytes);
   return made.release();
 }
@@ -230,7 +232,7 @@ block* segment_source::make(slot& s, backend_state& backend, const block_key& ke
   heap_use h = use_heap(backend);
   std::unique_ptr<piece_block> made(h->new_block());  // before carving, so a bad_alloc leaves the heap alone
   const segment_heap::carved c = carve(s, *h, key.bytes, requested, stream);
-  return home_piece(s, *h, key, std::move(made), c, stream);
+  return home_piece(s, *h, backend, key, made, c, stream);
 }
 
 block* segment_source::make_at(slot& s, cache_heap& h, const block_key& key, std::uintptr_t address,
@@ -243,7 +245,7 @@ block* segment_source::make_at(slot& s, cache_heap& h, const block_key& key, std
     c = h.heap.carve_exact(address, key.bytes, stream);
   }
   if (!c) return nullptr;
-  return home_piece(s, h, key, std::move(made), *c, stream);
+  return home_piece(s, h, *h.backend, key, made, *c, stream);
 }
 
 segment_heap::carved segment_source::carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested,

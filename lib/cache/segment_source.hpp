@@ -103,10 +103,11 @@ class segment_source final : public block_source {
   /// The same, destroying them once it left mutex_. Takes mutex_.
   void drop_empty_heaps() noexcept;
   segment_heap::carved carve(slot& s, cache_heap& h, std::size_t bytes, std::size_t requested, stream_ref stream);
-  /// The carved piece `c` of `h` becomes block `made`, homed in `s` and live, once `stream` is
-  /// ordered after the streams that used its bytes. On a throw the piece goes back to the heap.
-  block* home_piece(slot& s, cache_heap& h, const block_key& key, std::unique_ptr<piece_block> made,
-                    const segment_heap::carved& c, stream_ref stream);
+  /// The carved piece `c` of `h` (`backend`'s) becomes block `made` (released to the caller's
+  /// return), homed in `s` and live, once `stream` is ordered after the streams that used its
+  /// bytes. On a throw the piece goes back to the heap and `made` stays the caller's.
+  block* home_piece(slot& s, cache_heap& h, backend_state& backend, const block_key& key,
+                    std::unique_ptr<piece_block>& made, const segment_heap::carved& c, stream_ref stream);
   void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
   /// A heap of a closed cache: every segment back when nothing is out of it, else every free one
   /// (the rest goes with the last piece or span). Caller holds its lock.
