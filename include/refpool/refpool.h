@@ -567,6 +567,31 @@ REFPOOL_C_API refpool_status refpool_allocator_pool_ids(refpool_pool_id* ids, si
 /// Errors: INVALID_ARGUMENT (no such pool).
 REFPOOL_C_API refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, refpool_cache* out);
 
+/* ---- graph captures refpool does not route -------------------------------------------------
+ * A device-wide wait (cuCtxSynchronize, hipDeviceSynchronize) fails while any stream of the device
+ * captures a graph, and invalidates that capture, whatever the thread's capture mode; no driver
+ * call says whether some stream of a device captures. refpool waits for a whole device before it
+ * gives virtual memory back (unmapping bytes of unknown streams) and when it reuses cached bytes of
+ * streams it cannot order. The framework allocator announces its private pools' routes itself
+ * (PyTorch's CUDA graph pools and use_mem_pool); a program or library that captures graphs on its
+ * own streams while refpool serves memory on that device announces its captures here.
+ * docs/design.md, "Stream safety", has the rules. */
+
+/// A graph capture may run on `device` from now until the matching refpool_capture_end. Meanwhile
+/// refpool makes no device-wide wait on the device: memory it would give back after one stays
+/// mapped (no longer counted in the cache's reserved bytes) until the device's last announced
+/// capture ends, and a request that would need one is served without the cached bytes that need
+/// it. Announcements nest and count: each begin needs one end. Announce before the capture begins.
+/// Thread-safe.
+/// Errors: INVALID_ARGUMENT (device outside 0 to 63).
+REFPOOL_C_API refpool_status refpool_capture_begin(int device);
+
+/// Ends one announcement of refpool_capture_begin on `device`, once the capture has ended
+/// (cuStreamEndCapture, hipStreamEndCapture); the device's last one waits for the device and gives
+/// back what was kept for its captures, on the calling thread. Thread-safe. Errors:
+/// INVALID_ARGUMENT (device outside 0 to 63, or no announcement of this API open on the device).
+REFPOOL_C_API refpool_status refpool_capture_end(int device);
+
 /* The exact signatures frameworks call, so they load these by name from librefpool and no Python
  * runs per allocation (docs/frameworks.md). They allocate through the framework allocator.
  *
