@@ -497,10 +497,10 @@ typedef struct refpool_memory_segment {
   uint64_t committed_bytes;  ///< bytes backed by memory: the sum of its ranges
   uint64_t first_range;      ///< its ranges are ranges[first_range .. first_range + range_count)
   uint64_t range_count;
-  int32_t device;            ///< the backend's device
-  int32_t memory_kind;       ///< refpool_memory_kind
-  int32_t pool;              ///< refpool_segment_pool
-  int32_t expandable;        ///< 1: grows and shrinks through virtual memory (PyTorch's expandable segments)
+  int32_t device;       ///< the backend's device
+  int32_t memory_kind;  ///< refpool_memory_kind
+  int32_t pool;         ///< refpool_segment_pool
+  int32_t expandable;   ///< 1: grows and shrinks through virtual memory (PyTorch's expandable segments)
 } refpool_memory_segment;
 
 /// One range of a segment, in address order. A struct that grows (its size is passed).

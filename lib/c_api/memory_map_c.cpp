@@ -58,9 +58,9 @@ void* element(T* array, std::size_t index, std::size_t size) noexcept {
 }  // namespace
 
 extern "C" refpool_status refpool_cache_memory_map(refpool_cache cache, refpool_memory_segment* segments,
-                                                   size_t segment_capacity, size_t segment_size,
-                                                   size_t* segment_count, refpool_memory_range* ranges,
-                                                   size_t range_capacity, size_t range_size, size_t* range_count) {
+                                                   size_t segment_capacity, size_t segment_size, size_t* segment_count,
+                                                   refpool_memory_range* ranges, size_t range_capacity,
+                                                   size_t range_size, size_t* range_count) {
   return guarded([&] {
     check_array(segments, segment_capacity, segment_size, segment_count, "segment", "refpool_memory_segment");
     check_array(ranges, range_capacity, range_size, range_count, "range", "refpool_memory_range");

@@ -16,7 +16,7 @@ std::vector<segment_layout> segment_heap::layout() const {
     if (r.free) return layout_range::kind::free;
     if (!r.span) return layout_range::kind::piece;
     return std::binary_search(idle_nodes.begin(), idle_nodes.end(), &r) ? layout_range::kind::span_idle
-                                                                         : layout_range::kind::span_held;
+                                                                        : layout_range::kind::span_held;
   };
   std::vector<segment_layout> out;
   out.reserve(segments_.size());

@@ -62,6 +62,9 @@ def from_map(mapped, pool, known):
                            "frames": []})
             continue
         record = known.pop(r.address, None)
+        if r.state == "span_held":  # a plan's arena: the allocations inside it are its block's
+            for address in [a for a in known if r.address <= a < r.address + r.bytes]:
+                del known[address]
         asked = record["requested_size"] if record else r.bytes
         if record and stream is None:
             stream = record["stream"]

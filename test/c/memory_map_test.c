@@ -76,10 +76,11 @@ static void test_segments(refpool_backend be) {
   refpool_cache cache = make_cache(REFPOOL_SEGMENTS_ON);
   take_map(cache);
   CHECK(segment_count == 0 && range_count == 0);
-  refpool_buffer a = alloc_bytes(be, cache, 3000), b = alloc_bytes(be, cache, 9000), c = alloc_bytes(be, cache, 3 << 20);
+  refpool_buffer a = alloc_bytes(be, cache, 3000), b = alloc_bytes(be, cache, 9000),
+                 c = alloc_bytes(be, cache, 3 << 20);
   void* b_at = data_of(b);
   take_map(cache);
-  CHECK(segment_count >= 2);  /* a small pool's segment and a large pool's */
+  CHECK(segment_count >= 2); /* a small pool's segment and a large pool's */
   CHECK(range_at(data_of(a)) != NULL && range_at(data_of(a))->state == REFPOOL_RANGE_LIVE);
   CHECK(range_at(data_of(c)) != NULL && range_at(data_of(c))->bytes >= (3u << 20));
   CHECK(bytes_in(REFPOOL_RANGE_LIVE) == stat(cache, "live_bytes"));
@@ -104,7 +105,8 @@ static void test_segments(refpool_backend be) {
   older[2 * range_count] = 0xfeedu;
   OK(refpool_cache_memory_map(cache, NULL, 0, sizeof(refpool_memory_segment), &few_segments,
                               (refpool_memory_range*)older, max_ranges, 16, &few_ranges));
-  for (size_t k = 0; k < range_count; ++k) CHECK(older[2 * k] == ranges[k].address && older[2 * k + 1] == ranges[k].bytes);
+  for (size_t k = 0; k < range_count; ++k)
+    CHECK(older[2 * k] == ranges[k].address && older[2 * k + 1] == ranges[k].bytes);
   CHECK(older[2 * range_count] == 0xfeedu);
 
   /* Reclaim: the idle pieces go, and with them every segment no live piece keeps; what stays
