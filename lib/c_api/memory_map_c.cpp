@@ -14,14 +14,14 @@ namespace {
 
 constexpr const char* function = "refpool_cache_memory_map";
 
-refpool_range_state c_state(refpool::detail::map_state state) noexcept {
-  using refpool::detail::map_state;
+refpool_range_state c_state(refpool::detail::range_state state) noexcept {
+  using refpool::detail::range_state;
   switch (state) {
-    case map_state::live: return REFPOOL_RANGE_LIVE;
-    case map_state::idle: return REFPOOL_RANGE_IDLE;
-    case map_state::free: return REFPOOL_RANGE_FREE;
-    case map_state::span_held: return REFPOOL_RANGE_SPAN_HELD;
-    case map_state::span_idle: return REFPOOL_RANGE_SPAN_IDLE;
+    case range_state::live: return REFPOOL_RANGE_LIVE;
+    case range_state::idle: return REFPOOL_RANGE_IDLE;
+    case range_state::free: return REFPOOL_RANGE_FREE;
+    case range_state::span_held: return REFPOOL_RANGE_SPAN_HELD;
+    case range_state::span_idle: return REFPOOL_RANGE_SPAN_IDLE;
   }
   return REFPOOL_RANGE_FREE;
 }
@@ -82,7 +82,7 @@ extern "C" refpool_status refpool_cache_memory_map(refpool_cache cache, refpool_
         out.expandable = seg.expandable ? 1 : 0;
         write_sized(out, element(segments, i, segment_size), segment_size, function, "refpool_memory_segment");
       }
-      for (const refpool::detail::map_range& r : seg.ranges) {
+      for (const refpool::detail::layout_range& r : seg.ranges) {
         if (range_index < range_capacity) {
           const refpool_memory_range out{r.address, r.bytes, i, c_state(r.state), 0};
           write_sized(out, element(ranges, range_index, range_size), range_size, function, "refpool_memory_range");

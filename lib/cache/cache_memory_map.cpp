@@ -15,16 +15,6 @@ namespace {
 
 map_pool pool_of(pool_id pool) noexcept { return pool == pool_id::small ? map_pool::small : map_pool::large; }
 
-map_state state_of(layout_range::kind what) noexcept {
-  switch (what) {
-    case layout_range::kind::piece: return map_state::live;  // idle ones are found in the slots
-    case layout_range::kind::free: return map_state::free;
-    case layout_range::kind::span_held: return map_state::span_held;
-    case layout_range::kind::span_idle: return map_state::span_idle;
-  }
-  return map_state::free;
-}
-
 /// Idle pieces' addresses (sorted, to mark the pieces of the heaps' layouts), and idle whole
 /// blocks, each a segment of its own.
 struct idle_blocks {
@@ -45,7 +35,7 @@ void collect_idle_blocks(const bucket& bk, idle_blocks& out) {
     made.pool = map_pool::whole_block;
     made.device = b->backend->device();
     made.kind = b->backend->kind();
-    made.ranges.push_back(map_range{address, b->capacity, map_state::idle});
+    made.ranges.push_back(layout_range{address, b->capacity, range_state::idle});
   }
 }
 
@@ -69,8 +59,8 @@ memory_map cache_state::map_memory() const {
   }
   std::sort(idle.pieces.begin(), idle.pieces.end());
   memory_map out = std::move(idle.whole);
-  for (const auto& heap : heaps) {
-    for (const segment_layout& seg : heap.segments) {
+  for (auto& heap : heaps) {
+    for (segment_layout& seg : heap.segments) {
       map_segment& made = out.emplace_back();
       made.address = seg.base;
       made.reserved = seg.reserved;
@@ -79,13 +69,10 @@ memory_map cache_state::map_memory() const {
       made.expandable = seg.virtual_memory;
       made.device = heap.backend->device();
       made.kind = heap.backend->kind();
-      made.ranges.reserve(seg.ranges.size());
-      for (const layout_range& r : seg.ranges) {
-        map_state state = state_of(r.what);
-        if (state == map_state::live && std::binary_search(idle.pieces.begin(), idle.pieces.end(), r.address))
-          state = map_state::idle;
-        made.ranges.push_back(map_range{r.address, r.bytes, state});
-      }
+      made.ranges = std::move(seg.ranges);
+      for (layout_range& r : made.ranges)  // the heap says "live" of every piece: the slots know the idle ones
+        if (r.state == range_state::live && std::binary_search(idle.pieces.begin(), idle.pieces.end(), r.address))
+          r.state = range_state::idle;
     }
   }
   std::sort(out.begin(), out.end(), [](const map_segment& a, const map_segment& b) {

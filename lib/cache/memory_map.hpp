@@ -1,7 +1,7 @@
 // A cache's memory map (issue 37): what it holds from its backends, segment by segment, each with
-// its ranges in address order, as PyTorch's memory snapshot thinks of it. Built by
-// cache_state::memory_map (cache_memory_map.cpp); the C API hands it out as
-// refpool_cache_memory_map (refpool.h).
+// its ranges in address order (segments/segment_layout.hpp's range states), as PyTorch's memory
+// snapshot thinks of it. Built by cache_state::map_memory (cache_memory_map.cpp); the C API hands
+// it out as refpool_cache_memory_map (refpool.h).
 #pragma once
 
 #include <cstddef>
@@ -10,26 +10,14 @@
 
 #include <refpool/types.hpp>
 
-namespace refpool::detail {
+#include "segments/segment_layout.hpp"
 
-enum class map_state : std::uint8_t {
-  live,       ///< a piece handed out (held by handles, or on its way back to the cache)
-  idle,       ///< a piece or whole block cached in a slot: handed out again only by this cache
-  free,       ///< free bytes of a segment
-  span_held,  ///< a plan arena in use (a span of the heap)
-  span_idle,  ///< a plan arena not in use now: the heap may yield it
-};
+namespace refpool::detail {
 
 enum class map_pool : std::uint8_t {
   small,        ///< a segment of the small pool (segment_options.hpp's small_max)
   large,        ///< a segment of the large pool
   whole_block,  ///< no segment: one idle block straight from the backend, its own "segment"
-};
-
-struct map_range {
-  std::uintptr_t address = 0;
-  std::size_t bytes = 0;
-  map_state state = map_state::free;
 };
 
 struct map_segment {
@@ -40,7 +28,7 @@ struct map_segment {
   bool expandable = false;  ///< grows and shrinks through virtual memory
   device_id device = 0;
   memory_kind kind = memory_kind::host;
-  std::vector<map_range> ranges;  ///< in address order, tiling the committed bytes
+  std::vector<layout_range> ranges;  ///< in address order, tiling the committed bytes
 };
 
 using memory_map = std::vector<map_segment>;

@@ -12,11 +12,11 @@ std::vector<segment_layout> segment_heap::layout() const {
   for (const auto& s : spans_.records)
     if (s->now == segment_span::state::idle) idle_nodes.push_back(s->node);
   std::sort(idle_nodes.begin(), idle_nodes.end());
-  const auto kind_of = [&](const range& r) {
-    if (r.free) return layout_range::kind::free;
-    if (!r.span) return layout_range::kind::piece;
-    return std::binary_search(idle_nodes.begin(), idle_nodes.end(), &r) ? layout_range::kind::span_idle
-                                                                        : layout_range::kind::span_held;
+  const auto state_of = [&](const range& r) {
+    if (r.free) return range_state::free;
+    if (!r.span) return range_state::live;
+    return std::binary_search(idle_nodes.begin(), idle_nodes.end(), &r) ? range_state::span_idle
+                                                                        : range_state::span_held;
   };
   std::vector<segment_layout> out;
   out.reserve(segments_.size());
@@ -28,7 +28,7 @@ std::vector<segment_layout> segment_heap::layout() const {
     made.pool = seg->pool;
     made.virtual_memory = seg->virtual_memory();
     for (const range* r = seg->first; r != nullptr; r = r->next)
-      made.ranges.push_back(layout_range{r->address, r->bytes, kind_of(*r)});
+      made.ranges.push_back(layout_range{r->address, r->bytes, state_of(*r)});
   }
   return out;
 }

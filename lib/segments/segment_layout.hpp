@@ -11,16 +11,19 @@
 
 namespace refpool::detail {
 
+/// What a range of a segment is, as a memory map shows it (the words of PyTorch's snapshots).
+enum class range_state : std::uint8_t {
+  live,       ///< a piece handed out; the heap cannot tell a cached one, its holder marks those idle
+  idle,       ///< a piece its holder keeps cached (set by the holder, never by the heap)
+  free,       ///< free bytes of the segment
+  span_held,  ///< a span its owner uses (a plan arena in use)
+  span_idle,  ///< a span its owner does not use now (the heap may yield it)
+};
+
 struct layout_range {
-  enum class kind : std::uint8_t {
-    piece,      ///< handed out (the holder knows whether it is live or idle)
-    free,       ///< free bytes of the segment
-    span_held,  ///< a span its owner uses (a plan arena in use)
-    span_idle,  ///< a span its owner does not use now (the heap may yield it)
-  };
   std::uintptr_t address = 0;
   std::size_t bytes = 0;
-  kind what = kind::free;
+  range_state state = range_state::free;
 };
 
 struct segment_layout {

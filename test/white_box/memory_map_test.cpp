@@ -16,7 +16,7 @@
 
 using namespace refpool;
 using detail::map_pool;
-using detail::map_state;
+using detail::range_state;
 
 namespace {
 
@@ -34,14 +34,14 @@ std::uintptr_t at(const data_ref& r) { return reinterpret_cast<std::uintptr_t>(r
 
 /// Every segment's ranges lie in it, in address order, apart, and add up to its committed bytes;
 /// segments are sorted by device, then address. Returns the bytes in `state` over the map.
-std::size_t check_tiling(const detail::memory_map& map, map_state state) {
+std::size_t check_tiling(const detail::memory_map& map, range_state state) {
   std::size_t in_state = 0;
   for (std::size_t i = 0; i < map.size(); ++i) {
     const detail::map_segment& seg = map[i];
     if (i > 0) REQUIRE(std::pair(map[i - 1].device, map[i - 1].address) < std::pair(seg.device, seg.address));
     std::size_t sum = 0;
     std::uintptr_t end = seg.address;
-    for (const detail::map_range& r : seg.ranges) {
+    for (const detail::layout_range& r : seg.ranges) {
       REQUIRE(r.bytes > 0);
       REQUIRE(r.address >= end);
       REQUIRE(r.address + r.bytes <= seg.address + seg.reserved);
@@ -55,7 +55,7 @@ std::size_t check_tiling(const detail::memory_map& map, map_state state) {
 }
 
 /// The range that starts at `address`, or null.
-const detail::map_range* range_at(const detail::memory_map& map, std::uintptr_t address) {
+const detail::layout_range* range_at(const detail::memory_map& map, std::uintptr_t address) {
   for (const auto& seg : map)
     for (const auto& r : seg.ranges)
       if (r.address == address) return &r;
@@ -73,12 +73,12 @@ TEST_CASE("memory map: segments show their live, idle and free ranges; reclaim t
   for (std::size_t bytes : {3 * KiB, 10 * KiB, 100 * KiB, 2048 * KiB}) live.push_back(cache.allocate(be, bytes));
   detail::memory_map map = map_of(cache);
   REQUIRE(!map.empty());
-  CHECK(check_tiling(map, map_state::idle) == 0);
-  CHECK(check_tiling(map, map_state::live) == cache.stats().live_bytes);
+  CHECK(check_tiling(map, range_state::idle) == 0);
+  CHECK(check_tiling(map, range_state::live) == cache.stats().live_bytes);
   for (const data_ref& r : live) {
-    const detail::map_range* found = range_at(map, at(r));
+    const detail::layout_range* found = range_at(map, at(r));
     REQUIRE(found != nullptr);
-    CHECK(found->state == map_state::live);
+    CHECK(found->state == range_state::live);
     CHECK(found->bytes >= r.bytes());
   }
   CHECK(std::any_of(map.begin(), map.end(), [](const auto& s) { return s.pool == map_pool::small; }));
@@ -89,25 +89,26 @@ TEST_CASE("memory map: segments show their live, idle and free ranges; reclaim t
   live.erase(live.begin() + 1);
   map = map_of(cache);
   REQUIRE(range_at(map, released) != nullptr);
-  CHECK(range_at(map, released)->state == map_state::idle);
-  CHECK(check_tiling(map, map_state::idle) == cache.stats().idle_bytes);
-  CHECK(check_tiling(map, map_state::free) == cache.stats().segment_free_bytes);
+  CHECK(range_at(map, released)->state == range_state::idle);
+  CHECK(check_tiling(map, range_state::idle) == cache.stats().idle_bytes);
+  CHECK(check_tiling(map, range_state::free) == cache.stats().segment_free_bytes);
 
   // Reclaim: the idle pieces go, and every segment no live piece keeps; what stays free lies in a
   // commit that a live piece shares (a commit goes back whole).
   const std::uintptr_t large = at(live.back());
   live.pop_back();
   map = map_of(cache);
-  const std::size_t cached_before = check_tiling(map, map_state::free) + check_tiling(map, map_state::idle);
+  const std::size_t cached_before = check_tiling(map, range_state::free) + check_tiling(map, range_state::idle);
   cache.reclaim(0);
   map = map_of(cache);
-  CHECK(check_tiling(map, map_state::idle) == 0);
+  CHECK(check_tiling(map, range_state::idle) == 0);
   CHECK(range_at(map, large) == nullptr);
-  CHECK(check_tiling(map, map_state::free) < cached_before);  // the large segment went back
-  CHECK(check_tiling(map, map_state::free) == cache.stats().segment_free_bytes);
+  CHECK(check_tiling(map, range_state::free) < cached_before);  // the large segment went back
+  CHECK(check_tiling(map, range_state::free) == cache.stats().segment_free_bytes);
   for (const auto& seg : map)
-    CHECK(std::any_of(seg.ranges.begin(), seg.ranges.end(), [](const auto& r) { return r.state == map_state::live; }));
-  for (const data_ref& r : live) CHECK(range_at(map, at(r))->state == map_state::live);
+    CHECK(
+        std::any_of(seg.ranges.begin(), seg.ranges.end(), [](const auto& r) { return r.state == range_state::live; }));
+  for (const data_ref& r : live) CHECK(range_at(map, at(r))->state == range_state::live);
 
   live.clear();
   cache.reclaim(0);
@@ -129,7 +130,7 @@ TEST_CASE("memory map: without segments, idle whole blocks are segments of their
   CHECK(map[0].pool == map_pool::whole_block);
   CHECK(map[0].address == idle_at);
   REQUIRE(map[0].ranges.size() == 1);
-  CHECK(map[0].ranges[0].state == map_state::idle);
+  CHECK(map[0].ranges[0].state == range_state::idle);
   CHECK(map[0].ranges[0].bytes == cache.stats().idle_bytes);
   CHECK(map[0].committed == map[0].ranges[0].bytes);
   CHECK(range_at(map, at(kept)) == nullptr);
@@ -159,15 +160,15 @@ TEST_CASE("memory map: taken while other threads allocate and release, every seg
   }
   // Maps while the workers run: at least 200, and until they made 30,000 requests between them.
   std::size_t rounds = 0;
-  for (; rounds < 200 || done.load() < 30000; ++rounds) (void)check_tiling(map_of(cache), map_state::live);
+  for (; rounds < 200 || done.load() < 30000; ++rounds) (void)check_tiling(map_of(cache), range_state::live);
   CHECK(done.load() < 3 * 200000);  // the maps were taken while they ran
   stop = true;
   for (auto& w : workers) w.join();
   // Quiet now: the map agrees with the counters exactly.
   const detail::memory_map map = map_of(cache);
   const cache_stats st = cache.stats();
-  CHECK(check_tiling(map, map_state::idle) == st.idle_bytes);
-  CHECK(check_tiling(map, map_state::live) == 0);
+  CHECK(check_tiling(map, range_state::idle) == st.idle_bytes);
+  CHECK(check_tiling(map, range_state::live) == 0);
   cache.reclaim(0);
   CHECK(map_of(cache).empty());
 }
