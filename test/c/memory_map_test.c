@@ -109,6 +109,14 @@ static void test_segments(refpool_backend be) {
     CHECK(older[2 * k] == ranges[k].address && older[2 * k + 1] == ranges[k].bytes);
   CHECK(older[2 * range_count] == 0xfeedu);
 
+  /* A newer caller's range struct of 40 bytes: the field this library lacks is zeroed. */
+  uint64_t newer[5 * max_ranges];
+  memset(newer, 0xff, sizeof newer);
+  OK(refpool_cache_memory_map(cache, NULL, 0, sizeof(refpool_memory_segment), &few_segments,
+                              (refpool_memory_range*)newer, max_ranges, 40, &few_ranges));
+  for (size_t k = 0; k < range_count; ++k)
+    CHECK(newer[5 * k] == ranges[k].address && newer[5 * k + 2] == ranges[k].segment && newer[5 * k + 4] == 0);
+
   /* Reclaim: the idle pieces go, and with them every segment no live piece keeps; what stays
    * free lies in a commit a live piece shares (a commit goes back whole). */
   void* c_at = data_of(c);
@@ -163,6 +171,12 @@ static void test_bad_arguments(void) {
   CHECK(error_mentions("refpool_memory_segment"));
   EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, NULL, 0, 0, &m), REFPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(error_mentions("refpool_memory_range"));
+  EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, NULL, 0, (size_t)1 << 20, &m),
+         REFPOOL_ERROR_INVALID_ARGUMENT);
+  uint64_t room[8];
+  EXPECT(refpool_cache_memory_map(cache, (refpool_memory_segment*)((char*)room + 4), 1, seg, &n, NULL, 0, rng, &m),
+         REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("not aligned"));
   OK(refpool_cache_destroy(cache));
   EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, NULL, 0, rng, &m), REFPOOL_ERROR_INVALID_HANDLE);
   refpool_cache none = {0};
