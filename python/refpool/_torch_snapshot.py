@@ -50,13 +50,25 @@ def trace_entry(recorded):
 
 
 def from_map(mapped, pool, known):
-    """PyTorch's segment dict for `mapped`, a refpool.memory_map.Segment of private pool `pool`
-    ((0, 0): the allocator's cache). `known`: address -> the per-allocation segment of a live
-    allocation (its requested size, frames and stream); those matched are taken out of it."""
+    """PyTorch's segment dicts for `mapped`, a refpool.memory_map.Segment of private pool `pool`
+    ((0, 0): the allocator's cache): one per run of contiguous committed bytes (a segment that grows
+    through virtual memory may have uncommitted holes where trim gave commits back; PyTorch's
+    segments are contiguous). `known`: address -> the per-allocation segment of a live allocation
+    (its requested size, frames and stream); those matched are taken out of it."""
+    runs = []
+    for r in mapped.ranges:
+        if not runs or runs[-1][-1].address + runs[-1][-1].bytes != r.address:
+            runs.append([])
+        runs[-1].append(r)
+    large = mapped.pool == "large" or (mapped.pool == "block" and mapped.committed_bytes > LARGE)
+    return [_segment_of_run(run, mapped, pool, "large" if large else "small", known) for run in runs]
+
+
+def _segment_of_run(run, mapped, pool, segment_type, known):
     blocks = []
     allocated = requested = 0
     stream = None
-    for r in mapped.ranges:
+    for r in run:
         if r.state not in ("live", "span_held"):  # idle, free, an idle arena: cached bytes
             blocks.append({"address": r.address, "size": r.bytes, "requested_size": 0, "state": "inactive",
                            "frames": []})
@@ -72,10 +84,9 @@ def from_map(mapped, pool, known):
                        "frames": record["blocks"][0]["frames"] if record else []})
         allocated += r.bytes
         requested += asked
-    large = mapped.pool == "large" or (mapped.pool == "block" and mapped.committed_bytes > LARGE)
-    return {"device": mapped.device, "address": mapped.address, "total_size": mapped.committed_bytes,
+    return {"device": mapped.device, "address": run[0].address, "total_size": sum(r.bytes for r in run),
             "allocated_size": allocated, "active_size": allocated, "requested_size": requested,
-            "stream": stream or 0, "segment_type": "large" if large else "small", "segment_pool_id": tuple(pool),
+            "stream": stream or 0, "segment_type": segment_type, "segment_pool_id": tuple(pool),
             "is_expandable": mapped.expandable, "frames": [], "blocks": blocks}
 
 
@@ -112,7 +123,7 @@ def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=No
                 log_trace.append(dict(entry, action="free_completed"))
         for address, event in log_live.items():
             live.setdefault(address, segment(address, event.size, log_device, event.stream))
-    mapped = [from_map(m, pool_id, live) for pool_id, segments in (maps or ()) for m in segments]
+    mapped = [run for pool_id, segments in (maps or ()) for m in segments for run in from_map(m, pool_id, live)]
     segments = sorted(mapped + list(live.values()), key=lambda s: (s["device"], s["address"]))
     segments = [s for s in segments if pool is None or s["segment_pool_id"] == tuple(pool)]
     return {"segments": segments, "device_traces": traces, "external_annotations": [],

@@ -348,16 +348,22 @@ def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
 def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
     # A map with a plan's arena holding two allocations, and a live allocation no map lists (a plain
     # buffer of a cache without segments): the arena is one block, the plain buffer a segment of its own.
+    # Maps written out here: build() is plain Python, and an arena and a hole are quick to state.
     from refpool.memory_map import Range, Segment
     arena = Segment(1 << 20, 1 << 21, 1 << 21, 0, "device", "large", True,
                     [Range(1 << 20, 1 << 20, "span_held"), Range(2 << 20, 1 << 20, "free")])
     history = {"trace": [], "live": [{"addr": a, "size": 100, "device": 0, "stream": 0, "pool": [0, 0], "frames": []}
                                      for a in ((1 << 20) + 512, (1 << 20) + 4096, 1 << 30)]}
-    snap = _torch_snapshot.build(history, maps=[((0, 0), [arena])])
-    assert [s["address"] for s in snap["segments"]] == [1 << 20, 1 << 30]
+    # A segment with an uncommitted hole (trim gave a commit back): one PyTorch segment per run.
+    holed = Segment(1 << 24, 1 << 23, 1 << 21, 0, "device", "small", True,
+                    [Range(1 << 24, 1 << 20, "idle"), Range((1 << 24) + (3 << 20), 1 << 20, "free")])
+    snap = _torch_snapshot.build(history, maps=[((0, 0), [arena]), ((0, 4), [holed])])
+    assert [s["address"] for s in snap["segments"]] == [1 << 20, 1 << 24, (1 << 24) + (3 << 20), 1 << 30]
     assert [b["state"] for b in snap["segments"][0]["blocks"]] == ["active_allocated", "inactive"]
-    assert snap["segments"][1]["blocks"][0]["requested_size"] == 100  # the per-allocation form
-    check_segment_sums(snap["segments"][:1])
+    assert [s["total_size"] for s in snap["segments"][1:3]] == [1 << 20, 1 << 20]
+    assert [s["segment_pool_id"] for s in snap["segments"]] == [(0, 0), (0, 4), (0, 4), (0, 0)]
+    assert snap["segments"][3]["blocks"][0]["requested_size"] == 100  # the per-allocation form
+    check_segment_sums(snap["segments"][:3])
 
 
 def test_graph_tree_pool_calls_check_liveness_and_restore_what_they_can():
