@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -134,6 +135,30 @@ TEST_CASE("memory map: without segments, idle whole blocks are segments of their
   CHECK(map[0].ranges[0].bytes == cache.stats().idle_bytes);
   CHECK(map[0].committed == map[0].ranges[0].bytes);
   CHECK(range_at(map, at(kept)) == nullptr);
+  cache.reclaim(0);
+  CHECK(map_of(cache).empty());
+}
+
+TEST_CASE("memory map: a plan's arena is a span, held or idle, in segments on and off", "[memory-map][spans]") {
+  const bool segments = GENERATE(true, false);
+  CAPTURE(segments);
+  const backend be = make_host_backend();
+  alloc_cache cache(with_segments(segments ? segment_policy::on : segment_policy::off));
+  detail::segment_source& spans = detail::access::state(cache).spans();
+  detail::backend_state& state = *detail::access::state(be);
+  const std::optional<detail::segment_span*> s = spans.carve_span(state, 3 * 1024 * KiB, {});
+  REQUIRE(s);
+  const auto address = reinterpret_cast<std::uintptr_t>((*s)->address());
+  detail::memory_map map = map_of(cache);
+  REQUIRE(range_at(map, address) != nullptr);
+  CHECK(range_at(map, address)->state == range_state::span_held);
+  CHECK(check_tiling(map, range_state::span_held) == (*s)->bytes);
+  spans.idle_span(state, **s, {});
+  map = map_of(cache);
+  CHECK(range_at(map, address)->state == range_state::span_idle);
+  CHECK(check_tiling(map, range_state::span_idle) == (*s)->bytes);
+  spans.give_back_span(state, *s, {});
+  CHECK(check_tiling(map_of(cache), range_state::span_idle) == 0);
   cache.reclaim(0);
   CHECK(map_of(cache).empty());
 }
