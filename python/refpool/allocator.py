@@ -116,6 +116,15 @@ def pool_ids():
     return [(ids[i].first, ids[i].second) for i in range(min(count.value, len(ids)))]
 
 
+def memory_map(pool=None):
+    """The memory map of the allocator's cache, or of private pool `pool` ((first, second)): a list of
+    refpool.memory_map.Segment (see Cache.memory_map)."""
+    if pool is None:
+        return cache().memory_map()
+    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(*pool))) as pool_cache:
+        return pool_cache.memory_map()
+
+
 def pool_stats(pool):
     """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
     try:
@@ -127,14 +136,5 @@ def pool_stats(pool):
         return pool_cache.stats()
 
 
-def memory_map(pool=None):
-    """The memory map of the allocator's cache, or of private pool `pool` ((first, second)): a list of
-    refpool.memory_map.Segment (see Cache.memory_map)."""
-    if pool is None:
-        return cache().memory_map()
-    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(*pool))) as pool_cache:
-        return pool_cache.memory_map()
-
-
-__all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
-           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats", "memory_map"]
+__all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "memory_map", "malloc", "free",
+           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats"]
