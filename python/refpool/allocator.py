@@ -136,5 +136,5 @@ def pool_stats(pool):
         return pool_cache.stats()
 
 
-__all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "memory_map", "malloc", "free",
-           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats"]
+__all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
+           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats", "memory_map"]
