@@ -513,10 +513,11 @@ typedef struct refpool_memory_range {
 } refpool_memory_range;
 
 /// The memory map of `cache` (PyTorch's memory snapshot, from refpool's side): every segment of its
-/// heaps, with its live and idle pieces, free bytes and plans' arenas in address order, then each
-/// idle buffer of a backend the cache keeps plain buffers for (REFPOOL_SEGMENT_BLOCK); sorted by
-/// device, then address. Live plain buffers (no segments) are not listed: the cache keeps no list
-/// of them (refpool_cache_get_stats counts them). Writes up to `segment_capacity` segments of
+/// heaps, with its live and idle pieces, free bytes and plans' arenas in address order (a segment
+/// that grows through virtual memory has no range over its uncommitted holes), and each idle buffer
+/// of a backend the cache keeps plain buffers for (REFPOOL_SEGMENT_BLOCK), all sorted by device,
+/// then address. Live plain buffers (no segments) are not listed: the cache keeps no list of them
+/// (refpool_cache_get_stats counts them). Writes up to `segment_capacity` segments of
 /// `segment_size` bytes each (sizeof(refpool_memory_segment)) and up to `range_capacity` ranges of
 /// `range_size` bytes each, and the full counts into *segment_count and *range_count: the map is
 /// complete only when both fit, so size the arrays with capacities 0 first, then repeat until both

@@ -205,7 +205,7 @@ class cache_state : public ref_counted<cache_state> {
 
   /// What the cache holds from its backends, segment by segment (memory_map.hpp;
   /// cache_memory_map.cpp): every segment of its heaps with its live and idle pieces, free bytes
-  /// and plan arenas, then each idle whole block as a segment of its own; sorted by device, then
+  /// and plan arenas, and each idle whole block as a segment of its own, sorted by device, then
   /// address. Live whole blocks are not listed (the cache keeps no list of them; stats count
   /// them). Thread-safe: takes mutex_ and visits every slot as an intruder, then each heap under
   /// its lock; a block its slot's owner hands out or takes back meanwhile may show in either state.
