@@ -208,28 +208,25 @@ def test_segment_options(backend):
 def test_memory_map_lists_segments_and_idle_buffers(backend):
     # refpool_cache_memory_map through the package: a segment with a live, an idle and free bytes;
     # without segments, the idle buffer alone (live plain buffers are not listed).
-    with refpool.Cache(segments="on", from_environment=False) as cache:
-        with cache.scope():
+    for segments in ("on", "off"):
+        with refpool.Cache(segments=segments, from_environment=False) as cache, cache.scope():
             kept = refpool.malloc(backend, (1000,), 1)
             gone = refpool.malloc(backend, (3000,), 1)
             gone_at = gone.ptr
             gone.release()
-            (segment,) = cache.memory_map()
-            states = {r.address: r.state for r in segment.ranges}
-            assert states[kept.ptr] == "live" and states[gone_at] == "idle" and "free" in states.values()
-            assert segment.pool == "small" and segment.memory_kind == "host"
-            assert sum(r.bytes for r in segment.ranges) == segment.committed_bytes
+            mapped = cache.memory_map()
+            kept_at = kept.ptr
             kept.release()
-    with refpool.Cache(segments="off", from_environment=False) as cache:
-        with cache.scope():
-            kept = refpool.malloc(backend, (1000,), 1)
-            gone = refpool.malloc(backend, (3000,), 1)
-            gone_at = gone.ptr
-            gone.release()
+        if segments == "off":
             host_device = -1  # the host backend's device number
-            assert cache.memory_map() == [refpool.memory_map.Segment(
-                gone_at, 3000, 3000, host_device, "host", "block", False, [refpool.memory_map.Range(gone_at, 3000, "idle")])]
-            kept.release()
+            assert mapped == [refpool.memory_map.Segment(gone_at, 3000, 3000, host_device, "host", "block", False,
+                                                         [refpool.memory_map.Range(gone_at, 3000, "idle")])]
+            continue
+        (segment,) = mapped
+        states = {r.address: r.state for r in segment.ranges}
+        assert states[kept_at] == "live" and states[gone_at] == "idle" and "free" in states.values()
+        assert segment.pool == "small" and segment.memory_kind == "host"
+        assert sum(r.bytes for r in segment.ranges) == segment.committed_bytes
 
 
 def test_reclaim_and_idle_limit(backend, cache):
