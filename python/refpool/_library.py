@@ -56,6 +56,11 @@ SIGNATURES = {
     "refpool_cache_reset_peaks": (c_int, [("cache", t.Handle)]),
     "refpool_cache_summary": (c_int, [("cache", t.Handle), ("detail", c_int), ("text", POINTER(ctypes.c_char)),
                                       ("capacity", c_size_t), ("length", _size_p)]),
+    "refpool_cache_memory_map": (c_int, [("cache", t.Handle), ("segments", POINTER(t.MemorySegment)),
+                                         ("segment_capacity", c_size_t), ("segment_size", c_size_t),
+                                         ("segment_count", _size_p), ("ranges", POINTER(t.MemoryRange)),
+                                         ("range_capacity", c_size_t), ("range_size", c_size_t),
+                                         ("range_count", _size_p)]),
     # scopes and steps
     "refpool_scope_enter": (c_int, [("cache", t.Handle), ("out", _handle_p)]),
     "refpool_scope_enter_with_options": (c_int, [("cache", t.Handle), ("options", _SIZED), ("out", _handle_p)]),

@@ -117,6 +117,15 @@ def pool_ids():
     return [(ids[i].first, ids[i].second) for i in range(min(count.value, len(ids)))]
 
 
+def memory_map(pool=None):
+    """The memory map of the allocator's cache, or of private pool `pool` ((first, second)): a list of
+    refpool.memory_map.Segment (see Cache.memory_map)."""
+    if pool is None:
+        return cache().memory_map()
+    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(*pool))) as pool_cache:
+        return pool_cache.memory_map()
+
+
 def pool_stats(pool):
     """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
     try:
@@ -143,5 +152,5 @@ def announced_capture(device=0):
 
 
 __all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
-           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats",
+           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats", "memory_map",
            "announced_capture"]
