@@ -472,6 +472,66 @@ typedef enum refpool_summary_detail REFPOOL_ENUM_BASE {
 REFPOOL_C_API refpool_status refpool_cache_summary(refpool_cache cache, refpool_summary_detail detail, char* text,
                                                    size_t capacity, size_t* length);
 
+/* ---- memory maps --------------------------------------------------------------------------- */
+
+/// What a range of a cache's memory is (refpool_memory_range::state).
+typedef enum refpool_range_state REFPOOL_ENUM_BASE {
+  REFPOOL_RANGE_LIVE = 0,       ///< a piece handed out (held by buffers)
+  REFPOOL_RANGE_IDLE = 1,       ///< cached: handed out again only by this cache
+  REFPOOL_RANGE_FREE = 2,       ///< free bytes of a segment (trimmed by refpool_cache_reclaim)
+  REFPOOL_RANGE_SPAN_HELD = 3,  ///< a plan's arena in use
+  REFPOOL_RANGE_SPAN_IDLE = 4   ///< a plan's arena not in use now (the segment may take its bytes back)
+} refpool_range_state;
+
+/// Which pool a segment of a memory map is in (refpool_memory_segment::pool).
+typedef enum refpool_segment_pool REFPOOL_ENUM_BASE {
+  REFPOOL_SEGMENT_SMALL = 0,  ///< a segment of the small pool (requests up to 256 KiB by default)
+  REFPOOL_SEGMENT_LARGE = 1,  ///< a segment of the large pool
+  REFPOOL_SEGMENT_BLOCK = 2   ///< no segment: one idle buffer straight from the backend, listed as its own segment
+} refpool_segment_pool;
+
+/// One segment of a cache's memory map. A struct that grows (its size is passed).
+typedef struct refpool_memory_segment {
+  uint64_t address;          ///< its first byte (a device address for device memory)
+  uint64_t reserved_bytes;   ///< address space
+  uint64_t committed_bytes;  ///< bytes backed by memory: the sum of its ranges
+  uint64_t first_range;      ///< its ranges are ranges[first_range .. first_range + range_count)
+  uint64_t range_count;
+  int32_t device;       ///< the backend's device
+  int32_t memory_kind;  ///< refpool_memory_kind
+  int32_t pool;         ///< refpool_segment_pool
+  int32_t expandable;   ///< 1: grows and shrinks through virtual memory (PyTorch's expandable segments)
+} refpool_memory_segment;
+
+/// One range of a segment, in address order. A struct that grows (its size is passed).
+typedef struct refpool_memory_range {
+  uint64_t address;
+  uint64_t bytes;
+  uint64_t segment;  ///< the index of its segment in the segments array
+  int32_t state;     ///< refpool_range_state
+  int32_t unused;    ///< 0
+} refpool_memory_range;
+
+/// The memory map of `cache` (PyTorch's memory snapshot, from refpool's side): every segment of its
+/// heaps, with its live and idle pieces, free bytes and plans' arenas in address order (a segment
+/// that grows through virtual memory has no range over its uncommitted holes), and each idle buffer
+/// of a backend the cache keeps plain buffers for (REFPOOL_SEGMENT_BLOCK), all sorted by device,
+/// then address. Live plain buffers (no segments) are not listed: the cache keeps no list of them
+/// (refpool_cache_get_stats counts them). Writes up to `segment_capacity` segments of
+/// `segment_size` bytes each (sizeof(refpool_memory_segment)) and up to `range_capacity` ranges of
+/// `range_size` bytes each, and the full counts into *segment_count and *range_count: the map is
+/// complete only when both fit, so size the arrays with capacities 0 first, then repeat until both
+/// counts fit (other threads may change the map between calls). The caller owns the arrays.
+/// Thread-safe: taken while other threads allocate and release, each segment is consistent, and a
+/// buffer handed out or given back meanwhile shows in either state. For the framework allocator,
+/// pass refpool_allocator_cache's handle, and each private pool's (refpool_allocator_pool_cache).
+/// Errors: INVALID_ARGUMENT (a count NULL, an array NULL with its capacity > 0, a bad size),
+/// INVALID_HANDLE, OUT_OF_MEMORY.
+REFPOOL_C_API refpool_status refpool_cache_memory_map(refpool_cache cache, refpool_memory_segment* segments,
+                                                      size_t segment_capacity, size_t segment_size,
+                                                      size_t* segment_count, refpool_memory_range* ranges,
+                                                      size_t range_capacity, size_t range_size, size_t* range_count);
+
 /* ---- the framework allocator -------------------------------------------------------------- */
 
 /// Fills *options of `options_size` bytes (sizeof(refpool_allocator_options)) with the defaults:
@@ -583,6 +643,31 @@ REFPOOL_C_API refpool_status refpool_allocator_pool_cache(refpool_pool_id pool, 
 /// (trimmed bytes there could not be committed again), BACKEND.
 REFPOOL_C_API refpool_status refpool_allocator_pool_take(int device, refpool_pool_id pool, void* address, size_t bytes,
                                                          void* stream, void** out);
+
+/* ---- graph captures refpool does not route -------------------------------------------------
+ * A device-wide wait (cuCtxSynchronize, hipDeviceSynchronize) fails while any stream of the device
+ * captures a graph, and invalidates that capture, whatever the thread's capture mode; no driver
+ * call says whether some stream of a device captures. refpool waits for a whole device before it
+ * gives virtual memory back (unmapping bytes of unknown streams) and when it reuses cached bytes of
+ * streams it cannot order. The framework allocator announces its private pools' routes itself
+ * (PyTorch's CUDA graph pools and use_mem_pool); a program or library that captures graphs on its
+ * own streams while refpool serves memory on that device announces its captures here.
+ * docs/design.md, "Stream safety", has the rules. */
+
+/// A graph capture may run on `device` from now until the matching refpool_capture_end. Meanwhile
+/// refpool makes no device-wide wait on the device: memory it would give back after one stays
+/// mapped (no longer counted in the cache's reserved bytes) until the device's last announced
+/// capture ends, and a request that would need one is served without the cached bytes that need
+/// it. Announcements nest and count: each begin needs one end. Announce before the capture begins.
+/// Thread-safe.
+/// Errors: INVALID_ARGUMENT (device outside 0 to 63).
+REFPOOL_C_API refpool_status refpool_capture_begin(int device);
+
+/// Ends one announcement of refpool_capture_begin on `device`, once the capture has ended
+/// (cuStreamEndCapture, hipStreamEndCapture); the device's last one waits for the device and gives
+/// back what was kept for its captures, on the calling thread. Thread-safe. Errors:
+/// INVALID_ARGUMENT (device outside 0 to 63, or no announcement of this API open on the device).
+REFPOOL_C_API refpool_status refpool_capture_end(int device);
 
 /* The exact signatures frameworks call, so they load these by name from librefpool and no Python
  * runs per allocation (docs/frameworks.md). They allocate through the framework allocator.

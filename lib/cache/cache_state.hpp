@@ -34,6 +34,7 @@
 #include "cache/cache_counters.hpp"
 #include "cache/extension_points.hpp"
 #include "cache/idle_limit.hpp"
+#include "cache/memory_map.hpp"
 #include "cache/piece_units.hpp"
 #include "cache/reserved_counter.hpp"
 #include "cache/segment_source.hpp"
@@ -216,6 +217,15 @@ class cache_state : public ref_counted<cache_state> {
   /// (segment_heap::check) and that the bytes of pieces the heaps have out equal the bytes of this cache's blocks that
   /// are pieces, live and idle. Throws std::logic_error naming the first violation.
   void check_segments() const;
+
+  /// What the cache holds from its backends, segment by segment (memory_map.hpp;
+  /// cache_memory_map.cpp): every segment of its heaps with its live and idle pieces, free bytes
+  /// and plan arenas, and each idle whole block as a segment of its own, sorted by device, then
+  /// address. Live whole blocks are not listed (the cache keeps no list of them; stats count
+  /// them). Thread-safe: takes mutex_ and visits every slot as an intruder, then each heap under
+  /// its lock; a block its slot's owner hands out or takes back meanwhile may show in either state.
+  /// Throws std::bad_alloc only.
+  [[nodiscard]] memory_map map_memory() const;
 
  private:
   friend class ref_counted<cache_state>;

@@ -84,6 +84,15 @@ class segment_source final : public block_source {
   /// bytes back). Returns the bytes yielded.
   std::size_t yield_idle_spans(const backend_state& backend) noexcept;
 
+  // ---- the memory map (segment_source_map.cpp) ------------------------------------------------
+  /// Every heap's segments (segment_heap::layout), each heap read under its lock, with its backend.
+  /// Caller holds the cache's mutex (heaps are dropped only under it). Throws std::bad_alloc only.
+  struct heap_layout {
+    const backend_state* backend;
+    std::vector<segment_layout> segments;
+  };
+  [[nodiscard]] std::vector<heap_layout> layouts_locked() const;
+
  private:
   /// The heap that holds span `s` (carve_span keeps it in the span): no lookup under mutex_, and no
   /// use counted, since a heap that holds a span is never dropped.

@@ -9,23 +9,19 @@
 namespace refpool::detail::gpu {
 
 namespace {
-// Devices 0 to 63, as the framework allocator's; others are never announced.
-constexpr std::size_t counted_devices = 64;
-
 struct device_captures {
   std::mutex mutex;  // held by a device_wait: a capture is not announced during the wait
   int count = 0;
   std::vector<kept_for_capture*> kept;
 };
-std::array<device_captures, counted_devices>& devices() {
+std::array<device_captures, std::size_t{counted_devices}>& devices() {
   static auto* instance =
-      new std::array<device_captures, counted_devices>;  // leaked: frees may come from static destructors
+      new std::array<device_captures, std::size_t{counted_devices}>;  // leaked: frees may come from static destructors
   return *instance;
 }
 
 device_captures* counted(int device) noexcept {
-  return device >= 0 && static_cast<std::size_t>(device) < counted_devices
-             ? &devices()[static_cast<std::size_t>(device)]
+  return device >= 0 && device < counted_devices ? &devices()[static_cast<std::size_t>(device)]
              : nullptr;
 }
 }  // namespace
@@ -37,18 +33,20 @@ void capture_announced(int device) noexcept {
   }
 }
 
-void capture_over(int device) noexcept {
+bool capture_over(int device) noexcept {
   device_captures* d = counted(device);
-  if (d == nullptr) return;
+  if (d == nullptr) return false;
   std::vector<kept_for_capture*> due;
   {
     // Lowered under the lock device_wait registers under: memory kept for a capture is never
     // registered after the last capture_over has looked.
     std::lock_guard lock(d->mutex);
-    if (d->count == 0 || --d->count != 0) return;  // (never below 0)
+    if (d->count == 0) return false;  // never below 0
+    if (--d->count != 0) return true;
     due.swap(d->kept);
   }
   for (kept_for_capture* k : due) k->settle();
+  return true;
 }
 
 device_wait permit_device_wait(int device, kept_for_capture* kept) noexcept {

@@ -22,13 +22,17 @@ class kept_for_capture {
   ~kept_for_capture() = default;
 };
 
+/// Devices 0 to counted_devices - 1 are counted; an announcement for another is ignored.
+inline constexpr int counted_devices = 64;
+
 /// A capture may run on `device` until the matching capture_over. Waits while a device_wait of
 /// the device is held (PyTorch's allocator holds its lock over its waits and its
 /// beginAllocateToPool alike). Thread-safe.
 void capture_announced(int device) noexcept;
 /// The capture announced on `device` is over; when it was the last, whatever was kept for the
-/// device's captures is settled, on this thread. Thread-safe; call it without refpool's locks.
-void capture_over(int device) noexcept;
+/// device's captures is settled, on this thread. False (and nothing done) when no announcement of
+/// the device was open. Thread-safe; call it without refpool's locks.
+bool capture_over(int device) noexcept;
 
 /// Leave to wait for a whole device: while it is held, no capture is announced on the device, so
 /// one announced meanwhile begins after the wait. Hold it over the wait only.

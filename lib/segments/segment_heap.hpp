@@ -17,6 +17,7 @@
 #include "heap_counts.hpp"
 #include "piece.hpp"
 #include "segment.hpp"
+#include "segment_layout.hpp"
 #include "segment_options.hpp"
 #include "span.hpp"
 #include "stream_set.hpp"
@@ -179,6 +180,11 @@ class segment_heap {
   /// ranges, counters match, and after a trim that could give back no more, no free segment and
   /// no free whole commit); throws std::logic_error naming the first violation. For tests.
   void check() const;
+
+  /// Every segment with its ranges in address order (segment_layout.hpp), segments in the order
+  /// they were made: what a memory map shows (segment_layout.cpp). Caller holds the heap's lock.
+  /// Throws std::bad_alloc only.
+  [[nodiscard]] std::vector<segment_layout> layout() const;
 
  private:
   struct pool_state {

@@ -15,11 +15,11 @@ import sys
 import threading
 import traceback
 
-from . import _torch_hooks, _torch_mempool, _torch_snapshot, _torch_stats
+from . import _torch_hooks, _torch_mempool, _torch_snapshot, _torch_stats, allocator
 from ._library import lib
 from ._torch_checkpoint import PoolCalls
 from ._torch_history import History, Settings
-from .errors import FrameworkError
+from .errors import ConfigError, FrameworkError, InvalidArgumentError, LibraryError
 
 OOM_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t)
 # _record_memory_history's parameters after `enabled`, in PyTorch's order.
@@ -155,7 +155,22 @@ class Replacements:
             from .alloc_log import read_log
             events = read_log(log)
         return _torch_snapshot.build(history, self.pool_allocations() if self.hooks is not None else (), events,
-                                     self.torch.cuda.device_count(), pool=tuple(pool) if pool else None)
+                                     self.torch.cuda.device_count(), pool=tuple(pool) if pool else None,
+                                     maps=self.memory_maps())
+
+    def memory_maps(self):
+        """(pool id, refpool.memory_map segments) of the allocator's cache ((0, 0)) and of each private
+        pool; None where the library cannot say (one without refpool_cache_memory_map)."""
+        try:
+            maps = [((0, 0), allocator.memory_map())]
+            for pool in allocator.pool_ids():
+                try:
+                    maps.append((pool, allocator.memory_map(pool)))
+                except InvalidArgumentError:  # the pool went since pool_ids()
+                    pass
+            return maps
+        except (LibraryError, ConfigError):  # an older library, or an allocator that cannot be made
+            return None
 
     def memory_snapshot(self, mempool_id=None):
         return self.snapshot(mempool_id=mempool_id)["segments"]

@@ -4,8 +4,12 @@ allocator, so torch.cuda._memory_viz and the memory_viz page render a refpool ru
 Where it comes from: the memory history (torch.cuda.memory._record_memory_history(), recorded by
 refpool's history library with PyTorch's stack frames), the allocations refpool's private pools
 hold (CUDA graph pools, use_mem_pool: always known to the hooks), and, without history, refpool's
-allocation log (REFPOOL_CONF=log:PATH). `segments` has one segment per live allocation, holding
-one "active_allocated" block: refpool's own segments and idle blocks are not visible to PyTorch.
+allocation log (REFPOOL_CONF=log:PATH). With refpool's memory maps (refpool.memory_map: the framework
+allocator's cache and each private pool's), `segments` are refpool's segments: live pieces are
+"active_allocated" blocks (with the history's requested size and frames where it has them), idle
+pieces and free bytes "inactive" blocks, each idle buffer of a cache without segments a segment of
+its own; a live allocation no map lists (a plain buffer: no segments) is a segment of its own, one
+"active_allocated" block, as is every allocation where there is no map (the allocation log alone).
 `device_traces` has the recorded actions per device."""
 import os
 
@@ -45,12 +49,54 @@ def trace_entry(recorded):
     return entry
 
 
-def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=None, log_device=0):
+def from_map(mapped, pool, known):
+    """PyTorch's segment dicts for `mapped`, a refpool.memory_map.Segment of private pool `pool`
+    ((0, 0): the allocator's cache): one per run of contiguous committed bytes (a segment that grows
+    through virtual memory may have uncommitted holes where trim gave commits back; PyTorch's
+    segments are contiguous). `known`: address -> the per-allocation segment of a live allocation
+    (its requested size, frames and stream); those matched are taken out of it."""
+    runs = []
+    for r in mapped.ranges:
+        if not runs or runs[-1][-1].address + runs[-1][-1].bytes != r.address:
+            runs.append([])
+        runs[-1].append(r)
+    large = mapped.pool == "large" or (mapped.pool == "block" and mapped.committed_bytes > LARGE)
+    return [_segment_of_run(run, mapped, pool, "large" if large else "small", known) for run in runs]
+
+
+def _segment_of_run(run, mapped, pool, segment_type, known):
+    blocks = []
+    allocated = requested = 0
+    stream = None
+    for r in run:
+        if r.state not in ("live", "span_held"):  # idle, free, an idle arena: cached bytes
+            blocks.append({"address": r.address, "size": r.bytes, "requested_size": 0, "state": "inactive",
+                           "frames": []})
+            continue
+        record = known.pop(r.address, None)
+        if r.state == "span_held":  # a plan's arena: the allocations inside it are its block's
+            for address in [a for a in known if r.address <= a < r.address + r.bytes]:
+                del known[address]
+        asked = record["requested_size"] if record else r.bytes
+        if record and stream is None:
+            stream = record["stream"]
+        blocks.append({"address": r.address, "size": r.bytes, "requested_size": asked, "state": "active_allocated",
+                       "frames": record["blocks"][0]["frames"] if record else []})
+        allocated += r.bytes
+        requested += asked
+    return {"device": mapped.device, "address": run[0].address, "total_size": sum(r.bytes for r in run),
+            "allocated_size": allocated, "active_size": allocated, "requested_size": requested,
+            "stream": stream or 0, "segment_type": segment_type, "segment_pool_id": tuple(pool),
+            "is_expandable": mapped.expandable, "frames": [], "blocks": blocks}
+
+
+def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=None, log_device=0, maps=None):
     """The snapshot dict. `history`: the history library's dump ({"trace", "live"}) or None;
     `pool_allocations`: (address, size, device, stream, pool first, pool second) of private pools'
     live allocations; `log_events`: refpool's allocation log (alloc_log.read_log), used for what
     history does not cover (it has no device column: put under `log_device`); `pool`: only this
-    pool's segments ((first, second)), else all."""
+    pool's segments ((first, second)), else all; `maps`: (pool id, [refpool.memory_map.Segment])
+    pairs, the allocator cache's under (0, 0), or None: one segment per live allocation."""
     live = {}
     traces = [[] for _ in range(max(devices, 1))]
     for address, size, device, stream, first, second in pool_allocations:
@@ -77,7 +123,9 @@ def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=No
                 log_trace.append(dict(entry, action="free_completed"))
         for address, event in log_live.items():
             live.setdefault(address, segment(address, event.size, log_device, event.stream))
-    segments = [s for _, s in sorted(live.items()) if pool is None or s["segment_pool_id"] == tuple(pool)]
+    mapped = [run for pool_id, segments in (maps or ()) for m in segments for run in from_map(m, pool_id, live)]
+    segments = sorted(mapped + list(live.values()), key=lambda s: (s["device"], s["address"]))
+    segments = [s for s in segments if pool is None or s["segment_pool_id"] == tuple(pool)]
     return {"segments": segments, "device_traces": traces, "external_annotations": [],
             "allocator_settings": {"allocator": "refpool"}}
 

@@ -93,6 +93,19 @@ class BackendStats(Structure):
     _fields_ = [("outstanding_bytes", c_size_t), ("allocation_count", c_uint64), ("deallocation_count", c_uint64)]
 
 
+class MemorySegment(Structure):
+    """refpool_memory_segment: one segment of a cache's memory map."""
+    _fields_ = [("address", c_uint64), ("reserved_bytes", c_uint64), ("committed_bytes", c_uint64),
+                ("first_range", c_uint64), ("range_count", c_uint64), ("device", ctypes.c_int32),
+                ("memory_kind", ctypes.c_int32), ("pool", ctypes.c_int32), ("expandable", ctypes.c_int32)]
+
+
+class MemoryRange(Structure):
+    """refpool_memory_range: one range of a segment, in address order."""
+    _fields_ = [("address", c_uint64), ("bytes", c_uint64), ("segment", c_uint64), ("state", ctypes.c_int32),
+                ("unused", ctypes.c_int32)]
+
+
 def enum_value(table, name, what):
     """The C value of `name` in `table`, or a ValueError listing the accepted names."""
     if not isinstance(name, str):

@@ -4,6 +4,7 @@ points that PyTorch and CuPy call (refpool_torch_malloc, refpool_cupy_malloc) an
 Configure it before its first allocation (`configure()`); `cache()` is a handle to its cache, for
 steps, stats and reclaim. Every adapter of this package uses this one allocator, so a process that
 mixes PyTorch, CuPy and Numba has one cache and one set of counters."""
+import contextlib
 import ctypes
 import threading
 
@@ -116,6 +117,15 @@ def pool_ids():
     return [(ids[i].first, ids[i].second) for i in range(min(count.value, len(ids)))]
 
 
+def memory_map(pool=None):
+    """The memory map of the allocator's cache, or of private pool `pool` ((first, second)): a list of
+    refpool.memory_map.Segment (see Cache.memory_map)."""
+    if pool is None:
+        return cache().memory_map()
+    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(*pool))) as pool_cache:
+        return pool_cache.memory_map()
+
+
 def pool_stats(pool):
     """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
     try:
@@ -127,5 +137,20 @@ def pool_stats(pool):
         return pool_cache.stats()
 
 
+@contextlib.contextmanager
+def announced_capture(device=0):
+    """A graph capture of `device` that refpool does not route (one a program or library makes on
+    its own stream, e.g. CuPy's Stream.begin_capture) may run inside the with block: refpool makes
+    no device-wide wait on the device meanwhile (it would break the capture), and gives back what it
+    kept once the device's last announced capture ends (refpool_capture_begin / refpool_capture_end).
+    Begin the capture inside the block and end it before the block ends. Nests."""
+    lib().call("refpool_capture_begin", device)
+    try:
+        yield
+    finally:
+        lib().call("refpool_capture_end", device)
+
+
 __all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
-           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats"]
+           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats", "memory_map",
+           "announced_capture"]

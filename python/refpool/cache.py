@@ -96,6 +96,12 @@ class Cache(Owned):
         limit = t.UNLIMITED if max_idle_bytes is None else max_idle_bytes
         lib().call("refpool_cache_set_max_idle_bytes", self.handle, limit)
 
+    def memory_map(self):
+        """What the cache holds, segment by segment, with live, idle and free ranges
+        (refpool.memory_map.memory_map)."""
+        from .memory_map import memory_map
+        return memory_map(self)
+
 
 class Scope:
     """An active scope (refpool_scope): entered by `enter()` or `with`, exited on the same thread."""

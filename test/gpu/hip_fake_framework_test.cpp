@@ -295,3 +295,41 @@ TEST_CASE("a capture announced while refpool waits for the device is not broken 
   REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
   CHECK(fake().device_bytes_in_use(0) == 0);
 }
+
+TEST_CASE("a program's own capture, announced (refpool_capture_begin): no wait breaks it, the last end gives back",
+          "[hip-7]") {
+  // A program capturing a graph on its own stream (no private pool: CuPy, or a C++ program with
+  // refpool as its allocator) while another thread empties the cache.
+  app_stream s;
+  app_stream other;
+  make_idle(other);
+  const std::size_t held = fake().device_bytes_in_use(0);
+  fake().clear_violations();
+  REQUIRE(refpool_capture_begin(0) == REFPOOL_OK);
+  REQUIRE(refpool_capture_begin(0) == REFPOOL_OK);  // a second capture, on another stream
+  s.begin_capture(hipStreamCaptureModeGlobal);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  CHECK(s.end_capture() == hipSuccess);
+  CHECK(fake().violations().empty());
+  CHECK(fake().device_bytes_in_use(0) == held);  // kept, mapped
+  REQUIRE(refpool_capture_end(0) == REFPOOL_OK);
+  CHECK(fake().device_bytes_in_use(0) == held);  // one announcement is still open
+  REQUIRE(refpool_capture_end(0) == REFPOOL_OK);
+  CHECK(fake().device_bytes_in_use(0) == 0);  // the last end waited for the device and gave it back
+  CHECK(refpool_capture_end(0) == REFPOOL_ERROR_INVALID_ARGUMENT);  // none open
+  CHECK(refpool_capture_begin(64) == REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(refpool_capture_end(-1) == REFPOOL_ERROR_INVALID_ARGUMENT);
+  // An unmatched end does not end the capture a private pool's route announced.
+  hipStream_t captured = s.handle;
+  REQUIRE(refpool_allocator_begin_pool(0, {400, 1}, same_stream, &captured, nullptr) == REFPOOL_OK);
+  make_idle(other);
+  s.begin_capture(hipStreamCaptureModeGlobal);
+  CHECK(refpool_capture_end(0) == REFPOOL_ERROR_INVALID_ARGUMENT);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  CHECK(s.end_capture() == hipSuccess);
+  CHECK(fake().violations().empty());
+  REQUIRE(refpool_allocator_end_pool(0, {400, 1}) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_release_pool(0, {400, 1}) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  CHECK(fake().device_bytes_in_use(0) == 0);
+}

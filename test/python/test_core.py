@@ -9,6 +9,7 @@ import pytest
 
 import refpool
 import refpool._library
+import refpool.memory_map
 from conftest import run_python
 
 
@@ -202,6 +203,30 @@ def test_segment_options(backend):
             assert (stats["segments"], stats["segment_grows"], blocks) == expected, segments
     with pytest.raises(refpool.ConfigError, match="'segments' has value 'sometimes'; allowed: off, on, auto"):
         refpool.Cache(segments="sometimes")
+
+
+def test_memory_map_lists_segments_and_idle_buffers(backend):
+    # refpool_cache_memory_map through the package: a segment with a live, an idle and free bytes;
+    # without segments, the idle buffer alone (live plain buffers are not listed).
+    for segments in ("on", "off"):
+        with refpool.Cache(segments=segments, from_environment=False) as cache, cache.scope():
+            kept = refpool.malloc(backend, (1000,), 1)
+            gone = refpool.malloc(backend, (3000,), 1)
+            gone_at = gone.ptr
+            gone.release()
+            mapped = cache.memory_map()
+            kept_at = kept.ptr
+            kept.release()
+        if segments == "off":
+            host_device = -1  # the host backend's device number
+            assert mapped == [refpool.memory_map.Segment(gone_at, 3000, 3000, host_device, "host", "block", False,
+                                                         [refpool.memory_map.Range(gone_at, 3000, "idle")])]
+            continue
+        (segment,) = mapped
+        states = {r.address: r.state for r in segment.ranges}
+        assert states[kept_at] == "live" and states[gone_at] == "idle" and "free" in states.values()
+        assert segment.pool == "small" and segment.memory_kind == "host"
+        assert sum(r.bytes for r in segment.ranges) == segment.committed_bytes
 
 
 def test_reclaim_and_idle_limit(backend, cache):

@@ -109,3 +109,34 @@ def test_a_cupy_array_keeps_a_closed_buffer_alive():
         print(json.dumps({"reused": reused, "sum": total, "live": cache.stats()["live_blocks"]}))
     """)
     assert result == {"reused": False, "sum": 7.0 * 256, "live": 0}
+
+
+def test_a_graph_captured_while_the_cache_is_emptied_when_the_capture_is_announced():
+    # CuPy's hook has no graph pools, so refpool sees no capture unless it is announced; emptying
+    # the cache during it would wait for the device and break the capture (docs/design.md, "Stream
+    # safety"). Not yet run on a GPU.
+    result = child_json("""
+        import json
+        import cupy as cp
+        import refpool.allocator, refpool.cupy
+        refpool.cupy.install()
+        x = cp.arange(1 << 20, dtype=cp.float32)
+        y = cp.empty_like(x)  # the graph's output, allocated before the capture
+        cp.multiply(x, 2, out=y)  # compiles the kernel outside the capture
+        idle = cp.empty(8 << 20, dtype=cp.uint8)
+        del idle  # idle memory that emptying the cache gives back
+        stream = cp.cuda.Stream(non_blocking=True)
+        with refpool.allocator.announced_capture(0):
+            with stream:
+                stream.begin_capture()
+                cp.multiply(x, 3, out=y)
+                refpool.cupy.free_all_blocks()
+                graph = stream.end_capture()
+            kept = cp.cuda.runtime.memGetInfo()[0]  # the device's free bytes
+        after = cp.cuda.runtime.memGetInfo()[0]
+        graph.launch(stream)
+        stream.synchronize()
+        print(json.dumps({"ok": bool((y == x * 3).all()), "kept": kept, "after": after}))
+    """)
+    assert result["ok"], result
+    assert result["after"] - result["kept"] >= 8 << 20, result  # mapped until the announcement ends

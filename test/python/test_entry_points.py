@@ -195,6 +195,24 @@ def test_pools_limit_and_empty_cache_from_python():
                       "ids_released": [[5, 0]], "ids_after": [], "refused": True}, result
 
 
+def test_captures_refpool_does_not_route_are_announced_and_counted():
+    # refpool.allocator.announced_capture: what it waits for on a GPU is tested on the fake HIP
+    # runtime (hip-fake-framework); here the counting and the errors of the C entry points.
+    with refpool.allocator.announced_capture(0):
+        with refpool.allocator.announced_capture(0):
+            pass
+    with pytest.raises(refpool.InvalidArgumentError, match="no capture of device 0 is announced"):
+        lib().call("refpool_capture_end", 0)
+    with pytest.raises(refpool.InvalidArgumentError, match="outside 0 to 63"):
+        with refpool.allocator.announced_capture(64):
+            pass
+    with pytest.raises(ValueError):  # the block's own error goes through; the announcement ends
+        with refpool.allocator.announced_capture(1):
+            raise ValueError("capture failed")
+    with pytest.raises(refpool.InvalidArgumentError):
+        lib().call("refpool_capture_end", 1)
+
+
 def test_cupy_s_hook_raises_the_library_s_error_for_a_failed_request():
     # CuPy's CFunctionAllocator takes refpool_cupy_malloc's NULL as memory; the hook refpool.cupy
     # installs raises the library's error instead. Here over the host runtime, with a stand-in for

@@ -9,6 +9,8 @@ import types
 import pytest
 
 import refpool
+import refpool._library
+import refpool._types
 from refpool import _torch_checkpoint, _torch_history, _torch_memory_api, _torch_snapshot, _torch_stats, allocator
 from refpool.alloc_log import Event
 from refpool.errors import FrameworkError
@@ -259,6 +261,109 @@ def test_snapshot_in_pytorchs_format_from_history_pools_and_log():
     from_log = _torch_snapshot.build(None, pools, log_events=log)
     assert [s["address"] for s in from_log["segments"]] == [8192, 32768]
     assert [e["action"] for e in from_log["device_traces"][0]] == ["alloc", "alloc", "free_requested", "free_completed"]
+
+
+def blocks_by_address(segments):
+    return {b["address"]: b for s in segments for b in s["blocks"]}
+
+
+def check_segment_sums(segments):
+    """Each segment's blocks tile it, in address order, and its sizes are its blocks' (memory_viz's segsum
+    checks the same)."""
+    for s in segments:
+        blocks = s["blocks"]
+        assert sum(b["size"] for b in blocks) == s["total_size"]
+        assert [b["address"] for b in blocks] == sorted(b["address"] for b in blocks)
+        active = [b for b in blocks if b["state"] == "active_allocated"]
+        assert s["allocated_size"] == s["active_size"] == sum(b["size"] for b in active)
+        assert s["requested_size"] == sum(b["requested_size"] for b in active)
+
+
+def test_snapshot_shows_refpools_segments_with_live_and_idle_blocks():
+    # The framework allocator's real cache (host runtime, segments on): its map, not one segment per
+    # allocation. History (faked: what the history library dumps) gives a live block its frames.
+    frames = [{"filename": "train.py", "name": "step", "line": 3}]
+    replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
+    kept, freed, large = allocator.malloc(1000), allocator.malloc(5000), allocator.malloc(3 << 20)
+    try:
+        allocator.free(freed)
+        history = {"trace": [], "live": [{"addr": kept, "size": 1000, "device": 0, "stream": 0, "pool": [0, 0],
+                                          "frames": frames}]}
+        snap = _torch_snapshot.build(history, devices=1, maps=replacements.memory_maps())
+        check_segment_sums(snap["segments"])
+        blocks = blocks_by_address(snap["segments"])
+        assert blocks[kept]["state"] == "active_allocated" and blocks[kept]["frames"] == frames
+        assert blocks[kept]["requested_size"] == 1000 and blocks[kept]["size"] >= 1000
+        assert blocks[large]["state"] == "active_allocated" and blocks[large]["requested_size"] == blocks[large]["size"]
+        assert blocks[freed]["state"] == "inactive" and blocks[freed]["requested_size"] == 0
+        holding = [s for s in snap["segments"] if kept in {b["address"] for b in s["blocks"]}]
+        assert len(holding) == 1 and holding[0]["segment_pool_id"] == (0, 0) and holding[0]["is_expandable"]
+        assert holding[0]["segment_type"] == "small"
+        assert any(b["state"] == "inactive" and b["address"] != freed for b in holding[0]["blocks"])  # free bytes
+        # install()'s _snapshot without history: the same segments, from the map alone.
+        assert [s["address"] for s in replacements.snapshot()["segments"]] == [s["address"] for s in snap["segments"]]
+    finally:
+        allocator.free(kept)
+        allocator.free(large)
+        allocator.empty_cache()
+    after = blocks_by_address(replacements.memory_snapshot(mempool_id=(0, 0)))
+    assert all(after[a]["state"] == "inactive" for a in (kept, large) if a in after)
+
+
+def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
+    # PyTorch's test_mempool_emptycache_multithread in this project's words, on the host: a request
+    # routed to a private pool, freed, then empty_cache while the pool is in use: the pool keeps its
+    # memory, so its snapshot (memory_snapshot(mempool_id)) has one segment, and its blocks are idle.
+    lib = refpool._library.lib()
+    capturing = 0x4000
+    pool = (0, 737)
+    accepts = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+        lambda context, stream: int(stream == capturing))
+    lib.call("refpool_allocator_begin_pool", 0, refpool._types.PoolId(*pool), ctypes.cast(accepts, ctypes.c_void_p),
+             None, None)
+    replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
+    try:
+        address = allocator.malloc(4 * 4, stream=capturing)
+        replacements.hooks.pool_rows = [(address, 16, 0, capturing, *pool)]  # what the hooks' table would say
+        live = replacements.memory_snapshot(mempool_id=pool)
+        assert len(live) == 1 and live[0]["segment_pool_id"] == pool
+        assert blocks_by_address(live)[address]["requested_size"] == 16
+        assert blocks_by_address(live)[address]["state"] == "active_allocated"
+        assert address not in blocks_by_address(replacements.memory_snapshot(mempool_id=(0, 0)))
+        allocator.free(address)
+        replacements.hooks.pool_rows = []
+        allocator.empty_cache()
+        after = replacements.memory_snapshot(mempool_id=pool)
+        assert len(after) == 1, after  # "Expected to have a single segment"
+        check_segment_sums(after)
+        assert blocks_by_address(after)[address]["state"] == "inactive"
+        assert all(b["state"] == "inactive" for b in after[0]["blocks"])
+    finally:
+        lib.call("refpool_allocator_end_pool", 0, refpool._types.PoolId(*pool))
+        lib.call("refpool_allocator_release_pool", 0, refpool._types.PoolId(*pool))
+        allocator.empty_cache()
+    assert replacements.memory_snapshot(mempool_id=pool) == []
+
+
+def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
+    # A map with a plan's arena holding two allocations, and a live allocation no map lists (a plain
+    # buffer of a cache without segments): the arena is one block, the plain buffer a segment of its own.
+    # Maps written out here: build() is plain Python, and an arena and a hole are quick to state.
+    from refpool.memory_map import Range, Segment
+    arena = Segment(1 << 20, 1 << 21, 1 << 21, 0, "device", "large", True,
+                    [Range(1 << 20, 1 << 20, "span_held"), Range(2 << 20, 1 << 20, "free")])
+    history = {"trace": [], "live": [{"addr": a, "size": 100, "device": 0, "stream": 0, "pool": [0, 0], "frames": []}
+                                     for a in ((1 << 20) + 512, (1 << 20) + 4096, 1 << 30)]}
+    # A segment with an uncommitted hole (trim gave a commit back): one PyTorch segment per run.
+    holed = Segment(1 << 24, 1 << 23, 1 << 21, 0, "device", "small", True,
+                    [Range(1 << 24, 1 << 20, "idle"), Range((1 << 24) + (3 << 20), 1 << 20, "free")])
+    snap = _torch_snapshot.build(history, maps=[((0, 0), [arena]), ((0, 4), [holed])])
+    assert [s["address"] for s in snap["segments"]] == [1 << 20, 1 << 24, (1 << 24) + (3 << 20), 1 << 30]
+    assert [b["state"] for b in snap["segments"][0]["blocks"]] == ["active_allocated", "inactive"]
+    assert [s["total_size"] for s in snap["segments"][1:3]] == [1 << 20, 1 << 20]
+    assert [s["segment_pool_id"] for s in snap["segments"]] == [(0, 0), (0, 4), (0, 4), (0, 0)]
+    assert snap["segments"][3]["blocks"][0]["requested_size"] == 100  # the per-allocation form
+    check_segment_sums(snap["segments"][:3])
 
 
 def test_graph_tree_pool_calls_check_liveness_and_restore_what_they_can():
