@@ -13,6 +13,7 @@
 // docs/frameworks.md ("How the hooks are built"); c10::cuda::MempoolId_t is c10::MempoolId_t in newer
 // PyTorch, kept in namespace c10::cuda by CUDACachingAllocator.h, included first for that.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -60,6 +61,7 @@ struct refpool_api {
   int (*end_pool)(int, pool_id);
   int (*release_pool)(int, pool_id);
   int (*routing_to_pools)();
+  int (*pool_take)(int, pool_id, void*, std::size_t, void*, void**);
 };
 refpool_api api{};
 constexpr int api_size = sizeof(refpool_api) / sizeof(void*);
@@ -103,6 +105,29 @@ int call_filter(void* context, void* stream) {
 void drop_route(void* context) { delete static_cast<route*>(context); }
 
 int accept_none(void*, void*) { return 0; }
+
+// A checkpoint restore on this thread (refpool_torch_hooks_restore): its one request, made through
+// PyTorch's allocator so that PyTorch records the block as its own, takes these bytes back.
+struct restore_request {
+  refpool_torch::pool_name pool;
+  void* address;
+};
+thread_local const restore_request* restoring = nullptr;
+
+int take_back(const restore_request& r, std::size_t size, int device, cudaStream_t stream, void** out,
+              refpool_torch::pool_name& pool) {
+  const int status = api.pool_take(device, pool_id{r.pool.first, r.pool.second}, r.address, size, stream, out);
+  if (status == refpool_ok) {
+    pool = r.pool;
+    refpool_torch::track_pool_allocation(*out, size, device, stream, pool);
+  }
+  return status;
+}
+
+// Copies `what` into the caller's buffer (always terminated).
+void write_message(const char* what, char* message, std::size_t capacity) {
+  if (message != nullptr && capacity > 0) std::snprintf(message, capacity, "%s", what);
+}
 
 // A request of a thread routed to a private pool: the pool it went to is tracked (for
 // checkPoolLiveAllocations and snapshots). Growing the pool calls the driver, which CUDA allows in
@@ -152,8 +177,9 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
                    "CUDA out of memory. Tried to allocate more than 1EB memory.");
   void* out = nullptr;
   refpool_torch::pool_name pool;
-  const int status = api.routing_to_pools() != 0 ? alloc_while_routing(size, device, stream, &out, pool)
-                                                 : api.alloc(size, device, stream, &out);
+  const int status = restoring != nullptr          ? take_back(*restoring, size, device, stream, &out, pool)
+                     : api.routing_to_pools() != 0 ? alloc_while_routing(size, device, stream, &out, pool)
+                                                   : api.alloc(size, device, stream, &out);
   if (status != refpool_ok) {
     if (status == refpool_error_out_of_memory) {
       const std::string detail = api.last_error();  // before observers, whose own calls may replace it
@@ -230,6 +256,56 @@ int refpool_torch_hooks_hold_pool(int device, std::uint64_t first, std::uint64_t
   const pool_id pool{first, second};
   if (api.begin_pool(device, pool, accept_none, nullptr, nullptr) != refpool_ok) return -1;
   return api.end_pool(device, pool) == refpool_ok ? 0 : -1;
+}
+
+/// torch._C._cuda_setCheckpointPoolState under install() (refpool/_torch_checkpoint.py): allocates
+/// again, through PyTorch's allocator (which then knows the block, so raw_delete and storages'
+/// deleters free it), the `size` bytes at `address` that private pool `pool` served before and are
+/// idle in it now (refpool_allocator_pool_take). Returns 0, or -1 with the reason in `message`.
+int refpool_torch_hooks_restore(int device, std::uint64_t first, std::uint64_t second, void* address,
+                                std::size_t size, void* stream, char* message, std::size_t capacity) {
+  const restore_request request{{first, second}, address};
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    restoring = &request;
+    void* got = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size, static_cast<cudaStream_t>(stream));
+    restoring = nullptr;
+    if (got == address) return 0;
+    // Not ours: PyTorch's allocator is another one (refpool not installed). Give it back.
+    c10::cuda::CUDACachingAllocator::raw_delete(got);
+    write_message("refpool.torch: PyTorch's allocator is not refpool's (install() was not called)", message,
+                  capacity);
+  } catch (const c10::Error& e) {  // refpool's message, as fail() gave it, without PyTorch's backtrace
+    restoring = nullptr;
+    write_message(e.what_without_backtrace(), message, capacity);
+  } catch (const std::exception& e) {
+    restoring = nullptr;
+    write_message(e.what(), message, capacity);
+  }
+  return -1;
+}
+
+/// The address of the memory of storage `storage` (a StorageImpl*, Python's storage._cdata).
+void* refpool_torch_hooks_storage_pointer(std::uintptr_t storage) {
+  return reinterpret_cast<c10::StorageImpl*>(storage)->data_ptr().get();
+}
+
+/// Storage `storage`, which refers to its memory without owning it (no deleter: CUDA graph trees'
+/// outputs), owns it from now on: its memory goes back to PyTorch's allocator when the storage
+/// goes, as a block re-allocated for it by setCheckpointPoolState does in PyTorch. Returns 0, or -1
+/// with the reason in `message` when the storage has a deleter already.
+int refpool_torch_hooks_adopt_storage(std::uintptr_t storage, int device, char* message, std::size_t capacity) {
+  auto* s = reinterpret_cast<c10::StorageImpl*>(storage);
+  if (s->data_ptr().get_context() != nullptr) {
+    write_message("refpool.torch: setCheckpointPoolState: a storage to add a deleter to has one (Not expecting "
+                  "deleter function)",
+                  message, capacity);
+    return -1;
+  }
+  void* ptr = s->data_ptr().get();
+  s->set_data_ptr_noswap(c10::DataPtr(ptr, ptr, c10::cuda::CUDACachingAllocator::get()->raw_deleter(),
+                                      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device))));
+  return 0;
 }
 
 }  // extern "C"

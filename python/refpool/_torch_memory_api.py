@@ -17,7 +17,7 @@ import traceback
 
 from . import _torch_hooks, _torch_mempool, _torch_snapshot, _torch_stats, allocator
 from ._library import lib
-from ._torch_checkpoint import PoolCalls
+from ._torch_checkpoint import PoolCalls, hook_calls
 from ._torch_history import History, Settings
 from .errors import ConfigError, FrameworkError, InvalidArgumentError, LibraryError
 
@@ -40,7 +40,7 @@ class Replacements:
         self.history = None
         self.metadata = ""
         free_storage = getattr(torch._C, "_free_And_Remove_DeleterFn", None)
-        self.pools = PoolCalls(self.pool_allocations, free_storage) if hooks is not None else None
+        self.pools = PoolCalls(self.pool_allocations, free_storage, *hook_calls(hooks)) if hooks is not None else None
 
     # ---- statistics ---------------------------------------------------------------------------
 

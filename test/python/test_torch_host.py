@@ -366,33 +366,47 @@ def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
     check_segment_sums(snap["segments"][:3])
 
 
-def test_graph_tree_pool_calls_check_liveness_and_restore_what_they_can():
-    rows = [(100, 512, 0, 1, 0, 5), (200, 512, 0, 1, 0, 5), (300, 512, 0, 1, 0, 6)]
-    freed = []
+def test_graph_tree_pool_calls_check_liveness_and_restore_a_checkpoint():
+    rows = [(100, 512, 0, 1, 0, 5), (200, 512, 0, 7, 0, 5), (300, 512, 0, 1, 0, 6)]
+    freed, restored, adopted = [], [], []
+    storages = {11: 100, 22: 200, 33: 999}  # storage _cdata -> the address it refers to
 
     def free_storage(cdata):  # what torch._C._free_And_Remove_DeleterFn does: the storage's block goes
         freed.append(cdata)
         rows[:] = [r for r in rows if r[0] != cdata]
 
+    def restore(device, pool, address, size, stream):  # the hooks: the pool allocates those bytes again
+        if any(r[0] == address for r in rows):
+            raise FrameworkError(f"{address} is live")
+        restored.append((device, tuple(pool), address, size, stream))
+        rows.append((address, size, device, stream, *pool))
+
     torch = fake_torch()
     replacements = _torch_memory_api.patch(torch, FakeHooks())
-    replacements.pools = _torch_checkpoint.PoolCalls(lambda: list(rows), free_storage)
+    replacements.pools = _torch_checkpoint.PoolCalls(lambda: list(rows), free_storage, restore, storages.get,
+                                                     lambda cdata, device: adopted.append((cdata, device)))
     assert torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200})
     assert not torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100})
     assert not torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200, 0})
     state = torch._C._cuda_getCheckpointState(0, (0, 5))
     torch._C._cuda_setCheckpointPoolState(0, state, [], [])  # nothing changed: nothing to do
+    assert restored == [] and adopted == []
     rows.append((400, 1024, 0, 1, 0, 5))  # allocated after the checkpoint
     with pytest.raises(RuntimeError, match="must be passed to set checkpoint"):
         torch._C._cuda_setCheckpointPoolState(0, state, [], [])
     torch._C._cuda_setCheckpointPoolState(0, state, [400], [])
     assert freed == [400] and torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200})
-    rows[:] = [r for r in rows if r[0] != 200]  # a block of the checkpoint freed since
-    with pytest.raises(FrameworkError) as refused:
+    rows[:] = [r for r in rows if r[0] != 200]  # a block of the checkpoint freed since: allocated again there
+    torch._C._cuda_setCheckpointPoolState(0, state, [], [22, 33, 22])
+    assert restored == [(0, (0, 5), 200, 512, 7)]  # at its address, size and stream; pool (0, 6) untouched
+    assert torch._C._cuda_checkPoolLiveAllocations(0, (0, 5), {100, 200})
+    assert adopted == [(22, 0)]  # storage 33 refers to no allocation of the checkpoint; 22 once
+    rows[:] = [r for r in rows if r[0] != 100]
+    rows.append((100, 256, 0, 1, 0, 5))  # another size at a checkpoint address, not passed as stale
+    with pytest.raises(FrameworkError, match="holds 256 B at 0x64, the checkpoint 512 B"):
         torch._C._cuda_setCheckpointPoolState(0, state, [], [])
-    message = str(refused.value)
-    assert "refpool.torch.mem_pool()" in message and "CUDAPluggableAllocator::setCheckpointPoolState" in message
-    assert "cudagraph_trees = False" in message
+    with pytest.raises(TypeError, match="not a checkpoint"):
+        torch._C._cuda_setCheckpointPoolState(0, object(), [], [])
 
 
 def test_without_hooks_install_replaces_empty_cache_and_refuses_what_is_lost():
