@@ -104,6 +104,8 @@ SIGNATURES = {
     "refpool_allocator_routing_to_pools": (c_int, []),
     "refpool_allocator_pool_ids": (c_int, [("ids", POINTER(t.PoolId)), ("capacity", c_size_t), ("count", _size_p)]),
     "refpool_allocator_pool_cache": (c_int, [("pool", t.PoolId), ("out", _handle_p)]),
+    "refpool_allocator_pool_take": (c_int, [("device", c_int), ("pool", t.PoolId), ("address", c_void_p),
+                                            ("bytes", c_size_t), ("stream", c_void_p), ("out", POINTER(c_void_p))]),
     "refpool_capture_begin": (c_int, [("device", c_int)]),
     "refpool_capture_end": (c_int, [("device", c_int)]),
     "refpool_torch_malloc": (c_void_p, [("size", _ssize_t), ("device", c_int), ("stream", c_void_p)]),

@@ -100,8 +100,9 @@ def hook_calls(hooks):
         message = ctypes.create_string_buffer(MESSAGE_BYTES)
         if hooks.refpool_torch_hooks_restore(device, pool[0], pool[1], address, size, stream or None, message,
                                              MESSAGE_BYTES) != 0:
+            reason = message.value.decode(errors="replace")
             raise FrameworkError(f"refpool.torch: setCheckpointPoolState could not allocate again the {size} B at "
-                                 f"{address:#x} of private pool {tuple(pool)}: {message.value.decode(errors='replace')}")
+                                 f"{address:#x} of private pool {tuple(pool)}: {reason}")
 
     def storage_pointer(cdata):
         return hooks.refpool_torch_hooks_storage_pointer(cdata) or 0

@@ -11,7 +11,8 @@ import pytest
 import refpool
 import refpool._library
 import refpool._types
-from refpool import _torch_checkpoint, _torch_history, _torch_memory_api, _torch_snapshot, _torch_stats, allocator
+from refpool import (_torch_checkpoint, _torch_history, _torch_hooks, _torch_memory_api, _torch_snapshot, _torch_stats,
+                     allocator)
 from refpool.alloc_log import Event
 from refpool.errors import FrameworkError
 
@@ -643,3 +644,11 @@ def test_the_fallback_build_is_found_under_the_name_cpp_extension_gave_it(fake_c
     assert extension.calls[-1][2] == "9.0"
     import os
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0"  # the user's, back
+
+
+def test_every_function_the_hooks_import_is_declared_and_exported():
+    # refpool_torch_hooks_bind takes librefpool's functions by name (IMPORTS): each must be a declared,
+    # exported function of the loaded library, or the hooks cannot load on the GPU machine.
+    library = refpool._library.lib()
+    for name in _torch_hooks.IMPORTS:
+        assert library.address(name), name
