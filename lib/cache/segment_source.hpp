@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "cache/block_source.hpp"
@@ -39,7 +40,7 @@ class segment_source final : public block_source {
 
   /// Gives detached idle pieces of `h` back to it and deletes their blocks. Returns their bytes
   /// (the caller counts them out of the cache).
-  std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
+  std::size_t return_pieces(cache_heap& h, std::span<block* const> pieces) noexcept;
   /// For cache_state::check_segments (test/support/cache_check.cpp): checks every heap (segment_heap::check, throws
   /// std::logic_error) and sums the bytes and count of their pieces out. Caller holds the cache's mutex.
   void check(std::size_t& used_bytes, std::size_t& pieces_out) const;
