@@ -173,6 +173,13 @@ static void test_bad_arguments(void) {
   CHECK(error_mentions("refpool_memory_range"));
   EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, NULL, 0, (size_t)1 << 20, &m),
          REFPOOL_ERROR_INVALID_ARGUMENT);
+  /* A capacity no array can have (capacity times size overflows): refused, nothing written. */
+  refpool_memory_range few[2];
+  EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, few, SIZE_MAX / 8, rng, &m), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("range_capacity"));
+  EXPECT(refpool_cache_memory_map(cache, (refpool_memory_segment*)few, SIZE_MAX / seg + 1, seg, &n, NULL, 0, rng, &m),
+         REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("overflows"));
   uint64_t room[8];
   EXPECT(refpool_cache_memory_map(cache, (refpool_memory_segment*)((char*)room + 4), 1, seg, &n, NULL, 0, rng, &m),
          REFPOOL_ERROR_INVALID_ARGUMENT);
