@@ -321,8 +321,9 @@ TEST_CASE("memory map: segments growing and failing to grow while maps are taken
     std::vector<data_ref> held;
     for (std::size_t i = 0; i < 3000; ++i) {
       if (i % 50 == 0)
-        failing->arm(1 + i % 3, 1 + i % 2,
-                     i % 100 == 0 ? failing_resource::failure::backend_error : failing_resource::failure::out_of_memory);
+        failing->arm(
+            1 + i % 3, 1 + i % 2,
+            i % 100 == 0 ? failing_resource::failure::backend_error : failing_resource::failure::out_of_memory);
       try {
         held.push_back(cache.allocate(be, (1 + i * 7919 % 40) * 64 * KiB));
       } catch (const out_of_memory&) {
@@ -371,4 +372,46 @@ TEST_CASE("memory map: a closed cache's map lists the pieces buffers still hold,
   CHECK(state->map_memory().empty());  // the last piece took the closed heap's segments with it
   state->release();
   CHECK(be.outstanding_bytes() == 0);
+}
+
+// Planned steps (the public API: arenas carved, held for a run, idled between runs, replaced when
+// a run outgrows its plan) on one thread, plain requests and reclaims (which may yield idle arenas)
+// on another, maps meanwhile: arenas show as spans, every segment stays consistent.
+TEST_CASE("memory map: taken while planned steps hold, idle and replace their arenas", "[memory-map][threads][plan]") {
+  const backend be = make_host_backend();
+  const auto policy = GENERATE(segment_policy::on, segment_policy::off);
+  alloc_cache cache(with_segments(policy));
+  std::atomic<bool> stop{false};
+  std::atomic<std::size_t> spans_seen{0};
+  std::thread stepper([&] {
+    for (std::size_t s = 0; s < 400; ++s) {
+      step st(cache, {.plan = "train"});
+      const std::size_t grow = s / 100;  // a longer run every 100 steps: a new plan, a larger arena
+      std::vector<data_ref> held;
+      for (std::size_t i = 0; i < 6 + grow; ++i) held.push_back(cache.allocate(be, (i + 1) * 48 * KiB));
+      std::memset(held.back().data(), 7, held.back().bytes());
+      held.clear();
+      st.end();
+    }
+    stop = true;
+  });
+  std::thread plain([&] {
+    for (std::size_t i = 0; !stop.load(); ++i) {
+      data_ref r = cache.allocate(be, (1 + i % 13) * 40 * KiB);
+      if (i % 50 == 49) cache.reclaim(0);
+    }
+  });
+  while (!stop.load()) {
+    const detail::memory_map map = map_of(cache);
+    if (check_tiling(map, range_state::span_held) + check_tiling(map, range_state::span_idle) > 0) ++spans_seen;
+  }
+  stepper.join();
+  plain.join();
+  CHECK(spans_seen.load() > 0);
+  CHECK(cache.stats().plan_hits > 0);
+  const detail::memory_map map = map_of(cache);
+  CHECK(check_tiling(map, range_state::span_held) == 0);  // no run holds its arena now
+  CHECK(check_tiling(map, range_state::live) == 0);
+  CHECK(check_tiling(map, range_state::idle) == cache.stats().idle_bytes);
+  CHECK(check_tiling(map, range_state::free) == cache.stats().segment_free_bytes);
 }
