@@ -525,8 +525,8 @@ typedef struct refpool_memory_range {
 /// Thread-safe: taken while other threads allocate and release, each segment is consistent, and a
 /// buffer handed out or given back meanwhile shows in either state. For the framework allocator,
 /// pass refpool_allocator_cache's handle, and each private pool's (refpool_allocator_pool_cache).
-/// Errors: INVALID_ARGUMENT (a count NULL, an array NULL with its capacity > 0, a bad size),
-/// INVALID_HANDLE, OUT_OF_MEMORY.
+/// Errors: INVALID_ARGUMENT (a count NULL, an array NULL with its capacity > 0, a bad size, a
+/// capacity times size that overflows size_t), INVALID_HANDLE, OUT_OF_MEMORY.
 REFPOOL_C_API refpool_status refpool_cache_memory_map(refpool_cache cache, refpool_memory_segment* segments,
                                                       size_t segment_capacity, size_t segment_size,
                                                       size_t* segment_count, refpool_memory_range* ranges,

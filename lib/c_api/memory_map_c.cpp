@@ -1,6 +1,7 @@
 // refpool_cache_memory_map: a cache's memory map (cache/memory_map.hpp) into the caller's arrays of
 // refpool_memory_segment and refpool_memory_range, each element of the caller's struct size.
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "access.hpp"
@@ -46,6 +47,10 @@ void check_array(const T* array, std::size_t capacity, std::size_t size, const s
     fail(REFPOOL_ERROR_INVALID_ARGUMENT,
          fmt::format("refpool: {}: {}s is NULL but {}_capacity is {}", function, name, name, capacity));
   check_struct_size<T>(size, function, type);
+  if (capacity > std::numeric_limits<std::size_t>::max() / size)  // no array is that large: a wrong capacity
+    fail(REFPOOL_ERROR_INVALID_ARGUMENT,
+         fmt::format("refpool: {}: {}_capacity {} times {}_size {} overflows size_t", function, name, capacity, name,
+                     size));
   if (array != nullptr) check_struct_alignment<T>(array, function, type);
 }
 

@@ -1,9 +1,11 @@
 // Idle memory leaving a cache: reclaim, the idle limit and the out-of-memory step of the ladder.
 // Which idle blocks leave is the reclaim policy's choice (reclaim_policy.hpp); they are taken out of their slots under
-// the cache's mutex (least recently released first), then given back to their block source with no lock held (whole
-// blocks to their backend, pieces to their heap), and the sources trimmed.
+// the cache's mutex (least recently released first); pieces go back to their heap before it is left (a memory map
+// reads the slots and the heaps under it: a piece in neither would show as live), whole blocks to their backend with
+// no lock held; then the sources are trimmed.
 #include "cache/cache_state.hpp"
 
+#include "cache/piece_block.hpp"
 #include "cache/reclaim_policy.hpp"
 
 #include <algorithm>
@@ -61,7 +63,24 @@ cache_state::taken_blocks cache_state::take_idle_locked(std::size_t keep,
   leave_all();
   taken.idle_left = policy.offered_bytes() - taken.bytes;
   counter.fetch_add(taken.blocks.size(), std::memory_order_relaxed);
+  return_taken_pieces_locked(taken.blocks);  // after the slots: a heap's lock is never taken under a slot's
   return taken;
+}
+
+void cache_state::return_taken_pieces_locked(std::vector<block*>& blocks) noexcept {
+  const auto pieces =
+      std::partition(blocks.begin(), blocks.end(), [&](const block* b) { return b->source != &segment_pieces_; });
+  // One heap at a time (a heap per backend): each heap's lock taken once.
+  std::sort(pieces, blocks.end(), [](const block* a, const block* b) {
+    return std::less<const cache_heap*>()(as_piece(a)->heap, as_piece(b)->heap);
+  });
+  for (auto run = pieces; run != blocks.end();) {
+    cache_heap& h = *as_piece(*run)->heap;
+    const auto end = std::find_if(run, blocks.end(), [&](const block* b) { return as_piece(b)->heap != &h; });
+    return_pieces(h, std::span<block* const>(&*run, static_cast<std::size_t>(end - run)));
+    run = end;
+  }
+  blocks.erase(pieces, blocks.end());
 }
 
 std::size_t cache_state::free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter) {

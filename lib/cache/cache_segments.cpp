@@ -77,7 +77,7 @@ void cache_state::detach_idle(slot& s, const std::vector<block*>& pieces, std::s
   }
 }
 
-std::size_t cache_state::return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept {
+std::size_t cache_state::return_pieces(cache_heap& h, std::span<block* const> pieces) noexcept {
   counters_.count_left(segment_pieces_.return_pieces(h, pieces));
   return pieces.size();
 }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -264,16 +265,21 @@ class cache_state : public ref_counted<cache_state> {
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested, stream_ref stream);
 
   // Idle blocks leaving the cache: chosen by the reclaim policy (reclaim_policy.hpp: least
-  // recently released first), taken out of their slots under mutex_, then given back to their block source with no lock
-  // held, and the sources trimmed.
+  // recently released first), taken out of their slots under mutex_; pieces go back to their heap
+  // before mutex_ is left (a memory map, which reads slots and heaps under mutex_, would find a
+  // piece in neither and call it live), whole blocks to their backend with no lock held; then the
+  // sources are trimmed.
   struct taken_blocks {
     std::vector<block*> blocks;
     std::size_t bytes = 0;      ///< their capacities
     std::size_t idle_left = 0;  ///< idle bytes of matching blocks left in the cache
   };
+  /// Takes them out and gives the pieces among them back to their heaps (`blocks` keeps the whole
+  /// blocks, for free_blocks). Caller holds mutex_.
   taken_blocks take_idle_locked(std::size_t keep, const std::function<bool(const block_key&)>& filter,
                                 std::atomic<std::uint64_t>& counter);
-  std::size_t free_blocks(const std::vector<block*>& blocks) noexcept;  // bytes their sources freed to backends
+  void return_taken_pieces_locked(std::vector<block*>& blocks) noexcept;  // the pieces leave `blocks`
+  std::size_t free_blocks(const std::vector<block*>& blocks) noexcept;    // bytes their sources freed to backends
   /// Frees idle blocks until at most `keep` idle bytes remain (idle blocks, then segment free
   /// bytes); returns the bytes given back to backends. Trims throw only what order_streams throws.
   std::size_t free_idle(std::size_t keep, std::atomic<std::uint64_t>& counter);
@@ -306,7 +312,7 @@ class cache_state : public ref_counted<cache_state> {
   [[noreturn]] static void throw_piece_rounding_overflow(std::size_t bytes, std::size_t unit);
   void detach_idle(slot& s, const std::vector<block*>& pieces, std::size_t from) noexcept;  // caller holds s
   /// Gives detached idle pieces back to `h` (segment_source::return_pieces). Returns how many.
-  std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
+  std::size_t return_pieces(cache_heap& h, std::span<block* const> pieces) noexcept;
   void release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
   void release_orphaned(slot& s, block* b) noexcept;
   /// Drops one of `s`'s references (slot::refs); the last deletes the slot. Not under mutex_.

@@ -309,7 +309,7 @@ void segment_source::wait_for_piece(cache_heap& h, const stream_set& waits, stre
 
 // ---- pieces leaving the cache -------------------------------------------------------------
 
-std::size_t segment_source::return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept {
+std::size_t segment_source::return_pieces(cache_heap& h, std::span<block* const> pieces) noexcept {
   if (pieces.empty()) return 0;
   std::size_t bytes = 0;
   // The order does not matter: free neighbours join whichever comes back first.

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "cache/block_source.hpp"
@@ -40,7 +41,7 @@ class segment_source final : public block_source {
 
   /// Gives detached idle pieces of `h` back to it and deletes their blocks. Returns their bytes
   /// (the caller counts them out of the cache).
-  std::size_t return_pieces(cache_heap& h, const std::vector<block*>& pieces) noexcept;
+  std::size_t return_pieces(cache_heap& h, std::span<block* const> pieces) noexcept;
   /// `backend`'s heap if it has one, with one use held. Takes mutex_.
   std::optional<heap_use> find_heap(const backend_state& backend);
   /// A take at an address (cache_state::take_at): a new block of exactly the bytes [address,

@@ -11,6 +11,7 @@ pieces and free bytes "inactive" blocks, each idle buffer of a cache without seg
 its own; a live allocation no map lists (a plain buffer: no segments) is a segment of its own, one
 "active_allocated" block, as is every allocation where there is no map (the allocation log alone).
 `device_traces` has the recorded actions per device."""
+import bisect
 import os
 
 from .alloc_log import read_log
@@ -124,10 +125,27 @@ def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=No
         for address, event in log_live.items():
             live.setdefault(address, segment(address, event.size, log_device, event.stream))
     mapped = [run for pool_id, segments in (maps or ()) for m in segments for run in from_map(m, pool_id, live)]
+    _drop_covered(live, mapped)
     segments = sorted(mapped + list(live.values()), key=lambda s: (s["device"], s["address"]))
     segments = [s for s in segments if pool is None or s["segment_pool_id"] == tuple(pool)]
     return {"segments": segments, "device_traces": traces, "external_annotations": [],
             "allocator_settings": {"allocator": "refpool"}}
+
+
+def _drop_covered(live, mapped):
+    """Takes out of `live` the allocations inside a mapped segment that the map does not list as live:
+    freed after the history's dump or the log's last line (the maps are read last), so the map says
+    what their bytes are now; kept, each would be a segment overlapping the map's."""
+    starts = {}
+    for s in mapped:
+        starts.setdefault(s["device"], []).append((s["address"], s["address"] + s["total_size"]))
+    for runs in starts.values():
+        runs.sort()
+    for address in list(live):
+        runs = starts.get(live[address]["device"], ())
+        at = bisect.bisect_right(runs, (address, float("inf"))) - 1
+        if at >= 0 and address < runs[at][1]:
+            del live[address]
 
 
 def _trace_of(traces, device):

@@ -122,18 +122,23 @@ def memory_map(pool=None):
     refpool.memory_map.Segment (see Cache.memory_map)."""
     if pool is None:
         return cache().memory_map()
-    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(*pool))) as pool_cache:
+    with _pool_cache(pool, "memory_map") as pool_cache:
         return pool_cache.memory_map()
+
+
+def _pool_cache(pool, function):
+    """A Cache handle on private pool `pool`'s cache; TypeError unless `pool` is a (first, second) pair."""
+    try:
+        first, second = pool
+    except (TypeError, ValueError):
+        raise TypeError(f"refpool: refpool.allocator.{function}: pool must be a (first, second) pair of ints, "
+                        f"not {pool!r}") from None
+    return Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second)))
 
 
 def pool_stats(pool):
     """The counters of private pool `pool` ((first, second)), as Cache.stats()."""
-    try:
-        first, second = pool
-    except (TypeError, ValueError):
-        raise TypeError(f"refpool: refpool.allocator.pool_stats: pool must be a (first, second) pair of ints, "
-                        f"not {pool!r}") from None
-    with Cache(_handle=lib().new_handle("refpool_allocator_pool_cache", t.PoolId(first, second))) as pool_cache:
+    with _pool_cache(pool, "pool_stats") as pool_cache:
         return pool_cache.stats()
 
 

@@ -1,6 +1,10 @@
 /* refpool_cache_memory_map from C: a cache with segments (live, idle and free ranges, and reclaim
  * taking the idle and free ones), one without (idle buffers as segments of their own), arrays too
- * small, an older caller's smaller structs, and bad arguments. */
+ * small, an older caller's smaller structs, bad arguments, and a private pool's map through a
+ * handle taken before the pool was released and emptied, while another thread maps it. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "c_checks.h"
@@ -173,6 +177,13 @@ static void test_bad_arguments(void) {
   CHECK(error_mentions("refpool_memory_range"));
   EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, NULL, 0, (size_t)1 << 20, &m),
          REFPOOL_ERROR_INVALID_ARGUMENT);
+  /* A capacity no array can have (capacity times size overflows): refused, nothing written. */
+  refpool_memory_range few[2];
+  EXPECT(refpool_cache_memory_map(cache, NULL, 0, seg, &n, few, SIZE_MAX / 8, rng, &m), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("range_capacity"));
+  EXPECT(refpool_cache_memory_map(cache, (refpool_memory_segment*)few, SIZE_MAX / seg + 1, seg, &n, NULL, 0, rng, &m),
+         REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("overflows"));
   uint64_t room[8];
   EXPECT(refpool_cache_memory_map(cache, (refpool_memory_segment*)((char*)room + 4), 1, seg, &n, NULL, 0, rng, &m),
          REFPOOL_ERROR_INVALID_ARGUMENT);
@@ -183,12 +194,88 @@ static void test_bad_arguments(void) {
   EXPECT(refpool_cache_memory_map(none, NULL, 0, seg, &n, NULL, 0, rng, &m), REFPOOL_ERROR_INVALID_ARGUMENT);
 }
 
+/* A thread that maps `cache` until told to stop, each map consistent (its own arrays: the static
+ * ones are the main thread's). */
+struct mapper {
+  refpool_cache cache;
+  atomic_int stop, maps;
+  int bad;
+};
+
+static void* map_until_stopped(void* arg) {
+  struct mapper* m = arg;
+  static refpool_memory_segment segs[max_segments];
+  static refpool_memory_range rngs[max_ranges];
+  while (!atomic_load(&m->stop)) {
+    size_t n = 0, k = 0;
+    if (refpool_cache_memory_map(m->cache, segs, max_segments, sizeof segs[0], &n, rngs, max_ranges, sizeof rngs[0],
+                                 &k) != REFPOOL_OK ||
+        n > max_segments || k > max_ranges) {
+      ++m->bad;
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t sum = 0;
+      for (size_t r = segs[i].first_range; r < segs[i].first_range + segs[i].range_count; ++r) sum += rngs[r].bytes;
+      if (sum != segs[i].committed_bytes) ++m->bad;
+    }
+    atomic_fetch_add(&m->maps, 1);
+  }
+  return NULL;
+}
+
+static int accept_all(void* context, void* stream) {
+  (void)context;
+  (void)stream;
+  return 1;
+}
+
+/* The framework allocator (host runtime): a private pool's cache through a handle taken while the
+ * pool was in use. Released and emptied, the pool leaves the allocator, but the handle keeps its
+ * cache open: its map lists the buffer still held, then that buffer idle once freed; with the
+ * handle gone the pool's cache closes, and a buffer freed after that goes back to the backend. */
+static void test_released_pool(void) {
+  refpool_allocator_options options;
+  OK(refpool_allocator_options_init(&options, sizeof options));
+  options.runtime = REFPOOL_RUNTIME_HOST;
+  refpool_cache_options cache_options;
+  OK(refpool_cache_options_init(&cache_options, sizeof cache_options));
+  cache_options.segments = REFPOOL_SEGMENTS_ON;
+  OK(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options));
+  const refpool_pool_id pool = {9, 1};
+  OK(refpool_allocator_begin_pool(0, pool, accept_all, NULL, NULL));
+  void *held = NULL, *freed = NULL;
+  OK(refpool_allocator_alloc(20000, 0, NULL, &held));
+  OK(refpool_allocator_alloc(3 << 20, 0, NULL, &freed));
+  OK(refpool_allocator_end_pool(0, pool));
+  struct mapper m = {{0}, 0, 0, 0};
+  OK(refpool_allocator_pool_cache(pool, &m.cache));
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, map_until_stopped, &m) == 0);
+  OK(refpool_allocator_release_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  refpool_cache gone = {0};
+  EXPECT(refpool_allocator_pool_cache(pool, &gone), REFPOOL_ERROR_INVALID_ARGUMENT); /* left the allocator */
+  OK(refpool_free(freed));
+  while (atomic_load(&m.maps) < 100) sched_yield();
+  atomic_store(&m.stop, 1);
+  pthread_join(thread, NULL);
+  CHECK(m.bad == 0);
+  take_map(m.cache);
+  CHECK(range_at(held) != NULL && range_at(held)->state == REFPOOL_RANGE_LIVE);
+  CHECK(range_at(freed) != NULL && range_at(freed)->state == REFPOOL_RANGE_IDLE);
+  CHECK(bytes_in(REFPOOL_RANGE_LIVE) == stat(m.cache, "live_bytes"));
+  OK(refpool_cache_destroy(m.cache)); /* the last owner of the pool's cache: it closes */
+  OK(refpool_free(held));
+}
+
 int main(void) {
   refpool_backend be = {0};
   OK(refpool_backend_host(&be));
   test_segments(be);
   test_whole_blocks(be);
   test_bad_arguments();
+  test_released_pool();
   OK(refpool_backend_release(be));
   return finish("memory_map_test");
 }

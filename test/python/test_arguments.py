@@ -98,6 +98,7 @@ SIZE_ENTRIES = {
     "allocator.step(uncached_warmup_entries)": lambda w, v: refpool.allocator.step(uncached_warmup_entries=v),
     "allocator.set_device_limit(limit_bytes)": lambda w, v: refpool.allocator.set_device_limit(0, v),
     "allocator.pool_stats(pool)": lambda w, v: refpool.allocator.pool_stats((v, 0)),
+    "allocator.memory_map(pool)": lambda w, v: refpool.allocator.memory_map((0, v)),
 }
 # Cache options given as keywords: an int is checked against the option's C type here.
 OPTION_ENTRIES = ("Cache(max_idle_bytes)", "Cache(conf=..., max_idle_bytes)", "allocator.configure(max_idle_bytes)")
@@ -284,6 +285,9 @@ WRONG_ARGUMENTS = {
     "StatsRecorder(None)": (lambda w, c: refpool.StatsRecorder(None), TypeError, "cache"),
     "allocator.configure(runtime=0)": (lambda w, c: refpool.allocator.configure(runtime=0), TypeError, "runtime"),
     "allocator.pool_stats(pool=1)": (lambda w, c: refpool.allocator.pool_stats(1), TypeError, "pool"),
+    "allocator.memory_map(pool=1)": (lambda w, c: refpool.allocator.memory_map(1), TypeError, "pool"),
+    # One number is no pool id: not pool (5, 0) by default.
+    "allocator.memory_map(pool=(5,))": (lambda w, c: refpool.allocator.memory_map((5,)), TypeError, "pool"),
 }
 
 

@@ -367,6 +367,33 @@ def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
     check_segment_sums(snap["segments"][:3])
 
 
+def test_snapshot_drops_allocations_a_map_shows_freed_since_the_history():
+    # The history is dumped (or the log read) before the maps are taken: an allocation freed in
+    # between is live in the history and an idle piece or free bytes in the map. The map is newer:
+    # no second segment over the map's bytes (memory_viz would draw both). Odd shapes beside it: a
+    # segment with no committed bytes (no runs), a hole at its start, another device at the same
+    # addresses (kept: not covered on its own device).
+    from refpool.memory_map import Range, Segment
+    base = 1 << 24
+    mapped = Segment(base, 1 << 22, 3 << 20, 0, "device", "large", True,
+                     [Range(base + (1 << 20), 1 << 20, "idle"), Range(base + (2 << 20), 1 << 20, "free"),
+                      Range(base + (3 << 20), 1 << 20, "live")])
+    empty = Segment(1 << 26, 1 << 21, 0, 0, "device", "small", True, [])
+    freed_since = [base + (1 << 20), base + (2 << 20) + 4096]  # in the idle piece, in the free bytes
+    other_device = base + (1 << 20)
+    history = {"trace": [], "live": [{"addr": a, "size": 100, "device": 0, "stream": 0, "pool": [0, 0], "frames": []}
+                                     for a in freed_since + [base + (3 << 20)]] +
+               [{"addr": other_device, "size": 100, "device": 1, "stream": 0, "pool": [0, 0], "frames": []}]}
+    snap = _torch_snapshot.build(history, devices=2, maps=[((0, 0), [mapped, empty])])
+    on_device_0 = sorted((s["address"], s["address"] + s["total_size"]) for s in snap["segments"] if s["device"] == 0)
+    assert on_device_0 == [(base + (1 << 20), base + (4 << 20))]  # one run, from the first committed byte
+    assert all(a[1] <= b[0] for a, b in zip(on_device_0, on_device_0[1:]))  # no overlap
+    assert [b["state"] for b in snap["segments"][0]["blocks"]] == ["inactive", "inactive", "active_allocated"]
+    assert snap["segments"][0]["blocks"][2]["requested_size"] == 100
+    assert [(s["device"], s["address"]) for s in snap["segments"] if s["device"] == 1] == [(1, other_device)]
+    check_segment_sums(snap["segments"])
+
+
 def test_graph_tree_pool_calls_check_liveness_and_restore_a_checkpoint():
     rows = [(100, 512, 0, 1, 0, 5), (200, 512, 0, 7, 0, 5), (300, 512, 0, 1, 0, 6)]
     freed, restored, adopted = [], [], []
