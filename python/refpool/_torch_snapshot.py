@@ -71,8 +71,11 @@ def _segment_of_run(run, mapped, pool, segment_type, known):
     stream = None
     for r in run:
         if r.state not in ("live", "span_held"):  # idle, free, an idle arena: cached bytes
-            blocks.append({"address": r.address, "size": r.bytes, "requested_size": 0, "state": "inactive",
-                           "frames": []})
+            if blocks and blocks[-1]["state"] == "inactive":  # one block, as PyTorch's free blocks coalesce
+                blocks[-1]["size"] += r.bytes
+            else:
+                blocks.append({"address": r.address, "size": r.bytes, "requested_size": 0, "state": "inactive",
+                               "frames": []})
             continue
         record = known.pop(r.address, None)
         if r.state == "span_held":  # a plan's arena: the allocations inside it are its block's

@@ -278,6 +278,10 @@ def check_segment_sums(segments):
         active = [b for b in blocks if b["state"] == "active_allocated"]
         assert s["allocated_size"] == s["active_size"] == sum(b["size"] for b in active)
         assert s["requested_size"] == sum(b["requested_size"] for b in active)
+        # PyTorch's free blocks coalesce: its snapshots never show two inactive blocks side by side,
+        # and tests compare block counts across a checkpoint restore (TestBlockStateAbsorption).
+        states = [b["state"] for b in blocks]
+        assert all(not (a == b == "inactive") for a, b in zip(states, states[1:])), states
 
 
 def test_snapshot_shows_refpools_segments_with_live_and_idle_blocks():
@@ -300,7 +304,7 @@ def test_snapshot_shows_refpools_segments_with_live_and_idle_blocks():
         holding = [s for s in snap["segments"] if kept in {b["address"] for b in s["blocks"]}]
         assert len(holding) == 1 and holding[0]["segment_pool_id"] == (0, 0) and holding[0]["is_expandable"]
         assert holding[0]["segment_type"] == "small"
-        assert any(b["state"] == "inactive" and b["address"] != freed for b in holding[0]["blocks"])  # free bytes
+        assert blocks[freed]["size"] > 5000  # the idle piece and the segment's free bytes after it: one block
         # install()'s _snapshot without history: the same segments, from the map alone.
         assert [s["address"] for s in replacements.snapshot()["segments"]] == [s["address"] for s in snap["segments"]]
     finally:
@@ -388,8 +392,9 @@ def test_snapshot_drops_allocations_a_map_shows_freed_since_the_history():
     on_device_0 = sorted((s["address"], s["address"] + s["total_size"]) for s in snap["segments"] if s["device"] == 0)
     assert on_device_0 == [(base + (1 << 20), base + (4 << 20))]  # one run, from the first committed byte
     assert all(a[1] <= b[0] for a, b in zip(on_device_0, on_device_0[1:]))  # no overlap
-    assert [b["state"] for b in snap["segments"][0]["blocks"]] == ["inactive", "inactive", "active_allocated"]
-    assert snap["segments"][0]["blocks"][2]["requested_size"] == 100
+    assert [b["state"] for b in snap["segments"][0]["blocks"]] == ["inactive", "active_allocated"]  # idle + free
+    assert snap["segments"][0]["blocks"][0]["size"] == 2 << 20
+    assert snap["segments"][0]["blocks"][1]["requested_size"] == 100
     assert [(s["device"], s["address"]) for s in snap["segments"] if s["device"] == 1] == [(1, other_device)]
     check_segment_sums(snap["segments"])
 
