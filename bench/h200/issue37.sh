@@ -5,7 +5,9 @@
 #   2. refpool's own GPU tests of what issue 37 changed: graph trees' checkpoint restores and
 #      reduce-overhead (test_torch.py), snapshots with refpool's segments, MemPool, and CuPy graphs
 #      captured under refpool_capture_begin (test_cupy.py).
-# carry: .ptests .device-deps. PART=ptests or PART=own runs one of the two.
+# carry: .ptests .device-deps. PART=ptests or PART=own runs one of the two; TESTS and FILES narrow
+# PyTorch's tests (torch_tests.sh), OWN_TESTS the -k of test_torch.py, CUPY=0 leaves test_cupy.py
+# out, PROBE=1 adds bench/h200/memory_stats_probe.py.
 set -uo pipefail
 start=$SECONDS
 out=${OUT:-h200-out}; mkdir -p "$out"
@@ -15,6 +17,9 @@ if [ "$part" = all ] || [ "$part" = ptests ]; then
 fi
 if [ "$part" = all ] || [ "$part" = own ]; then
   source .device-deps/setup.sh
+  [ -n "${PROBE:-}" ] && [ -f "${REFPOOL_LIBRARY:-/tmp/b/python/librefpool.so}" ] &&
+    PYTHONPATH=$PWD/python REFPOOL_LIBRARY=${REFPOOL_LIBRARY:-/tmp/b/python/librefpool.so} \
+      REFPOOL_TORCH_HOOKS_DIR=/tmp/refpool-hooks timeout 60 python3 bench/h200/memory_stats_probe.py 2>&1 | tail -60
   export PYTHONPATH=$PWD/python REFPOOL_TORCH_HOOKS_DIR=${REFPOOL_TORCH_HOOKS_DIR:-/tmp/refpool-hooks}
   export REFPOOL_LIBRARY=${REFPOOL_LIBRARY:-/tmp/b/python/librefpool.so}
   [ -f "$REFPOOL_LIBRARY" ] || { BUILD_DIR=/tmp/b; build=/tmp/b; source bench/h200/torch_build.sh; }
@@ -22,7 +27,8 @@ if [ "$part" = all ] || [ "$part" = own ]; then
   echo "== refpool's own tests, $left s left"
   (cd test/python &&
     timeout "$left" python3 -m pytest -q -p no:cacheprovider test_torch.py \
-      -k "graph_pool or reduce_overhead or snapshot or mem_pool or recaptured" 2>&1 | tail -30
-    timeout 120 python3 -m pytest -q -p no:cacheprovider test_cupy.py 2>&1 | tail -12) | tee "$out/own-tests.txt"
+      -k "${OWN_TESTS:-graph_pool or reduce_overhead or snapshot or mem_pool or recaptured}" 2>&1 | tail -30
+    [ "${CUPY:-1}" = 0 ] || timeout 120 python3 -m pytest -q -p no:cacheprovider test_cupy.py 2>&1 | tail -12
+  ) | tee "$out/own-tests.txt"
 fi
 echo "== done in $((SECONDS - start)) s"
