@@ -5,6 +5,7 @@
 // counters as they were; the heaps are checked against the cache's blocks after each step.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -309,4 +310,67 @@ TEST_CASE("take at, hostile: threads take, allocate, free, reclaim and limit idl
   if (limited) CHECK(st.idle_bytes <= 8 * MiB);
   cache.reclaim(0);
   CHECK(f.be.outstanding_bytes() == 0);
+}
+
+TEST_CASE("take at, hostile: bytes over idle pieces of two slots (threads) are carved once, from both",
+          "[take_at][hostile][segments][threads]") {
+  heap_fixture f;
+  alloc_cache cache{options(segment_policy::on)};
+  const std::size_t big = 1 * MiB;
+  char* x = nullptr;
+  char* y = nullptr;
+  std::thread([&] {
+    data_ref a = cache.allocate(f.be, big);
+    data_ref b = cache.allocate(f.be, big);
+    x = at(a);
+    y = at(b);
+  }).join();  // both idle in that thread's slot, now ownerless
+  REQUIRE(y == x + big);
+  data_ref mine = take(cache, f.be, y, big);  // a steal: y's home is this thread's slot now
+  mine.reset();                              // idle here; x idle in the other slot
+  CHECK(cache.stats().idle_blocks == 2);
+  const std::uint64_t misses = cache.stats().misses;
+  data_ref both = take(cache, f.be, x, 2 * big);
+  CHECK(at(both) == x);
+  std::memset(both.data(), 0x42, both.bytes());
+  const cache_stats st = cache.stats();
+  CHECK(st.idle_blocks == 0);
+  CHECK(st.live_blocks == 1);
+  CHECK(st.live_bytes == 2 * big);
+  CHECK(st.misses == misses + 1);
+  check_books(cache, f.be);
+  both.reset();
+  cache.reclaim(0);
+  CHECK(f.be.outstanding_bytes() == 0);
+}
+
+TEST_CASE("take at, hostile: the taker's stream is ordered after every stream that used the bytes",
+          "[take_at][hostile][streams]") {
+  const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
+  CAPTURE(policy == segment_policy::on);
+  heap_fixture f;
+  alloc_cache cache{options(policy)};
+  const stream_ref s1 = test::stream(1), s2 = test::stream(2), s3 = test::stream(3);
+  data_ref a = cache.allocate(f.be, 64 * KiB, s1);
+  void* const address = a.data();
+  a.record_stream(s3);
+  a.reset();
+  f.tracker->clear_orders();
+  a = take(cache, f.be, address, 64 * KiB, s2);  // the idle block itself
+  auto orders = f.tracker->orders();
+  CHECK(std::count(orders.begin(), orders.end(), std::pair{s1, s2}) == 1);
+  CHECK(std::count(orders.begin(), orders.end(), std::pair{s3, s2}) == 1);
+  a.reset();
+  f.tracker->clear_orders();
+  a = take(cache, f.be, address, 64 * KiB, s2);  // last used on s2 alone now: no wait
+  CHECK(f.tracker->orders().empty());
+  a.reset();
+  if (policy == segment_policy::on) {
+    // Carved over an idle piece last used on s2, taken for s1 (another key: the piece goes back first).
+    f.tracker->clear_orders();
+    a = take(cache, f.be, address, 32 * KiB, s1);
+    orders = f.tracker->orders();
+    CHECK(std::count(orders.begin(), orders.end(), std::pair{s2, s1}) == 1);
+  }
+  check_books(cache, f.be);
 }
