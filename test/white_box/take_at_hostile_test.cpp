@@ -107,7 +107,7 @@ TEST_CASE("take at, hostile: takes twice in a row, inner and unaligned addresses
   b.reset();
 
   refused(cache, f.be, static_cast<char*>(freed) + 1, 4 * KiB - 1, "not the pool's");  // not at a piece unit
-  refused(cache, f.be, freed, SIZE_MAX, "");                                             // rounds past SIZE_MAX
+  refused(cache, f.be, freed, SIZE_MAX, "");                                           // rounds past SIZE_MAX
   refused(cache, f.be, freed, SIZE_MAX - 4 * KiB, "");
   refused(cache, f.be, reinterpret_cast<void*>(UINTPTR_MAX - 4095), 8 * KiB, "not the pool's");  // wraps around
   if (segments) {
@@ -327,7 +327,7 @@ TEST_CASE("take at, hostile: bytes over idle pieces of two slots (threads) are c
   }).join();  // both idle in that thread's slot, now ownerless
   REQUIRE(y == x + big);
   data_ref mine = take(cache, f.be, y, big);  // a steal: y's home is this thread's slot now
-  mine.reset();                              // idle here; x idle in the other slot
+  mine.reset();                               // idle here; x idle in the other slot
   CHECK(cache.stats().idle_blocks == 2);
   const std::uint64_t misses = cache.stats().misses;
   data_ref both = take(cache, f.be, x, 2 * big);
