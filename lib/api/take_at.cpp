@@ -19,8 +19,9 @@ namespace refpool::detail {
 
 namespace {
 
-/// Nothing of `cache` idle at `address` for a request of `bytes` (rounded to `capacity`): says
-/// whether a live buffer of the cache starts there, an idle one of another size, or nothing of it.
+/// Nothing of `cache` idle at `address` for a request of `bytes` (rounded to `capacity`) from
+/// `backend`: says whether a live buffer of the cache starts there, an idle one of another device's
+/// backend or of another size, or nothing of it.
 [[noreturn]] void throw_not_idle(cache_state& cache, const backend_state& backend, void* address, std::size_t bytes,
                                  std::size_t capacity, std::string_view where) {
   const auto at = reinterpret_cast<std::uintptr_t>(address);
