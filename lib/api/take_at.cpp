@@ -19,10 +19,11 @@ namespace refpool::detail {
 
 namespace {
 
-/// Nothing of `cache` idle at `address` for a request of `bytes` (rounded to `capacity`): says
-/// whether a live buffer of the cache starts there, an idle one of another size, or nothing of it.
-[[noreturn]] void throw_not_idle(cache_state& cache, void* address, std::size_t bytes, std::size_t capacity,
-                                 std::string_view where) {
+/// Nothing of `cache` idle at `address` for a request of `bytes` (rounded to `capacity`) from
+/// `backend`: says whether a live buffer of the cache starts there, an idle one of another device's
+/// backend or of another size, or nothing of it.
+[[noreturn]] void throw_not_idle(cache_state& cache, const backend_state& backend, void* address, std::size_t bytes,
+                                 std::size_t capacity, std::string_view where) {
   const auto at = reinterpret_cast<std::uintptr_t>(address);
   const std::string range = fmt::format("[{}, {:#x})", address, at + capacity);
   bool live = false;
@@ -36,7 +37,13 @@ namespace {
   if (live)
     throw invalid_argument(fmt::format("refpool: {}: bytes {} are live: the buffer at {} is in use (free it first)",
                                        where, range, address));
-  if (const std::size_t other = cache.idle_capacity_at(at); other != 0)
+  const cache_state::idle_block_found idle = cache.idle_block_at(at);
+  if (idle.capacity != 0 && idle.backend != &backend)  // a pool serves each device from a backend of its own
+    throw invalid_argument(fmt::format(
+        "refpool: {}: the idle buffer at {} was allocated on another device than this take's: take it on the device "
+        "it was allocated on",
+        where, address));
+  if (const std::size_t other = idle.capacity; other != 0)
     throw invalid_argument(fmt::format(
         "refpool: {}: the idle buffer at {} holds {}, but a request of {} gets {}: take it with the size it was "
         "allocated with",
@@ -60,7 +67,7 @@ data_ref take_idle_at(alloc_cache& cache, const backend& be, void* address, std:
   slot* s = state.bypassed() ? nullptr : state.ambient_slot();  // none: nothing is ever idle in it
   block* b = s == nullptr ? nullptr
                           : state.take_at(*s, *backend, key, reinterpret_cast<std::uintptr_t>(address), stream, where);
-  if (b == nullptr) throw_not_idle(state, address, bytes, key.bytes, where);
+  if (b == nullptr) throw_not_idle(state, *backend, address, bytes, key.bytes, where);
   b->requested = bytes;
   b->refs.reset(1);
   if (alloc_log* log = active_log()) log->record(true, b->ptr, bytes, stream);

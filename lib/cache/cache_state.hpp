@@ -141,8 +141,13 @@ class cache_state : public ref_counted<cache_state> {
   /// Sets neither `requested` nor the handle count.
   block* take_at(slot& s, backend_state& backend, const block_key& key, std::uintptr_t address, stream_ref stream,
                  std::string_view where);
-  /// The capacity of an idle block of the cache starting at `address` (any key), or 0.
-  [[nodiscard]] std::size_t idle_capacity_at(std::uintptr_t address);
+  /// An idle block of the cache starting at `address` (any key): its capacity (0: none) and the
+  /// backend it came from (another device's, say).
+  struct idle_block_found {
+    std::size_t capacity = 0;
+    const backend_state* backend = nullptr;
+  };
+  [[nodiscard]] idle_block_found idle_block_at(std::uintptr_t address);
 
   // ---- what alloc_cache offers --------------------------------------------------------------------
   [[nodiscard]] cache_stats stats() const;

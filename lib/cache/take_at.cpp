@@ -165,17 +165,17 @@ void cache_state::return_idle_pieces_over(cache_heap& h, const block_key& key,
   return_pieces(h, pieces);
 }
 
-std::size_t cache_state::idle_capacity_at(std::uintptr_t address) {
-  std::size_t capacity = 0;
+cache_state::idle_block_found cache_state::idle_block_at(std::uintptr_t address) {
+  idle_block_found found;
   std::lock_guard guard(mutex_);
   intrude_all();
   for (const auto& holder : slots_.all)
     holder->buckets.for_each([&](const bucket& bk) {
       for (const block* b : bk.idle)
-        if (address_of(b) == address) capacity = b->capacity;
+        if (address_of(b) == address) found = {b->capacity, b->backend};
     });
   leave_all();
-  return capacity;
+  return found;
 }
 
 }  // namespace refpool::detail

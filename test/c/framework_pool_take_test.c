@@ -162,6 +162,95 @@ static void test_take_joined_neighbours(void) {
   CHECK(pool_stat("live_bytes") == 0);
 }
 
+static void* const other_stream = (void*)0x2000; /* captured into a second pool */
+
+/* Hostile review: bytes of the main cache and of another pool are not the pool's; a double free
+ * after a take is refused; overflowing sizes change nothing; a released (freeable) pool still takes
+ * back its idle bytes, and a buffer taken then outlives the pool's drop by empty_cache; after the
+ * drop the pool is no more. */
+static void test_take_across_pools_and_lifetimes(void) {
+  /* The main cache's freed buffer (a stream no route accepts). */
+  void* main_buffer = NULL;
+  OK(refpool_allocator_alloc(4 * KIB, 0, NULL, &main_buffer));
+  OK(refpool_free(main_buffer));
+  refused_take(main_buffer, 4 * KIB, "not the pool's");
+
+  /* Another pool's freed buffer: not this pool's; that pool takes it back. */
+  const refpool_pool_id second = {22, 0};
+  void* const* second_context = &other_stream;
+  OK(refpool_allocator_begin_pool(0, second, captures, (void*)second_context, NULL));
+  void* theirs = NULL;
+  OK(refpool_allocator_alloc(8 * KIB, 0, other_stream, &theirs));
+  OK(refpool_free(theirs));
+  refused_take(theirs, 8 * KIB, "not the pool's");
+  void* out = NULL;
+  OK(refpool_allocator_pool_take(0, second, theirs, 8 * KIB, other_stream, &out));
+  CHECK(out == theirs);
+
+  /* Double free after a take; use after free of the pointer. */
+  OK(refpool_free(theirs));
+  EXPECT(refpool_free(theirs), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_allocator_record_stream(theirs, other_stream), REFPOOL_ERROR_INVALID_ARGUMENT);
+
+  /* Overflowing sizes: refused, nothing changed. */
+  void* mine = pool_alloc(4 * KIB, 5);
+  OK(refpool_free(mine));
+  uint64_t before[STAT_CAPACITY], after[STAT_CAPACITY];
+  const size_t count = pool_stats(before);
+  out = &out;
+  CHECK(refpool_allocator_pool_take(0, pool, mine, SIZE_MAX, capturing, &out) != REFPOOL_OK);
+  CHECK(refpool_allocator_pool_take(0, pool, mine, SIZE_MAX - 4 * KIB, capturing, &out) != REFPOOL_OK);
+  CHECK(refpool_allocator_pool_take(0, pool, (void*)(UINTPTR_MAX - 4095), 8 * KIB, capturing, &out) != REFPOOL_OK);
+  CHECK(out == (void*)&out);
+  CHECK(pool_stats(after) == count);
+  CHECK(memcmp(before, after, count * sizeof before[0]) == 0);
+  EXPECT(refpool_allocator_pool_take(-1, pool, mine, 4 * KIB, capturing, &out), REFPOOL_ERROR_INVALID_ARGUMENT);
+  EXPECT(refpool_allocator_pool_take(64, pool, mine, 4 * KIB, capturing, &out), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(take(mine, 4 * KIB) == mine);
+  OK(refpool_free(mine));
+
+  /* The second pool released (freeable, its memory kept): its idle bytes still come back. */
+  OK(refpool_allocator_end_pool(0, second));
+  OK(refpool_allocator_release_pool(0, second));
+  out = NULL;
+  OK(refpool_allocator_pool_take(0, second, theirs, 8 * KIB, other_stream, &out));
+  CHECK(out == theirs);
+  if (out != NULL) memset(out, 0x66, 8 * KIB);
+  /* empty_cache drops no pool while a route (the first pool's) is in force; end it for a moment. */
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  size_t pools = 0;
+  refpool_pool_id ids[4];
+  OK(refpool_allocator_pool_ids(ids, 4, &pools));
+  CHECK(pools == 1 && ids[0].first == pool.first); /* the second pool is gone, its taken buffer held */
+  if (out != NULL) memset(out, 0x67, 8 * KIB);     /* still the caller's memory */
+  OK(refpool_free(theirs));                        /* goes to the driver with the dropped pool */
+  EXPECT(refpool_allocator_pool_take(0, second, theirs, 8 * KIB, other_stream, &out), REFPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(error_mentions("no such pool"));
+  OK(refpool_allocator_release_pool(0, pool)); /* freeable for a moment: the begin below counts the use again */
+  void* const* context = &capturing;
+  OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
+}
+
+/* Hostile review: a pool that served two devices; an idle buffer of device 1 taken on device 0 is
+ * refused, and the message says it is another device's, not a size mismatch ("holds 4 KiB, but a
+ * request of 4 KiB gets 4 KiB" before). */
+static void test_take_on_another_device(void) {
+  void* const* context = &capturing;
+  OK(refpool_allocator_begin_pool(1, pool, captures, (void*)context, NULL));
+  void* theirs = NULL;
+  OK(refpool_allocator_alloc(4 * KIB, 1, capturing, &theirs));
+  OK(refpool_free(theirs));
+  refused_take(theirs, 4 * KIB, "another device");
+  if (error_mentions("but a request of")) fprintf(stderr, "misleading message: %s\n", refpool_last_error());
+  CHECK(!error_mentions("but a request of"));
+  void* out = NULL;
+  OK(refpool_allocator_pool_take(1, pool, theirs, 4 * KIB, capturing, &out));
+  CHECK(out == theirs);
+  OK(refpool_free(theirs));
+  OK(refpool_allocator_end_pool(1, pool)); /* its use is released with device 0's, in main */
+}
+
 int main(int argc, char** argv) {
   segments = argc > 1 && strcmp(argv[1], "segments") == 0;
   refpool_allocator_options options;
@@ -176,8 +265,11 @@ int main(int argc, char** argv) {
   OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
   test_take_a_freed_buffer();
   if (segments) test_take_joined_neighbours();
+  test_take_across_pools_and_lifetimes();
+  test_take_on_another_device();
   OK(refpool_allocator_end_pool(0, pool));
   OK(refpool_allocator_release_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool)); /* the use of test_take_on_another_device's begin */
   OK(refpool_allocator_empty_cache());
   size_t pools = 99;
   OK(refpool_allocator_pool_ids(NULL, 0, &pools));
