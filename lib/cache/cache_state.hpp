@@ -32,6 +32,7 @@
 #include <refpool/types.hpp>
 
 #include "cache/block.hpp"
+#include "cache/cache_parts.hpp"
 #include "cache/cache_counters.hpp"
 #include "cache/extension_points.hpp"
 #include "cache/idle_limit.hpp"
@@ -130,15 +131,11 @@ class cache_state : public ref_counted<cache_state> {
   void release_cached(block* b, bool via_unsafe_free) noexcept;
 
   // ---- taking idle bytes back at their address (take_at.cpp) ----------------------------------
-  /// The idle bytes at `address` that a request of `key` gets, handed out again as a live block for
-  /// `stream`, homed in `s` (a private pool restored to a checkpoint: PyTorch's
-  /// setCheckpointPoolState). An idle block of `key` starting there is handed out as a hit (and a
-  /// steal, from another slot); else, where `backend`'s blocks are pieces, the idle pieces over
-  /// those bytes go back to the heap and a piece is carved exactly there from free bytes, as a miss
-  /// makes one. Null when nothing of the cache lies idle there (nothing changed: the caller says
-  /// why). Throws invalid_argument naming the bytes in use when some are (nothing changed), and what
-  /// ordering streams or carving throws. Caller owns `s`; `where` names the caller in messages.
-  /// Sets neither `requested` nor the handle count.
+  /// The idle bytes at `address` that a request of `key` gets, live again for `stream`, homed in
+  /// `s` (an idle block of `key` there, as a hit; else idle pieces and free bytes there, carved as
+  /// a miss: take_at.cpp). Null when nothing of the cache lies idle there; invalid_argument naming
+  /// the bytes in use when some are (nothing changed either way). Caller owns `s`; `where` names
+  /// the caller in messages. Sets neither `requested` nor the handle count.
   block* take_at(slot& s, backend_state& backend, const block_key& key, std::uintptr_t address, stream_ref stream,
                  std::string_view where);
   /// An idle block of the cache starting at `address` (any key): its capacity (0: none) and the
@@ -224,13 +221,10 @@ class cache_state : public ref_counted<cache_state> {
   /// are pieces, live and idle. Throws std::logic_error naming the first violation.
   void check_segments() const;
 
-  /// What the cache holds from its backends, segment by segment (memory_map.hpp;
-  /// cache_memory_map.cpp): every segment of its heaps with its live and idle pieces, free bytes
-  /// and plan arenas, and each idle whole block as a segment of its own, sorted by device, then
-  /// address. Live whole blocks are not listed (the cache keeps no list of them; stats count
-  /// them). Thread-safe: takes mutex_ and visits every slot as an intruder, then each heap under
-  /// its lock; a block its slot's owner hands out or takes back meanwhile may show in either state.
-  /// Throws std::bad_alloc only.
+  /// What the cache holds from its backends, segment by segment (memory_map.hpp,
+  /// cache_memory_map.cpp: heaps' segments with live and idle pieces, free bytes and arenas; idle
+  /// whole blocks; not live whole blocks). Thread-safe (mutex_, slots as an intruder, then each
+  /// heap); a block handed out or taken back meanwhile may show in either state. Throws bad_alloc.
   [[nodiscard]] memory_map map_memory() const;
 
  private:
@@ -269,11 +263,9 @@ class cache_state : public ref_counted<cache_state> {
   block* steal(slot& thief, const block_key& key, stream_ref stream, bool& other_stream);
   block* allocate_new(slot& s, backend_state& backend, const block_key& key, std::size_t requested, stream_ref stream);
 
-  // Idle blocks leaving the cache: chosen by the reclaim policy (reclaim_policy.hpp: least
-  // recently released first), taken out of their slots under mutex_; pieces go back to their heap
-  // before mutex_ is left (a memory map, which reads slots and heaps under mutex_, would find a
-  // piece in neither and call it live), whole blocks to their backend with no lock held; then the
-  // sources are trimmed.
+  // Idle blocks leaving the cache (reclaim_policy.hpp: least recently released first), out of
+  // their slots under mutex_; pieces back to their heap before mutex_ is left (else a memory map
+  // finds them in neither and calls them live), whole blocks to their backend with no lock held.
   struct taken_blocks {
     std::vector<block*> blocks;
     std::size_t bytes = 0;      ///< their capacities
@@ -323,35 +315,15 @@ class cache_state : public ref_counted<cache_state> {
   /// Drops one of `s`'s references (slot::refs); the last deletes the slot. Not under mutex_.
   void drop_slot_ref(slot& s) noexcept;
 
-  // What the options fixed when the cache was made.
-  struct settings {
-    rounding_policy rounding;
-    segment_policy segments;
-    bool auto_plans;
-    bool bypass;  // REFPOOL_NO_CACHING=1
-  };
-  const settings settings_;
+  const cache_settings settings_;  // what the options fixed when the cache was made
   std::atomic<bool> closed_{false};
 
   mutable std::mutex mutex_;  // see the top of this file
-  // Every slot of the cache, and those free to lease (under mutex_).
-  struct slot_lists {
-    std::vector<std::unique_ptr<slot>> all;
-    std::vector<slot*> free_scope;    // scope slots not leased now
-    std::vector<slot*> free_ambient;  // cache-level slots whose thread ended
-  };
-  slot_lists slots_;
+  cache_slot_lists slots_;    // under mutex_
   std::unique_ptr<cache_extension> extension_;
   std::vector<block*> giving_back_;  // give_back_idle_pieces' list, under mutex_
 
-  // Steps: the epoch of cache-level allocations is odd inside a step (unique in the process:
-  // begin_step), even outside; the router of the open step, if any.
-  struct step_state {
-    std::atomic<std::uint64_t> epoch{0};
-    std::atomic<request_router*> router{nullptr};  // a counted reference; changes under router_lock
-    mutable spinlock router_lock;                  // taken only while a step has a router
-  };
-  step_state step_;
+  cache_step_state step_;
 
   // The idle limit and the idle bytes over all slots, counted only while a limit is set (so the
   // hit path of an unlimited cache touches no shared counter). Changes under a slot.

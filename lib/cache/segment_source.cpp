@@ -20,16 +20,6 @@
 
 namespace refpool::detail {
 
-segment_heap_events segment_source::span_events() const {
-  std::lock_guard guard(mutex_);
-  segment_heap_events events = dropped_heap_counts_;
-  for (const auto& h : heaps_) {
-    std::lock_guard lock(h->mutex);
-    events += h->heap.stats().events;
-  }
-  return events;
-}
-
 void segment_source::release_or_trim(segment_heap& heap) {
   const segment_heap_stats st = heap.stats();
   if (st.pieces_out == 0 && st.spans == 0)

@@ -153,4 +153,14 @@ std::size_t segment_source::yield_idle_spans(const backend_state& backend) noexc
   return (*h)->heap.yield_idle_spans();
 }
 
+segment_heap_events segment_source::span_events() const {
+  std::lock_guard guard(mutex_);
+  segment_heap_events events = dropped_heap_counts_;
+  for (const auto& h : heaps_) {
+    std::lock_guard lock(h->mutex);
+    events += h->heap.stats().events;
+  }
+  return events;
+}
+
 }  // namespace refpool::detail
