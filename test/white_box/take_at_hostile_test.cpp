@@ -20,57 +20,26 @@
 #include "api/take_at.hpp"
 #include "cache/cache_state.hpp"
 #include "white_box/segment_fixture.hpp"
+#include "white_box/take_at_support.hpp"
 
 using namespace refpool;
+using refpool::test::check_books;
 using refpool::test::heap_fixture;
 using refpool::test::KiB;
 using refpool::test::MiB;
+using refpool::test::take;
+using refpool::test::take_counts;
 
 namespace {
 
-cache_options options(segment_policy segments) {
-  cache_options o;
-  o.segments = segments;
-  return o;
-}
-
 char* at(const data_ref& r) { return static_cast<char*>(r.data()); }
-
-data_ref take(alloc_cache& cache, const backend& be, void* address, std::size_t bytes, stream_ref stream = {}) {
-  return detail::take_idle_at(cache, be, address, bytes, stream, "take");
-}
-
-/// `spans`: bytes of plan arenas carved by hand (a plan's arena is in no counter of the cache's).
-void check_books(const alloc_cache& cache, const backend& be, std::size_t spans = 0) {
-  detail::access::state(cache).check_segments();
-  const cache_stats st = cache.stats();
-  CHECK(be.outstanding_bytes() == st.held_bytes + st.segment_free_bytes + spans);
-}
-
-/// The counters a refused take must leave as they were.
-struct counts {
-  std::size_t live_bytes, live_blocks, idle_bytes, idle_blocks, held_bytes, segment_free_bytes, segments;
-  std::uint64_t hits, misses, steals;
-  explicit counts(const cache_stats& s)
-      : live_bytes(s.live_bytes),
-        live_blocks(s.live_blocks),
-        idle_bytes(s.idle_bytes),
-        idle_blocks(s.idle_blocks),
-        held_bytes(s.held_bytes),
-        segment_free_bytes(s.segment_free_bytes),
-        segments(s.segments),
-        hits(s.hits),
-        misses(s.misses),
-        steals(s.steals) {}
-  friend bool operator==(const counts&, const counts&) = default;
-};
 
 /// A take that must be refused with a refpool error whose message holds `why`, changing nothing.
 void refused(alloc_cache& cache, const backend& be, void* address, std::size_t bytes, const char* why,
              std::size_t spans = 0) {
-  const counts before(cache.stats());
+  const take_counts before(cache.stats());
   CHECK_THROWS_WITH(take(cache, be, address, bytes), Catch::Contains(why));
-  CHECK(counts(cache.stats()) == before);
+  CHECK(take_counts(cache.stats()) == before);
   check_books(cache, be, spans);
 }
 
@@ -95,7 +64,7 @@ TEST_CASE("take at, hostile: takes twice in a row, inner and unaligned addresses
   const bool segments = policy == segment_policy::on;
   CAPTURE(segments);
   heap_fixture f;
-  alloc_cache cache{options(policy)};
+  alloc_cache cache{refpool::test::take_at_options(policy)};
   data_ref a = cache.allocate(f.be, 4 * KiB);
   data_ref b = cache.allocate(f.be, 4 * KiB);
   void* const freed = at(b);
@@ -133,7 +102,7 @@ TEST_CASE("take at, hostile: takes twice in a row, inner and unaligned addresses
 TEST_CASE("take at, hostile: the small/large boundary (256 KiB): a take never crosses into the other pool",
           "[take_at][hostile][segments]") {
   heap_fixture f;
-  alloc_cache cache{options(segment_policy::on)};
+  alloc_cache cache{refpool::test::take_at_options(segment_policy::on)};
   data_ref keep = cache.allocate(f.be, 4 * KiB);  // the small segment stays
   data_ref small = cache.allocate(f.be, 256 * KiB);
   data_ref large = cache.allocate(f.be, 256 * KiB + 512);
@@ -157,7 +126,7 @@ TEST_CASE("take at, hostile: a block freed on another thread, still handed off t
           "[take_at][hostile][threads]") {
   const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
   heap_fixture f;
-  alloc_cache cache{options(policy)};
+  alloc_cache cache{refpool::test::take_at_options(policy)};
   std::atomic<int> phase{0};
   data_ref theirs;
   std::thread owner([&] {
@@ -182,7 +151,7 @@ TEST_CASE("take at, hostile: a block freed on another thread, still handed off t
 TEST_CASE("take at, hostile: trimmed bytes (holes) are committed again; out of memory changes nothing",
           "[take_at][hostile][segments]") {
   heap_fixture f;
-  alloc_cache cache{options(segment_policy::on)};
+  alloc_cache cache{refpool::test::take_at_options(segment_policy::on)};
   data_ref a = cache.allocate(f.be, 8 * MiB);
   data_ref b = cache.allocate(f.be, 8 * MiB);
   data_ref c = cache.allocate(f.be, 8 * MiB);
@@ -195,11 +164,11 @@ TEST_CASE("take at, hostile: trimmed bytes (holes) are committed again; out of m
   check_books(cache, f.be);
 
   SECTION("committing them again fails: out of memory, and nothing changed") {
-    const counts before(cache.stats());
+    const take_counts before(cache.stats());
     f.failing->arm_only(fault_schedule::commits, 1, 1000);
     CHECK_THROWS_AS(take(cache, f.be, at_b, 8 * MiB), out_of_memory);
     f.failing->disarm();
-    CHECK(counts(cache.stats()) == before);
+    CHECK(take_counts(cache.stats()) == before);
     check_books(cache, f.be);
   }
   b = take(cache, f.be, at_b, 8 * MiB);
@@ -216,7 +185,7 @@ TEST_CASE("take at, hostile: trimmed bytes (holes) are committed again; out of m
 
 TEST_CASE("take at, hostile: a plan arena's span over or beside the bytes", "[take_at][hostile][spans]") {
   heap_fixture f;
-  alloc_cache cache{options(segment_policy::on)};
+  alloc_cache cache{refpool::test::take_at_options(segment_policy::on)};
   detail::segment_source& spans = detail::access::state(cache).spans();
   detail::backend_state& state = *detail::access::state(f.be);
   data_ref piece = cache.allocate(f.be, 2 * MiB);  // the large pool's segment, which the span shares
@@ -247,7 +216,7 @@ TEST_CASE("take at, hostile: threads take, allocate, free, reclaim and limit idl
   const bool limited = GENERATE(false, true);
   CAPTURE(policy == segment_policy::on, limited);
   heap_fixture f;
-  alloc_cache cache{options(policy)};
+  alloc_cache cache{refpool::test::take_at_options(policy)};
   if (limited) cache.set_max_idle_bytes(8 * MiB);
   constexpr std::size_t sizes[] = {4 * KiB, 200 * KiB, 256 * KiB, 260 * KiB, 1 * MiB, 3 * MiB};
   constexpr int threads = 3;
@@ -315,7 +284,7 @@ TEST_CASE("take at, hostile: threads take, allocate, free, reclaim and limit idl
 TEST_CASE("take at, hostile: bytes over idle pieces of two slots (threads) are carved once, from both",
           "[take_at][hostile][segments][threads]") {
   heap_fixture f;
-  alloc_cache cache{options(segment_policy::on)};
+  alloc_cache cache{refpool::test::take_at_options(segment_policy::on)};
   const std::size_t big = 1 * MiB;
   char* x = nullptr;
   char* y = nullptr;
@@ -349,7 +318,7 @@ TEST_CASE("take at, hostile: the taker's stream is ordered after every stream th
   const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
   CAPTURE(policy == segment_policy::on);
   heap_fixture f;
-  alloc_cache cache{options(policy)};
+  alloc_cache cache{refpool::test::take_at_options(policy)};
   const stream_ref s1 = test::stream(1), s2 = test::stream(2), s3 = test::stream(3);
   data_ref a = cache.allocate(f.be, 64 * KiB, s1);
   void* const address = a.data();

@@ -18,48 +18,18 @@
 #include "api/take_at.hpp"
 #include "cache/cache_state.hpp"
 #include "white_box/segment_fixture.hpp"
+#include "white_box/take_at_support.hpp"
 
 using namespace refpool;
+using refpool::test::check_books;
 using refpool::test::heap_fixture;
 using refpool::test::KiB;
+using refpool::test::take;
+using refpool::test::take_counts;
 
 namespace {
 
-cache_options options(segment_policy segments) {
-  cache_options o;
-  o.segments = segments;
-  return o;
-}
-
 void* at(const data_ref& r) { return r.data(); }
-
-data_ref take(alloc_cache& cache, const backend& be, void* address, std::size_t bytes, stream_ref stream = {}) {
-  return detail::take_idle_at(cache, be, address, bytes, stream, "take");
-}
-
-/// The heaps hold exactly the cache's pieces, and the backend's bytes are the cache's.
-void check_books(const alloc_cache& cache, const backend& be) {
-  detail::access::state(cache).check_segments();
-  const cache_stats st = cache.stats();
-  CHECK(be.outstanding_bytes() == st.held_bytes + st.segment_free_bytes);
-}
-
-/// What a refused take must leave as it was.
-struct counts {
-  std::size_t live_bytes, live_blocks, idle_bytes, idle_blocks, held_bytes, segment_free_bytes;
-  std::uint64_t hits, misses, steals;
-  explicit counts(const cache_stats& s)
-      : live_bytes(s.live_bytes),
-        live_blocks(s.live_blocks),
-        idle_bytes(s.idle_bytes),
-        idle_blocks(s.idle_blocks),
-        held_bytes(s.held_bytes),
-        segment_free_bytes(s.segment_free_bytes),
-        hits(s.hits),
-        misses(s.misses),
-        steals(s.steals) {}
-  friend bool operator==(const counts&, const counts&) = default;
-};
 
 }  // namespace
 
@@ -67,7 +37,7 @@ TEST_CASE("take at: a freed block comes back at its address, counted as before i
   const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
   INFO("segments " << (policy == segment_policy::on ? "on" : "off"));
   heap_fixture f;
-  alloc_cache cache{options(policy)};
+  alloc_cache cache{refpool::test::take_at_options(policy)};
   data_ref a = cache.allocate(f.be, 4 * KiB);
   data_ref b = cache.allocate(f.be, 4 * KiB);
   data_ref c = cache.allocate(f.be, 4 * KiB);
@@ -89,10 +59,10 @@ TEST_CASE("take at: a freed block comes back at its address, counted as before i
   check_books(cache, f.be);
 
   SECTION("live bytes are refused, and nothing changes") {
-    const counts unchanged(cache.stats());
+    const take_counts unchanged(cache.stats());
     CHECK_THROWS_WITH(take(cache, f.be, at(a), 4 * KiB),
                       Catch::Contains("take: ") && Catch::Contains(policy == segment_policy::on ? "in use" : "not"));
-    CHECK(counts(cache.stats()) == unchanged);
+    CHECK(take_counts(cache.stats()) == unchanged);
     check_books(cache, f.be);
   }
   SECTION("a block freed on another thread's slot moves to the taker's, as a steal") {
@@ -121,7 +91,7 @@ TEST_CASE("take at: a freed block comes back at its address, counted as before i
 TEST_CASE("take at: with segments, freed neighbours that joined in the heap are carved again at their addresses",
           "[take_at][segments]") {
   heap_fixture f;
-  alloc_cache cache{options(segment_policy::on)};
+  alloc_cache cache{refpool::test::take_at_options(segment_policy::on)};
   const std::size_t big = 1024 * KiB;  // large pieces, halves too: a large miss gives the idle ones back first
   data_ref a = cache.allocate(f.be, big);
   data_ref b = cache.allocate(f.be, big);
@@ -151,9 +121,9 @@ TEST_CASE("take at: with segments, freed neighbours that joined in the heap are 
 
   SECTION("bytes partly live: refused, and nothing changes") {
     b.reset();  // idle, with c live after it
-    const counts unchanged(cache.stats());
+    const take_counts unchanged(cache.stats());
     CHECK_THROWS_WITH(take(cache, f.be, at_b, 2 * big), Catch::Contains("in use"));
-    CHECK(counts(cache.stats()) == unchanged);
+    CHECK(take_counts(cache.stats()) == unchanged);
     check_books(cache, f.be);
     b = take(cache, f.be, at_b, big);  // still the idle piece: a hit
     CHECK(cache.stats().hits == unchanged.hits + 1);
@@ -173,7 +143,7 @@ TEST_CASE("take at under threads: one thread takes idle blocks back while anothe
           "[take_at][threads]") {
   const segment_policy policy = GENERATE(segment_policy::off, segment_policy::on);
   heap_fixture f;
-  alloc_cache cache{options(policy)};
+  alloc_cache cache{refpool::test::take_at_options(policy)};
   std::atomic<bool> done{false};
   std::thread churn([&] {
     std::mt19937 rng(7);
