@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -383,6 +384,7 @@ TEST_CASE("memory map: taken while planned steps hold, idle and replace their ar
   alloc_cache cache(with_segments(policy));
   std::atomic<bool> stop{false};
   std::atomic<std::size_t> spans_seen{0};
+  std::atomic<std::size_t> maps_taken{0};
   std::thread stepper([&] {
     for (std::size_t s = 0; s < 400; ++s) {
       step st(cache, {.plan = "train"});
@@ -390,6 +392,11 @@ TEST_CASE("memory map: taken while planned steps hold, idle and replace their ar
       std::vector<data_ref> held;
       for (std::size_t i = 0; i < 6 + grow; ++i) held.push_back(cache.allocate(be, (i + 1) * 48 * KiB));
       std::memset(held.back().data(), 7, held.back().bytes());
+      if (s >= 2 && s < 5) {  // replays holding their arena: wait for two maps (on a busy machine
+        const std::size_t from = maps_taken.load();  // the run could end before any map is taken)
+        for (int waited = 0; maps_taken.load() < from + 2 && waited < 2000; ++waited)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       held.clear();
       st.end();
     }
@@ -404,6 +411,7 @@ TEST_CASE("memory map: taken while planned steps hold, idle and replace their ar
   while (!stop.load()) {
     const detail::memory_map map = map_of(cache);
     if (check_tiling(map, range_state::span_held) + check_tiling(map, range_state::span_idle) > 0) ++spans_seen;
+    ++maps_taken;
   }
   stepper.join();
   plain.join();
