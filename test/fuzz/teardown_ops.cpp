@@ -15,6 +15,9 @@
 //    thread_locals first (glibc), and then a handler registered with atexit does the same, plus a
 //    request through thread 0's innermost scope and the checks of both caches' stats and every
 //    handle. The child ends with _exit (the helper thread is not in it); a mismatch aborts it.
+#include <cerrno>
+#include <cstring>
+
 #include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -217,7 +220,11 @@ void session::requests_after_process_end() {
     std::exit(0);
   }
   int status = 0;
-  if (waitpid(child, &status, 0) != child) fail("waitpid() failed");
+  pid_t waited = -1;
+  do {  // libFuzzer's once-a-second SIGALRM (its -timeout check) interrupts a wait for a slow child
+    waited = waitpid(child, &status, 0);
+  } while (waited == -1 && errno == EINTR);
+  if (waited != child) fail(fmt::format("waitpid() failed: {}", std::strerror(errno)));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fail(fmt::format("the process's teardown (a forked child running requests after exit()) ended with {} {}",
                      WIFEXITED(status) ? "status" : "signal",
