@@ -30,6 +30,7 @@
 #include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
 #include "support/fault_injection.hpp"
+#include "support/step_tickets.hpp"
 
 using namespace refpool;
 
@@ -231,14 +232,14 @@ TEST_CASE("a planned step and planned scopes of one key on other threads; escape
     alloc_cache cache{cache_options{}};
     pointer_mailbox box;
     pointer_freer freer(box, broken, 11);
-    std::atomic<std::uint64_t> generation{0}, quota{0}, tickets{0}, done{0};
+    test::step_tickets tickets;
     std::atomic<bool> stop{false};
     std::vector<std::thread> pool;
     for (int t = 0; t < workers; ++t) {
       pool.emplace_back([&, t] {
         std::mt19937 rng(static_cast<unsigned>(t) + 100);
         std::vector<held> live;
-        std::uint64_t seen = 0;
+        std::uint64_t seen = 0, step_now = 0;
         const auto request = [&] {
           live.push_back(stamp(cache.allocate(be, 256 * (1 + (live.size() + static_cast<std::size_t>(t)) % 5))));
           if (live.size() > 3) {
@@ -249,18 +250,14 @@ TEST_CASE("a planned step and planned scopes of one key on other threads; escape
           }
         };
         while (!stop) {
-          const std::uint64_t g = generation.load();
-          if (g == seen) {
-            std::this_thread::yield();
-            continue;
+          switch (tickets.take(seen, step_now)) {
+            case test::step_tickets::turn::wait: std::this_thread::yield(); break;
+            case test::step_tickets::turn::ticket:
+              request();
+              tickets.served();
+              break;
+            case test::step_tickets::turn::late: request(); break;  // races the step's end
           }
-          if (tickets.fetch_add(1) < quota.load()) {
-            request();
-            done += 1;
-            continue;
-          }
-          request();  // late: races the step's end
-          seen = g;
         }
         for (held& h : live) broken += h.intact() ? 0 : 1;
       });
@@ -283,11 +280,8 @@ TEST_CASE("a planned step and planned scopes of one key on other threads; escape
     for (int s = 0; s < steps; ++s) {
       step st(cache, {.plan = "k"});
       const std::uint64_t length = lengths[static_cast<std::size_t>(s) % std::size(lengths)];
-      tickets = 0;
-      done = 0;
-      quota = length;
-      generation.fetch_add(1);
-      while (done.load() < length) std::this_thread::yield();
+      tickets.open(length);
+      tickets.wait_served(length);
       st.end();
     }
     stop = true;

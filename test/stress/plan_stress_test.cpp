@@ -24,6 +24,8 @@
 #include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
 
+#include "support/step_tickets.hpp"
+
 using namespace refpool;
 
 namespace {
@@ -261,7 +263,7 @@ TEST_CASE("steps end on one thread while others request through them and their p
   std::atomic<int> broken{0};
   {
     alloc_cache cache{cache_options{}};
-    std::atomic<std::uint64_t> tickets{0}, quota{0}, done{0}, generation{0};
+    test::step_tickets tickets;
     std::atomic<bool> stop{false};
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
@@ -279,19 +281,16 @@ TEST_CASE("steps end on one thread while others request through them and their p
             held.erase(held.begin());
           }
         };
+        std::uint64_t g = 0;
         while (!stop) {
-          const std::uint64_t g = generation.load(std::memory_order_acquire);
-          if (g == seen) {
-            std::this_thread::yield();
-            continue;
+          switch (tickets.take(seen, g)) {
+            case test::step_tickets::turn::wait: std::this_thread::yield(); break;
+            case test::step_tickets::turn::ticket:
+              request(g);
+              tickets.served();
+              break;
+            case test::step_tickets::turn::late: request(g); break;  // past the step's share: it races the step's end
           }
-          if (tickets.fetch_add(1) < quota.load()) {
-            request(g);
-            done += 1;
-            continue;
-          }
-          request(g);  // past the step's share: it races the step's end
-          seen = g;
         }
         for (const stamped& h : held) broken += intact(h) ? 0 : 1;
       });
@@ -302,13 +301,8 @@ TEST_CASE("steps end on one thread while others request through them and their p
     for (int s = 0; s < steps; ++s) {
       step st(cache);
       const std::uint64_t length = lengths[static_cast<std::size_t>(s) % std::size(lengths)];
-      // Tickets last: a worker late from the last step may take one at once, and its request must
-      // count towards this step's `done` (reset before) against this step's quota (set before).
-      done = 0;
-      quota = length;
-      tickets = 0;
-      generation.fetch_add(1, std::memory_order_release);
-      while (done.load() < length) std::this_thread::yield();
+      tickets.open(length);
+      tickets.wait_served(length);
       st.end();
     }
     stop = true;
