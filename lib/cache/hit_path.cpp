@@ -15,7 +15,6 @@ namespace refpool::detail {
 
 __thread scope_frame* current_frame __attribute__((tls_model("initial-exec"))) = nullptr;
 
-namespace {
 void wait_for_streams(block* b, stream_ref stream) {
   b->backend->res().order_streams(b->last_stream, stream);
   std::lock_guard guard(b->streams_lock);
@@ -23,7 +22,6 @@ void wait_for_streams(block* b, stream_ref stream) {
     if (s != stream) b->backend->res().order_streams(s, stream);
   b->extra_streams.clear();
 }
-}  // namespace
 
 // ---- handing out --------------------------------------------------------------------------
 

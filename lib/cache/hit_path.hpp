@@ -11,6 +11,12 @@
 
 namespace refpool::detail {
 
+/// Orders `stream` after every stream idle block `b` may still be used on (its last stream and
+/// those recorded on it), which it then forgets: what a reuse on another stream waits for. Throws
+/// what resource::order_streams throws (stream_order_unavailable during a graph capture); the
+/// streams not yet waited for stay recorded then.
+void wait_for_streams(block* b, stream_ref stream);
+
 inline slot* cache_state::ambient_slot() {
   if (ambient_cache == this) [[likely]]
     return ambient_lease;

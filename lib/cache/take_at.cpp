@@ -13,7 +13,7 @@
 
 #include <refpool/error.hpp>
 
-#include "cache/hit_path.hpp"  // mark_live
+#include "cache/hit_path.hpp"  // mark_live, wait_for_streams
 
 namespace refpool::detail {
 
@@ -24,20 +24,6 @@ std::string byte_range(std::uintptr_t address, std::size_t bytes) {
 }
 
 std::uintptr_t address_of(const block* b) noexcept { return reinterpret_cast<std::uintptr_t>(b->ptr); }
-
-/// Orders `stream` after every stream that may still use idle block `b` (its last one and those
-/// recorded on it: the whole device when there were too many to keep), which it then forgets.
-void order_after_users(block* b, stream_ref stream) {
-  resource& res = b->backend->res();
-  const stream_set users = streams_of(*b).without(stream);
-  if (users.any()) {
-    res.synchronize();
-  } else {
-    for (const stream_ref producer : users) res.order_streams(producer, stream);
-  }
-  std::lock_guard guard(b->streams_lock);
-  b->extra_streams.clear();
-}
 
 }  // namespace
 
@@ -51,7 +37,7 @@ block* cache_state::take_at(slot& s, backend_state& backend, const block_key& ke
   }
   if (other_stream) {
     try {
-      order_after_users(b, stream);
+      wait_for_streams(b, stream);  // as a reuse on another stream waits
     } catch (...) {
       release_cached(b, false);  // idle again, still ordered after its old streams
       throw;
