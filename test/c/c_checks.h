@@ -48,6 +48,22 @@ static inline uint64_t stat(refpool_cache cache, const char* name) {
   return 0;
 }
 
+/* Cache options with their defaults but exact sizes: every request its own key. */
+static inline refpool_cache_options exact_cache_options(void) {
+  refpool_cache_options cache_options;
+  OK(refpool_cache_options_init(&cache_options, sizeof cache_options));
+  cache_options.rounding.mode = REFPOOL_ROUNDING_EXACT;
+  return cache_options;
+}
+
+/* Configures the framework allocator on the host runtime with `cache_options`. */
+static inline void configure_host_allocator(const refpool_cache_options* cache_options) {
+  refpool_allocator_options options;
+  OK(refpool_allocator_options_init(&options, sizeof options));
+  options.runtime = REFPOOL_RUNTIME_HOST;
+  OK(refpool_allocator_configure(&options, sizeof options, cache_options, sizeof *cache_options));
+}
+
 /* Ends the test: 1 if any check failed, else prints that `test` passed. */
 static inline int finish(const char* test) {
   if (failures != 0) {

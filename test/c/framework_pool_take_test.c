@@ -253,14 +253,9 @@ static void test_take_on_another_device(void) {
 
 int main(int argc, char** argv) {
   segments = argc > 1 && strcmp(argv[1], "segments") == 0;
-  refpool_allocator_options options;
-  OK(refpool_allocator_options_init(&options, sizeof options));
-  options.runtime = REFPOOL_RUNTIME_HOST;
-  refpool_cache_options cache_options;
-  OK(refpool_cache_options_init(&cache_options, sizeof cache_options));
-  cache_options.rounding.mode = REFPOOL_ROUNDING_EXACT;
+  refpool_cache_options cache_options = exact_cache_options();
   cache_options.segments = segments ? REFPOOL_SEGMENTS_ON : REFPOOL_SEGMENTS_OFF;
-  OK(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options));
+  configure_host_allocator(&cache_options);
   void* const* context = &capturing;
   OK(refpool_allocator_begin_pool(0, pool, captures, (void*)context, NULL));
   test_take_a_freed_buffer();

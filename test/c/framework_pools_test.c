@@ -258,14 +258,9 @@ static void test_record_stream_by_pointer(void) {
 }
 
 int main(void) {
-  refpool_allocator_options options;
-  OK(refpool_allocator_options_init(&options, sizeof options));
-  options.runtime = REFPOOL_RUNTIME_HOST;
-  refpool_cache_options cache_options;
-  OK(refpool_cache_options_init(&cache_options, sizeof cache_options));
-  cache_options.rounding.mode = REFPOOL_ROUNDING_EXACT;
+  refpool_cache_options cache_options = exact_cache_options();
   cache_options.max_idle_bytes = SIZE_MAX;
-  OK(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options));
+  configure_host_allocator(&cache_options);
   refpool_cache main_cache = {0};
   OK(refpool_allocator_cache(&main_cache));
   test_capture_into_a_pool(main_cache);
