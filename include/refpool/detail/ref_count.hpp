@@ -19,11 +19,15 @@ class ref_count {
 
   /// Adds an owner unless none is left (the last one went: the object is being destroyed). For a
   /// pointer that holds no count, whose object removes it under a lock before it is freed: the
-  /// holder of that lock may read the object, and keeps it only if this succeeds.
+  /// holder of that lock may read the object, and keeps it only if this succeeds. Acquire: a 0
+  /// read here was written by the last owner's decrement (acq_rel), so a caller that goes on
+  /// without the object sees what that owner did before leaving. A plan run that skips a pinned
+  /// region of a dying plan reuses its bytes: relaxed, its writes raced the last holder's reads
+  /// (ThreadSanitizer, plan-hostile, about once in 300 runs).
   [[nodiscard]] bool increment_if_owned() noexcept {
-    std::uint32_t owners = count_.load(std::memory_order_relaxed);
+    std::uint32_t owners = count_.load(std::memory_order_acquire);
     while (owners != 0)
-      if (count_.compare_exchange_weak(owners, owners + 1, std::memory_order_relaxed)) return true;
+      if (count_.compare_exchange_weak(owners, owners + 1, std::memory_order_acquire)) return true;
     return false;
   }
 
