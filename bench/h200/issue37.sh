@@ -17,12 +17,11 @@ if [ "$part" = all ] || [ "$part" = ptests ]; then
 fi
 if [ "$part" = all ] || [ "$part" = own ]; then
   source .device-deps/setup.sh
-  [ -n "${PROBE:-}" ] && [ -f "${REFPOOL_LIBRARY:-/tmp/b/python/librefpool.so}" ] &&
-    PYTHONPATH=$PWD/python REFPOOL_LIBRARY=${REFPOOL_LIBRARY:-/tmp/b/python/librefpool.so} \
-      REFPOOL_TORCH_HOOKS_DIR=/tmp/refpool-hooks timeout 60 python3 bench/h200/memory_stats_probe.py 2>&1 | tail -60
   export PYTHONPATH=$PWD/python REFPOOL_TORCH_HOOKS_DIR=${REFPOOL_TORCH_HOOKS_DIR:-/tmp/refpool-hooks}
   export REFPOOL_LIBRARY=${REFPOOL_LIBRARY:-/tmp/b/python/librefpool.so}
   [ -f "$REFPOOL_LIBRARY" ] || { BUILD_DIR=/tmp/b; build=/tmp/b; source bench/h200/torch_build.sh; }
+  # After the build: on a fresh machine the library is made just above.
+  [ -n "${PROBE:-}" ] && timeout 60 python3 bench/h200/memory_stats_probe.py 2>&1 | tail -60
   left=$((${TOTAL:-470} - (SECONDS - start)))
   echo "== refpool's own tests, $left s left"
   (cd test/python &&
