@@ -300,7 +300,7 @@ void* to_pointer(data_ref&& ref) {
   if (h->refs.only_owner()) {
     // Nobody else reaches the block, and the table holds nothing of it (that would be a second
     // reference): the handle's reference becomes the table's.
-    n.counts.store(detail::one_hand_over, std::memory_order_relaxed);
+    n.counts.store(detail::one_hand_over, std::memory_order_release);  // as the shared path's CAS
     detail::access::release_into_table(ref);
     return address;
   }

@@ -44,8 +44,6 @@ class replay_cursor {
   template <class Scan>
   [[gnu::always_inline]] block* take_region(std::uint64_t at, stream_ref stream, Scan scan) {
     plan& p = *current_;
-    if (arena_->waits_pending()) [[unlikely]]
-      arena_->wait_for_pending(stream);
     if (at >= due_processed_) {
       // Regions the recording had released by now: one this run still holds is overdue.
       for (const std::uint32_t* d = p.due_begin(at); d != p.due_end(at); ++d)
@@ -61,6 +59,11 @@ class replay_cursor {
     // every other live region was recorded alive together with it, and placed apart.
     if ((!overdue_.empty() || !foreign_.empty()) && scan(at)) [[unlikely]]
       return nullptr;
+    // After every acquire load of a region's state above: a release this run saw there added its
+    // streams (record_stream) before it published the region free, so they are pending here. Checked
+    // first, the flag could be read before such a release and the bytes handed out unordered.
+    if (arena_->waits_pending()) [[unlikely]]
+      arena_->wait_for_pending(stream);
     region_block& r = p.region_at(at);
     r.thread = thread_;
     r.refs.reset(1);
