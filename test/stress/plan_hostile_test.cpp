@@ -281,7 +281,7 @@ TEST_CASE("a planned step and planned scopes of one key on other threads; escape
       step st(cache, {.plan = "k"});
       const std::uint64_t length = lengths[static_cast<std::size_t>(s) % std::size(lengths)];
       tickets.open(length);
-      tickets.wait_served(length);
+      tickets.wait_served();
       st.end();
     }
     stop = true;

@@ -302,7 +302,7 @@ TEST_CASE("steps end on one thread while others request through them and their p
       step st(cache);
       const std::uint64_t length = lengths[static_cast<std::size_t>(s) % std::size(lengths)];
       tickets.open(length);
-      tickets.wait_served(length);
+      tickets.wait_served();
       st.end();
     }
     stop = true;

@@ -32,9 +32,9 @@ class step_tickets {
     tickets_ = 0;  // last (above)
     generation_.fetch_add(1, std::memory_order_release);
   }
-  /// The step's thread: waits until `length` requests of the open step were served.
-  void wait_served(std::uint64_t length) const noexcept {
-    while (done_.load() < length) std::this_thread::yield();
+  /// The step's thread: waits until the open step's `length` requests were served.
+  void wait_served() const noexcept {
+    while (done_.load() < quota_.load()) std::this_thread::yield();
   }
 
   /// A worker: what to do next. `seen` is the worker's own (0 at first): the step it made its

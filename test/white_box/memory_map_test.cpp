@@ -392,8 +392,10 @@ TEST_CASE("memory map: taken while planned steps hold, idle and replace their ar
       std::vector<data_ref> held;
       for (std::size_t i = 0; i < 6 + grow; ++i) held.push_back(cache.allocate(be, (i + 1) * 48 * KiB));
       std::memset(held.back().data(), 7, held.back().bytes());
-      if (s >= 2 && s < 5) {  // replays holding their arena: wait for two maps (on a busy machine
-        const std::size_t from = maps_taken.load();  // the run could end before any map is taken)
+      // Replays holding their arena wait for two maps: on a busy machine the run could end before
+      // any map is taken.
+      if (s >= 2 && s < 5) {
+        const std::size_t from = maps_taken.load();
         for (int waited = 0; maps_taken.load() < from + 2 && waited < 2000; ++waited)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
