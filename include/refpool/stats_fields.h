@@ -41,7 +41,7 @@
   X(size_t, plan_live_bytes, "bytes of plan regions held by handles")                                        \
   X(size_t, allocated_bytes, "everything handed out and still held: live + plan_live + uncached_live")       \
   X(size_t, reserved_bytes, "everything held from backends: held + segment_free + arena + uncached_live")    \
-  X(size_t, peak_allocated_bytes, "peak_live + peak_plan_live + peak uncached: an upper bound")              \
+  X(size_t, peak_allocated_bytes, "peak_live + peak_plan_live + peak uncached, at most peak_reserved_bytes") \
   X(size_t, peak_reserved_bytes, "highest reserved_bytes (exact) since creation or the last reset_peaks")    \
   X(uint64_t, plan_evictions, "plans dropped: replaced by a re-recording, beyond 16 per key, or memoryless") \
   X(uint64_t, plan_pauses, "times a key re-recorded so often that its recording was paused")                 \

@@ -45,10 +45,14 @@ cache_stats cache_state::stats() const {
   const std::size_t uncached_peak = whole_blocks_.uncached_peak();
   out.allocated_bytes = out.live_bytes + out.plan_live_bytes + out.uncached_live_bytes;
   out.reserved_bytes = out.held_bytes + out.segment_free_bytes + out.arena_bytes + out.uncached_live_bytes;
-  out.peak_allocated_bytes =
-      std::max(out.peak_live_bytes + out.peak_plan_live_bytes + uncached_peak, out.allocated_bytes);
   // Exact: every kind of held memory is counted in one place as it changes (reserved_counter).
   out.peak_reserved_bytes = std::max(reserved_->peak(), out.reserved_bytes);
+  // The parts' peaks came at different times, so their sum can exceed every reserved byte (a plain
+  // peak given back before an arena took the same memory). Allocated bytes are always reserved, so
+  // the reserved peak bounds the allocated one too.
+  out.peak_allocated_bytes = std::min(
+      std::max(out.peak_live_bytes + out.peak_plan_live_bytes + uncached_peak, out.allocated_bytes),
+      out.peak_reserved_bytes);
   out.reserved_allocated_bytes = reserved_->added();
   out.reserved_freed_bytes = reserved_->removed();
   return out;

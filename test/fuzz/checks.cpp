@@ -169,6 +169,9 @@ void session::check_all() {
     REFPOOL_FUZZ_FIELD(reserved_bytes)
 #undef REFPOOL_FUZZ_FIELD
     if (!diffs.empty()) fail(fmt::format("stats of cache {} differ:{}", c, diffs));
+    if (real.peak_allocated_bytes < real.allocated_bytes || real.peak_allocated_bytes > real.peak_reserved_bytes)
+      fail(fmt::format("cache {}: peak allocated {} B is below allocated {} B or above peak reserved {} B", c,
+                       real.peak_allocated_bytes, real.allocated_bytes, real.peak_reserved_bytes));
     if (real.held_bytes != real.live_bytes + real.idle_bytes)
       fail(fmt::format("cache {}: held {} B is not live {} B + idle {} B", c, real.held_bytes, real.live_bytes,
                        real.idle_bytes));

@@ -79,6 +79,10 @@ TEST_CASE("peak reserved bytes are exact: a recording's cached buffers and the a
   // made: the peak is the larger of
   // the two, not their sum (which is what an upper bound built from separate peaks would say).
   CHECK(st.peak_reserved_bytes == std::max(2 * n, st.arena_bytes));
+  // The plain peak (2n) and the plan's (2n) came at different times: their sum, 4n, was never held,
+  // and the allocated peak says at most what was.
+  CHECK(st.peak_allocated_bytes >= 2 * n);
+  CHECK(st.peak_allocated_bytes <= st.peak_reserved_bytes);
   // Everything goes back to the backend: reserved falls to what is still held.
   cache.reset_peaks();
   CHECK(cache.stats().peak_reserved_bytes == cache.stats().reserved_bytes);
