@@ -34,6 +34,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "_torch_hooks.hpp"
 
@@ -86,15 +87,6 @@ void fail(int status, const char* what) {
 
 pool_id to_refpool(c10::cuda::MempoolId_t pool) { return {pool.first, pool.second}; }
 
-// Whether `stream` is capturing now. Asked in relaxed mode, as c10 asks: a query under another
-// thread's global-mode capture is refused otherwise.
-bool capturing(cudaStream_t stream) {
-  c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status == cudaStreamCaptureStatusActive;
-}
-
 int call_filter(void* context, void* stream) {
   auto* r = static_cast<route*>(context);
   if (!r->filter(static_cast<cudaStream_t>(stream))) return 0;
@@ -105,6 +97,11 @@ int call_filter(void* context, void* stream) {
 void drop_route(void* context) { delete static_cast<route*>(context); }
 
 int accept_none(void*, void*) { return 0; }
+
+// refpool's free of a block, now or after record_stream's streams are done.
+void free_deferred(void* ptr) {
+  if (api.free(ptr) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+}
 
 // A checkpoint restore on this thread (refpool_torch_hooks_restore): its one request, made through
 // PyTorch's allocator so that PyTorch records the block as its own, takes these bytes back.
@@ -135,7 +132,7 @@ void write_message(const char* what, char* message, std::size_t capacity) {
 int alloc_while_routing(std::size_t size, int device, cudaStream_t stream, void** out, refpool_torch::pool_name& pool) {
   (void)refpool_torch::take_routed();  // a note left by a request that raced the start of a route
   int status = refpool_ok;
-  if (capturing(stream)) {
+  if (refpool_torch::capturing(stream)) {
     c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
     status = api.alloc(size, device, stream, out);
   } else {
@@ -151,6 +148,15 @@ int alloc_while_routing(std::size_t size, int device, cudaStream_t stream, void*
 
 namespace refpool_torch {
 const tracker* current_tracker() { return installed_tracker.load(std::memory_order_acquire); }
+
+// Asked in relaxed mode, as c10 asks: a query under another thread's global-mode capture is
+// refused otherwise.
+bool capturing(void* stream) {
+  c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  return status == cudaStreamCaptureStatusActive;
+}
 }  // namespace refpool_torch
 
 extern "C" {
@@ -177,9 +183,21 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
                    "CUDA out of memory. Tried to allocate more than 1EB memory.");
   void* out = nullptr;
   refpool_torch::pool_name pool;
-  const int status = restoring != nullptr          ? take_back(*restoring, size, device, stream, &out, pool)
-                     : api.routing_to_pools() != 0 ? alloc_while_routing(size, device, stream, &out, pool)
-                                                   : api.alloc(size, device, stream, &out);
+  const bool routing = api.routing_to_pools() != 0;
+  // Frees record_stream deferred whose streams are done (not while a capture routes: its events
+  // could not be queried then), as PyTorch's allocator does before each request.
+  if (!routing && refpool_torch::frees_pending()) [[unlikely]]
+    refpool_torch::free_completed(free_deferred);
+  auto serve = [&] {
+    return restoring != nullptr ? take_back(*restoring, size, device, stream, &out, pool)
+           : routing            ? alloc_while_routing(size, device, stream, &out, pool)
+                                : api.alloc(size, device, stream, &out);
+  };
+  int status = serve();
+  if (status == refpool_error_out_of_memory && !routing && refpool_torch::frees_pending()) {
+    refpool_torch::free_all_pending(free_deferred);  // out of memory: wait for them, and retry once
+    status = serve();
+  }
   if (status != refpool_ok) {
     if (status == refpool_error_out_of_memory) {
       const std::string detail = api.last_error();  // before observers, whose own calls may replace it
@@ -200,16 +218,32 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->free(ptr, size, device, stream);
   refpool_torch::untrack_pool_allocation(ptr);
   refpool_torch::count_free(ptr, device, size);
-  if (api.free(ptr) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+  std::vector<void*> uses = refpool_torch::take_stream_uses(ptr);
+  if (!uses.empty()) [[unlikely]] {
+    try {
+      if (refpool_torch::defer_free(ptr, device, stream, uses)) return;
+      // Not deferred (a stream captures): refpool orders the next user's stream after these.
+      for (void* used_on : uses)
+        if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+    } catch (const std::exception& e) {  // a CUDA error recording the events: free now, ordered
+      std::fprintf(stderr, "refpool: record_stream's deferred free: %s\n", e.what());
+      for (void* used_on : uses) (void)api.record_stream(ptr, used_on);
+    }
+  }
+  free_deferred(ptr);
 }
 
-/// set_record_stream_fn: Tensor.record_stream.
+/// set_record_stream_fn: Tensor.record_stream. The block's free waits for `stream`'s work then
+/// (_torch_hooks_deferred.cpp), as with PyTorch's allocator. Never fails, as PyTorch's allocator
+/// never fails for a pointer it did not serve: such a pointer is never freed here, and its note
+/// (a few bytes) stays.
 void refpool_torch_hooks_record_stream(void* ptr, cudaStream_t stream) {
-  if (const int status = api.record_stream(ptr, stream); status != refpool_ok) fail(status, "record_stream");
+  if (ptr != nullptr) refpool_torch::note_stream_use(ptr, stream);
 }
 
-/// set_reset_fn: torch.cuda.empty_cache().
+/// set_reset_fn: torch.cuda.empty_cache(): frees record_stream deferred are waited for first.
 void refpool_torch_hooks_empty_cache() {
+  if (refpool_torch::frees_pending()) refpool_torch::free_all_pending(free_deferred);
   if (const int status = api.empty_cache(); status != refpool_ok) fail(status, "empty_cache");
   if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->empty_cache();
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace refpool_torch {
 
@@ -26,6 +27,9 @@ struct tracker {
   void (*empty_cache)();
 };
 const tracker* current_tracker();
+
+// Whether `stream` (a cudaStream_t) is capturing a CUDA graph now.
+bool capturing(void* stream);
 
 // The per-device counters and memory fractions (_torch_hooks_counters.cpp, torch-free): null and
 // 1.0 for a device out of range.
@@ -50,5 +54,18 @@ void note_routed(pool_name pool);
 pool_name take_routed();  // the pool the last request of this thread was routed to, and forgets it
 void track_pool_allocation(void* ptr, std::size_t size, int device, void* stream, pool_name pool);
 void untrack_pool_allocation(void* ptr);  // nothing if ptr is no pool's
+
+// Frees deferred by Tensor.record_stream, as PyTorch's allocator defers them
+// (_torch_hooks_deferred.cpp). Streams are cudaStream_t. record_stream notes a use; the free hook
+// takes a block's uses and, for uses on streams other than its allocation's (none capturing), defers
+// its free until events recorded on them complete: then `free_now` (refpool's free) runs. Requests
+// free the completed ones while any are pending; empty_cache and a retry after out of memory wait
+// for all of them.
+void note_stream_use(void* ptr, void* stream);
+std::vector<void*> take_stream_uses(void* ptr);  // empty (one atomic load) when nothing was recorded
+bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& uses);  // true: deferred
+bool frees_pending();
+void free_completed(void (*free_now)(void*));
+void free_all_pending(void (*free_now)(void*));
 
 }  // namespace refpool_torch

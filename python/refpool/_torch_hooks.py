@@ -24,7 +24,7 @@ from .errors import FrameworkError
 NAME = "refpool_torch_hooks"
 HERE = Path(__file__).parent
 SOURCES = [HERE / name for name in ("_torch_hooks.cpp", "_torch_hooks_stats.cpp", "_torch_hooks_counters.cpp",
-                                    "_torch_hooks_pools.cpp")]
+                                    "_torch_hooks_pools.cpp", "_torch_hooks_deferred.cpp")]
 HEADERS = [HERE / "_torch_hooks.hpp", HERE / "_torch_hooks_counters.hpp"]
 HISTORY_NAME = "refpool_torch_history"
 HISTORY_SOURCES = [HERE / "_torch_history.cpp"]

@@ -551,13 +551,65 @@ RECORD_STREAM = """
 @pytest.mark.parametrize("mode", ["refpool", "torch"])
 def test_record_stream_with_a_50ms_writer_and_its_control(mode):
     result = child_json(RECORD_STREAM.replace("MODE", repr(mode)))
-    # record_stream: the memory is reused only after the side stream's write; y is all 2.
+    # record_stream: the memory is not handed out while the side stream may still write it (its
+    # free waits for an event on that stream, under install() as with PyTorch's allocator); y is
+    # all 2.
     assert result["recorded"]["min"] == result["recorded"]["max"] == 2.0, result
+    assert not result["recorded"]["reused"], result
     # The control shows the hazard is real: without record_stream the block comes back at once and
     # the late write lands on y.
     assert result["control"]["reused"] and result["control"]["min"] == 1.0, result
-    if mode == "refpool":
-        assert result["recorded"]["reused"]  # the same block, after a wait on the device
+
+
+def test_record_stream_defers_the_free_until_the_stream_is_done():
+    # Under install() a block recorded on another stream goes back to refpool once an event on that
+    # stream has completed: checked at the next request, waited for by empty_cache and by a request
+    # that would otherwise run out of memory.
+    result = child_json("""
+        import json, torch, refpool.torch
+        refpool.torch.install()
+        n = 1 << 22
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        def recorded():
+            x = torch.empty(n, device="cuda")
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(100_000_000)  # about 50 ms
+            x.record_stream(side)
+            address = x.data_ptr()
+            del x
+            return address
+        out = {}
+        address = recorded()
+        out["while_busy"] = torch.empty(n, device="cuda").data_ptr() != address
+        side.synchronize()
+        out["after_done"] = torch.empty(n, device="cuda").data_ptr() == address
+        address = recorded()
+        allocated = torch.cuda.memory_allocated()
+        torch.cuda.empty_cache()  # waits for the side stream, then frees the block
+        out["idle_after_empty_cache"] = refpool.torch.memory_stats()["refpool.idle_bytes"]
+        out["allocated_unchanged"] = torch.cuda.memory_allocated() == allocated
+        # Out of memory with a deferred block: the request waits for it and gets its bytes.
+        total = torch.cuda.mem_get_info()[1]
+        torch.cuda.set_per_process_memory_fraction(0.02)
+        big = torch.empty(int(0.012 * total), dtype=torch.uint8, device="cuda")
+        x = torch.empty(int(0.006 * total), dtype=torch.uint8, device="cuda")
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)
+        x.record_stream(side)
+        del x
+        try:
+            y = torch.empty(int(0.006 * total), dtype=torch.uint8, device="cuda")
+            out["oom_retry"] = "served"
+        except torch.OutOfMemoryError as e:
+            out["oom_retry"] = str(e)
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        print(json.dumps(out))
+    """)
+    assert result["while_busy"] and result["after_done"], result
+    assert result["idle_after_empty_cache"] == 0 and result["allocated_unchanged"], result
+    assert result["oom_retry"] == "served", result
 
 
 def test_empty_cache_and_memory_fraction_go_through_the_hooks():
