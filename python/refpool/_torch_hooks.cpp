@@ -186,7 +186,7 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
   const bool routing = api.routing_to_pools() != 0;
   // Frees record_stream deferred whose streams are done (not while a capture routes: its events
   // could not be queried then), as PyTorch's allocator does before each request.
-  if (!routing && refpool_torch::frees_pending()) [[unlikely]]
+  if (!routing && refpool_torch::frees_pending())
     refpool_torch::free_completed(free_deferred);
   auto serve = [&] {
     return restoring != nullptr ? take_back(*restoring, size, device, stream, &out, pool)
@@ -219,7 +219,7 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   refpool_torch::untrack_pool_allocation(ptr);
   refpool_torch::count_free(ptr, device, size);
   std::vector<void*> uses = refpool_torch::take_stream_uses(ptr);
-  if (!uses.empty()) [[unlikely]] {
+  if (!uses.empty()) {
     try {
       if (refpool_torch::defer_free(ptr, device, stream, uses)) return;
       // Not deferred (a stream captures): refpool orders the next user's stream after these.

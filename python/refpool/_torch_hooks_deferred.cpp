@@ -81,7 +81,7 @@ void free_pending(bool wait, void (*free_now)(void*)) {
       done.push_back(p.ptr);
       return true;
     };
-    std::erase_if(s.pending, completed);
+    s.pending.erase(std::remove_if(s.pending.begin(), s.pending.end(), completed), s.pending.end());
     s.pending_count.store(s.pending.size(), std::memory_order_relaxed);
   }
   for (void* ptr : done) free_now(ptr);
@@ -111,7 +111,8 @@ std::vector<void*> take_stream_uses(void* ptr) {
 }
 
 bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& uses) {
-  std::erase(uses, allocated_on);  // PyTorch ignores a record on the allocation's own stream
+  // PyTorch ignores a record on the allocation's own stream.
+  uses.erase(std::remove(uses.begin(), uses.end(), allocated_on), uses.end());
   if (uses.empty()) return false;
   // Under a graph capture events cannot be polled: refpool orders the streams itself.
   if (capturing(allocated_on) || std::any_of(uses.begin(), uses.end(), capturing)) return false;
