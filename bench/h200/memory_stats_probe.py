@@ -6,6 +6,7 @@ small tensors alive as a test process does, and whether a route to a private poo
     python3 bench/h200/memory_stats_probe.py      (PYTHONPATH=python, REFPOOL_LIBRARY set)"""
 import gc
 import json
+import os
 
 import torch
 
@@ -16,19 +17,28 @@ import refpool.torch
 refpool.torch.install()
 
 
-def small_segments():
-    return [(hex(s.address), s.committed_bytes, [(r.state, r.bytes) for r in s.ranges])
-            for s in refpool.allocator.memory_map() if s.pool == "small"]
+FIELDS = ("reserved_bytes", "held_bytes", "idle_bytes", "segment_bytes", "segment_free_bytes", "arena_bytes",
+          "uncached_live_bytes", "segments", "segment_trims", "segment_grows")
+
+
+def segments():
+    return [(s.pool, hex(s.address), s.committed_bytes, [(r.state, r.bytes) for r in s.ranges])
+            for s in refpool.allocator.memory_map()]
 
 
 def step(name):
+    stats = refpool.allocator.stats()
     return {"step": name, "reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated(),
+            "accelerator_reserved": torch.accelerator.memory_reserved(),
             "routing": refpool._library.lib().fn("refpool_allocator_routing_to_pools")(),
-            "small": small_segments()}
+            "stats": {k: stats.get(k) for k in FIELDS}, "segments": segments()}
 
 
-keep = [torch.randn(n, device="cuda") for n in (64, 300, 1000, 5000, 20000, 60000) for _ in range(7)]
-del keep[::2]
+# FRESH=1: nothing allocated before (PyTorch's test alone in its process); else small tensors stay
+# alive, as in a process that ran other tests first.
+if os.environ.get("FRESH") != "1":
+    keep = [torch.randn(n, device="cuda") for n in (64, 300, 1000, 5000, 20000, 60000) for _ in range(7)]
+    del keep[::2]
 out = []
 gc.collect()
 torch.cuda.empty_cache()

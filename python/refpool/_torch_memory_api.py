@@ -64,6 +64,11 @@ class Replacements:
                                  + _torch_stats.LOST_FEATURES["set_per_process_memory_fraction"])
         return float(self.hooks.refpool_torch_hooks_memory_fraction(index))
 
+    def empty_cache(self):
+        # torch.accelerator's reaches the allocator PyTorch registered for CUDA at start-up, not the
+        # pluggable one install() made current: torch.cuda's goes through the hooks.
+        self.torch.cuda.empty_cache()
+
     def get_memory_info(self, device=None):
         return self.torch.cuda.mem_get_info(self.device_index(device))
 
@@ -216,7 +221,7 @@ class Replacements:
                 "_get_memory_metadata": self.get_memory_metadata}
         accelerator = {"memory_stats": self.memory_stats, "reset_peak_memory_stats": self.reset_peak_memory_stats,
                        "reset_accumulated_memory_stats": self.reset_accumulated_memory_stats,
-                       "get_memory_info": self.get_memory_info}
+                       "get_memory_info": self.get_memory_info, "empty_cache": self.empty_cache}
         c = {"_cuda_memoryStats": self.memory_stats_as_nested_dict,
              "_cuda_resetPeakMemoryStats": self.reset_peak_memory_stats,
              "_cuda_resetAccumulatedMemoryStats": self.reset_accumulated_memory_stats,
@@ -230,7 +235,8 @@ class Replacements:
              "_cuda_setCheckpointPoolState": self.set_checkpoint_pool_state,
              "_accelerator_getDeviceStats": self.memory_stats_as_nested_dict,
              "_accelerator_resetPeakStats": self.reset_peak_memory_stats,
-             "_accelerator_resetAccumulatedStats": self.reset_accumulated_memory_stats}
+             "_accelerator_resetAccumulatedStats": self.reset_accumulated_memory_stats,
+             "_accelerator_emptyCache": self.empty_cache}
         return {"cuda": cuda, "cuda.memory": cuda, "accelerator": accelerator, "accelerator.memory": accelerator,
                 "_C": c}
 

@@ -92,7 +92,8 @@ def fake_torch(freed=None):
     cuda = module(memory=cuda_memory, _utils=utils, current_device=lambda: 0, device_count=lambda: 1,
                   mem_get_info=lambda device=None: (1 << 30, 1 << 34), **{n: placeholder for n in names})
     accelerator_memory = module(memory_stats=placeholder, reset_peak_memory_stats=placeholder,
-                                reset_accumulated_memory_stats=placeholder, get_memory_info=placeholder)
+                                reset_accumulated_memory_stats=placeholder, get_memory_info=placeholder,
+                                empty_cache=placeholder)
     accelerator = module(memory=accelerator_memory, **vars(accelerator_memory))
     c = module(_cuda_attach_out_of_memory_observer=placeholder, _cuda_checkPoolLiveAllocations=placeholder,
                _cuda_getCheckpointState=placeholder, _cuda_setCheckpointPoolState=placeholder,
@@ -192,6 +193,26 @@ def test_memory_fraction_and_device_arguments():
     with pytest.raises(FrameworkError, match="set_device_limit"):
         without_hooks.get_per_process_memory_fraction()
     assert replacements.hooks is not None
+
+
+def test_accelerator_empty_cache_goes_where_torch_cuda_empty_cache_goes():
+    # torch.accelerator.empty_cache() reaches the allocator PyTorch registered for CUDA at start-up,
+    # not the pluggable one install() made current; PyTorch's test_memory_stats calls it and found
+    # refpool's idle segment still reserved. Under install() it is torch.cuda.empty_cache().
+    torch = fake_torch()
+    emptied = []
+    torch.cuda.empty_cache = lambda: emptied.append("cuda")
+    _torch_memory_api.patch(torch, FakeHooks())
+    torch.accelerator.empty_cache()
+    torch.accelerator.memory.empty_cache()
+    assert emptied == ["cuda", "cuda"]
+    without_hooks = fake_torch()
+    _torch_memory_api.patch(without_hooks, None)  # torch.cuda.empty_cache is refpool's own then
+    p = allocator.malloc(8 << 20, 0)
+    allocator.free(p)
+    assert allocator.stats()["idle_bytes"] > 0
+    without_hooks.accelerator.empty_cache()
+    assert allocator.stats()["idle_bytes"] == 0
 
 
 def test_out_of_memory_observers_run_in_order_and_an_observer_error_does_not_stop_the_others(capsys):
