@@ -150,12 +150,13 @@ namespace refpool_torch {
 const tracker* current_tracker() { return installed_tracker.load(std::memory_order_acquire); }
 
 // Asked in relaxed mode, as c10 asks: a query under another thread's global-mode capture is
-// refused otherwise.
+// refused otherwise. An invalidated capture is still one until it ends: work on its stream
+// (cudaEventRecord included) fails until then.
 bool capturing(void* stream) {
   c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
-  return status == cudaStreamCaptureStatusActive;
+  return status != cudaStreamCaptureStatusNone;
 }
 }  // namespace refpool_torch
 
@@ -206,6 +207,7 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
     fail(status, "refpool could not allocate");
   }
   if (out != nullptr) {
+    refpool_torch::forget_stream_uses(out);
     refpool_torch::count_alloc(out, device, size);
     if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->alloc(out, size, device, stream, pool);
   }
@@ -236,7 +238,7 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
 /// set_record_stream_fn: Tensor.record_stream. The block's free waits for `stream`'s work then
 /// (_torch_hooks_deferred.cpp), as with PyTorch's allocator. Never fails, as PyTorch's allocator
 /// never fails for a pointer it did not serve: such a pointer is never freed here, and its note
-/// (a few bytes) stays.
+/// (a few bytes) stays until refpool serves that address, which drops it (refpool_torch_hooks_malloc).
 void refpool_torch_hooks_record_stream(void* ptr, cudaStream_t stream) {
   if (ptr != nullptr) refpool_torch::note_stream_use(ptr, stream);
 }

@@ -60,9 +60,14 @@ void untrack_pool_allocation(void* ptr);  // nothing if ptr is no pool's
 // takes a block's uses and, for uses on streams other than its allocation's (none capturing), defers
 // its free until events recorded on them complete: then `free_now` (refpool's free) runs. Requests
 // free the completed ones while any are pending; empty_cache and a retry after out of memory wait
-// for all of them.
+// for all of them. A CUDA error checking an event keeps its block pending and is thrown (c10::Error)
+// once the completed ones are freed.
 void note_stream_use(void* ptr, void* stream);
-std::vector<void*> take_stream_uses(void* ptr);  // empty (one atomic load) when nothing was recorded
+std::vector<void*> take_stream_uses(void* ptr);  // empty (one atomic load, mostly) when ptr was not recorded
+// A block refpool just served has no use to note yet: a note for its address is stale (record_stream
+// on memory refpool never served, as PyTorch's allocator ignores it) and goes. One atomic load when no
+// noted address hashes where ptr does.
+void forget_stream_uses(void* ptr);
 bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& uses);  // true: deferred
 bool frees_pending();
 void free_completed(void (*free_now)(void*));

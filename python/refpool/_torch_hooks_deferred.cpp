@@ -10,14 +10,18 @@
 // address is not reused before the other stream's work is done.
 //
 // Threads: every function may be called from any thread (frees come from tensors' deleters);
-// one mutex guards the recorded uses and the pending frees. Requests pay one relaxed atomic load
-// when nothing is pending, frees one when nothing is recorded.
+// one mutex guards the recorded uses and the pending frees, and is never held while waiting for the
+// GPU. Requests pay one relaxed atomic load when nothing is pending, and requests and frees one
+// when no recorded block's address hashes where theirs does.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstdint>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -28,20 +32,35 @@
 namespace refpool_torch {
 namespace {
 
+// An event recorded on a stream that used a block; `device` is the stream's (and the event's).
+struct recorded_event {
+  cudaEvent_t event;
+  int device;
+};
+
 struct pending_free {
   void* ptr;
-  int device;
-  std::vector<cudaEvent_t> events;  // one for each other stream that used the bytes
+  std::vector<recorded_event> events;  // one for each other stream that used the bytes
 };
 
 struct deferred_frees {
-  std::mutex mutex;
+  std::mutex mutex;  // guards uses, pending and idle_events
+  // Held by the one thread that takes pending frees and gives them to refpool: a caller that waits
+  // for all of them (empty_cache, out of memory) then also waits for those another thread holds.
+  std::mutex releasing;
   std::unordered_map<void*, std::vector<cudaStream_t>> uses;  // record_stream's streams, by block
   std::vector<pending_free> pending;
   std::unordered_map<int, std::vector<cudaEvent_t>> idle_events;  // by device: events to record again
-  std::atomic<std::size_t> use_count{0};
-  std::atomic<std::size_t> pending_count{0};
+  // How many recorded blocks hash to each slot (note_slot): a request or free whose slot holds none
+  // takes no lock, however many others are noted (a long-lived tensor recorded once, say).
+  std::array<std::atomic<std::uint32_t>, 4096> noted{};
+  std::atomic<std::size_t> pending_count{0};  // pending, or taken and not yet given to refpool
 };
+
+std::size_t note_slot(const void* ptr) {  // Fibonacci hashing: blocks' low bits are mostly zero
+  return static_cast<std::size_t>((static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) *
+                                   0x9E3779B97F4A7C15ull) >> 52);
+}
 
 deferred_frees& state() {
   static auto* s = new deferred_frees;  // never destroyed: deleters may run during process exit
@@ -61,30 +80,77 @@ cudaEvent_t take_event(deferred_frees& s, int device) {
   return e;
 }
 
-// Frees the pending blocks whose events have all completed (`wait`: waits for every one first),
-// after the mutex is let go: refpool's free may take its own locks.
+// Records an event of `device` on `stream`; false (the event idle again) where CUDA refuses, as it
+// does for a stream of another device. With the mutex held.
+bool record_on(deferred_frees& s, cudaStream_t stream, int device, recorded_event& out, cudaError_t& refused) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaEvent_t e = take_event(s, device);
+  refused = cudaEventRecord(e, stream);
+  if (refused == cudaSuccess) {
+    out = {e, device};
+    return true;
+  }
+  (void)cudaGetLastError();
+  s.idle_events[device].push_back(e);
+  return false;
+}
+
+// An event on `stream` at its work so far. CUDA records an event only on a stream of its own device,
+// and the pluggable interface gives no stream's device: the block's first (nearly always the one),
+// then the others (PyTorch's allocator records on the stream's device; record_stream allows any).
+// The default streams (0, legacy, per-thread) are the current device's: the block's device's here.
+recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
+  recorded_event recorded{};
+  cudaError_t refused = cudaSuccess;
+  if (record_on(s, stream, device, recorded, refused)) return recorded;
+  const cudaError_t first_refusal = refused;
+  int devices = 0;
+  const bool named = stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+  if (named && cudaGetDeviceCount(&devices) == cudaSuccess)
+    for (int d = 0; d < devices; ++d)
+      if (d != device && record_on(s, stream, d, recorded, refused)) return recorded;
+  C10_CUDA_CHECK(first_refusal);  // throws: no device's event records on this stream
+  return recorded;
+}
+
+// Gives refpool the pending frees whose events have completed (`wait`: waits for each first). Events
+// are checked outside the mutex, so that frees and record_stream on other threads go on meanwhile.
+// A CUDA error keeps its block pending (its streams' use of it is unknown) and is thrown after the
+// others went to refpool; nothing here throws before, so no block is lost or freed twice.
 void free_pending(bool wait, void (*free_now)(void*)) {
   deferred_frees& s = state();
-  std::vector<void*> done;
+  std::unique_lock releasing(s.releasing, std::defer_lock);
+  if (wait)
+    releasing.lock();
+  else if (!releasing.try_lock())
+    return;  // another thread is checking them now
+  std::vector<pending_free> taken;
   {
     std::lock_guard guard(s.mutex);
-    auto completed = [&](const pending_free& p) {
-      for (const cudaEvent_t e : p.events) {
-        const cudaError_t status = wait ? cudaEventSynchronize(e) : cudaEventQuery(e);
-        if (status == cudaErrorNotReady) {
-          (void)cudaGetLastError();  // a query's "not ready" is not an error to keep
-          return false;
-        }
-        C10_CUDA_CHECK(status);
-      }
-      for (const cudaEvent_t e : p.events) s.idle_events[p.device].push_back(e);
-      done.push_back(p.ptr);
-      return true;
-    };
-    s.pending.erase(std::remove_if(s.pending.begin(), s.pending.end(), completed), s.pending.end());
-    s.pending_count.store(s.pending.size(), std::memory_order_relaxed);
+    taken.swap(s.pending);
   }
-  for (void* ptr : done) free_now(ptr);
+  cudaError_t failure = cudaSuccess;
+  auto in_use = [&](const pending_free& p) noexcept {
+    for (const recorded_event& e : p.events) {
+      const cudaError_t status = wait ? cudaEventSynchronize(e.event) : cudaEventQuery(e.event);
+      if (status == cudaSuccess) continue;
+      (void)cudaGetLastError();  // a query's "not ready" is no error to keep; a failure is thrown below
+      if (status != cudaErrorNotReady && failure == cudaSuccess) failure = status;
+      return true;
+    }
+    return false;
+  };
+  const auto done = std::partition(taken.begin(), taken.end(), in_use);  // swaps only: never throws
+  {
+    std::lock_guard guard(s.mutex);
+    s.pending.insert(s.pending.end(), std::make_move_iterator(taken.begin()), std::make_move_iterator(done));
+    for (auto p = done; p != taken.end(); ++p)
+      for (const recorded_event& e : p->events) s.idle_events[e.device].push_back(e.event);
+  }
+  for (auto p = done; p != taken.end(); ++p) free_now(p->ptr);
+  s.pending_count.fetch_sub(static_cast<std::size_t>(taken.end() - done), std::memory_order_relaxed);
+  releasing.unlock();
+  C10_CUDA_CHECK(failure);
 }
 
 }  // namespace
@@ -93,21 +159,31 @@ void note_stream_use(void* ptr, void* used_on) {
   const auto stream = static_cast<cudaStream_t>(used_on);
   deferred_frees& s = state();
   std::lock_guard guard(s.mutex);
-  std::vector<cudaStream_t>& streams = s.uses[ptr];
+  const auto [it, first] = s.uses.try_emplace(ptr);
+  if (first) s.noted[note_slot(ptr)].fetch_add(1, std::memory_order_relaxed);
+  std::vector<cudaStream_t>& streams = it->second;
   if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
-  s.use_count.store(s.uses.size(), std::memory_order_relaxed);
 }
 
 std::vector<void*> take_stream_uses(void* ptr) {
   deferred_frees& s = state();
-  if (s.use_count.load(std::memory_order_relaxed) == 0) return {};
+  std::atomic<std::uint32_t>& noted = s.noted[note_slot(ptr)];
+  if (noted.load(std::memory_order_relaxed) == 0) return {};
   std::lock_guard guard(s.mutex);
   const auto it = s.uses.find(ptr);
   if (it == s.uses.end()) return {};
   std::vector<void*> streams(it->second.begin(), it->second.end());
   s.uses.erase(it);
-  s.use_count.store(s.uses.size(), std::memory_order_relaxed);
+  noted.fetch_sub(1, std::memory_order_relaxed);
   return streams;
+}
+
+void forget_stream_uses(void* ptr) {
+  deferred_frees& s = state();
+  std::atomic<std::uint32_t>& noted = s.noted[note_slot(ptr)];
+  if (noted.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard guard(s.mutex);
+  if (s.uses.erase(ptr) != 0) noted.fetch_sub(1, std::memory_order_relaxed);
 }
 
 bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& uses) {
@@ -116,16 +192,18 @@ bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& u
   if (uses.empty()) return false;
   // Under a graph capture events cannot be polled: refpool orders the streams itself.
   if (capturing(allocated_on) || std::any_of(uses.begin(), uses.end(), capturing)) return false;
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   deferred_frees& s = state();
   std::lock_guard lock(s.mutex);
-  pending_free p{ptr, device, {}};
-  for (void* stream : uses) {
-    p.events.push_back(take_event(s, device));
-    C10_CUDA_CHECK(cudaEventRecord(p.events.back(), static_cast<cudaStream_t>(stream)));
+  pending_free p{ptr, {}};
+  try {
+    p.events.reserve(uses.size());
+    for (void* stream : uses) p.events.push_back(record_use(s, static_cast<cudaStream_t>(stream), device));
+    s.pending.push_back(std::move(p));  // strong guarantee: p is whole if this throws
+  } catch (...) {  // the caller frees the block now: the events recorded so far are idle again
+    for (const recorded_event& e : p.events) s.idle_events[e.device].push_back(e.event);
+    throw;
   }
-  s.pending.push_back(std::move(p));
-  s.pending_count.store(s.pending.size(), std::memory_order_relaxed);
+  s.pending_count.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

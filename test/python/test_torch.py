@@ -612,6 +612,117 @@ def test_record_stream_defers_the_free_until_the_stream_is_done():
     assert result["oom_retry"] == "served", result
 
 
+def refpool_messages(stderr):
+    """What refpool's hooks reported on stderr (a free that could not go as it should)."""
+    return [line for line in stderr.splitlines() if line.startswith("refpool")]
+
+
+FOREIGN_RECORD = """
+    import json, torch, refpool.torch
+    if MODE == "refpool":
+        refpool.torch.install()
+    n = 1 << 22
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    class Foreign:  # memory PyTorch's allocator did not serve to this tensor (CuPy, JAX, IPC, DLPack...)
+        def __init__(self, address):
+            self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (address, False),
+                                             "version": 2}
+    x = torch.empty(n, device="cuda")
+    address = x.data_ptr()
+    del x  # the allocator keeps the bytes idle; the foreign tensor below is memory it does not hand out
+    foreign = torch.as_tensor(Foreign(address), device="cuda")
+    out = {"foreign": foreign.data_ptr() == address}
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # about 50 ms
+    foreign.record_stream(side)  # PyTorch's allocator ignores a pointer it did not serve
+    del foreign
+    y = torch.empty(n, device="cuda")  # the allocator serves these bytes now
+    out["served"] = y.data_ptr() == address
+    del y  # never recorded: its bytes go back at once
+    out["reused_at_once"] = torch.empty(n, device="cuda").data_ptr() == address
+    side.synchronize()
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("mode", ["refpool", "torch"])
+def test_record_stream_on_memory_the_allocator_did_not_serve_is_forgotten(mode):
+    # A note record_stream left for an address refpool did not serve must not defer the free of the
+    # block refpool serves at that address later (which was never recorded, and whose stream may be
+    # gone by then). Failed before the fix: y's free waited for the side stream, so the next request
+    # got other bytes.
+    result = child_json(FOREIGN_RECORD.replace("MODE", repr(mode)))
+    assert result["foreign"] and result["served"], result
+    assert result["reused_at_once"], result
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_record_stream_on_a_stream_of_another_device():
+    # PyTorch's allocator records the end-of-use event on the recorded stream's device. Before the
+    # fix refpool's hooks made the event on the block's device, CUDA refused to record it on the
+    # other device's stream, and the block went back to refpool at once (with a message on stderr).
+    result = run_python("""
+        import json, torch, refpool.torch
+        refpool.torch.install()
+        n = 1 << 22
+        other = torch.cuda.Stream(device=1)
+        x = torch.empty(n, device="cuda:0")
+        address = x.data_ptr()
+        with torch.cuda.stream(other):
+            torch.cuda._sleep(100_000_000)  # about 50 ms on device 1
+        x.record_stream(other)
+        del x
+        out = {"while_busy": torch.empty(n, device="cuda:0").data_ptr() != address}
+        other.synchronize()
+        out["after_done"] = torch.empty(n, device="cuda:0").data_ptr() == address
+        torch.cuda.empty_cache()
+        print(json.dumps(out))
+    """)
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["while_busy"] and out["after_done"], out
+    assert refpool_messages(result.stderr) == [], result.stderr
+
+
+def test_record_stream_frees_from_threads_leave_nothing_behind():
+    # Threads allocate (polling the pending frees), record on a side stream and free, while one empties
+    # the cache (waiting for them all). Nothing is lost or kept: after the last wait no byte is
+    # allocated, live or idle, and no error reached a thread or stderr (where the free hook reports).
+    result = run_python("""
+        import json, threading, torch, refpool.torch
+        refpool.torch.install()
+        side = torch.cuda.Stream()
+        errors = []
+        def frees(seed):
+            try:
+                for i in range(150):
+                    x = torch.empty((1 << 12) << ((seed + i) % 9), dtype=torch.uint8, device="cuda")
+                    side.wait_stream(torch.cuda.current_stream())
+                    if i % 50 == 0:
+                        with torch.cuda.stream(side):
+                            torch.cuda._sleep(2_000_000)  # about 1 ms
+                    x.record_stream(side)
+                    del x
+                    if seed == 0 and i % 30 == 0:
+                        torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                errors.append(repr(e))
+        threads = [threading.Thread(target=frees, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.empty_cache()
+        stats = refpool.torch.memory_stats()
+        print(json.dumps({"errors": errors, "allocated": torch.cuda.memory_allocated(),
+                          "live": stats["refpool.live_bytes"], "idle": stats["refpool.idle_bytes"]}))
+    """)
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["errors"] == [], out
+    assert out["allocated"] == 0 and out["live"] == 0 and out["idle"] == 0, out
+    assert refpool_messages(result.stderr) == [], result.stderr
+
+
 def test_empty_cache_and_memory_fraction_go_through_the_hooks():
     result = child_json("""
         import json, torch, refpool.torch
