@@ -220,17 +220,16 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->free(ptr, size, device, stream);
   refpool_torch::untrack_pool_allocation(ptr);
   refpool_torch::count_free(ptr, device, size);
-  std::vector<void*> uses = refpool_torch::take_stream_uses(ptr);
-  if (!uses.empty()) {
-    try {
-      if (refpool_torch::defer_free(ptr, device, stream, uses)) return;
-      // Not deferred (a stream captures): refpool orders the next user's stream after these.
-      for (void* used_on : uses)
-        if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
-    } catch (const std::exception& e) {  // a CUDA error recording the events: free now, ordered
-      std::fprintf(stderr, "refpool: record_stream's deferred free: %s\n", e.what());
-      for (void* used_on : uses) (void)api.record_stream(ptr, used_on);
-    }
+  std::vector<void*> uses;
+  try {
+    uses = refpool_torch::take_stream_uses(ptr);
+    if (!uses.empty() && refpool_torch::defer_free(ptr, device, stream, uses)) return;
+    // Not deferred (a stream captures): refpool orders the next user's stream after these.
+    for (void* used_on : uses)
+      if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+  } catch (const std::exception& e) {  // a CUDA error recording the events (or no memory): free now, ordered
+    std::fprintf(stderr, "refpool: record_stream's deferred free: %s\n", e.what());
+    for (void* used_on : uses) (void)api.record_stream(ptr, used_on);
   }
   free_deferred(ptr);
 }
