@@ -14,6 +14,7 @@
 // GPU. Requests pay one relaxed atomic load when nothing is pending, and requests and frees one
 // when no recorded block's address hashes where theirs does.
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
@@ -97,8 +98,9 @@ bool record_on(deferred_frees& s, cudaStream_t stream, int device, recorded_even
 
 // An event on `stream` at its work so far. CUDA records an event only on a stream of its own device,
 // and the pluggable interface gives no stream's device: the block's first (nearly always the one),
-// then the others (PyTorch's allocator records on the stream's device; record_stream allows any).
-// The default streams (0, legacy, per-thread) are the current device's: the block's device's here.
+// then the others that have a context, as a stream needs one (PyTorch's allocator records on the
+// stream's device; record_stream allows any). The default streams (0, legacy, per-thread) are the
+// current device's: the block's device's here.
 recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
   recorded_event recorded{};
   cudaError_t refused = cudaSuccess;
@@ -108,7 +110,9 @@ recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
   const bool named = stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
   if (named && cudaGetDeviceCount(&devices) == cudaSuccess)
     for (int d = 0; d < devices; ++d)
-      if (d != device && record_on(s, stream, d, recorded, refused)) return recorded;
+      if (d != device && c10::cuda::hasPrimaryContext(static_cast<c10::DeviceIndex>(d)) &&
+          record_on(s, stream, d, recorded, refused))
+        return recorded;
   C10_CUDA_CHECK(first_refusal);  // throws: no device's event records on this stream
   return recorded;
 }
