@@ -258,7 +258,7 @@ TEST_CASE("random carves, give-backs, trims and faults against a model", "[segme
       check_all(true);
       for (const auto& l : live) heap.give_back(l.p, as_stream(l.stream));
       f.failing->disarm();
-      heap.release_all();
+      heap.free_all();
       CHECK(f.tracker->held() == 0);
       CHECK(f.tracker->reserved() == 0);
       CHECK(f.tracker->bad_releases() == 0);
