@@ -234,7 +234,7 @@ class cache_state : public ref_counted<cache_state> {
   // Hit-path helpers (caller holds s); mark_live is inline (hit_path.hpp).
   inline void mark_live(slot& s, bucket& home, block* b, bool hit) noexcept;
   bool put_back_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept;  // true: over the idle limit
-  bool drain_handed_off(slot& s) noexcept;                                 // true when over the idle limit afterwards
+  bool drain_handed_off(slot& s) noexcept;                                  // true when over the idle limit afterwards
   bool drain_list(slot& s, block* newest) noexcept;
   bool add_idle(slot& s, block* b) noexcept;  // true when over the idle limit
   void remove_idle(slot& s, block* b) noexcept;
