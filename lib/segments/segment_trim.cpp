@@ -116,7 +116,7 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
 void segment_heap::free_all() {
   if (totals_.pieces_out != 0 || !spans_.records.empty())
     throw invalid_argument(fmt::format(
-        "refpool: cannot release the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
+        "refpool: cannot free the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
         backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned, spans_.records.size(),
         totals_.spanned));
   while (!segments_.empty()) free_segment(*segments_.back());
@@ -158,7 +158,7 @@ std::size_t segment_heap::free_segment(segment& seg) {
   totals_.committed -= bytes;
   totals_.reserved -= seg.reserved;
   events_.trimmed_bytes += bytes;
-  ++events_.segments_released;
+  ++events_.segments_freed;
   drop_segment(seg);
   return bytes;
 }

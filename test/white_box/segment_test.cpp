@@ -479,7 +479,7 @@ TEST_CASE("trim gives whole free segments back, least recently used first", "[se
   CHECK(heap.trim(0) == 2 * MiB);
   const auto st = heap.stats();
   CHECK(st.segments == 0);
-  CHECK(st.events.segments_released == 2);
+  CHECK(st.events.segments_freed == 2);
   CHECK(st.events.trimmed_bytes == 4 * MiB);
   CHECK(f.be.outstanding_bytes() == 0);
   CHECK(f.tracker->allocated() == 0);
