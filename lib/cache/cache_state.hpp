@@ -124,10 +124,11 @@ class cache_state : public ref_counted<cache_state> {
   /// (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the
   /// handle count and `requested`.
   block* acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes, stream_ref stream);
-  /// The common release: on the slot's own thread, nothing pending, no idle limit. False: not
-  /// done (put_back_cached does it).
+  /// Puts a released block back idle in the common case: on the slot's own thread, nothing
+  /// pending, no idle limit. False: not done (put_back_cached does it).
   inline bool try_put_back(block* b, bool via_unsafe_free) noexcept;
-  /// The last handle of cached block `b` went away (any thread).
+  /// The last handle of cached block `b` went away (any thread): back idle in its home slot
+  /// (through its hand-off list from another thread), or to its source if the slot is orphaned.
   void put_back_cached(block* b, bool via_unsafe_free) noexcept;
 
   // ---- taking idle bytes back at their address (take_at.cpp) ----------------------------------
