@@ -21,7 +21,7 @@ void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
   block* b = as_block(h);
   // The common case first: a cached block released on its slot's thread, nothing watching.
   if (b->origin == block_origin::cached && b->observer == nullptr && active_log() == nullptr) [[likely]] {
-    if (b->home->owner->cache->try_release(b, via_unsafe_free)) return;
+    if (b->home->owner->cache->try_put_back(b, via_unsafe_free)) return;
   }
   if (alloc_log* log = active_log()) log->record(false, b->ptr, b->requested, b->last_stream);
   if (release_observer* o = b->observer) {
@@ -29,9 +29,9 @@ void last_reference_dropped(block_header* h, bool via_unsafe_free) noexcept {
     o->observe_release(b, via_unsafe_free);
   }
   switch (b->origin) {
-    case block_origin::cached: b->home->owner->cache->release_cached(b, via_unsafe_free); return;
-    case block_origin::region: as_region(b)->owner->release_region(b, via_unsafe_free); return;
-    case block_origin::direct: release_direct(b, via_unsafe_free); return;
+    case block_origin::cached: b->home->owner->cache->put_back_cached(b, via_unsafe_free); return;
+    case block_origin::region: as_region(b)->owner->put_back_region(b, via_unsafe_free); return;
+    case block_origin::direct: free_direct(b, via_unsafe_free); return;
   }
 }
 

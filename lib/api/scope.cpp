@@ -152,7 +152,7 @@ scope::scope(alloc_cache& cache, scope_options options) : state_(new detail::sco
         frame.router = state_->run;
       }
     } catch (...) {
-      if (frame.owns_lease) state.give_back(frame.lease);
+      if (frame.owns_lease) state.end_lease(frame.lease);
       delete state_;
       throw;
     }
@@ -173,7 +173,7 @@ void scope::close() {
   detail::finish(state_->run);
   state_->pass.end();
   frame.router = nullptr;
-  if (frame.owns_lease) frame.cache->give_back(frame.lease);
+  if (frame.owns_lease) frame.cache->end_lease(frame.lease);
   frame.cache->release();
   frame.lease = nullptr;
   frame.owns_lease = false;

@@ -80,15 +80,15 @@ block* cache_state::allocate_uncached(backend_state& backend, std::size_t bytes,
   return b;
 }
 
-void cache_state::release_uncached(block* b, bool via_unsafe_free) noexcept {
+void cache_state::free_uncached(block* b, bool via_unsafe_free) noexcept {
   if (via_unsafe_free) counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed);
   whole_blocks_.take_back_uncached(b);
   release();
 }
 
-void release_direct(block* b, bool via_unsafe_free) noexcept {
+void free_direct(block* b, bool via_unsafe_free) noexcept {
   if (cache_state* cache = b->uncached_for) {
-    cache->release_uncached(b, via_unsafe_free);
+    cache->free_uncached(b, via_unsafe_free);
     return;
   }
   free_block(b);

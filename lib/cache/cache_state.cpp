@@ -76,7 +76,7 @@ slot* cache_state::lease() {
   return lease_locked(slots_.free_scope, this_thread_token());
 }
 
-void cache_state::give_back(slot* s) noexcept {
+void cache_state::end_lease(slot* s) noexcept {
   bool over_limit = false;
   {
     owner_section section(s->lock);
@@ -117,7 +117,7 @@ slot* cache_state::lease_ambient() {
   return s;
 }
 
-void cache_state::give_back_ambient(slot* s) noexcept {
+void cache_state::end_ambient_lease(slot* s) noexcept {
   {
     owner_section section(s->lock);
     const block* pending = s->handed_off.load(std::memory_order_relaxed);
@@ -187,7 +187,7 @@ void cache_state::end_step() noexcept {
 
 // ---- releases on other threads and after the cache is gone --------------------------------
 
-void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept {
+void cache_state::put_back_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept {
   if (s.owner_thread.load(std::memory_order_acquire) != nullptr && !idle_limit_.tracking()) {
     // The owner (or an intruder) drains it; the block is idle from the next look at the slot.
     b->hand_off.unsafe = via_unsafe_free;
@@ -197,7 +197,7 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
     block* head = s.handed_off.load(std::memory_order_relaxed);
     do {
       if (head == orphaned_marker) {
-        release_orphaned(s, b);
+        put_back_orphaned(s, b);
         return;
       }
       b->hand_off.next = head;
@@ -214,21 +214,21 @@ void cache_state::release_elsewhere(slot& s, block* b, bool via_unsafe_free) noe
       // falls through to the orphan path below, outside mutex_
     } else {
       over_limit = intrude(s);
-      over_limit |= release_in_slot(s, b, via_unsafe_free);
+      over_limit |= put_back_in_slot(s, b, via_unsafe_free);
       s.lock.unlock();
       b = nullptr;
       if (over_limit) retain();  // under mutex_, before close() can take the block
     }
   }
   if (b != nullptr) {
-    release_orphaned(s, b);
+    put_back_orphaned(s, b);
   } else if (over_limit) {
     enforce_idle_limit();
     release();
   }
 }
 
-void cache_state::release_orphaned(slot& s, block* b) noexcept {
+void cache_state::put_back_orphaned(slot& s, block* b) noexcept {
   free_to_backend(b);
   drop_slot_ref(s);  // the block's
 }

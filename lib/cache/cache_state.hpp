@@ -71,7 +71,7 @@ class cache_state : public ref_counted<cache_state> {
   /// A slot for a scope entered on the calling thread; null when the cache is closed.
   slot* lease();
   /// The scope that leased `s` ended (on its thread): count its escapes, make `s` available.
-  void give_back(slot* s) noexcept;
+  void end_lease(slot* s) noexcept;
   /// Counts a scope entry; true if it falls in the first `warmup` entries (run uncached).
   bool count_entry(std::size_t warmup) noexcept;
 
@@ -83,7 +83,7 @@ class cache_state : public ref_counted<cache_state> {
   /// A new slot for the calling thread's cache-level allocations; null when closed.
   slot* lease_ambient();
   /// The thread of an ambient slot ends.
-  void give_back_ambient(slot* s) noexcept;
+  void end_ambient_lease(slot* s) noexcept;
   /// The router of the open step (planned or warm-up), if any, with a reference held for the
   /// caller: cache-level allocations go through it, and may still do so after the step ended.
   /// The calling thread keeps one reference to the router of the step it last called (until its
@@ -124,11 +124,12 @@ class cache_state : public ref_counted<cache_state> {
   /// (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the
   /// handle count and `requested`.
   block* acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes, stream_ref stream);
-  /// The common release: on the slot's own thread, nothing pending, no idle limit. False: not
-  /// done (release_cached does it).
-  inline bool try_release(block* b, bool via_unsafe_free) noexcept;
-  /// The last handle of cached block `b` went away (any thread).
-  void release_cached(block* b, bool via_unsafe_free) noexcept;
+  /// Puts a released block back idle in the common case: on the slot's own thread, nothing
+  /// pending, no idle limit. False: not done (put_back_cached does it).
+  inline bool try_put_back(block* b, bool via_unsafe_free) noexcept;
+  /// The last handle of cached block `b` went away (any thread): back idle in its home slot
+  /// (through its hand-off list from another thread), or to its source if the slot is orphaned.
+  void put_back_cached(block* b, bool via_unsafe_free) noexcept;
 
   // ---- taking idle bytes back at their address (take_at.cpp) ----------------------------------
   /// The idle bytes at `address` that a request of `key` gets, live again for `stream`, homed in
@@ -189,7 +190,7 @@ class cache_state : public ref_counted<cache_state> {
   std::size_t return_idle(backend_state& backend) noexcept;
   /// An uncached block of this cache lost its last handle: freed and uncounted by the whole-block
   /// source, then the cache's reference dropped.
-  void release_uncached(block* b, bool via_unsafe_free) noexcept;
+  void free_uncached(block* b, bool via_unsafe_free) noexcept;
   /// Counts escapes and unsafe frees that a planned run saw (regions and uncached blocks).
   void add_escapes(std::size_t count) noexcept { counters_.extra_escapes.fetch_add(count, std::memory_order_relaxed); }
   void add_unsafe_free() noexcept { counters_.extra_unsafe_frees.fetch_add(1, std::memory_order_relaxed); }
@@ -233,8 +234,8 @@ class cache_state : public ref_counted<cache_state> {
 
   // Hit-path helpers (caller holds s); mark_live is inline (hit_path.hpp).
   inline void mark_live(slot& s, bucket& home, block* b, bool hit) noexcept;
-  bool release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept;  // true: over the idle limit
-  bool drain_handed_off(slot& s) noexcept;                                 // true when over the idle limit afterwards
+  bool put_back_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept;  // true: over the idle limit
+  bool drain_handed_off(slot& s) noexcept;                                  // true when over the idle limit afterwards
   bool drain_list(slot& s, block* newest) noexcept;
   bool add_idle(slot& s, block* b) noexcept;  // true when over the idle limit
   void remove_idle(slot& s, block* b) noexcept;
@@ -310,8 +311,8 @@ class cache_state : public ref_counted<cache_state> {
   void detach_idle(slot& s, const std::vector<block*>& pieces, std::size_t from) noexcept;  // caller holds s
   /// Gives detached idle pieces back to `h` (segment_source::return_pieces). Returns how many.
   std::size_t return_pieces(cache_heap& h, std::span<block* const> pieces) noexcept;
-  void release_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
-  void release_orphaned(slot& s, block* b) noexcept;
+  void put_back_elsewhere(slot& s, block* b, bool via_unsafe_free) noexcept;
+  void put_back_orphaned(slot& s, block* b) noexcept;
   /// Drops one of `s`'s references (slot::refs); the last deletes the slot. Not under mutex_.
   void drop_slot_ref(slot& s) noexcept;
 
@@ -345,6 +346,6 @@ inline void reserve_for_one_more(bucket& home) { home.idle.reserve(home.live + h
 
 /// A direct block's last handle went away: freed to its backend (and counted by the cache it was
 /// made for, if any).
-void release_direct(block* b, bool via_unsafe_free) noexcept;
+void free_direct(block* b, bool via_unsafe_free) noexcept;
 
 }  // namespace refpool::detail

@@ -1,6 +1,6 @@
-// The hit path's out-of-line part: release_in_slot() (a block goes idle in its slot; try_release
+// The hit path's out-of-line part: put_back_in_slot() (a block goes idle in its slot; try_put_back
 // calls it), acquire() when try_hit found nothing (the slot's other buckets, a steal, a miss),
-// draining hand-off lists, and release_cached() when try_release could not put a block back. Its
+// draining hand-off lists, and put_back_cached() when try_put_back could not put a block back. Its
 // inline part is hit_path.hpp; the entry points that call both are api/allocate.cpp.
 #include "cache/hit_path.hpp"
 
@@ -60,10 +60,10 @@ block* cache_state::acquire(slot& s, backend_state& backend, const block_key& ke
     try {
       wait_for_streams(b, stream);
     } catch (const stream_order_unavailable&) {
-      release_cached(b, false);  // not usable on `stream` now (a graph capture): idle again, and a miss
+      put_back_cached(b, false);  // not usable on `stream` now (a graph capture): idle again, and a miss
       b = nullptr;
     } catch (...) {
-      release_cached(b, false);  // still ordered after its old stream: idle again, unchanged
+      put_back_cached(b, false);  // still ordered after its old stream: idle again, unchanged
       throw;
     }
   }
@@ -93,7 +93,7 @@ bool cache_state::add_idle(slot& s, block* b) noexcept {
   return idle_limit_.went_idle(b->capacity);
 }
 
-bool cache_state::release_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept {
+bool cache_state::put_back_in_slot(slot& s, block* b, bool via_unsafe_free) noexcept {
   catch_up_with_steps(s);  // a block of an ended step that is still live at its end escaped it
   b->home->live -= 1;
   s.counters.live_bytes -= b->capacity;
@@ -116,7 +116,7 @@ bool cache_state::drain_list(slot& s, block* newest) noexcept {
     for (block* b = oldest; b != nullptr; b = b->hand_off.next) {
       if (b->hand_off.in_epoch && b->epoch == s.epoch) {
         s.live_in_epoch -= 1;
-        b->epoch = no_epoch;  // counted: release_in_slot must not count it again
+        b->epoch = no_epoch;  // counted: put_back_in_slot must not count it again
       }
     }
   }
@@ -124,7 +124,7 @@ bool cache_state::drain_list(slot& s, block* newest) noexcept {
   for (block* b = oldest; b != nullptr;) {
     block* next = b->hand_off.next;
     b->hand_off.next = nullptr;
-    over_limit |= release_in_slot(s, b, b->hand_off.unsafe);
+    over_limit |= put_back_in_slot(s, b, b->hand_off.unsafe);
     b = next;
   }
   return over_limit;
@@ -134,11 +134,11 @@ bool cache_state::drain_handed_off(slot& s) noexcept {
   return drain_list(s, s.handed_off.exchange(nullptr, std::memory_order_acquire));
 }
 
-void cache_state::release_cached(block* b, bool via_unsafe_free) noexcept {
+void cache_state::put_back_cached(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
   b->idle_at.tick = clock_.load(std::memory_order_relaxed);
   if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token()) {
-    release_elsewhere(s, b, via_unsafe_free);  // another thread's slot, or nobody's
+    put_back_elsewhere(s, b, via_unsafe_free);  // another thread's slot, or nobody's
     return;
   }
   bool orphaned = false;
@@ -149,11 +149,11 @@ void cache_state::release_cached(block* b, bool via_unsafe_free) noexcept {
     orphaned = pending == orphaned_marker;
     if (!orphaned) {
       if (pending != nullptr) over_limit = drain_handed_off(s);
-      over_limit |= release_in_slot(s, b, via_unsafe_free);
+      over_limit |= put_back_in_slot(s, b, via_unsafe_free);
     }
   }
   if (orphaned) {
-    release_orphaned(s, b);
+    put_back_orphaned(s, b);
   } else if (over_limit) {
     enforce_idle_limit();
   }

@@ -1,8 +1,8 @@
 // The hit path's fast part, inline: what a hit and a release on the slot's own thread do, inlined
 // into the entry points (api/allocate.cpp: allocate() finds the thread's slot and asks try_hit; a
-// data_ref's last release asks try_release), which take no lock and no atomic read-modify-write
-// there: the owner_lock's owner side is two plain stores. The rest of the hit path (release_in_slot,
-// which a release calls, acquire, the hand-off lists, release_cached) is hit_path.cpp; misses,
+// data_ref's last release asks try_put_back), which take no lock and no atomic read-modify-write
+// there: the owner_lock's owner side is two plain stores. The rest of the hit path (put_back_in_slot,
+// which a release calls, acquire, the hand-off lists, put_back_cached) is hit_path.cpp; misses,
 // steals, reclaim, limits, close and stats are cache_state.cpp and its neighbours.
 #pragma once
 
@@ -61,7 +61,7 @@ REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stre
 
 // ---- giving back --------------------------------------------------------------------------
 
-REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) noexcept {
+REFPOOL_HIT_PATH bool cache_state::try_put_back(block* b, bool via_unsafe_free) noexcept {
   slot& s = *b->home->owner;
   if (s.owner_thread.load(std::memory_order_relaxed) != this_thread_token() || idle_limit_.tracking()) [[unlikely]]
     return false;
@@ -69,7 +69,7 @@ REFPOOL_HIT_PATH bool cache_state::try_release(block* b, bool via_unsafe_free) n
   const bool done = fast && s.handed_off.load(std::memory_order_relaxed) == nullptr;
   if (done) [[likely]] {
     b->idle_at.tick = clock_.load(std::memory_order_relaxed);
-    release_in_slot(s, b, via_unsafe_free);
+    put_back_in_slot(s, b, via_unsafe_free);
   }
   s.lock.owner_leave(fast);
   return done;

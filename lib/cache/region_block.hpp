@@ -15,7 +15,7 @@ struct region_block;
 /// The owner of region blocks (a plan). Lets the core return regions without knowing plans.
 class region_owner {
  public:
-  virtual void release_region(block* b, bool via_unsafe_free) noexcept = 0;
+  virtual void put_back_region(block* b, bool via_unsafe_free) noexcept = 0;
   /// Bytes of its regions live now (stats; any thread).
   [[nodiscard]] virtual std::size_t live_region_bytes() const noexcept = 0;
 

@@ -20,10 +20,10 @@
 
 namespace refpool::detail {
 
-void segment_source::release_or_trim(segment_heap& heap) {
+void segment_source::free_or_trim(segment_heap& heap) {
   const segment_heap_stats st = heap.stats();
   if (st.pieces_out == 0 && st.spans == 0)
-    heap.release_all();
+    heap.free_all();
   else
     heap.trim(0);
 }
@@ -151,7 +151,7 @@ void segment_source::close() noexcept {
     std::lock_guard lock(h->mutex);
     const committed_change change(reserved_, *h);
     try {
-      release_or_trim(h->heap);  // the rest goes with the last piece or span (take_back, give_back_span)
+      free_or_trim(h->heap);  // the rest goes with the last piece or span (take_back, give_back_span)
     } catch (const std::exception& e) {
       fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
     }
@@ -327,7 +327,7 @@ std::size_t segment_source::take_back(block* taken) noexcept {
     if (cache_.closed()) {
       const committed_change change(reserved_, *h);
       try {
-        release_or_trim(h->heap);
+        free_or_trim(h->heap);
       } catch (const std::exception& e) {
         fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", h->backend->res().name(), e.what());
       }

@@ -121,7 +121,7 @@ class segment_source final : public block_source {
   void wait_for_piece(cache_heap& h, const stream_set& waits, stream_ref stream);
   /// A heap of a closed cache: every segment back when nothing is out of it, else every free one
   /// (the rest goes with the last piece or span). Caller holds its lock.
-  static void release_or_trim(segment_heap& heap);
+  static void free_or_trim(segment_heap& heap);
   /// Trims `heaps` so that at most `keep` of their bytes stay free, in total.
   std::size_t trim_heaps(const std::vector<heap_use>& heaps, std::size_t keep, bool quiet);
 

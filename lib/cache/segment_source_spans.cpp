@@ -136,7 +136,7 @@ void segment_source::give_back_span(backend_state& backend, segment_span* s, con
     const bool spans_alone = piece_unit(backend, cache_.segments()) == 1;
     if (cache_.closed() || spans_alone) {
       try {
-        release_or_trim(h.heap);
+        free_or_trim(h.heap);
       } catch (const std::exception& e) {
         fmt::print(stderr, "refpool: giving back the segments of {} failed: {}\n", backend.res().name(), e.what());
       }

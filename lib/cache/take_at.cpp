@@ -39,7 +39,7 @@ block* cache_state::take_at(slot& s, backend_state& backend, const block_key& ke
     try {
       wait_for_streams(b, stream);  // as a reuse on another stream waits
     } catch (...) {
-      release_cached(b, false);  // idle again, still ordered after its old streams
+      put_back_cached(b, false);  // idle again, still ordered after its old streams
       throw;
     }
   }

@@ -48,7 +48,7 @@ void give_back_holdings() noexcept {
   const std::unique_ptr<thread_holdings> held(std::exchange(holdings, nullptr));
   if (held == nullptr) return;
   for (const auto& [cache, s] : held->leases) {
-    cache->give_back_ambient(s);
+    cache->end_ambient_lease(s);
     cache->release();
   }
 }
@@ -107,7 +107,7 @@ slot* cache_state::lease_ambient_for_thread() {
   ambient_cache = nullptr;
   std::erase_if(mine, [](const std::pair<cache_state*, slot*>& lease) {
     if (!lease.first->closed()) return false;
-    lease.first->give_back_ambient(lease.second);
+    lease.first->end_ambient_lease(lease.second);
     lease.first->release();
     return true;
   });

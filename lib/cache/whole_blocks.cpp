@@ -120,7 +120,7 @@ deferred_blocks& deferred() {
 // with `anyway`, freed without that order).
 bool free_now(block* b, bool anyway = false) noexcept {
   // A stream-ordered free (cuMemFreeAsync) waits for its own stream only: streams recorded on the
-  // block (record_stream) are ordered before it, as release_segment does for a segment's streams.
+  // block (record_stream) are ordered before it, as free_segment does for a segment's streams.
   for (const stream_ref s : b->extra_streams) {
     if (s == b->last_stream) continue;
     try {

@@ -59,7 +59,7 @@ device_wait permit_device_wait(int device, kept_for_capture* kept) noexcept {
   if (kept != nullptr && std::find(d->kept.begin(), d->kept.end(), kept) == d->kept.end()) {
     try {
       d->kept.push_back(kept);
-    } catch (const std::bad_alloc&) {}  // kept until a later give_back waits for the device
+    } catch (const std::bad_alloc&) {}  // kept until a later free_pieces waits for the device
   }
   wait.captures_held_off_.unlock();
   return wait;

@@ -84,7 +84,7 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
                      addr, bytes, device_, reinterpret_cast<void*>(at), piece.bytes);
         return;
       }
-    give_back(start, start + bytes);
+    free_pieces(start, start + bytes);
   }
 
   void release(void* addr, std::size_t bytes) noexcept override {
@@ -97,10 +97,10 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
                    addr, bytes, device_);
       return;
     }
-    give_back(start, start + bytes);  // anything still committed (the caller should have decommitted)
+    free_pieces(start, start + bytes);  // anything still committed (the caller should have decommitted)
     if (has_pieces(start, start + bytes)) {
       // Kept mapped for want of a wait (a graph capture): the driver refuses to free a range with
-      // mappings, so the range goes with its last piece, at a later give_back that waits.
+      // mappings, so the range goes with its last piece, at a later free_pieces that waits.
       releases_pending_[start] = bytes;
       return;
     }
@@ -175,11 +175,11 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
   // used a free range. Decommits are rare (trim, reclaim). A piece the driver refuses to unmap or
   // release is reported and kept as stale, for retry_stale. While a graph capture may run on the
   // device (gpu/captures.hpp: the wait would break it), or when the wait fails, nothing is unmapped
-  // under work that may be in flight: the pieces stay mapped, stale, and go at the next give_back
+  // under work that may be in flight: the pieces stay mapped, stale, and go at the next free_pieces
   // whose wait succeeds (a later trim or reclaim), at a commit over their range, or with their
   // reservation.
   // Called with mutex_ held.
-  void give_back(std::uintptr_t start, std::uintptr_t end) noexcept {
+  void free_pieces(std::uintptr_t start, std::uintptr_t end) noexcept {
     auto it = pieces_.lower_bound(start);
     if (it == pieces_.end() || it->first >= end) return;
     const auto keep_unwaited = [&] {
@@ -191,8 +191,8 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
     try {
       device_guard guard(api_, device_);
       if (!wait_for_device()) return keep_unwaited();
-      while (it != pieces_.end() && it->first + it->second.bytes <= end) it = give_back_piece(it);
-      give_back_kept();
+      while (it != pieces_.end() && it->first + it->second.bytes <= end) it = free_piece(it);
+      free_kept();
     } catch (const std::exception& e) {  // the device cannot be made current: the pieces stay
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -205,7 +205,7 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
     if (!wait) return;  // another capture began meanwhile
     try {
       device_guard guard(api_, device_);
-      if (wait_for_device()) give_back_kept();
+      if (wait_for_device()) free_kept();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -222,11 +222,11 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
     return false;
   }
 
-  // After a wait for the device: the pieces an earlier give_back kept for want of one go, and then
+  // After a wait for the device: the pieces an earlier free_pieces kept for want of one go, and then
   // the reservations released meanwhile. Called with mutex_ held and the device current.
-  void give_back_kept() noexcept {
+  void free_kept() noexcept {
     for (auto kept = pieces_.begin(); kept != pieces_.end();)
-      kept = kept->second.unwaited ? give_back_piece(kept) : std::next(kept);
+      kept = kept->second.unwaited ? free_piece(kept) : std::next(kept);
     for (auto pending = releases_pending_.begin(); pending != releases_pending_.end();) {
       const auto [at, bytes] = *pending;
       if (has_pieces(at, at + bytes)) {
@@ -240,7 +240,7 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
   }
 
   // Unmaps and releases one piece; the next one. Called with mutex_ held and the device current.
-  std::map<std::uintptr_t, piece>::iterator give_back_piece(std::map<std::uintptr_t, piece>::iterator it) noexcept {
+  std::map<std::uintptr_t, piece>::iterator free_piece(std::map<std::uintptr_t, piece>::iterator it) noexcept {
     piece& p = it->second;
     p.unwaited = false;  // every caller has waited for the device
     const relaxed_capture_mode relaxed(api_);  // after the wait, which a capture must still refuse
@@ -261,7 +261,7 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
     return pieces_.erase(it);
   }
 
-  // Gives back the stale pieces that overlap [start, end), where a commit is about to be made.
+  // Frees the stale pieces that overlap [start, end), where a commit is about to be made.
   // Throws `backend_error` if the driver still refuses. Called with mutex_ held.
   void retry_stale(std::uintptr_t start, std::uintptr_t end) {
     auto it = pieces_.lower_bound(start);
@@ -283,7 +283,7 @@ class gpu_virtual_memory final : public virtual_memory, public kept_for_capture 
         check(api_, api_.device_synchronize(), api_.device_synchronize.name, "before unmapping");
       }
       const auto stale = it->first;
-      it = give_back_piece(it);
+      it = free_piece(it);
       if (pieces_.count(stale) != 0)
         throw backend_error(fmt::format("refpool: device {} still refuses to give back the physical allocation "
                                         "at {:#x} that a commit needs the range of",

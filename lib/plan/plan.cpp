@@ -106,7 +106,7 @@ std::size_t plan::live_region_bytes() const noexcept {
   return bytes;
 }
 
-void plan::release_region(block* b, bool via_unsafe_free) noexcept {
+void plan::put_back_region(block* b, bool via_unsafe_free) noexcept {
   auto& r = static_cast<region_block&>(*b);
   region_state& st = states_[r.region_index];
   if (via_unsafe_free) cache_->add_unsafe_free();  // counted whether or not the plan is still kept

@@ -109,7 +109,7 @@ class plan final : public ref_counted<plan>, public region_owner {
   [[nodiscard]] std::size_t live_region_bytes() const noexcept override;
 
   /// The last handle of one of its regions went away (any thread, any time).
-  void release_region(block* b, bool via_unsafe_free) noexcept override;
+  void put_back_region(block* b, bool via_unsafe_free) noexcept override;
 
  private:
   friend class ref_counted<plan>;

@@ -17,7 +17,7 @@ struct segment_heap_events {
   // Backend calls.
   std::uint64_t grows = 0;  ///< commits into an existing segment (its tail or a hole)
   std::uint64_t segments_made = 0;
-  std::uint64_t segments_released = 0;
+  std::uint64_t segments_freed = 0;
   std::uint64_t decommits = 0;      ///< commits given back by trim (whole segments included)
   std::uint64_t plain_frees = 0;    ///< segments without virtual memory given back (one call each)
   std::uint64_t trimmed_bytes = 0;  ///< bytes trim gave back to the backend, in total
@@ -32,7 +32,7 @@ struct segment_heap_events {
     merges += o.merges;
     grows += o.grows;
     segments_made += o.segments_made;
-    segments_released += o.segments_released;
+    segments_freed += o.segments_freed;
     decommits += o.decommits;
     plain_frees += o.plain_frees;
     trimmed_bytes += o.trimmed_bytes;

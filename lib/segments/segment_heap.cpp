@@ -52,7 +52,7 @@ segment_heap::~segment_heap() {
   for (std::size_t i = segments_.size(); i-- > 0;) {
     if (segments_[i]->pieces == 0) {
       try {
-        release_segment(*segments_[i]);
+        free_segment(*segments_[i]);
         continue;
       } catch (const std::exception& e) {
         fmt::print(stderr, "refpool: segment heap of {}: {}\n", backend_.name(), e.what());

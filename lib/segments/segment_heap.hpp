@@ -37,7 +37,7 @@ enum class placement : std::uint8_t {
 ///
 /// Thread safety: none; the caller serialises every call (the cache holds a lock). Calls into
 /// the backend (allocate, reserve, commit, deallocate, decommit, release) happen inside carve,
-/// trim and release_all, under that lock.
+/// trim and free_all, under that lock.
 ///
 /// Errors: carve returns std::nullopt when the backend or its virtual memory says "out of
 /// memory" (the caller may give cached pieces back and retry, or trim); a zero size or one
@@ -70,7 +70,7 @@ class segment_heap {
   /// Serves `be` (keeps it alive). Throws `invalid_argument` for a null backend, `config_error` if
   /// the options are unusable.
   explicit segment_heap(backend be, segment_heap_options options = {});
-  /// Releases every segment; a piece still out is a caller bug (reported on stderr, asserted,
+  /// Frees every segment to the backend; a piece still out is a caller bug (reported on stderr, asserted,
   /// and its segment left allocated so that its memory stays valid).
   ~segment_heap();
   segment_heap(const segment_heap&) = delete;
@@ -100,8 +100,8 @@ class segment_heap {
   /// bytes given back. Throws only what resource::order_streams throws, or std::bad_alloc for a
   /// range record, each before changing anything for that segment or range.
   std::size_t trim(std::size_t keep_bytes = 0);
-  /// Gives every segment back. Throws `invalid_argument` (and changes nothing) if a piece or a span is out.
-  void release_all();
+  /// Frees every segment to the backend. Throws `invalid_argument` (and changes nothing) if a piece or a span is out.
+  void free_all();
   /// Forgets the streams of all free ranges and idle spans: call after waiting for all work on the device.
   void forget_streams() noexcept;
 
@@ -259,7 +259,7 @@ class segment_heap {
   range* fill_hole(pool_state& pool, const hole& h);
 
   // Trim (segment_trim.cpp).
-  std::size_t release_segment(segment& seg);
+  std::size_t free_segment(segment& seg);
   std::size_t decommit_free_commits(std::size_t keep_bytes);
   std::size_t decommit_inside(range& r, std::size_t keep_bytes);
   void drop_segment(segment& seg) noexcept;

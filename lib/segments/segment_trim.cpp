@@ -22,7 +22,7 @@ std::size_t segment_heap::trim(std::size_t keep_bytes) {
     for (const auto& seg : segments_)
       if (seg->pieces == 0 && (whole == nullptr || seg->last_use < whole->last_use)) whole = seg.get();
     if (whole == nullptr) break;
-    given += release_segment(*whole);
+    given += free_segment(*whole);
   }
   if (totals_.committed - totals_.used > keep_bytes) given += decommit_free_commits(keep_bytes);
   // Either it met `keep_bytes`, or nothing it could give back is left (check() verifies that).
@@ -113,16 +113,16 @@ std::size_t segment_heap::decommit_inside(range& r, std::size_t keep_bytes) {
   return given;
 }
 
-void segment_heap::release_all() {
+void segment_heap::free_all() {
   if (totals_.pieces_out != 0 || !spans_.records.empty())
     throw invalid_argument(fmt::format(
-        "refpool: cannot release the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
+        "refpool: cannot free the segments of {}: {} pieces ({} B) and {} spans ({} B placed) are still out",
         backend_.name(), totals_.pieces_out - placed_spans(), totals_.used - totals_.spanned, spans_.records.size(),
         totals_.spanned));
-  while (!segments_.empty()) release_segment(*segments_.back());
+  while (!segments_.empty()) free_segment(*segments_.back());
 }
 
-std::size_t segment_heap::release_segment(segment& seg) {
+std::size_t segment_heap::free_segment(segment& seg) {
   range* r = seg.first;  // the only range: the segment has no piece, and free neighbours merge
   stream_ref last_stream{};
   // A stream-ordered free (cuMemFreeAsync) waits for its own stream only.
@@ -145,7 +145,7 @@ std::size_t segment_heap::release_segment(segment& seg) {
   if (seg.virtual_memory()) {
     // Each commit goes whole (a GPU unmaps whole mappings), then the reservation.
     const std::size_t commits = seg.vm.commits().size();
-    seg.vm.release();
+    seg.vm.free_reservation();
     totals_.physical -= commits;
     events_.decommits += commits;
     // Address space came back: a refused size may fit now (one refused call if it still does not).
@@ -158,7 +158,7 @@ std::size_t segment_heap::release_segment(segment& seg) {
   totals_.committed -= bytes;
   totals_.reserved -= seg.reserved;
   events_.trimmed_bytes += bytes;
-  ++events_.segments_released;
+  ++events_.segments_freed;
   drop_segment(seg);
   return bytes;
 }

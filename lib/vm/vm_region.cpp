@@ -36,7 +36,7 @@ vm_region vm_region::reserve(backend_state& backend, virtual_memory& vm, std::si
 
 vm_region& vm_region::operator=(vm_region&& other) noexcept {
   if (this != &other) {
-    release();
+    free_reservation();
     backend_ = std::exchange(other.backend_, nullptr);
     vm_ = std::exchange(other.vm_, nullptr);
     base_ = std::exchange(other.base_, 0);
@@ -80,7 +80,7 @@ void vm_region::decommit(std::size_t index) noexcept {
   backend_->count_decommit(c.bytes);
 }
 
-void vm_region::release() noexcept {
+void vm_region::free_reservation() noexcept {
   if (vm_ == nullptr) return;
   // The last commit first: a heap's tail goes before its start, as it was made.
   while (!commits_.empty()) decommit(commits_.size() - 1);

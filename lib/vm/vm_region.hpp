@@ -46,7 +46,7 @@ class vm_region {
   vm_region& operator=(vm_region&& other) noexcept;
   vm_region(const vm_region&) = delete;
   vm_region& operator=(const vm_region&) = delete;
-  ~vm_region() { release(); }
+  ~vm_region() { free_reservation(); }
 
   [[nodiscard]] explicit operator bool() const noexcept { return vm_ != nullptr; }
   [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
@@ -65,7 +65,7 @@ class vm_region {
   /// Decommits commit number `index`, whole, and stops counting its bytes.
   void decommit(std::size_t index) noexcept;
   /// Decommits every commit (one call each) and releases the range; the region is empty after.
-  void release() noexcept;
+  void free_reservation() noexcept;
   /// Forgets the range without giving anything back: its memory stays reserved and committed
   /// (for pieces a caller still holds after their heap is gone). The region is empty after.
   void abandon() noexcept;

@@ -204,7 +204,7 @@ int model::lease(model_cache& c, int thread) {
 }
 
 // Escapes: blocks handed out by this lease and still referenced when it ends.
-void model::give_back(model_cache& c, int s) {
+void model::end_lease(model_cache& c, int s) {
   model_slot& slot = c.slots[static_cast<std::size_t>(s)];
   slot.escapes += slot.live_in_epoch;
   slot.live_in_epoch = 0;
@@ -259,7 +259,7 @@ outcome model::close_frame(int closer, int owner, std::size_t index) {
   const model_frame f = frames[owner].back();
   frames[owner].pop_back();
   if (f.owns_run) finish_run(f.run);  // the run ends before its scope gives its slot back
-  if (!f.guard && f.owns) give_back(caches[static_cast<std::size_t>(f.cache)], f.lease);
+  if (!f.guard && f.owns) end_lease(caches[static_cast<std::size_t>(f.cache)], f.lease);
   return outcome::ok;
 }
 

@@ -252,7 +252,7 @@ class model {
                 const std::vector<std::pair<std::uint64_t, std::uint64_t>>& life);
   int copy_plan(int plan, int arena);
   bool new_arena(int c, int backend, void* stream, std::size_t bytes, int& arena);
-  void release_region(model_block& b, bool via_unsafe_free);
+  void put_back_region(model_block& b, bool via_unsafe_free);
 
   // Arenas as spans of a heap of spans alone (model_span_heap.cpp).
   model_span_heap& span_heap(int c, int backend);
@@ -270,7 +270,7 @@ class model {
   bool carve_with_retry(int c, int arena, std::size_t bytes, bool new_record);
   void reclaim_for_retry(int c, int backend);
   std::size_t trim_span_heap(int c, int backend, std::size_t keep);
-  void release_segment(model_span_heap& h, std::size_t seg);
+  void free_segment(model_span_heap& h, std::size_t seg);
   void give_back_span(int arena);
   void idle_span(int arena);
   [[nodiscard]] bool arena_unpinned(int arena) const;
@@ -295,7 +295,7 @@ class model {
   void enforce_limit(int c);
   void free_block(model_cache& c, std::uint64_t gid);  // to the backend, counted as a cache free
   int lease(model_cache& c, int thread);
-  void give_back(model_cache& c, int slot);
+  void end_lease(model_cache& c, int slot);
   void wait_for_streams(model_block& b, void* stream);
 
   event_log& log_;

@@ -289,7 +289,7 @@ void model::drop_ref(std::uint64_t gid, bool via_unsafe_free) {
     b.run = -1;
   }
   switch (b.kind) {
-    case block_kind::region: release_region(b, via_unsafe_free); return;
+    case block_kind::region: put_back_region(b, via_unsafe_free); return;
     case block_kind::direct:
       backend_free(b);
       blocks.erase(gid);

@@ -208,7 +208,7 @@ void model::settle_arenas(bool at_end_of_operation) {
     while (s < h->segments.size() && h->segments[s].base != e->ptr) ++s;
     if (h->segments[s].ranges.size() != 1 || h->segments[s].ranges[0].arena >= 0)
       fail(fmt::format("segment {} of backend {} freed, but a span of it is still held or idle", e->ptr, e->backend));
-    release_segment(*h, s);
+    free_segment(*h, s);
   }
   while (first_live_arena < arenas.size() &&
          (arenas[first_live_arena].span == span::gone ||
@@ -473,7 +473,7 @@ outcome model::replay_one(int run, int lease, const model_request& request, std:
   return o;
 }
 
-void model::release_region(model_block& b, bool via_unsafe_free) {
+void model::put_back_region(model_block& b, bool via_unsafe_free) {
   model_plan& p = plans[static_cast<std::size_t>(b.plan)];
   model_region& reg = p.regions[b.region];
   model_arena& a = arenas[static_cast<std::size_t>(p.arena)];

@@ -262,14 +262,14 @@ std::size_t model::trim_span_heap(int ci, int backend, std::size_t keep) {
             (pick == h.segments.size() || h.segments[s].last_use < h.segments[pick].last_use))
           pick = s;
       if (pick == h.segments.size()) break;
-      release_segment(h, pick);
+      free_segment(h, pick);
     }
     return span_heap_free_bytes(h);
   }
   return 0;
 }
 
-void model::release_segment(model_span_heap& h, std::size_t si) {
+void model::free_segment(model_span_heap& h, std::size_t si) {
   const model_heap_segment seg = h.segments[si];
   const std::vector<void*>& streams = seg.ranges[0].streams;
   for (std::size_t i = 1; i < streams.size(); ++i) {
@@ -311,13 +311,13 @@ void model::give_back_span(int arena) {
   model_trace("arena {}'s span given back", arena);
   a.span = model_arena::span_state::gone;
   a.memory = false;
-  // release_or_trim: with no span left every segment goes, the newest first; else a trim.
+  // free_or_trim: with no span left every segment goes, the newest first; else a trim.
   bool spans_left = false;
   for (const model_arena& x : arenas)
     spans_left = spans_left || (x.cache == h.cache && x.backend == h.backend &&
                                 x.span != model_arena::span_state::none && x.span != model_arena::span_state::gone);
   if (!spans_left) {
-    while (!h.segments.empty()) release_segment(h, h.segments.size() - 1);
+    while (!h.segments.empty()) free_segment(h, h.segments.size() - 1);
     return;
   }
   trim_span_heap(h.cache, h.backend, 0);

@@ -214,7 +214,7 @@ void span_shadow::finish() {
   totals.yields += heap_->stats().events.span_yields;
   for (owned& o : owned_) drop(o);
   check(true);
-  heap_->release_all();
+  heap_->free_all();
   if (be_.outstanding_bytes() != 0)
     fail(fmt::format("spans: leak: the backend has {} B out after everything went back", be_.outstanding_bytes()));
 }

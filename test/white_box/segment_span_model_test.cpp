@@ -172,7 +172,7 @@ TEST_CASE("random spans and pieces against a model", "[segments][spans][model]")
       yields += heap.stats().events.span_yields;
       f.failing->disarm();
       while (!out.empty()) give_back(out.size() - 1);
-      heap.release_all();
+      heap.free_all();
       CHECK(f.tracker->held() == 0);
       CHECK(f.tracker->reserved() == 0);
       CHECK(f.be.outstanding_bytes() == 0);

@@ -85,7 +85,7 @@ TEST_CASE("a held span is pinned: best fit never carves it, trim never decommits
   CHECK(st.pieces_out == 0);
   CHECK(st.committed_bytes == st.used_bytes + st.span_bytes + st.free_bytes);
   CHECK(st.committed_bytes >= s.bytes);
-  CHECK_THROWS_WITH(heap.release_all(), Catch::Contains("1 spans") && Catch::Contains("still out"));
+  CHECK_THROWS_WITH(heap.free_all(), Catch::Contains("1 spans") && Catch::Contains("still out"));
   heap.give_back_span(&s, {});
   CHECK(heap.stats().spans == 0);
   heap.trim(0);
@@ -135,7 +135,7 @@ TEST_CASE("an idle span yields its bytes when its pool would grow: no backend ca
   for (const auto& piece : {after, p->p, big}) heap.give_back(piece, {});
   heap.give_back_span(&held, {});
   heap.give_back_span(&idle, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(f.be.outstanding_bytes() == 0);
 }
 
@@ -162,7 +162,7 @@ TEST_CASE("idle spans yield least recently idle first, and only to growth of the
   heap.give_back(p, {});
   heap.give_back(pin, {});
   for (segment_span* s : {&small, &older, &newer}) heap.give_back_span(s, {});
-  heap.release_all();
+  heap.free_all();
 }
 
 TEST_CASE("a yielded span is held again at home, committing what trim decommitted there", "[segments][spans]") {
@@ -204,7 +204,7 @@ TEST_CASE("a yielded span is held again at home, committing what trim decommitte
   heap.give_back(before, {});
   heap.give_back(after, {});
   heap.give_back_span(&s, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(f.tracker->held() == 0);
 }
 
@@ -263,7 +263,7 @@ TEST_CASE("a span grows in place into free bytes and holes after it, never over 
   CHECK(stamped({s.address(), 4 * MiB, 0, s.node}, 0x4));
   heap.check();
   heap.give_back_span(&s, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(f.tracker->held() == 0);
 }
 
@@ -286,7 +286,7 @@ TEST_CASE("without virtual memory spans are pieces of backend allocations, held 
   CHECK(s.home == home);
   heap.check();
   heap.give_back_span(&s, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(f.tracker->held() == 0);
 }
 
@@ -324,7 +324,7 @@ TEST_CASE("out of memory and backend errors while a span is placed leave the hea
   heap.give_back(before, {});
   heap.give_back(after, {});
   heap.give_back_span(&s, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(f.tracker->held() == 0);
 }
 
@@ -358,7 +358,7 @@ TEST_CASE("the Nth backend call of a span's life fails, for every N: consistent,
       for (const auto& p : pieces) heap.give_back(p, {});
       if (s != nullptr) heap.give_back_span(s, {});
       const bool injected = f.failing->injected() != 0;
-      heap.release_all();
+      heap.free_all();
       heap.check();
       if (!injected) break;
     }

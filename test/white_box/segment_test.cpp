@@ -479,7 +479,7 @@ TEST_CASE("trim gives whole free segments back, least recently used first", "[se
   CHECK(heap.trim(0) == 2 * MiB);
   const auto st = heap.stats();
   CHECK(st.segments == 0);
-  CHECK(st.events.segments_released == 2);
+  CHECK(st.events.segments_freed == 2);
   CHECK(st.events.trimmed_bytes == 4 * MiB);
   CHECK(f.be.outstanding_bytes() == 0);
   CHECK(f.tracker->allocated() == 0);
@@ -564,24 +564,24 @@ TEST_CASE("trim decommits free commits of a grown segment, in the middle and at 
   CHECK(f.tracker->bad_releases() == 0);
 }
 
-TEST_CASE("release_all refuses while a piece is out, and changes nothing", "[segments][trim]") {
+TEST_CASE("free_all refuses while a piece is out, and changes nothing", "[segments][trim]") {
   heap_fixture f;
   segment_heap heap(f.be, vm_options());
   const auto a = must_carve(heap, 100 * KiB);
   const auto b = must_carve(heap, 5 * MiB);
   stamp(a, 1);
   stamp(b, 2);
-  CHECK_THROWS_WITH(heap.release_all(), Catch::Contains("2 pieces") && Catch::Contains("still out"));
+  CHECK_THROWS_WITH(heap.free_all(), Catch::Contains("2 pieces") && Catch::Contains("still out"));
   CHECK(heap.stats().segments == 2);
   CHECK(stamped(a, 1));
   CHECK(stamped(b, 2));
   heap.give_back(a, {});
   heap.give_back(b, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(heap.stats().segments == 0);
   CHECK(f.tracker->held() == 0);
   CHECK(f.tracker->reserved() == 0);
-  const auto again = must_carve(heap, 64 * KiB);  // usable after release_all
+  const auto again = must_carve(heap, 64 * KiB);  // usable after free_all
   heap.give_back(again, {});
   heap.check();
 }
@@ -757,7 +757,7 @@ TEST_CASE("the Nth backend call fails, for every N: the heap stays consistent an
         CHECK((vm && how == fault_schedule::failure::out_of_memory));
         ++absorbed;
       }
-      heap.release_all();
+      heap.free_all();
       heap.check();
       if (!injected) break;
     }

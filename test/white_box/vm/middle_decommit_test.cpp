@@ -95,7 +95,7 @@ TEST_CASE("trim decommits a free commit in the middle; growth commits the hole b
   CHECK(heap.stats().committed_bytes == 10 * MiB);
   heap.check();
   for (const auto& q : {p[0], p[2], d, e}) heap.give_back(q, {});
-  heap.release_all();
+  heap.free_all();
   CHECK(f.tracker->held() == 0);
   CHECK(f.tracker->reserved() == 0);
 }

@@ -409,7 +409,7 @@ TEST_CASE("vm_region: each call's failure rule", "[vm]") {
     CHECK(f.tracker->reserved() == 0);
     CHECK(f.be.outstanding_bytes() == 0);
     // Released with nothing committed: no decommit at all (an arena's first commit failed).
-    vm_region().release();
+    vm_region().free_reservation();
     { vm_region empty = vm_region::reserve(state, vm, 2 * g); }
     CHECK(f.tracker->decommits() == 2);
     CHECK(f.tracker->bad_releases() == 0);
