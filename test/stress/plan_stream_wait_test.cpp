@@ -51,22 +51,26 @@ struct checked_cache {
   std::shared_ptr<stream_wait_checker> checker = std::make_shared<stream_wait_checker>();
   backend be{checker};
   alloc_cache cache{cache_options{}};
-  std::string wrong;  // what the checker found, all cases' threads joined
+  std::string wrong;  // what the checker found (the first of it), all cases' threads joined
+
+  void note(const std::string& found) {
+    if (wrong.size() < 1000) wrong += found;
+  }
 
   data_ref take(std::size_t bytes, stream_ref s = compute) {
     data_ref r = allocate(be, bytes, s);
-    wrong += checker->take(r, s);
+    note(checker->take(r, s));
     return r;
   }
   data_ref take_from_cache(std::size_t bytes, stream_ref s = compute) {  // a step's request
     data_ref r = cache.allocate(be, bytes, s);
-    wrong += checker->take(r, s);
+    note(checker->take(r, s));
     return r;
   }
   void lend(const data_ref& r, std::initializer_list<stream_ref> streams) {
     for (stream_ref s : streams) checker->record_stream(r, s);
   }
-  void release(data_ref& r) { wrong += checker->release(r); }
+  void release(data_ref& r) { note(checker->release(r)); }
 };
 
 enum class drop { reset, unsafe_free, free_pointer };
@@ -99,8 +103,7 @@ TEST_CASE("a region released after record_stream goes out again after the lent s
     c.lend(b, {copy});
     c.release(b);  // the next run's a is placed over it
   }
-  CHECK(c.wrong.empty());
-  INFO(c.wrong);
+  CHECK(c.wrong == "");
   CHECK(c.checker->missed() == 0);
   const cache_stats st = c.cache.stats();
   CHECK(st.plan_hits == 2 * (runs - 2));  // two runs record, the rest replay
@@ -125,14 +128,14 @@ TEST_CASE("a region released on another thread after record_stream: the next reg
       c.lend(a, {side});
       wrong = release_by(*c.checker, a, how);
     }).join();
-    c.wrong += wrong;
+    c.note(wrong);
     data_ref b = c.take(32 * KiB);
     c.release(b);
   }
-  CHECK(c.wrong.empty());
-  INFO(c.wrong);
+  CHECK(c.wrong == "");
   CHECK(c.cache.stats().plan_hits == 2 * (runs - 2));
-  CHECK(c.checker->checked() == 2 * runs - 2);  // as above
+  // As above; after unsafe_free the first replay's a may land over such a buffer too.
+  CHECK(c.checker->checked() >= 2 * runs - 2);
 }
 
 TEST_CASE("a pinned region released with record_stream in the middle of the next run: that run's region over it waits",
@@ -156,7 +159,7 @@ TEST_CASE("a pinned region released with record_stream in the middle of the next
           c.lend(kept, {side});
           wrong = c.checker->release(kept);
         }).join();
-        c.wrong += wrong;
+        c.note(wrong);
       } else {
         c.lend(kept, {side});
         c.release(kept);
@@ -167,8 +170,7 @@ TEST_CASE("a pinned region released with record_stream in the middle of the next
   }
   c.lend(kept, {side});
   c.release(kept);
-  CHECK(c.wrong.empty());
-  INFO(c.wrong);
+  CHECK(c.wrong == "");
   const cache_stats st = c.cache.stats();
   CHECK(st.plan_hits == 2 * (runs - 2));
   CHECK(st.escapes == static_cast<std::uint64_t>(runs));
@@ -194,11 +196,10 @@ TEST_CASE("a step's region released on the step's thread after record_stream: a 
       c.lend(b, {copy});
       wrong = c.checker->release(b);
     }).join();
-    c.wrong += wrong;
+    c.note(wrong);
     st.end();
   }
-  CHECK(c.wrong.empty());
-  INFO(c.wrong);
+  CHECK(c.wrong == "");
   CHECK(c.cache.stats().plan_hits == 2 * (steps - 2));
   CHECK(c.checker->checked() == 2 * steps - 2);  // as in the first case
 }
@@ -207,10 +208,7 @@ namespace {
 
 // The racing case's two threads. The replaying thread hands each run's kept buffer over (put),
 // and in its next run says when it is about to ask for that region again (go). The releasing
-// thread takes the buffer, waits for the word, pauses, and drops it. The pause is adjusted each
-// round (a staircase on the replaying thread's report: a region taken back means the drop came
-// early, so pause longer; a miss, shorter), so that drops keep landing where the run takes the
-// region.
+// thread takes the buffer, waits for the word, and drops it after a short random pause.
 class race_line {
  public:
   void put(data_ref r) {
@@ -233,9 +231,6 @@ class race_line {
   void wait_go(std::uint64_t n) const {
     wait_until([&] { return go_.load(std::memory_order_acquire) >= n || closed_.load(std::memory_order_acquire); });
   }
-  /// The replaying thread's report on the last round: was the region taken back?
-  void report(bool taken) { early_.store(taken, std::memory_order_relaxed); }
-  [[nodiscard]] bool early() const { return early_.load(std::memory_order_relaxed); }
 
  private:
   /// Spins a while (the other thread is near), then yields (it was descheduled: two cores).
@@ -249,7 +244,6 @@ class race_line {
   std::atomic<bool> full_{false};
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> go_{0};
-  std::atomic<bool> early_{false};
 };
 
 void spin(unsigned n) {
@@ -269,22 +263,24 @@ TEST_CASE("record_stream releases racing replays: no region goes out without the
   checked_cache c;
   race_line line;
   std::string released_wrong;
-  unsigned pause_mean = 0, longest = 0;
   std::thread releaser([&] {
     std::mt19937 rng(7);
-    unsigned pause = 0;
     std::uint64_t n = 0;
     data_ref r;
     while (line.take(r)) {
       line.wait_go(++n);
-      pause = line.early() ? pause + 2 : (pause > 2 ? pause - 2 : 0);
-      spin(pause + rng() % 16);
+      spin(rng() % 16);
       c.lend(r, {side});
       released_wrong += c.checker->release(r);
-      pause_mean += pause;
-      longest = std::max(longest, pause);
     }
   });
+  // The replaying thread waits `lead` after its word. A round races when the last run kept the
+  // region (it took it back): then a region taken again means the drop came first, so the lead
+  // shrinks; a miss, it grows (a staircase: drops keep landing where the run takes the region).
+  // After a miss the drop lands in the same run, which idles the arena at its end, and the next run
+  // takes the region back through the segment heap's wait: no race.
+  unsigned lead = 0, races = 0;
+  bool kept_region = false;
   const int runs = rounds(3000);
   std::uint64_t handed = 0;
   for (int i = 0; i < runs; ++i) {
@@ -292,9 +288,15 @@ TEST_CASE("record_stream releases racing replays: no region goes out without the
     data_ref x = c.take(16 * KiB);
     const std::uint64_t hits = c.cache.stats().plan_hits;
     line.go(handed);
+    spin(lead);
     data_ref y = allocate(c.be, 64 * KiB, compute);  // checked below, after the race
-    c.wrong += c.checker->take(y, compute);
-    line.report(c.cache.stats().plan_hits > hits);
+    c.note(c.checker->take(y, compute));
+    const bool taken = c.cache.stats().plan_hits > hits;
+    if (kept_region) {
+      ++races;
+      lead = taken ? (lead > 4 ? lead - 4 : 0) : lead + 4;
+    }
+    kept_region = taken;
     c.release(x);
     s.close();
     line.put(std::move(y));
@@ -302,11 +304,11 @@ TEST_CASE("record_stream releases racing replays: no region goes out without the
   }
   line.close();
   releaser.join();
-  c.wrong += released_wrong;
-  CHECK(c.wrong.empty());
-  INFO(c.wrong);
+  c.note(released_wrong);
+  CHECK(c.checker->missed() == 0);
+  CHECK(c.wrong == "");
   const cache_stats st = c.cache.stats();
-  CAPTURE(st.plan_hits, st.plan_misses, st.plan_busy_runs, pause_mean / static_cast<unsigned>(runs), longest);
+  CAPTURE(st.plan_hits, st.plan_misses, st.plan_busy_runs, races, lead);
   // Enough runs took the region back to have raced its release (a loaded machine shifts the share).
   CHECK(st.plan_hits > static_cast<std::uint64_t>(runs / 10));
   CHECK(c.checker->checked() > static_cast<std::uint64_t>(runs / 10));
