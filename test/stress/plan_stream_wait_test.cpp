@@ -110,9 +110,10 @@ TEST_CASE("a region released after record_stream goes out again after the lent s
   CHECK(c.checker->missed() == 0);
   const cache_stats st = c.cache.stats();
   CHECK(st.plan_hits == 2 * (runs - 2));  // two runs record, the rest replay
-  // Each b over a, each a over the last run's b: every hand-out was checked, but the first and the
-  // first replay's a (the arena's bytes are new to it).
-  CHECK(c.checker->checked() == 2 * runs - 2);
+  // Each b over a, each a over the last run's b: every hand-out was checked, but the first and
+  // perhaps the first replay's a (the arena's bytes are new to it, unless the host allocator gave
+  // it those of the plain blocks its first claim freed).
+  CHECK(c.checker->checked() >= 2 * runs - 2);
 }
 
 TEST_CASE("a region released on another thread after record_stream: the next region over its bytes waits",
@@ -137,8 +138,7 @@ TEST_CASE("a region released on another thread after record_stream: the next reg
   }
   CHECK(c.wrong == "");
   CHECK(c.cache.stats().plan_hits == 2 * (runs - 2));
-  // As above; after unsafe_free the first replay's a may land over such a buffer too.
-  CHECK(c.checker->checked() >= 2 * runs - 2);
+  CHECK(c.checker->checked() >= 2 * runs - 2);  // as above
 }
 
 TEST_CASE("a pinned region released with record_stream in the middle of the next run: that run's region over it waits",
@@ -178,9 +178,9 @@ TEST_CASE("a pinned region released with record_stream in the middle of the next
   CHECK(st.plan_hits == 2 * (runs - 2));
   CHECK(st.escapes == static_cast<std::uint64_t>(runs));
   // From the second run on, each x and each kept buffer is over the last run's (the first replay's
-  // over nothing: the arena's bytes are new to it). From the fourth, the kept one is the pinned
-  // region the run released.
-  CHECK(c.checker->checked() == 2 * (runs - 1) - 2);
+  // perhaps not: as in the first case). From the fourth, the kept one is the pinned region the run
+  // released.
+  CHECK(c.checker->checked() >= 2 * (runs - 1) - 2);
 }
 
 TEST_CASE("a step's region released on the step's thread after record_stream: a worker's region over it waits",
@@ -204,7 +204,7 @@ TEST_CASE("a step's region released on the step's thread after record_stream: a 
   }
   CHECK(c.wrong == "");
   CHECK(c.cache.stats().plan_hits == 2 * (steps - 2));
-  CHECK(c.checker->checked() >= 2 * steps - 2);  // as in the first case (a worker's slot may add one)
+  CHECK(c.checker->checked() >= 2 * steps - 2);  // as in the first case
 }
 
 namespace {
