@@ -7,7 +7,10 @@
 // overlap the new one and that was released: for each stream it was used on (its own and the
 // recorded ones) other than the new one's, the calls logged between that release and this
 // take must order the new stream after it (directly, through other streams, or by a
-// synchronize). A take that overlaps a buffer still live is reported too.
+// synchronize). A take that overlaps a buffer still live is reported too. Bytes freed to the
+// backend are checked the same way against the stream they are freed on, and forgotten. It offers
+// no virtual memory (the cache's segments are then backend allocations): a decommit would
+// be a free it does not see.
 //
 // Numbers are taken under the checker's mutex: a release is numbered before the handle is
 // dropped (every call made after that number came after the buffer's last use), a take after the
@@ -42,6 +45,43 @@ class stream_wait_checker final : public forwarding_resource {
     forwarding_resource::order_streams(producer, consumer);
     std::lock_guard guard(mutex_);
     log_.push_back({++clock_, producer, consumer, false});
+  }
+  /// Refuses the next `n` allocations (out of memory: the cache reclaims and retries).
+  void refuse_allocations(int n) { refusals_.store(n); }
+  void* allocate(std::size_t bytes, stream_ref stream) override {
+    for (int n = refusals_.load(); n > 0;)
+      if (refusals_.compare_exchange_weak(n, n - 1)) return nullptr;
+    return forwarding_resource::allocate(bytes, stream);
+  }
+  /// Bytes going back to the backend: every stream an earlier buffer in them was used on must be
+  /// ordered before `stream`, the one they are freed on (the backend reuses them after that
+  /// stream's work, as cuMemFreeAsync does). Their records end here: what the backend hands out
+  /// again is the backend's to order. A live buffer in them is reported too (problems()).
+  void deallocate(void* ptr, std::size_t bytes, stream_ref stream) noexcept override {
+    {
+      const auto from = reinterpret_cast<std::uintptr_t>(ptr);
+      const std::uintptr_t to = from + bytes;
+      std::lock_guard guard(mutex_);
+      const std::uint64_t now = ++clock_;
+      std::erase_if(buffers_, [&](const buffer& b) {
+        if (b.to <= from || to <= b.from) return false;
+        if (b.released == 0) {
+          problems_ += fmt::format("bytes [{:#x}, {:#x}) freed under a live buffer [{:#x}, {:#x}); ", from, to,
+                                   b.from, b.to);
+          return false;
+        }
+        for (stream_ref s : b.streams) {
+          if (s == stream || ordered_after(s, stream, b.released, now)) continue;
+          ++missed_;
+          problems_ += fmt::format("bytes [{:#x}, {:#x}) freed on stream {} without a wait for stream {}, which "
+                                   "used [{:#x}, {:#x}) until its release (#{}; now #{}); ",
+                                   from, to, name(stream), name(s), b.from, b.to, b.released, now);
+        }
+        return true;
+      });
+    }
+    forwarding_resource::deallocate(ptr, bytes, stream);
+    freed_.fetch_add(bytes);
   }
   void synchronize() override {
     forwarding_resource::synchronize();
@@ -107,12 +147,19 @@ class stream_wait_checker final : public forwarding_resource {
     return release(ref.data(), [&] { ref.reset(); });
   }
 
+  /// Bytes freed to the backend so far.
+  [[nodiscard]] std::size_t freed() const { return freed_.load(); }
+  /// What deallocate found wrong so far (empty when nothing).
+  [[nodiscard]] std::string problems() const {
+    std::lock_guard guard(mutex_);
+    return problems_;
+  }
   /// Takes that overlapped a released buffer (each checked against its streams).
   [[nodiscard]] std::uint64_t checked() const {
     std::lock_guard guard(mutex_);
     return checked_;
   }
-  /// Streams of released buffers that a take did not wait for.
+  /// Streams of released buffers that a take or a free did not wait for.
   [[nodiscard]] std::uint64_t missed() const {
     std::lock_guard guard(mutex_);
     return missed_;
@@ -170,6 +217,9 @@ class stream_wait_checker final : public forwarding_resource {
   std::deque<call> log_;
   std::vector<buffer> buffers_;
   std::uint64_t checked_ = 0, missed_ = 0;
+  std::string problems_;
+  std::atomic<int> refusals_{0};
+  std::atomic<std::size_t> freed_{0};
 };
 
 }  // namespace refpool::test
