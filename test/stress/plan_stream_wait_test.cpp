@@ -334,7 +334,7 @@ TEST_CASE("record_stream releases racing replays: no region goes out without the
   cpu_set_t was;
   const bool saved = sched_getaffinity(0, sizeof was, &was) == 0;
   pin_to_cpu(0);
-  const int runs = rounds(3000);
+  const int runs = rounds(10000);
   std::uint64_t handed = 0;
   for (int i = 0; i < runs; ++i) {
     scope s(c.cache, {.plan = "race"});
