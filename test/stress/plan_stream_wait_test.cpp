@@ -8,9 +8,10 @@
 //
 // The deterministic cases cover where the release happens (the run's own thread, another
 // thread, a pinned region of an earlier run released in the middle of the next, a step's region
-// released on the step's thread) and how (reset, unsafe_free, free_pointer). The race cases
-// release on one thread while another replays, many rounds: a wait read before the region's
-// state (the order take_region must keep) shows there, rarely.
+// released on the step's thread), how (reset, unsafe_free, free_pointer), and an idle arena's
+// bytes freed after its lent streams. The race case releases on one thread while another replays,
+// many rounds: the pending waits read before the region's state (the order take_region must not
+// have) show there in nearly every run (test/broken/README.md).
 #include <catch2/catch.hpp>
 
 #include <pthread.h>
@@ -21,12 +22,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include <refpool/pointer.hpp>
 #include <refpool/refpool.hpp>
@@ -321,7 +321,8 @@ TEST_CASE("record_stream releases racing replays: no region goes out without the
       line.wait_go(++n);
       spin(rng() % 16);
       c.lend(r, {side});
-      released_wrong += c.checker->release(r);
+      const std::string wrong = c.checker->release(r);
+      if (released_wrong.size() < 1000) released_wrong += wrong;
     }
   });
   // The replaying thread waits `lead` after its word. A round races when the last run kept the
@@ -364,9 +365,9 @@ TEST_CASE("record_stream releases racing replays: no region goes out without the
   CHECK(c.found() == "");
   const cache_stats st = c.cache.stats();
   CAPTURE(st.plan_hits, st.plan_misses, st.plan_busy_runs, races, lead);
-  // Every other run at least takes the region back (after a miss the region was dropped in that
-  // run): each was checked against the release before it.
-  CHECK(st.plan_hits >= static_cast<std::uint64_t>(runs + runs / 2 - 10));
+  // Each run's first request, and every other run's second at least (after a miss the region was
+  // dropped in that run), unless the releasing thread held the arena a moment (busy runs).
+  CHECK(st.plan_hits >= static_cast<std::uint64_t>(runs));
   // The staircase keeps about half the racing rounds taking the region back (the rest are served
   // by the plain cache). Where the two threads cannot run side by side (one core free on a loaded
   // machine) the drop always comes after the take: said, not asserted.
