@@ -207,7 +207,7 @@ TEST_CASE("an idle arena's bytes go back to the backend after the streams its la
   const std::size_t freed = c.checker->freed();
   c.checker->refuse_allocations(1);
   data_ref z = c.cache.allocate(c.be, 512 * KiB, copy);  // no scope: the plain cache
-  CHECK(c.checker->freed() - freed >= 256 * KiB);      // the span's bytes went
+  CHECK(c.checker->freed() - freed >= 256 * KiB);        // the span's bytes went
   z.reset();
   CHECK(c.found() == "");
   CHECK(c.checker->missed() == 0);

@@ -29,6 +29,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -66,17 +67,11 @@ class stream_wait_checker final : public forwarding_resource {
       std::erase_if(buffers_, [&](const buffer& b) {
         if (b.to <= from || to <= b.from) return false;
         if (b.released == 0) {
-          problems_ += fmt::format("bytes [{:#x}, {:#x}) freed under a live buffer [{:#x}, {:#x}); ", from, to,
-                                   b.from, b.to);
+          problems_ +=
+              fmt::format("bytes [{:#x}, {:#x}) freed under a live buffer [{:#x}, {:#x}); ", from, to, b.from, b.to);
           return false;
         }
-        for (stream_ref s : b.streams) {
-          if (s == stream || ordered_after(s, stream, b.released, now)) continue;
-          ++missed_;
-          problems_ += fmt::format("bytes [{:#x}, {:#x}) freed on stream {} without a wait for stream {}, which "
-                                   "used [{:#x}, {:#x}) until its release (#{}; now #{}); ",
-                                   from, to, name(stream), name(s), b.from, b.to, b.released, now);
-        }
+        problems_ += missing_waits(b, from, to, "freed on", stream, now);
         return true;
       });
     }
@@ -104,13 +99,7 @@ class stream_wait_checker final : public forwarding_resource {
                              from, to, name(stream), b.from, b.to);
         return false;
       }
-      for (stream_ref s : b.streams) {
-        if (s == stream || ordered_after(s, stream, b.released, now)) continue;
-        ++missed_;
-        wrong += fmt::format("bytes [{:#x}, {:#x}) handed out for stream {} without a wait for stream {}, which "
-                             "used [{:#x}, {:#x}) until its release (#{}; now #{}); ",
-                             from, to, name(stream), name(s), b.from, b.to, b.released, now);
-      }
+      wrong += missing_waits(b, from, to, "handed out for", stream, now);
       ++checked_;
       // Bytes it covers whole need no record of their own: a later user overlaps the new buffer,
       // and waiting for that buffer's stream waits for what it waited for.
@@ -124,7 +113,8 @@ class stream_wait_checker final : public forwarding_resource {
   void record_stream(const data_ref& ref, stream_ref stream) {
     ref.record_stream(stream);
     std::lock_guard guard(mutex_);
-    if (buffer* b = live_at(ref.data()); b != nullptr && std::find(b->streams.begin(), b->streams.end(), stream) == b->streams.end())
+    if (buffer* b = live_at(ref.data());
+        b != nullptr && std::find(b->streams.begin(), b->streams.end(), stream) == b->streams.end())
       b->streams.push_back(stream);
   }
   /// The live buffer at `data` (one the checker took) goes: numbered, then `drop()` (which drops
@@ -191,6 +181,21 @@ class stream_wait_checker final : public forwarding_resource {
     for (buffer& b : buffers_)
       if (b.released == 0 && b.from == at) return &b;
     return nullptr;
+  }
+  /// The streams of released buffer `b` that nothing ordered before `consumer` by `now`, when
+  /// bytes [from, to) go to it (`what`: "handed out for", "freed on"); each counts as missed.
+  std::string missing_waits(const buffer& b, std::uintptr_t from, std::uintptr_t to, std::string_view what,
+                            stream_ref consumer, std::uint64_t now) {
+    std::string out;
+    for (stream_ref s : b.streams) {
+      if (s == consumer || ordered_after(s, consumer, b.released, now)) continue;
+      ++missed_;
+      out += fmt::format(
+          "bytes [{:#x}, {:#x}) {} stream {} without a wait for stream {}, which used [{:#x}, {:#x}) until its "
+          "release (#{}; now #{}); ",
+          from, to, what, name(consumer), name(s), b.from, b.to, b.released, now);
+    }
+    return out;
   }
   /// Whether the calls numbered in (after, before) order `consumer` after `producer`'s work.
   bool ordered_after(stream_ref producer, stream_ref consumer, std::uint64_t after, std::uint64_t before) const {
