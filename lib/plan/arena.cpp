@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include <refpool/error.hpp>
 #include <refpool/resource.hpp>
 
 #include "cache/segment_source.hpp"
@@ -172,11 +173,16 @@ void arena::add_waits(const std::vector<stream_ref>& streams) {
   waits_pending_.store(!waits_.empty(), std::memory_order_release);
 }
 
-void arena::wait_for_pending(stream_ref consumer) {
+bool arena::wait_for_pending(stream_ref consumer) {
   std::lock_guard guard(waits_lock_);
-  for (auto it = waits_.begin(); it != waits_.end(); it = waits_.erase(it))
-    if (*it != consumer) memory_.backend->res().order_streams(*it, consumer);
+  try {
+    for (auto it = waits_.begin(); it != waits_.end(); it = waits_.erase(it))
+      if (*it != consumer) memory_.backend->res().order_streams(*it, consumer);
+  } catch (const stream_order_unavailable&) {
+    return false;
+  }
   waits_pending_.store(false, std::memory_order_release);
+  return true;
 }
 
 }  // namespace refpool::detail

@@ -112,9 +112,11 @@ class arena : public ref_counted<arena> {
   // ---- streams recorded on released regions (record_stream) -----------------------------------
   /// A region used on `streams` too was released: its bytes' next user waits for them.
   void add_waits(const std::vector<stream_ref>& streams);
-  /// Orders `consumer` after every pending stream (throws what order_streams throws; the
-  /// pending streams stay pending then).
-  void wait_for_pending(stream_ref consumer);
+  /// Orders `consumer` after every pending stream. False, with the streams not ordered yet still
+  /// pending, where order_streams cannot order them now (stream_order_unavailable: a graph
+  /// capture): the bytes must not go out on `consumer` then. Throws what else order_streams throws
+  /// (the same streams pending).
+  [[nodiscard]] bool wait_for_pending(stream_ref consumer);
   [[nodiscard]] bool waits_pending() const noexcept { return waits_pending_.load(std::memory_order_acquire); }
 
  private:

@@ -38,7 +38,9 @@ class replay_cursor {
     if (arena_ != nullptr) arena_->position.store(to, std::memory_order_relaxed);
   }
 
-  /// The region of the current plan at `at`; null when a live handle can still reach its bytes.
+  /// The region of the current plan at `at`; null when a live handle can still reach its bytes,
+  /// or when the streams its arena's released regions were lent to cannot be ordered before
+  /// `stream` now (a graph capture).
   /// `scan(at)` calls blocked(at) through the run (plan_run::blocked): a call here would need this
   /// cursor's address, which the compiler then computes and keeps on the stack for every request.
   template <class Scan>
@@ -63,7 +65,7 @@ class replay_cursor {
     // streams (record_stream) before it published the region free, so they are pending here. Checked
     // first, the flag could be read before such a release and the bytes handed out unordered.
     if (arena_->waits_pending()) [[unlikely]]
-      arena_->wait_for_pending(stream);
+      if (!arena_->wait_for_pending(stream)) return nullptr;  // not orderable now (a graph capture): a miss
     region_block& r = p.region_at(at);
     r.thread = thread_;
     r.refs.reset(1);

@@ -66,7 +66,8 @@ block* plan_run::acquire(slot* lease, backend_state& backend, std::size_t bytes,
       hits.store(hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       return b;
     }
-    // A live handle can still reach these bytes: this request alone goes to the plain cache.
+    // A live handle can still reach these bytes, or the streams they were lent to cannot be
+    // ordered before this one now (a graph capture): this request alone goes to the plain cache.
     misses.store(misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     recorder_.reserve();
     block* b = fallback(lease, backend, bytes, stream);

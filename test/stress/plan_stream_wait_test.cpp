@@ -122,6 +122,32 @@ TEST_CASE("a region released after record_stream goes out again after the lent s
   CHECK(c.checker->checked() >= 2 * runs - 2);
 }
 
+TEST_CASE("a replayed region whose lent streams cannot be ordered now (a graph capture) is a miss, not an error",
+          "[plan][streams][record_stream]") {
+  // In one replay the resource refuses every order, as a GPU resource does while a stream captures
+  // a graph: b, whose region lies over a's bytes lent to `side`, is served by the plain cache (a
+  // plan miss) instead of throwing stream_order_unavailable; `side` stays pending, and the next
+  // run's regions wait for it.
+  checked_cache c;
+  constexpr int runs = 6;
+  constexpr int refused_run = 3;  // a replay: the first two runs record
+  for (int i = 0; i < runs; ++i) {
+    scope s(c.cache, {.plan = "capture"});
+    data_ref a = c.take(64 * KiB);
+    c.lend(a, {side});
+    c.release(a);
+    c.checker->refuse_orders(i == refused_run);
+    data_ref b;
+    REQUIRE_NOTHROW(b = c.take(64 * KiB));
+    c.checker->refuse_orders(false);
+    c.release(b);
+  }
+  CHECK(c.found() == "");
+  const cache_stats st = c.cache.stats();
+  CHECK(st.plan_misses >= 1);
+  CHECK(st.plan_hits >= 2 * (runs - 2) - 1);
+}
+
 TEST_CASE("a region released on another thread after record_stream: the next region over its bytes waits",
           "[plan][streams][record_stream]") {
   const drop how = GENERATE(drop::reset, drop::unsafe_free, drop::free_pointer);

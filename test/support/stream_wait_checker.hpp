@@ -36,6 +36,7 @@
 #include <fmt/format.h>
 
 #include <refpool/data_ref.hpp>
+#include <refpool/error.hpp>
 #include "support/forwarding_resource.hpp"
 
 namespace refpool::test {
@@ -43,12 +44,17 @@ namespace refpool::test {
 class stream_wait_checker final : public forwarding_resource {
  public:
   void order_streams(stream_ref producer, stream_ref consumer) override {
+    // As a GPU resource refuses while one of the streams captures a graph: nothing is ordered.
+    if (refusing_orders_.load())
+      throw stream_order_unavailable("stream_wait_checker: orders refused (as during a graph capture)", 900);
     forwarding_resource::order_streams(producer, consumer);
     std::lock_guard guard(mutex_);
     log_.push_back({++clock_, producer, consumer, false});
   }
   /// Refuses the next `n` allocations (out of memory: the cache reclaims and retries).
   void refuse_allocations(int n) { refusals_.store(n); }
+  /// While on, order_streams throws stream_order_unavailable (a graph capture).
+  void refuse_orders(bool on) { refusing_orders_.store(on); }
   void* allocate(std::size_t bytes, stream_ref stream) override {
     for (int n = refusals_.load(); n > 0;)
       if (refusals_.compare_exchange_weak(n, n - 1)) return nullptr;
@@ -224,6 +230,7 @@ class stream_wait_checker final : public forwarding_resource {
   std::uint64_t checked_ = 0, missed_ = 0;
   std::string problems_;
   std::atomic<int> refusals_{0};
+  std::atomic<bool> refusing_orders_{false};
   std::atomic<std::size_t> freed_{0};
 };
 
