@@ -15,8 +15,10 @@ FIELDS = ("current", "peak", "allocated", "freed")
 # What refpool's hooks count ([kind][class][field], then num_ooms: _torch_hooks_stats.cpp's layout).
 HOOK_KINDS = ("allocation", "allocated_bytes", "requested_bytes")
 HOOK_STAT_COUNT = len(HOOK_KINDS) * len(CLASSES) * len(FIELDS) + 1
-# PyTorch keys that mean the same as another here: refpool never holds a freed block back for
-# pending stream work (it hands it out again behind a wait), so active == allocated.
+# PyTorch keys given another's value here: active == allocated. Not exact while record_stream
+# defers frees (_torch_hooks_deferred.cpp): PyTorch counts a block waiting for its streams' events as
+# active and no longer allocated; refpool's hooks count it as neither (the difference lasts until
+# the events complete).
 ALIASES = {"active": "allocation", "active_bytes": "allocated_bytes"}
 # refpool counters that are totals since the start (reset_accumulated_memory_stats keeps a baseline).
 ACCUMULATED = ("oom_retries", "backend_allocations", "segment_grows", "uncached_allocations", "backend_frees",
