@@ -1,0 +1,273 @@
+// The deferred frees of refpool's PyTorch hooks (python/refpool/_torch_hooks_deferred.cpp:
+// Tensor.record_stream under install()), built without PyTorch against stand-ins for the c10
+// headers it includes (torch_hooks_stub/) and run over a fault-injecting fake CUDA runtime defined
+// here: events complete after a set number of queries, fail on demand, and refuse a stream of
+// another device, as CUDA does. The real runtime and PyTorch run these paths in
+// test/python/test_torch.py on a GPU; this test keeps their bookkeeping (every block back to
+// refpool exactly once, never before its events) checked in CI, under the sanitizers too.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include "_torch_hooks.hpp"
+
+// ---- the fake runtime --------------------------------------------------------------------------
+
+struct CUevent_st {
+  std::atomic<int> queries_left{0};  // "not ready" this many more times
+  std::atomic<bool> poisoned{false};  // a query fails while queries are left and failures are on
+  int device = 0;
+};
+struct CUstream_st {
+  int device;
+};
+
+namespace {
+thread_local int current_device = 0;
+std::atomic<int> next_queries{0};  // queries_left of the next recorded event; < 0: random 0..3
+std::atomic<bool> failures_on{false};
+std::atomic<int> events_made{0};
+
+int random_below(int n) {
+  thread_local std::mt19937 random(std::random_device{}());
+  return static_cast<int>(random() % static_cast<unsigned>(n));
+}
+}  // namespace
+
+extern "C" {
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = new CUevent_st;  // never destroyed: the hooks keep their events for the process
+  (*event)->device = current_device;
+  ++events_made;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  const bool default_stream = stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+  if ((default_stream ? current_device : stream->device) != event->device) return cudaErrorInvalidResourceHandle;
+  const int queries = next_queries.load();
+  event->queries_left = queries < 0 ? random_below(4) : queries;
+  event->poisoned = queries < 0 && random_below(5) == 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (failures_on && event->poisoned && event->queries_left > 0) return cudaErrorLaunchFailure;
+  return event->queries_left.fetch_sub(1) > 0 ? cudaErrorNotReady : cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (failures_on && event->poisoned && event->queries_left > 0) return cudaErrorLaunchFailure;
+  event->queries_left = 0;
+  return cudaSuccess;
+}
+}
+
+namespace refpool_torch {
+bool capturing(void*) { return false; }  // _torch_hooks.cpp's; no capture here
+}  // namespace refpool_torch
+namespace c10::cuda {
+bool hasPrimaryContext(DeviceIndex) { return true; }
+}  // namespace c10::cuda
+
+// ---- refpool's side: which blocks it holds -------------------------------------------------------
+
+namespace {
+
+std::mutex blocks_mutex;
+// block -> held by a tensor (or pending), false: back in refpool. Never destroyed, as the blocks
+// and the hooks' state: they outlive static destruction, when a leak check runs.
+std::unordered_map<void*, bool>& served = *new std::unordered_map<void*, bool>;
+std::atomic<int> double_frees{0};
+
+void free_now(void* block) {
+  std::lock_guard guard(blocks_mutex);
+  if (!served[block]) ++double_frees;
+  served[block] = false;
+}
+
+bool held(void* block) {
+  std::lock_guard guard(blocks_mutex);
+  return served[block];
+}
+
+// A block for a new tensor: one refpool holds, or a new one. Blocks live for the process.
+void* serve(std::mt19937& random) {
+  std::lock_guard guard(blocks_mutex);
+  for (auto& [block, taken] : served)
+    if (!taken && random() % 2 == 0) {
+      taken = true;
+      return block;
+    }
+  void* block = new std::uint64_t[2];
+  served[block] = true;
+  return block;
+}
+
+// The free hook's path: the block's recorded streams, then deferred or freed now.
+void free_hook(void* block, cudaStream_t allocated_on) {
+  std::vector<void*> uses = refpool_torch::take_stream_uses(block);
+  if (uses.empty() || !refpool_torch::defer_free(block, 0, allocated_on, uses)) free_now(block);
+}
+
+CUstream_st compute{0}, side{0}, other_device{1};
+
+void drain() {
+  failures_on = false;
+  refpool_torch::free_all_pending(free_now);
+  REQUIRE_FALSE(refpool_torch::frees_pending());
+}
+
+}  // namespace
+
+TEST_CASE("a block recorded on another stream goes back to refpool once its event completed, not before",
+          "[torch][record_stream]") {
+  std::mt19937 random(1);
+  next_queries = 2;
+  void* block = serve(random);
+  refpool_torch::forget_stream_uses(block);
+  refpool_torch::note_stream_use(block, &side);
+  free_hook(block, &compute);
+  CHECK(refpool_torch::frees_pending());
+  refpool_torch::free_completed(free_now);  // not ready
+  refpool_torch::free_completed(free_now);  // not ready
+  CHECK(held(block));
+  refpool_torch::free_completed(free_now);
+  CHECK_FALSE(held(block));
+  CHECK_FALSE(refpool_torch::frees_pending());
+  CHECK(double_frees == 0);
+}
+
+TEST_CASE("a record on the allocation's own stream defers nothing; empty_cache's wait frees every pending block",
+          "[torch][record_stream]") {
+  std::mt19937 random(2);
+  next_queries = 1000;
+  void* own = serve(random);
+  refpool_torch::note_stream_use(own, &compute);
+  free_hook(own, &compute);
+  CHECK_FALSE(held(own));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) {
+    blocks.push_back(serve(random));
+    refpool_torch::note_stream_use(blocks.back(), &side);
+    free_hook(blocks.back(), &compute);
+  }
+  refpool_torch::free_completed(free_now);
+  for (void* b : blocks) CHECK(held(b));
+  refpool_torch::free_all_pending(free_now);  // synchronizes
+  for (void* b : blocks) CHECK_FALSE(held(b));
+  CHECK(double_frees == 0);
+}
+
+TEST_CASE("a note for memory refpool did not serve is forgotten when refpool serves that address",
+          "[torch][record_stream]") {
+  std::mt19937 random(3);
+  next_queries = 1000;
+  void* block = serve(random);
+  free_now(block);  // back in refpool: the address is now someone else's memory, say
+  refpool_torch::note_stream_use(block, &side);
+  block = [&] {  // refpool serves the address again (the malloc hook forgets its note)
+    std::lock_guard guard(blocks_mutex);
+    served[block] = true;
+    return block;
+  }();
+  refpool_torch::forget_stream_uses(block);
+  free_hook(block, &compute);
+  CHECK_FALSE(held(block));  // not deferred on the stale note's stream
+  CHECK_FALSE(refpool_torch::frees_pending());
+}
+
+TEST_CASE("a stream of another device: its event is that device's", "[torch][record_stream]") {
+  std::mt19937 random(4);
+  next_queries = 1;
+  const int made = events_made;
+  void* block = serve(random);
+  refpool_torch::note_stream_use(block, &other_device);
+  free_hook(block, &compute);
+  CHECK(refpool_torch::frees_pending());  // deferred, not freed at once after a refused record
+  CHECK(held(block));
+  drain();
+  CHECK_FALSE(held(block));
+  CHECK(events_made - made <= 2);  // the refused device's event went idle again, not lost
+}
+
+TEST_CASE("a failing event keeps its block pending, and the completed ones still go back",
+          "[torch][record_stream]") {
+  std::mt19937 random(5);
+  next_queries = -1;
+  failures_on = true;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 200; ++i) {
+    blocks.push_back(serve(random));
+    refpool_torch::note_stream_use(blocks.back(), &side);
+    free_hook(blocks.back(), &compute);
+  }
+  int thrown = 0;
+  for (int i = 0; i < 10; ++i) try {
+      refpool_torch::free_completed(free_now);
+    } catch (const std::exception&) {
+      ++thrown;
+    }
+  CHECK(thrown > 0);  // about a fifth of the events fail while they are not ready
+  drain();
+  for (void* b : blocks) CHECK_FALSE(held(b));
+  CHECK(double_frees == 0);
+}
+
+TEST_CASE("frees, records and polls from many threads: every block back exactly once", "[torch][record_stream][threads]") {
+  const bool cross = GENERATE(false, true);
+  const bool failing = GENERATE(false, true);
+  CAPTURE(cross, failing);
+  next_queries = -1;
+  std::atomic<int> thrown{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 random(static_cast<unsigned>(100 + t));
+      for (int i = 0; i < 3000; ++i) {
+        void* block = serve(random);
+        try {
+          if (refpool_torch::frees_pending())
+            (random() % 50 == 0 ? refpool_torch::free_all_pending : refpool_torch::free_completed)(free_now);
+        } catch (const std::exception&) {
+          ++thrown;
+        }
+        refpool_torch::forget_stream_uses(block);
+        cudaStream_t used = cross && random() % 3 == 0 ? &other_device : random() % 2 != 0 ? &side : nullptr;
+        refpool_torch::note_stream_use(block, used);
+        try {
+          free_hook(block, &compute);
+        } catch (const std::exception&) {  // the hook frees the block now (as _torch_hooks.cpp does)
+          ++thrown;
+          free_now(block);
+        }
+        if (failing && t == 0 && i % 300 == 0) failures_on = !failures_on;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  drain();
+  std::lock_guard guard(blocks_mutex);
+  for (const auto& [block, taken] : served) CHECK_FALSE(taken);
+  CHECK(double_frees == 0);
+  if (!failing) CHECK(thrown == 0);
+}
