@@ -224,13 +224,13 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   try {
     uses = refpool_torch::take_stream_uses(ptr);
     if (!uses.empty() && refpool_torch::defer_free(ptr, device, stream, uses)) return;
-    // Not deferred (a stream captures): refpool orders the next user's stream after these.
-    for (void* used_on : uses)
-      if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
   } catch (const std::exception& e) {  // a CUDA error recording the events (or no memory): free now, ordered
     std::fprintf(stderr, "refpool: record_stream's deferred free: %s\n", e.what());
-    for (void* used_on : uses) (void)api.record_stream(ptr, used_on);
   }
+  // Not deferred (a stream captures, or the events could not be recorded): refpool orders the next
+  // user's stream after these.
+  for (void* used_on : uses)
+    if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
   free_deferred(ptr);
 }
 
