@@ -125,13 +125,23 @@ void* serve(std::mt19937& random) {
   return block;
 }
 
+CUstream_st compute{0}, side{0}, other_device{1};
+
 // The free hook's path: the block's recorded streams, then deferred or freed now.
 void free_hook(void* block, cudaStream_t allocated_on) {
   std::vector<void*> uses = refpool_torch::take_stream_uses(block);
   if (uses.empty() || !refpool_torch::defer_free(block, 0, allocated_on, uses)) free_now(block);
 }
 
-CUstream_st compute{0}, side{0}, other_device{1};
+// A tensor's life as the hooks see it: served on `compute` (the malloc hook forgets any note for
+// the address), recorded on `used_on`, freed. Returns its block.
+void* record_and_free(std::mt19937& random, cudaStream_t used_on) {
+  void* block = serve(random);
+  refpool_torch::forget_stream_uses(block);
+  refpool_torch::note_stream_use(block, used_on);
+  free_hook(block, &compute);
+  return block;
+}
 
 void drain() {
   failures_on = false;
@@ -145,10 +155,7 @@ TEST_CASE("a block recorded on another stream goes back to refpool once its even
           "[torch][record_stream]") {
   std::mt19937 random(1);
   next_queries = 2;
-  void* block = serve(random);
-  refpool_torch::forget_stream_uses(block);
-  refpool_torch::note_stream_use(block, &side);
-  free_hook(block, &compute);
+  void* block = record_and_free(random, &side);
   CHECK(refpool_torch::frees_pending());
   refpool_torch::free_completed(free_now);  // not ready
   refpool_torch::free_completed(free_now);  // not ready
@@ -163,16 +170,10 @@ TEST_CASE("a record on the allocation's own stream defers nothing; empty_cache's
           "[torch][record_stream]") {
   std::mt19937 random(2);
   next_queries = 1000;
-  void* own = serve(random);
-  refpool_torch::note_stream_use(own, &compute);
-  free_hook(own, &compute);
+  void* own = record_and_free(random, &compute);
   CHECK_FALSE(held(own));
   std::vector<void*> blocks;
-  for (int i = 0; i < 5; ++i) {
-    blocks.push_back(serve(random));
-    refpool_torch::note_stream_use(blocks.back(), &side);
-    free_hook(blocks.back(), &compute);
-  }
+  for (int i = 0; i < 5; ++i) blocks.push_back(record_and_free(random, &side));
   refpool_torch::free_completed(free_now);
   for (void* b : blocks) CHECK(held(b));
   refpool_torch::free_all_pending(free_now);  // synchronizes
@@ -202,9 +203,7 @@ TEST_CASE("a stream of another device: its event is that device's", "[torch][rec
   std::mt19937 random(4);
   next_queries = 1;
   const int made = events_made;
-  void* block = serve(random);
-  refpool_torch::note_stream_use(block, &other_device);
-  free_hook(block, &compute);
+  void* block = record_and_free(random, &other_device);
   CHECK(refpool_torch::frees_pending());  // deferred, not freed at once after a refused record
   CHECK(held(block));
   drain();
@@ -218,11 +217,7 @@ TEST_CASE("a failing event keeps its block pending, and the completed ones still
   next_queries = -1;
   failures_on = true;
   std::vector<void*> blocks;
-  for (int i = 0; i < 200; ++i) {
-    blocks.push_back(serve(random));
-    refpool_torch::note_stream_use(blocks.back(), &side);
-    free_hook(blocks.back(), &compute);
-  }
+  for (int i = 0; i < 200; ++i) blocks.push_back(record_and_free(random, &side));
   int thrown = 0;
   for (int i = 0; i < 10; ++i) try {
       refpool_torch::free_completed(free_now);
