@@ -38,7 +38,7 @@ inline void cache_state::mark_live(slot& s, bucket& home, block* b, bool hit) no
 }
 
 // The fast paths are inlined into allocate() and last_reference_dropped(), the two calls a hit
-// and a release make; nothing else calls them.
+// and a release make, and into a probing run's requests (plan/run.cpp: the plain path, fingerprinted).
 #define REFPOOL_HIT_PATH inline __attribute__((always_inline))
 
 REFPOOL_HIT_PATH block* cache_state::try_hit(slot& s, const block_key& key, stream_ref stream) noexcept {
