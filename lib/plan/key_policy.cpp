@@ -14,17 +14,28 @@ namespace refpool::detail {
 
 // ---- the detector ---------------------------------------------------------------------------
 
-repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64_t fp, bool replayed) noexcept {
+repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64_t fp, bool replayed,
+                                                 std::size_t largest_capacity) noexcept {
   bool repeated = replayed;
-  for (std::size_t back = 1; back <= recent && !repeated && fp != fingerprint::unknown; ++back)
-    repeated = fingerprints_[(next_ + ring - back) % ring] == fp;
+  std::size_t far = 0;
+  for (std::size_t back = 1; back <= ring && !repeated && far == 0 && fp != fingerprint::unknown; ++back) {
+    if (fingerprints_[(next_ + ring - back) % ring] != fp) continue;
+    repeated = back <= capacity_;
+    far = repeated ? 0 : back;
+  }
   fingerprints_[next_] = fp;
+  far_[next_] = static_cast<std::uint8_t>(far);
   next_ = (next_ + 1) % ring;
   repeats_ = repeats_ << 1 | (repeated ? 1u : 0u);
   runs_in_mode_ += 1;
   const bool few = static_cast<unsigned>(std::popcount(repeats_)) < min_repeats;
   if (!passing_) {
     if (runs_in_mode_ < window || !few) return change::none;
+    if (const std::size_t grown = capacity_for_far_repeats(largest_capacity); grown != 0) {
+      capacity_ = grown;
+      runs_in_mode_ = 0;
+      return change::grow;
+    }
     passing_ = true;
     runs_in_mode_ = 0;
     pass_until_ = runs + next_pass_;
@@ -33,14 +44,31 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   if (runs < pass_until_ + window) return change::none;  // passing, or probing
   // The probe window ended: the last `window` runs were its probes.
   if (few) {
-    next_pass_ = std::min(2 * next_pass_, longest_pass);
-    pass_until_ = runs + next_pass_;
-    return change::none;
+    const std::size_t grown = capacity_for_far_repeats(largest_capacity);
+    if (grown == 0) {
+      next_pass_ = std::min(2 * next_pass_, longest_pass);
+      pass_until_ = runs + next_pass_;
+      return change::none;
+    }
+    capacity_ = grown;
   }
   passing_ = false;
   runs_in_mode_ = 0;
   next_pass_ = first_pass;
   return change::learn_again;
+}
+
+std::size_t repeat_detector::capacity_for_far_repeats(std::size_t largest_capacity) const noexcept {
+  unsigned count = 0;
+  std::size_t farthest = 0;
+  for (std::size_t back = 1; back <= window; ++back) {
+    const std::size_t d = far_[(next_ + ring - back) % ring];
+    count += d != 0 ? 1 : 0;
+    farthest = std::max(farthest, d);
+  }
+  // A power of two (fewer growths), where the budget allows one that reaches the farthest.
+  const std::size_t grown = std::min(std::bit_ceil(farthest), std::min(largest_capacity, ring));
+  return count >= min_repeats && grown >= farthest && grown > capacity_ ? grown : 0;
 }
 
 // ---- runs -----------------------------------------------------------------------------------
@@ -76,6 +104,11 @@ plan_run* plan_store::begin_run(std::string_view key, bool shared, pass_ticket& 
   return run;
 }
 
+std::size_t plan_store::largest_capacity(const key_state& key) noexcept {
+  const std::size_t budget = planned_requests_per_key / std::max<std::size_t>(key.longest_run, 1);
+  return std::clamp<std::size_t>(budget, repeat_detector::first_capacity, repeat_detector::ring);
+}
+
 void pass_ticket::end() noexcept {
   if (key_ != nullptr) std::exchange(store_, nullptr)->end_pass(std::exchange(key_, nullptr));
 }
@@ -84,7 +117,7 @@ void plan_store::end_pass(key_state* key) noexcept {
   std::lock_guard guard(mutex_);
   key->runs += 1;
   pass_runs_ += 1;
-  (void)key->repeats.observe(key->runs, fingerprint::unknown, false);
+  (void)key->repeats.observe(key->runs, fingerprint::unknown, false, largest_capacity(*key));
 }
 
 void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept {
@@ -100,6 +133,7 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     std::erase(active_, run);
     key->runs += 1;
     key->peak_plan_live = std::max(key->peak_plan_live, outcome.replayed_peak);
+    key->longest_run = std::max(key->longest_run, outcome.requests);
     // The first replay after a plan joined: what the recording runs left in the plain path (their
     // escapes, released during this run) has no use beside the arena. Only then: a paused key
     // whose runs alternate between replays and the plain cache would otherwise empty it each time.
@@ -109,12 +143,16 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
       auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
       if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
     }
-    const auto change = key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr);
+    const std::size_t capacity = key->repeats.capacity();
+    const auto change =
+        key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr, largest_capacity(*key));
     passing = change == repeat_detector::change::enter_pass;
     pass_entries_ += passing ? 1 : 0;
-    if (change == repeat_detector::change::learn_again) {
-      // Its traffic changed since it passed: a pause from before (against re-recording the old
-      // sequences) would keep it from recording, and so from repeating, and it would pass again.
+    capacity_growths_ += key->repeats.capacity() > capacity ? 1 : 0;
+    if (change == repeat_detector::change::learn_again || change == repeat_detector::change::grow) {
+      // Its traffic changed since it passed, or its loop is longer than it kept: a pause from
+      // before (against re-recording the sequences it could not keep) would keep it from
+      // recording, and so from repeating, and it would pass again.
       key->paused_until = key->runs;
       key->next_pause = first_pause;
       key->rerecordings = 0;

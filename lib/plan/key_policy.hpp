@@ -30,14 +30,14 @@ enum class run_kind : std::uint8_t {
 };
 
 /// The detector of one key: the fingerprints of its last runs, which of them repeated, and its
-/// mode. Guarded by the plan store's mutex.
+/// mode and plan capacity. Guarded by the plan store's mutex.
 class repeat_detector {
  public:
   /// Fingerprints kept (the reuse distances a key can see).
   static constexpr std::size_t ring = 64;
-  /// A run repeated when its fingerprint is among the last `recent` runs' (the plans a key keeps),
-  /// or it replayed a plan to its end.
-  static constexpr std::size_t recent = 16;
+  /// Plans (and pending recordings) a key keeps at first; the capacity grows to follow a loop of
+  /// more sequences, up to `ring`.
+  static constexpr std::size_t first_capacity = 16;
   /// Runs in a window: learn -> pass when fewer than `min_repeats` of the last `window` runs in
   /// learn repeated; a probe window of `window` runs with `min_repeats` or more learns again.
   static constexpr unsigned window = 32;
@@ -53,21 +53,34 @@ class repeat_detector {
     return runs < pass_until_ ? run_kind::pass : run_kind::probe;
   }
   [[nodiscard]] bool passing() const noexcept { return passing_; }
+  /// Plans the key keeps, and sequences it keeps pending: a run repeated when its fingerprint is
+  /// among the last `capacity()` runs' (or it replayed a plan to its end).
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
-  /// What a run's end changed.
-  enum class change : std::uint8_t { none, enter_pass, learn_again };
+  /// What a run's end changed. `grow`: the key's sequences come again, but further apart than its
+  /// capacity (24 shapes in turn): it keeps more plans now and stays learning.
+  enum class change : std::uint8_t { none, enter_pass, learn_again, grow };
   /// A run ended; `runs` counts it already. `fp`: its fingerprint (fingerprint::unknown when it
-  /// was not hashed); `replayed`: it replayed a plan to its end.
-  change observe(std::uint64_t runs, std::uint64_t fp, bool replayed) noexcept;
+  /// was not hashed); `replayed`: it replayed a plan to its end; `largest_capacity`: what the
+  /// capacity may grow to (the key's host-memory budget, at least first_capacity, at most ring).
+  change observe(std::uint64_t runs, std::uint64_t fp, bool replayed, std::size_t largest_capacity) noexcept;
 
  private:
+  /// At the end of a window with too few repeats: the capacity that would make the window's far
+  /// repeats (`min_repeats` or more, further than the capacity) near ones; 0 when none would.
+  [[nodiscard]] std::size_t capacity_for_far_repeats(std::size_t largest_capacity) const noexcept;
+
   std::array<std::uint64_t, ring> fingerprints_{};  ///< a ring: the last `ring` runs', newest at next_ - 1
+  /// Per run, in step with fingerprints_: how far back its fingerprint came before, where that
+  /// was further than the capacity then (0: nearer, or not at all).
+  std::array<std::uint8_t, ring> far_{};
   std::size_t next_ = 0;
   std::uint32_t repeats_ = 0;  ///< bit i: the run i runs ago repeated (the last 32 runs)
   std::uint64_t runs_in_mode_ = 0;
   bool passing_ = false;
   std::uint64_t pass_until_ = 0;   ///< pass: runs below this pass, the next `window` probe
   std::uint64_t next_pass_ = first_pass;
+  std::size_t capacity_ = first_capacity;
 };
 
 }  // namespace refpool::detail

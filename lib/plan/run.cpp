@@ -122,7 +122,9 @@ block* plan_run::serve_slow(slot* lease, backend_state& backend, std::size_t byt
     case mode::probe:  // without a lease (not a step's or scope's request)
     case mode::plain: {
       if (lease == nullptr) recorder_.reserve();
-      if (mode_.now == mode::probe) recorder_.probed(bytes);
+      // Hashed as a probe is: a run plain from its start (its key paused, its arena busy) still
+      // tells the detector whether its sequence came before (docs/design.md, "A key that does not repeat").
+      recorder_.probed(bytes);
       block* b = fallback(lease, backend, bytes, stream);
       if (lease == nullptr) track(b, request, at);  // its escape is counted by the run
       cursor_.advance(at + 1);

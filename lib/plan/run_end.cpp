@@ -21,7 +21,7 @@ void plan_run::finish() noexcept {
     out = finish_locked(started_with);
   }
   cursor_.leave_arena();  // its plans (started_with) keep it alive
-  // The store makes plans of the recording (placement, up to plans_per_key of them at once) and
+  // The store makes plans of the recording (placement, up to the key's capacity of them at once) and
   // grows arenas with the serving lock free: a thread whose request came through this run late
   // is served by the plain cache at once, not after them (issue 35: 10-23 s under ASan).
   store_.end_run(this, key_, out);
@@ -60,8 +60,11 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.unrecorded = !mode_.may_record && !mode_.busy && was == mode::plain;
   out.used = complete ? cursor_.current() : nullptr;
   out.replayed_peak = cursor_.replayed_peak();
+  out.requests = end;
   out.probed = was == mode::probe;
-  if (out.probed) out.fingerprint = recorder_.probe_fingerprint();
+  // A probe, or a run plain from its first request (paused, busy): every size it asked for was hashed.
+  const bool hashed = out.probed || (was == mode::plain && !mode_.diverged);
+  if (hashed) out.fingerprint = recorder_.probe_fingerprint();
   if (complete) out.fingerprint = cursor_.current()->fingerprint();
   // A run asked for nothing: the empty sequence. One whose requests all failed saw no sequence of
   // the key (unknown: no repeat), so that an out-of-memory storm does not read as a loop.

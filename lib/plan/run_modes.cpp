@@ -40,6 +40,7 @@ void plan_run::begin_with(const planned_request& request) {
 void plan_run::diverge() {
   misses.store(misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   cursor_.stop();
+  mode_.diverged = true;
   mode_.now = mode_.may_record ? mode::record : mode::plain;
 }
 

@@ -51,7 +51,7 @@ bool plan_store::adopt(key_state& key, recording* made, std::vector<plan*>& plan
     } else {
       try {
         key.pending.reserve(key.pending.size() + 1);
-        if (key.pending.size() >= plans_per_key) {
+        if (key.pending.size() >= key.repeats.capacity()) {
           dropped.push_back(key.pending.front());  // the oldest never came again
           key.pending.erase(key.pending.begin());
           rerecorded = true;
@@ -117,7 +117,7 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
       if (same != key.plans.end()) {
         drop(key, static_cast<std::size_t>(same - key.plans.begin()), dropped);  // stale: replaced
         rerecorded = true;
-      } else if (key.plans.size() >= plans_per_key) {
+      } else if (key.plans.size() >= key.repeats.capacity()) {
         const auto oldest = std::min_element(key.last_used.begin(), key.last_used.end());
         drop(key, static_cast<std::size_t>(oldest - key.last_used.begin()), dropped);
         rerecorded = true;

@@ -1,5 +1,5 @@
 // The plans of one cache, by key, and the policy that keeps them useful in real loops
-// (docs/design.md, "Planned scopes"): up to plans_per_key plans per key, least recently used
+// (docs/design.md, "Planned scopes"): up to a key's capacity of plans, least recently used
 // dropped first; a key that keeps re-recording is paused (its runs use the plain cache) with a
 // backoff; keys share one arena per backend and stream until their runs are seen to overlap in
 // time; arenas grow in place where the backend has virtual memory.
@@ -56,6 +56,7 @@ struct key_state {
   std::uint32_t rerecordings = 0;   ///< bit i: the run i runs ago re-recorded
   std::uint64_t paused_until = 0;   ///< no recording while runs < paused_until
   std::uint64_t next_pause = 0;     ///< length of the next pause, in runs
+  std::size_t longest_run = 0;      ///< the most requests a run of it made (its capacity's budget)
   /// The highest bytes of its regions live at once in a run ended since the last reset_peaks (its
   /// replayed plans' peaks), or live at that reset: this key's share of peak_allocated_bytes.
   std::size_t peak_plan_live = 0;
@@ -74,15 +75,21 @@ struct run_outcome {
   std::size_t replayed_peak = 0;  ///< the largest peak live bytes of the plans it replayed regions of
   bool probed = false;            ///< a probe of a key in pass: served by the plain cache, fingerprinted
   std::uint64_t fingerprint = fingerprint::unknown;  ///< its sequence's (repeat_detector::observe)
+  std::size_t requests = 0;                          ///< requests it served
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
 };
 
 class plan_store final : public cache_extension {
  public:
-  /// Plans kept per key: one per distinct sequence of a loop (variable lengths, several shapes).
-  /// Also the recordings kept pending per key (sequences seen once, waiting to come again).
-  static constexpr std::size_t plans_per_key = 16;
+  /// Plans kept per key at first: one per distinct sequence of a loop (variable lengths, several
+  /// shapes). Also the recordings kept pending per key (sequences seen once, waiting to come
+  /// again). A key whose sequences come again further apart keeps more (its detector's capacity),
+  /// up to repeat_detector::ring and `planned_requests_per_key` requests in all.
+  static constexpr std::size_t plans_per_key = repeat_detector::first_capacity;
+  /// The planned requests a key's plans may hold at once, by which its capacity grows no further:
+  /// a planned request takes about 264 B of host memory, so 2^18 are about 66 MiB a key.
+  static constexpr std::size_t planned_requests_per_key = std::size_t{1} << 18;
   /// A key whose last `thrash_window` runs re-recorded `thrash_rerecordings` times (a plan
   /// replaced by a recording of its own sequence, or dropped for a new one) is paused.
   static constexpr unsigned thrash_window = 16;
@@ -112,6 +119,11 @@ class plan_store final : public cache_extension {
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
   void reset_peaks() noexcept override;
+  /// Times a key's capacity grew (repeat_detector::change::grow, or learning again with more).
+  [[nodiscard]] std::uint64_t capacity_growths() const noexcept {
+    std::lock_guard guard(mutex_);
+    return capacity_growths_;
+  }
 
  private:
   struct arena_group {
@@ -127,7 +139,7 @@ class plan_store final : public cache_extension {
   /// hold up no request.
   bool adopt(key_state& key, recording* made, std::vector<plan*>& plans) noexcept;
   /// Adds `made` (adopted) to `key`, replacing its plan of the same sequence or the least
-  /// recently used one beyond plans_per_key. True when it replaced or dropped one (a re-recording).
+  /// recently used one beyond its capacity. True when it replaced or dropped one (a re-recording).
   /// Caller holds growth_mutex_ only.
   bool add_plan(key_state& key, plan* made) noexcept;
   void grow_and_install(key_state& key, plan* made, arena* old, std::size_t needed,
@@ -139,6 +151,8 @@ class plan_store final : public cache_extension {
   arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;
   [[nodiscard]] std::size_t needed_by(const arena* a) const noexcept;  // the largest plan bound to `a`
   void drop(key_state& key, std::size_t i, std::vector<plan*>& dropped) noexcept;
+  /// What `key`'s capacity may grow to: planned_requests_per_key over its longest run.
+  static std::size_t largest_capacity(const key_state& key) noexcept;
   /// The key's sequences do not repeat: its pending recordings and plans go, and an arena left
   /// with no plan of any key goes with its group (its memory once no run or region holds it).
   void enter_pass(key_state& key) noexcept;
@@ -153,7 +167,8 @@ class plan_store final : public cache_extension {
   std::vector<arena_group> groups_;
   std::vector<plan_run*> active_;  // runs begun and not ended (their counters are live)
   std::uint64_t hits_ = 0, misses_ = 0, recordings_ = 0, evictions_ = 0, pauses_ = 0, unrecorded_runs_ = 0,
-                busy_runs_ = 0, replacements_ = 0, pass_runs_ = 0, probe_runs_ = 0, pass_entries_ = 0;
+                busy_runs_ = 0, replacements_ = 0, pass_runs_ = 0, probe_runs_ = 0, pass_entries_ = 0,
+                capacity_growths_ = 0;
 };
 
 }  // namespace refpool::detail

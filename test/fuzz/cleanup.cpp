@@ -69,6 +69,7 @@ void session::cleanup() {
   all.pass_entries += pt.pass_entries;
   all.pass_runs += pt.pass_runs;
   all.learned_again += pt.learned_again;
+  all.capacity_growths += pt.capacity_growths;
   all.passing_recordings += pt.passing_recordings;
   all.failed_probes += pt.failed_probes;
   all.pauses_lifted += pt.pauses_lifted;

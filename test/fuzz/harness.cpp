@@ -73,12 +73,14 @@ void print_totals() {
       "{} stale plans, {} busy runs, {} pauses, {} plans dropped, {} arena segments made ({} freed; spans yielded {}, "
       "moved {}, extended {}, made again larger {}); {} steps, {} "
       "cache-level requests; escapes of dropped plans released last on the other thread during a run {}; "
-      "keys that passed {} ({} runs with no router), learned again {} ({} with a pause lifted); recordings of "
+      "keys that passed {} ({} runs with no router), learned again {} ({} with a pause lifted), kept more plans {}; "
+      "recordings of "
       "runs open at their key's pass entry {}; failed probe requests {}\n",
       all.plan_runs, all.region_hits, all.conflicts, all.divergences, all.recordings, all.run_escapes, all.stale,
       all.busy_runs, all.pauses, all.plan_evictions, all.arenas, all.arena_frees, all.span_yields, all.span_moves,
       all.span_extensions, all.span_remakes, all.steps, all.cache_level, all.dropped_escapes_released_elsewhere,
-      all.pass_entries, all.pass_runs, all.learned_again, all.pauses_lifted, all.passing_recordings, all.failed_probes);
+      all.pass_entries, all.pass_runs, all.learned_again, all.pauses_lifted, all.capacity_growths,
+      all.passing_recordings, all.failed_probes);
   fmt::print(stderr,
              "refpool fuzz: requests held in the backend while their cache was destroyed {}, their step ended {}, "
              "their cache reclaimed {}, a buffer released {} ({} through scopes); late frees of an address handed "

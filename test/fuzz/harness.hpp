@@ -26,8 +26,9 @@ struct totals {
                 busy_runs = 0, pauses = 0, arenas = 0, arena_frees = 0, span_yields = 0, span_moves = 0,
                 span_extensions = 0, span_remakes = 0, steps = 0, cache_level = 0, stale = 0, plan_evictions = 0;
   /// Keys whose sequences did not repeat: times one entered pass, its runs that passed (no router),
-  /// and times one learned again after its probes saw repeats (plan_loop_ops.cpp, op_plan_stream).
-  std::uint64_t pass_entries = 0, pass_runs = 0, learned_again = 0;
+  /// and times one learned again after its probes saw repeats (plan_loop_ops.cpp, op_plan_stream);
+  /// times a key's plan capacity grew to follow a loop longer than it kept.
+  std::uint64_t pass_entries = 0, pass_runs = 0, learned_again = 0, capacity_growths = 0;
   std::uint64_t passing_recordings = 0, failed_probes = 0, pauses_lifted = 0;  // fixes the model must check
   /// The last reference to an escaped region of a dropped plan, released on the other thread while
   /// a planned loop's run goes on (plan_loop_ops.cpp; issue 35).

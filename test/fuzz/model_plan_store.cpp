@@ -13,7 +13,6 @@ namespace refpool::test::fuzz {
 
 namespace {
 
-constexpr std::size_t plans_per_key = 16;
 constexpr unsigned thrash_window = 16;
 constexpr unsigned thrash_rerecordings = 4;
 constexpr std::uint64_t longest_pause = 4096;
@@ -109,6 +108,7 @@ void model::finish_run(int run) {
   store.probe_runs += was == mode::probe ? 1 : 0;
   model_key& k = store.keys[static_cast<std::size_t>(r.key)];
   k.runs += 1;
+  k.longest_run = std::max<std::size_t>(k.longest_run, end);
   if (complete) {
     auto it = std::find(k.plans.begin(), k.plans.end(), r.current);
     if (it != k.plans.end()) k.last_used[static_cast<std::size_t>(it - k.plans.begin())] = ++store.clock;
@@ -118,7 +118,7 @@ void model::finish_run(int run) {
   // sequence). Unknown otherwise (a learning run whose requests all failed among them).
   std::vector<std::size_t> sizes;
   bool hashed = end == 0 && !r.asked;
-  if (was == mode::probe) {
+  if (was == mode::probe || (was == mode::plain && !r.diverged && end != 0)) {  // a plain run: from its start
     sizes = r.probed;
     hashed = true;
   }
@@ -129,7 +129,7 @@ void model::finish_run(int run) {
   }
   const int change = observe_repeats(store, r.key, hashed ? model_fingerprint(sizes) : 0, complete);
   const bool passes = change == 1;
-  if (change == 2) {  // learning again: no pause from before its pass holds it back
+  if (change == 2 || change == 3) {  // learning again, or more plans kept: no pause from before holds it back
     plan_totals.pauses_lifted += k.paused_until > k.runs ? 1 : 0;
     k.paused_until = k.runs;
     k.next_pause = first_pause;
@@ -162,26 +162,58 @@ void model::finish_run(int run) {
 
 // ---- repeats ------------------------------------------------------------------------------
 
-// A run repeated when it replayed a plan to its end or its fingerprint is one of the last 16
-// runs'. Learning, a key whose last 32 runs (all in learn) repeated fewer than 4 times passes for
-// 64 runs; 32 probes follow; 4 repeats among them and it learns again, else it passes twice as
-// long (up to 4096 runs) and probes again.
+// A run repeated when it replayed a plan to its end or its fingerprint is one of the last
+// `capacity` runs' (16 at first); one that came further back (up to 64 runs) is a far repeat.
+// Learning, a key whose last 32 runs (all in learn) repeated fewer than 4 times passes for 64 runs,
+// unless 4 or more of them were far repeats and a capacity that reaches the farthest (a power of
+// two, at most 64 and 2^18 planned requests over its longest run) is larger: then it keeps that
+// many plans and learns on. Passing, 32 probes follow; 4 repeats among them (or far repeats, as
+// above) and it learns again, else it passes twice as long (up to 4096 runs) and probes again.
+// Returns 1 (passes), 2 (learns again), 3 (grew, learning) or 0.
 int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, bool replayed) {
   model_key& k = store.keys[static_cast<std::size_t>(key)];
   bool repeated = replayed;
-  for (std::size_t back = 1; back <= 16 && back <= k.fingerprints.size() && fp != 0; ++back)
-    repeated = repeated || k.fingerprints[k.fingerprints.size() - back] == fp;
+  std::size_t far = 0;
+  if (!replayed && fp != 0) {
+    for (std::size_t back = 1; back <= k.fingerprints.size(); ++back) {
+      if (k.fingerprints[k.fingerprints.size() - back] != fp) continue;
+      repeated = back <= k.capacity;
+      far = repeated ? 0 : back;
+      break;
+    }
+  }
   k.fingerprints.push_back(fp);
   k.repeated.push_back(repeated);
+  k.far.push_back(far);
   if (k.fingerprints.size() > 64) {
     k.fingerprints.erase(k.fingerprints.begin());
     k.repeated.erase(k.repeated.begin());
+    k.far.erase(k.far.begin());
   }
   k.runs_in_mode += 1;
   const std::size_t window = std::min<std::size_t>(32, k.repeated.size());
   const auto repeats = std::count(k.repeated.end() - static_cast<std::ptrdiff_t>(window), k.repeated.end(), true);
+  // The capacity the window's far repeats ask for, where it is larger than now (else 0).
+  const auto grown = [&]() -> std::size_t {
+    std::size_t count = 0, farthest = 0;
+    for (std::size_t i = k.far.size() - window; i < k.far.size(); ++i) {
+      count += k.far[i] != 0 ? 1 : 0;
+      farthest = std::max(farthest, k.far[i]);
+    }
+    const std::size_t budget = std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(k.longest_run, 1),
+                                                       16, 64);
+    const std::size_t to = std::min(std::bit_ceil(farthest), budget);
+    return count >= 4 && to >= farthest && to > k.capacity ? to : 0;
+  };
   if (!k.passing) {
     if (k.runs_in_mode < 32 || repeats >= 4) return 0;
+    if (const std::size_t to = grown(); to != 0) {
+      model_trace("key {} keeps {} plans (was {})", key, to, k.capacity);
+      k.capacity = to;
+      k.runs_in_mode = 0;
+      plan_totals.capacity_growths += 1;
+      return 3;
+    }
     k.passing = true;
     k.runs_in_mode = 0;
     k.pass_until = k.runs + k.next_pass;
@@ -192,9 +224,15 @@ int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, b
   }
   if (k.runs < k.pass_until + 32) return 0;
   if (repeats < 4) {
-    k.next_pass = std::min<std::uint64_t>(2 * k.next_pass, 4096);
-    k.pass_until = k.runs + k.next_pass;
-    return 0;
+    const std::size_t to = grown();
+    if (to == 0) {
+      k.next_pass = std::min<std::uint64_t>(2 * k.next_pass, 4096);
+      k.pass_until = k.runs + k.next_pass;
+      return 0;
+    }
+    model_trace("key {} keeps {} plans (was {})", key, to, k.capacity);
+    k.capacity = to;
+    plan_totals.capacity_growths += 1;
   }
   k.passing = false;
   k.runs_in_mode = 0;
@@ -261,7 +299,7 @@ bool model::adopt(int ci, int key, int made) {
   auto again = std::find_if(k.pending.begin(), k.pending.end(), same);
   if (again == k.pending.end()) {
     bool rerecorded = false;
-    if (k.pending.size() >= plans_per_key) {
+    if (k.pending.size() >= k.capacity) {
       k.pending.erase(k.pending.begin());
       rerecorded = true;
     }
@@ -296,7 +334,7 @@ bool model::add_plan(int ci, int key, int made) {
     if (same != k.plans.end()) {
       drop_plan(store, key, static_cast<std::size_t>(same - k.plans.begin()));
       rerecorded = true;
-    } else if (k.plans.size() >= plans_per_key) {
+    } else if (k.plans.size() >= k.capacity) {
       drop_plan(
           store, key,
           static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) - k.last_used.begin()));

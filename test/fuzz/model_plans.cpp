@@ -320,6 +320,7 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
     if (!switch_to(r, request, at)) {  // no plan of the key matches the run so far: it diverges
       r.misses += 1;
       r.replayed_to = at;
+      r.diverged = true;
       r.how = r.may_record ? mode::record : mode::plain;
       plan_totals.divergences += 1;
     }
@@ -335,7 +336,7 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
     }
     case mode::probe:
     case mode::plain: {
-      if (r.how == mode::probe) r.probed.push_back(bytes);  // asked for: a failed probe hashes it too
+      r.probed.push_back(bytes);  // asked for: a failed probe hashes it too (a plain run's, its whole run)
       const outcome o = fallback(run, lease, request, lease < 0, gid, oom_bytes);
       model_run& now = runs[static_cast<std::size_t>(run)];
       if (o == outcome::ok) advance(now, at + 1);

@@ -118,7 +118,9 @@ void session::plan_stream(int t, int c, bool as_step) {
   // Pass at run 32 at the latest, for 64 runs, then 32 probes: by run 128 the repeating sequences
   // have been probed, and two rounds of them later they replay.
   const std::size_t fresh = 40 + in_.below(61);
-  const std::size_t cycle = 1 + in_.below(4);
+  // A quarter of the cycles are longer than the 16 plans a key keeps at first (17 to 28: the probe
+  // window of 32 runs sees them come again): the key keeps more plans and replays them.
+  const std::size_t cycle = in_.below(4) == 0 ? 17 + in_.below(12) : 1 + in_.below(4);
   const std::size_t total = in_.below(2) == 0 ? fresh : 140 + in_.below(40);
   const int other = 1 - t;
   const bool late = fresh % 2 == 0 && frames_[other].size() + 2 <= max_depth;

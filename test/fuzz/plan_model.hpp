@@ -106,6 +106,9 @@ struct model_key {
   // Whether its sequences repeat (docs/design.md, "A key that does not repeat").
   std::vector<std::uint64_t> fingerprints;  ///< of its runs, oldest first (0: not hashed)
   std::vector<bool> repeated;               ///< of its runs, oldest first
+  std::vector<std::size_t> far;  ///< of its runs: how far back the fingerprint came, where beyond the capacity (else 0)
+  std::size_t capacity = 16;     ///< plans and pending recordings kept: 16, grown to follow a longer loop (to 64)
+  std::size_t longest_run = 0;   ///< the most requests a run of it served (the capacity's budget)
   std::uint64_t runs_in_mode = 0;
   bool passing = false;
   std::uint64_t pass_until = 0;  ///< passing: runs below pass; the next 32 probe
@@ -158,7 +161,8 @@ struct model_run {
   std::vector<model_segment> segments;
   std::uint64_t segment_from = 0, replayed_to = 0, position = 0;
   std::vector<model_tracked> tracked;
-  std::vector<std::size_t> probed;  ///< probe: the sizes asked for (served or not)
+  std::vector<std::size_t> probed;  ///< probe or plain: the sizes asked for (served or not)
+  bool diverged = false;            ///< it left a replay (plain, if so, for part of it only)
   bool asked = false;               ///< a request came (served or not)
   std::size_t uncached_live = 0;
   std::uint64_t hits = 0, misses = 0;
@@ -168,7 +172,8 @@ struct model_run {
 struct model_plan_totals {
   std::uint64_t runs = 0, region_hits = 0, conflicts = 0, divergences = 0, recordings = 0, escapes = 0, busy = 0,
                 pauses = 0, arenas = 0, arena_frees = 0, stale = 0, evictions = 0, pass_entries = 0, pass_runs = 0,
-                learned_again = 0, passing_recordings = 0, failed_probes = 0, pauses_lifted = 0;
+                learned_again = 0, passing_recordings = 0, failed_probes = 0, pauses_lifted = 0,
+                capacity_growths = 0;
   // Arenas' spans (model_span_heap.cpp): yielded, held again elsewhere, extended, made again larger.
   std::uint64_t span_yields = 0, span_moves = 0, span_extensions = 0, span_remakes = 0;
 };

@@ -76,8 +76,11 @@ int main(int argc, char** argv) {
     }
     // Likewise the keys that do not repeat: some pass, and some of those learn again (op_plan_sweep's streams).
     const refpool::test::fuzz::totals& all = refpool::test::fuzz::get_totals();
-    if (all.pass_entries == 0 || all.pass_runs == 0 || all.learned_again == 0) {
-      fmt::print(stderr, "refpool fuzz: no key {}\n", all.pass_entries == 0 ? "passed" : "learned again after a pass");
+    if (all.pass_entries == 0 || all.pass_runs == 0 || all.learned_again == 0 || all.capacity_growths == 0) {
+      fmt::print(stderr, "refpool fuzz: no key {}\n",
+                 all.pass_entries == 0   ? "passed"
+                 : all.learned_again == 0 ? "learned again after a pass"
+                                          : "kept more plans (a loop longer than 16 sequences)");
       return 1;
     }
     // And the cases of the hostile review (plan_stream): a run open across its key's pass entry, a

@@ -482,7 +482,8 @@ TEST_CASE("a training loop of 13 lengths in random order never passes", "[plan][
   CHECK(stats.plan_hits >= 5 * 550);
 }
 
-TEST_CASE("24 request shapes in turn (serving) pass, and the steady state calls no driver", "[plan][policy]") {
+TEST_CASE("24 request shapes in turn (serving): the key keeps 32 plans and replays them, calling no driver",
+          "[plan][policy]") {
   const backend be = make_host_backend();
   cache_options options;
   options.segments = segment_policy::on;
@@ -491,12 +492,53 @@ TEST_CASE("24 request shapes in turn (serving) pass, and the steady state calls 
   for (; run < 24 * 4; ++run) serve_step(cache, be, novel_sizes(run % 24));
   const auto allocations = be.allocation_count();
   const auto grows = cache.stats().segment_grows;
+  const auto before = cache.stats();
   for (; run < 24 * 20; ++run) serve_step(cache, be, novel_sizes(run % 24));
+  const auto stats = cache.stats();
+  // Each shape comes again 24 runs later, beyond the 16 plans a key keeps at first: the key keeps
+  // 32 (the power of two that reaches 24) instead of passing.
+  CHECK(stats.plan_pass_entries == 0);
+  CHECK(stats.plans == 24);
+  CHECK(stats.plan_recordings == before.plan_recordings);  // every sequence a plan: nothing recorded again
+  CHECK(stats.plan_evictions == before.plan_evictions);
+  // Most requests are regions (runs that share a first request switch plans, and a region a
+  // live one of the plan left overlaps goes to the plain cache: 12 or 16 shapes do the same).
+  CHECK(stats.plan_hits - before.plan_hits >= 24 * 16 * 6 * 3 / 4);
+  CHECK(be.allocation_count() == allocations);
+  CHECK(stats.segment_grows == grows);
+}
+
+TEST_CASE("72 request shapes in turn (further apart than the 64 runs a key sees) pass, calling no driver",
+          "[plan][policy]") {
+  const backend be = make_host_backend();
+  cache_options options;
+  options.segments = segment_policy::on;
+  alloc_cache cache{options};
+  std::size_t run = 0;
+  for (; run < 72 * 2; ++run) serve_step(cache, be, novel_sizes(run % 72));
+  const auto allocations = be.allocation_count();
+  const auto grows = cache.stats().segment_grows;
+  for (; run < 72 * 8; ++run) serve_step(cache, be, novel_sizes(run % 72));
   const auto stats = cache.stats();
   CHECK(stats.plan_pass_entries == 1);
   CHECK(stats.plan_probe_runs >= 32);
-  CHECK(stats.plan_pass_runs >= 24 * 20 - 32 - 2 * 32);
+  CHECK(stats.plan_pass_runs >= 72 * 8 - 32 - 3 * 32);
   CHECK(stats.plans == 0);
   CHECK(be.allocation_count() == allocations);
   CHECK(stats.segment_grows == grows);
+}
+
+TEST_CASE("a key whose runs are long keeps no more plans than 2^18 planned requests", "[plan][policy]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  // 24 shapes in turn, 11,000 requests a run: 32 plans would hold 352,000 planned requests, and
+  // the 23 the budget allows do not reach 24 runs back. The key passes as before.
+  const auto long_step = [&](std::size_t shape) {
+    step st(cache, {.plan = "long"});
+    for (std::size_t j = 0; j < 11000; ++j) auto r = cache.allocate(be, j == 0 ? 4096 * (1 + shape) : 256);
+  };
+  for (std::size_t run = 0; run < 24 * 2; ++run) long_step(run % 24);
+  const auto stats = cache.stats();
+  CHECK(stats.plan_pass_entries == 1);
+  CHECK(stats.plans == 0);
 }
