@@ -15,7 +15,7 @@ namespace refpool::detail {
 // ---- the detector ---------------------------------------------------------------------------
 
 repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64_t fp, bool replayed,
-                                                 std::size_t largest_capacity) noexcept {
+                                                 std::size_t longest_run) noexcept {
   bool repeated = replayed;
   std::size_t far = 0;
   for (std::size_t back = 1; back <= ring && !repeated && far == 0 && fp != fingerprint::unknown; ++back) {
@@ -31,7 +31,7 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   const bool few = static_cast<unsigned>(std::popcount(repeats_)) < min_repeats;
   if (!passing_) {
     if (runs_in_mode_ < window || !few) return change::none;
-    if (const std::size_t grown = capacity_for_far_repeats(largest_capacity); grown != 0) {
+    if (const std::size_t grown = capacity_for_far_repeats(longest_run); grown != 0) {
       capacity_ = grown;
       runs_in_mode_ = 0;
       return change::grow;
@@ -44,7 +44,7 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   if (runs < pass_until_ + window) return change::none;  // passing, or probing
   // The probe window ended: the last `window` runs were its probes.
   if (few) {
-    const std::size_t grown = capacity_for_far_repeats(largest_capacity);
+    const std::size_t grown = capacity_for_far_repeats(longest_run);
     if (grown == 0) {
       next_pass_ = std::min(2 * next_pass_, longest_pass);
       pass_until_ = runs + next_pass_;
@@ -58,7 +58,7 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   return change::learn_again;
 }
 
-std::size_t repeat_detector::capacity_for_far_repeats(std::size_t largest_capacity) const noexcept {
+std::size_t repeat_detector::capacity_for_far_repeats(std::size_t longest_run) const noexcept {
   unsigned count = 0;
   std::size_t farthest = 0;
   for (std::size_t back = 1; back <= window; ++back) {
@@ -67,7 +67,9 @@ std::size_t repeat_detector::capacity_for_far_repeats(std::size_t largest_capaci
     farthest = std::max(farthest, d);
   }
   // A power of two (fewer growths), where the budget allows one that reaches the farthest.
-  const std::size_t grown = std::min(std::bit_ceil(farthest), std::min(largest_capacity, ring));
+  const std::size_t budget = std::clamp<std::size_t>(planned_requests_per_key / std::max<std::size_t>(longest_run, 1),
+                                                     first_capacity, ring);
+  const std::size_t grown = std::min(std::bit_ceil(farthest), budget);
   return count >= min_repeats && grown >= farthest && grown > capacity_ ? grown : 0;
 }
 
@@ -104,11 +106,6 @@ plan_run* plan_store::begin_run(std::string_view key, bool shared, pass_ticket& 
   return run;
 }
 
-std::size_t plan_store::largest_capacity(const key_state& key) noexcept {
-  const std::size_t budget = planned_requests_per_key / std::max<std::size_t>(key.longest_run, 1);
-  return std::clamp<std::size_t>(budget, repeat_detector::first_capacity, repeat_detector::ring);
-}
-
 void pass_ticket::end() noexcept {
   if (key_ != nullptr) std::exchange(store_, nullptr)->end_pass(std::exchange(key_, nullptr));
 }
@@ -117,7 +114,7 @@ void plan_store::end_pass(key_state* key) noexcept {
   std::lock_guard guard(mutex_);
   key->runs += 1;
   pass_runs_ += 1;
-  (void)key->repeats.observe(key->runs, fingerprint::unknown, false, largest_capacity(*key));
+  (void)key->repeats.observe(key->runs, fingerprint::unknown, false, key->longest_run);
 }
 
 void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noexcept {
@@ -145,7 +142,7 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     }
     const std::size_t capacity = key->repeats.capacity();
     const auto change =
-        key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr, largest_capacity(*key));
+        key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr, key->longest_run);
     passing = change == repeat_detector::change::enter_pass;
     pass_entries_ += passing ? 1 : 0;
     capacity_growths_ += key->repeats.capacity() > capacity ? 1 : 0;

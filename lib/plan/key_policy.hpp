@@ -38,6 +38,9 @@ class repeat_detector {
   /// Plans (and pending recordings) a key keeps at first; the capacity grows to follow a loop of
   /// more sequences, up to `ring`.
   static constexpr std::size_t first_capacity = 16;
+  /// The planned requests a key's plans may hold at once, by which its capacity grows no further:
+  /// a planned request takes about 264 B of host memory, so 2^18 are about 66 MiB a key.
+  static constexpr std::size_t planned_requests_per_key = std::size_t{1} << 18;
   /// Runs in a window: learn -> pass when fewer than `min_repeats` of the last `window` runs in
   /// learn repeated; a probe window of `window` runs with `min_repeats` or more learns again.
   static constexpr unsigned window = 32;
@@ -61,14 +64,14 @@ class repeat_detector {
   /// capacity (24 shapes in turn): it keeps more plans now and stays learning.
   enum class change : std::uint8_t { none, enter_pass, learn_again, grow };
   /// A run ended; `runs` counts it already. `fp`: its fingerprint (fingerprint::unknown when it
-  /// was not hashed); `replayed`: it replayed a plan to its end; `largest_capacity`: what the
-  /// capacity may grow to (the key's host-memory budget, at least first_capacity, at most ring).
-  change observe(std::uint64_t runs, std::uint64_t fp, bool replayed, std::size_t largest_capacity) noexcept;
+  /// was not hashed); `replayed`: it replayed a plan to its end; `longest_run`: the most requests
+  /// a run of the key made (the capacity grows to at most planned_requests_per_key over it).
+  change observe(std::uint64_t runs, std::uint64_t fp, bool replayed, std::size_t longest_run) noexcept;
 
  private:
   /// At the end of a window with too few repeats: the capacity that would make the window's far
   /// repeats (`min_repeats` or more, further than the capacity) near ones; 0 when none would.
-  [[nodiscard]] std::size_t capacity_for_far_repeats(std::size_t largest_capacity) const noexcept;
+  [[nodiscard]] std::size_t capacity_for_far_repeats(std::size_t longest_run) const noexcept;
 
   std::array<std::uint64_t, ring> fingerprints_{};  ///< a ring: the last `ring` runs', newest at next_ - 1
   /// Per run, in step with fingerprints_: how far back its fingerprint came before, where that

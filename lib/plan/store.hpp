@@ -85,11 +85,8 @@ class plan_store final : public cache_extension {
   /// Plans kept per key at first: one per distinct sequence of a loop (variable lengths, several
   /// shapes). Also the recordings kept pending per key (sequences seen once, waiting to come
   /// again). A key whose sequences come again further apart keeps more (its detector's capacity),
-  /// up to repeat_detector::ring and `planned_requests_per_key` requests in all.
+  /// up to repeat_detector::ring and repeat_detector::planned_requests_per_key requests in all.
   static constexpr std::size_t plans_per_key = repeat_detector::first_capacity;
-  /// The planned requests a key's plans may hold at once, by which its capacity grows no further:
-  /// a planned request takes about 264 B of host memory, so 2^18 are about 66 MiB a key.
-  static constexpr std::size_t planned_requests_per_key = std::size_t{1} << 18;
   /// A key whose last `thrash_window` runs re-recorded `thrash_rerecordings` times (a plan
   /// replaced by a recording of its own sequence, or dropped for a new one) is paused.
   static constexpr unsigned thrash_window = 16;
@@ -151,8 +148,6 @@ class plan_store final : public cache_extension {
   arena_group* group_for(const backend_state* backend, stream_ref stream, const key_state* owner) noexcept;
   [[nodiscard]] std::size_t needed_by(const arena* a) const noexcept;  // the largest plan bound to `a`
   void drop(key_state& key, std::size_t i, std::vector<plan*>& dropped) noexcept;
-  /// What `key`'s capacity may grow to: planned_requests_per_key over its longest run.
-  static std::size_t largest_capacity(const key_state& key) noexcept;
   /// The key's sequences do not repeat: its pending recordings and plans go, and an arena left
   /// with no plan of any key goes with its group (its memory once no run or region holds it).
   void enter_pass(key_state& key) noexcept;
