@@ -82,6 +82,14 @@ const backend_event& model::next_event(const char* expected) {
   return *e;
 }
 
+void model::expect_order_streams(int backend, void* producer, void* consumer, const std::string& before) {
+  const backend_event& e = next_event("order_streams");
+  if (e.what != backend_event::kind::order_streams || e.backend != backend || e.producer != producer ||
+      e.consumer != consumer)
+    fail(fmt::format("model expected order_streams({} -> {}) {}, refpool made {}", producer, consumer, before,
+                     describe(e)));
+}
+
 void model::expect_no_more_events(const char* where) {
   settle_arenas(true);
   if (const backend_event* e = log_.peek_pending(0))
@@ -143,14 +151,9 @@ const backend_event* model::pending_free() const {
 
 void model::backend_free(const model_block& b) {
   // Streams recorded on the block are ordered before its free on its last stream.
-  for (void* s : b.extra_streams) {
-    if (s == b.last_stream) continue;
-    const backend_event& o = next_event("order_streams");
-    if (o.what != backend_event::kind::order_streams || o.backend != b.backend || o.producer != s ||
-        o.consumer != b.last_stream)
-      fail(fmt::format("model expected order_streams({} -> {}) before freeing block {}, refpool made {}", s,
-                       b.last_stream, b.gid, describe(o)));
-  }
+  for (void* s : b.extra_streams)
+    if (s != b.last_stream)
+      expect_order_streams(b.backend, s, b.last_stream, fmt::format("before freeing block {}", b.gid));
   const backend_event& e = next_event("deallocate");
   if (e.what != backend_event::kind::deallocate || e.backend != b.backend || e.ptr != b.ptr || e.bytes != b.capacity)
     fail(fmt::format("model expected deallocate({}, {} B) on backend {} (block {}), refpool made {}", b.ptr, b.capacity,

@@ -213,6 +213,9 @@ class model {
   /// The next pending call past the order_streams that a free of a block with recorded streams makes first.
   [[nodiscard]] const backend_event* pending_free() const;
   const backend_event& next_event(const char* expected);
+  /// The next call must be order_streams(producer -> consumer) on `backend`; `before` says what it
+  /// comes before, for the message.
+  void expect_order_streams(int backend, void* producer, void* consumer, const std::string& before);
 
   // The plain cache's request path (rounding, own slot, steal, backend with the OOM ladder).
   outcome slot_acquire(int c, int s, int backend, std::size_t bytes, void* stream, std::uint64_t& gid,

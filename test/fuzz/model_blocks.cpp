@@ -66,11 +66,7 @@ std::size_t model::idle_total(const model_cache& c) const {
 // A block reused on another stream waits for its last stream and any recorded streams.
 void model::wait_for_streams(model_block& b, void* stream) {
   auto expect_order = [&](void* producer) {
-    const backend_event& e = next_event("order_streams");
-    if (e.what != backend_event::kind::order_streams || e.backend != b.backend || e.producer != producer ||
-        e.consumer != stream)
-      fail(fmt::format("model expected order_streams({} -> {}) for block {}, refpool made {}", producer, stream, b.gid,
-                       describe(e)));
+    expect_order_streams(b.backend, producer, stream, fmt::format("for block {}", b.gid));
   };
   expect_order(b.last_stream);
   for (void* s : b.extra_streams)

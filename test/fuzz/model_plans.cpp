@@ -437,15 +437,9 @@ outcome model::replay_one(int run, int lease, const model_request& request, std:
   if (!blocked) {
     // Streams recorded on released regions of this arena: a region handed out waits for them
     // (a blocked one leaves them pending for the next).
-    for (void* s : a.waits) {
-      if (s == request.stream) continue;
-      const backend_event& e = next_event("order_streams");
-      if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
-          e.consumer != request.stream)
-        fail(fmt::format("model expected order_streams({} -> {}) before a region of arena {}, refpool made {}", s,
-                         request.stream, r.arena,
-                         e.what == backend_event::kind::allocate ? "an allocation" : "another call"));
-    }
+    for (void* s : a.waits)
+      if (s != request.stream)
+        expect_order_streams(a.backend, s, request.stream, fmt::format("before a region of arena {}", r.arena));
     a.waits.clear();
     model_region& reg = p.regions[at];
     model_block& b = add_held_block(block_kind::region, static_cast<char*>(a.base) + p.offsets[at], p.spans[at],

@@ -108,14 +108,8 @@ void model::take_range(model_span_heap& h, std::size_t si, std::size_t ri, std::
 // The arena's stream is ordered after each of `streams` but itself (wait_for_piece).
 void model::wait_for_span_streams(int arena, const std::vector<void*>& streams, const char* why) {
   const model_arena& a = arenas[static_cast<std::size_t>(arena)];
-  for (void* s : streams) {
-    if (s == a.stream) continue;
-    const backend_event& e = next_event("order_streams");
-    if (e.what != backend_event::kind::order_streams || e.backend != a.backend || e.producer != s ||
-        e.consumer != a.stream)
-      fail(fmt::format("model expected order_streams({} -> {}) for arena {} ({}), refpool made {}", s, a.stream, arena,
-                       why, describe(e)));
-  }
+  for (void* s : streams)
+    if (s != a.stream) expect_order_streams(a.backend, s, a.stream, fmt::format("for arena {} ({})", arena, why));
 }
 
 // The range `r` of `seg` is free now: it joins its free neighbours (streams: the one before's first).
