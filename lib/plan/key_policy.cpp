@@ -16,6 +16,9 @@ namespace refpool::detail {
 
 repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64_t fp, bool replayed,
                                                  std::size_t largest_capacity) noexcept {
+  // The budget holds for what the key keeps from now on, not only when it grew: a key whose runs
+  // became longer since keeps fewer plans (never fewer than first_capacity).
+  capacity_ = std::min(capacity_, largest_capacity);
   bool repeated = replayed;
   std::size_t far = 0;
   for (std::size_t back = 1; back <= ring && !repeated && far == 0 && fp != fingerprint::unknown; ++back) {

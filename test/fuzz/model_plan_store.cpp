@@ -172,6 +172,11 @@ void model::finish_run(int run) {
 // Returns 1 (passes), 2 (learns again), 3 (grew, learning) or 0.
 int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, bool replayed) {
   model_key& k = store.keys[static_cast<std::size_t>(key)];
+  // The key's budget: 2^18 planned requests over its longest run, 16 to 64 plans. It holds from
+  // now on: a key whose runs became longer since it grew keeps fewer.
+  const std::size_t budget =
+      std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(k.longest_run, 1), 16, 64);
+  k.capacity = std::min(k.capacity, budget);
   bool repeated = replayed;
   std::size_t far = 0;
   if (!replayed && fp != 0) {
@@ -200,8 +205,6 @@ int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, b
       count += k.far[i] != 0 ? 1 : 0;
       farthest = std::max(farthest, k.far[i]);
     }
-    const std::size_t budget = std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(k.longest_run, 1),
-                                                       16, 64);
     const std::size_t to = std::min(std::bit_ceil(farthest), budget);
     return count >= 4 && to >= farthest && to > k.capacity ? to : 0;
   };
@@ -299,7 +302,7 @@ bool model::adopt(int ci, int key, int made) {
   auto again = std::find_if(k.pending.begin(), k.pending.end(), same);
   if (again == k.pending.end()) {
     bool rerecorded = false;
-    if (k.pending.size() >= k.capacity) {
+    while (k.pending.size() >= k.capacity) {  // more than one where the capacity shrank
       k.pending.erase(k.pending.begin());
       rerecorded = true;
     }
@@ -334,7 +337,8 @@ bool model::add_plan(int ci, int key, int made) {
     if (same != k.plans.end()) {
       drop_plan(store, key, static_cast<std::size_t>(same - k.plans.begin()));
       rerecorded = true;
-    } else if (k.plans.size() >= k.capacity) {
+    }
+    while (k.plans.size() >= k.capacity) {  // more than one where the capacity shrank
       drop_plan(
           store, key,
           static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) - k.last_used.begin()));

@@ -542,3 +542,23 @@ TEST_CASE("a key whose runs are long keeps no more plans than 2^18 planned reque
   CHECK(stats.plan_pass_entries == 1);
   CHECK(stats.plans == 0);
 }
+
+TEST_CASE("a key whose runs grow long after its capacity grew keeps no more plans than 2^18 planned requests",
+          "[plan][policy]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  // 24 short shapes in turn: the key keeps 32 plans (the budget allows 64 for 6-request runs).
+  std::size_t run = 0;
+  for (; run < 24 * 5; ++run) serve_step(cache, be, novel_sizes(run % 24));
+  REQUIRE(cache.stats().plans == 24);
+  REQUIRE(cache.stats().plan_pass_entries == 0);
+  // Then the same loop of 24 shapes with 12,000 requests a run: the budget allows 2^18 / 12,000 =
+  // 21 plans of them (about 66 MiB of host memory), so the 24 long sequences cannot all be plans.
+  const auto long_step = [&](std::size_t shape) {
+    step st(cache, {.plan = "serve"});
+    for (std::size_t j = 0; j < 12000; ++j) auto r = cache.allocate(be, j == 0 ? 4096 * (100 + shape) : 256);
+  };
+  for (std::size_t i = 0; i < 24 * 4; ++i) long_step(i % 24);
+  const auto stats = cache.stats();
+  CHECK(stats.plans * 12000 <= (std::size_t{1} << 18));
+}
