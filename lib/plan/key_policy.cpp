@@ -167,18 +167,22 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     enter_pass(*key);
     return;
   }
-  bool rerecorded = false;
+  unsigned rerecorded = 0;  // plans (or pending recordings) this run's recording replaced or dropped
   if (outcome.made != nullptr || outcome.busy_other_key) {
     // One end at a time decides, places (O(n log n) a plan) and adds, so that two ends of a key
     // agree on its pending sequences; only other ends that add plans wait here, no request.
     const std::lock_guard growing(growth_mutex_);
     std::vector<plan*> made;
-    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, made);
-    for (plan* p : made) rerecorded = add_plan(*key, p) || rerecorded;
+    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, made) ? 1 : 0;
+    for (plan* p : made) rerecorded += add_plan(*key, p) ? 1 : 0;
     if (outcome.busy_other_key) move_to_own_arena(*key);
   }
   std::lock_guard guard(mutex_);
-  key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  // One bit a run, or one a re-recording: a run whose sequence came again turns every pending
+  // recording into a plan, and each may drop one (24 shapes in random order drop a few every
+  // few runs, each time an arena growth and the plain path's memory given back).
+  const unsigned n = std::min(rerecorded, thrash_window);
+  key->rerecordings = (key->rerecordings << std::max(n, 1u) | ((1u << n) - 1)) & ((1u << thrash_window) - 1);
   if (static_cast<unsigned>(std::popcount(key->rerecordings)) >= thrash_rerecordings) {
     // It keeps recording: every recording is a run of uncached driver allocations. Stop for a
     // while (its plans still replay; other runs use the plain cache), longer each time.

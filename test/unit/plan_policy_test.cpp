@@ -562,3 +562,24 @@ TEST_CASE("a key whose runs grow long after its capacity grew keeps no more plan
   const auto stats = cache.stats();
   CHECK(stats.plans * 12000 <= (std::size_t{1} << 18));
 }
+
+TEST_CASE("24 request shapes in random order (serving): the steady state calls no driver, as a plain step's",
+          "[plan][policy]") {
+  // Unlike in turn, about half of the runs repeat one of the last 16: the key never passes and keeps
+  // 16 plans. Each run whose shape comes again turns the pending ones into plans, dropping as many
+  // (an arena growth, the plain path's memory given back): those re-recordings pause the key.
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  std::mt19937 random(24);
+  for (std::size_t run = 0; run < 24 * 40; ++run) serve_step(cache, be, novel_sizes(random() % 24));
+  const auto allocations = be.allocation_count();
+  const auto before = cache.stats();
+  for (std::size_t run = 0; run < 24 * 40; ++run) serve_step(cache, be, novel_sizes(random() % 24));
+  const auto stats = cache.stats();
+  CHECK(stats.plan_pass_entries == 0);
+  CHECK(stats.plan_pauses > before.plan_pauses);
+  // A paused key's runs replay its plans or take the plain cache; only the runs after a pause
+  // (64, 128, ... runs, doubling) record, and may call the driver (unpaused: 513 calls here).
+  CHECK(be.allocation_count() - allocations <= 24 * 40 / 32);
+  CHECK(stats.plan_hits - before.plan_hits >= 24 * 40 * 6 / 2);  // the 16 plans replay throughout
+}
