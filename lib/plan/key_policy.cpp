@@ -16,6 +16,15 @@ namespace refpool::detail {
 
 repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64_t fp, bool replayed,
                                                  std::size_t longest_run) noexcept {
+  // The budget holds for what the key keeps from now on, not only when it grew: a key whose runs
+  // became longer since keeps fewer plans (never fewer than first_capacity). Computed again only
+  // when the longest run changed (a division).
+  if (longest_run != budget_run_) [[unlikely]] {
+    budget_run_ = longest_run;
+    budget_ = std::clamp<std::size_t>(planned_requests_per_key / std::max<std::size_t>(longest_run, 1),
+                                      first_capacity, ring);
+    capacity_ = std::min(capacity_, budget_);
+  }
   bool repeated = replayed;
   std::size_t far = 0;
   for (std::size_t back = 1; back <= ring && !repeated && far == 0 && fp != fingerprint::unknown; ++back) {
@@ -31,7 +40,7 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   const bool few = static_cast<unsigned>(std::popcount(repeats_)) < min_repeats;
   if (!passing_) {
     if (runs_in_mode_ < window || !few) return change::none;
-    if (const std::size_t grown = capacity_for_far_repeats(longest_run); grown != 0) {
+    if (const std::size_t grown = capacity_for_far_repeats(); grown != 0) {
       capacity_ = grown;
       runs_in_mode_ = 0;
       return change::grow;
@@ -44,7 +53,7 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   if (runs < pass_until_ + window) return change::none;  // passing, or probing
   // The probe window ended: the last `window` runs were its probes.
   if (few) {
-    const std::size_t grown = capacity_for_far_repeats(longest_run);
+    const std::size_t grown = capacity_for_far_repeats();
     if (grown == 0) {
       next_pass_ = std::min(2 * next_pass_, longest_pass);
       pass_until_ = runs + next_pass_;
@@ -58,7 +67,7 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   return change::learn_again;
 }
 
-std::size_t repeat_detector::capacity_for_far_repeats(std::size_t longest_run) const noexcept {
+std::size_t repeat_detector::capacity_for_far_repeats() const noexcept {
   unsigned count = 0;
   std::size_t farthest = 0;
   for (std::size_t back = 1; back <= window; ++back) {
@@ -67,9 +76,7 @@ std::size_t repeat_detector::capacity_for_far_repeats(std::size_t longest_run) c
     farthest = std::max(farthest, d);
   }
   // A power of two (fewer growths), where the budget allows one that reaches the farthest.
-  const std::size_t budget = std::clamp<std::size_t>(planned_requests_per_key / std::max<std::size_t>(longest_run, 1),
-                                                     first_capacity, ring);
-  const std::size_t grown = std::min(std::bit_ceil(farthest), budget);
+  const std::size_t grown = std::min(std::bit_ceil(farthest), budget_);
   return count >= min_repeats && grown >= farthest && grown > capacity_ ? grown : 0;
 }
 
@@ -161,18 +168,22 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
     enter_pass(*key);
     return;
   }
-  bool rerecorded = false;
+  unsigned rerecorded = 0;  // plans (or pending recordings) this run's recording replaced or dropped
   if (outcome.made != nullptr || outcome.busy_other_key) {
     // One end at a time decides, places (O(n log n) a plan) and adds, so that two ends of a key
     // agree on its pending sequences; only other ends that add plans wait here, no request.
     const std::lock_guard growing(growth_mutex_);
     std::vector<plan*> made;
-    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, made);
-    for (plan* p : made) rerecorded = add_plan(*key, p) || rerecorded;
+    if (outcome.made != nullptr) rerecorded = adopt(*key, outcome.made, made) ? 1 : 0;
+    for (plan* p : made) rerecorded += add_plan(*key, p) ? 1 : 0;
     if (outcome.busy_other_key) move_to_own_arena(*key);
   }
   std::lock_guard guard(mutex_);
-  key->rerecordings = (key->rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  // One bit a run, or one a re-recording: a run whose sequence came again turns every pending
+  // recording into a plan, and each may drop one (24 shapes in random order drop a few every
+  // few runs, each time an arena growth and the plain path's memory given back).
+  const unsigned n = std::min(rerecorded, thrash_window);
+  key->rerecordings = (key->rerecordings << std::max(n, 1u) | ((1u << n) - 1)) & ((1u << thrash_window) - 1);
   if (static_cast<unsigned>(std::popcount(key->rerecordings)) >= thrash_rerecordings) {
     // It keeps recording: every recording is a run of uncached driver allocations. Stop for a
     // while (its plans still replay; other runs use the plain cache), longer each time.

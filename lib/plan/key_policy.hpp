@@ -71,7 +71,7 @@ class repeat_detector {
  private:
   /// At the end of a window with too few repeats: the capacity that would make the window's far
   /// repeats (`min_repeats` or more, further than the capacity) near ones; 0 when none would.
-  [[nodiscard]] std::size_t capacity_for_far_repeats(std::size_t longest_run) const noexcept;
+  [[nodiscard]] std::size_t capacity_for_far_repeats() const noexcept;
 
   std::array<std::uint64_t, ring> fingerprints_{};  ///< a ring: the last `ring` runs', newest at next_ - 1
   /// Per run, in step with fingerprints_: how far back its fingerprint came before, where that
@@ -84,6 +84,8 @@ class repeat_detector {
   std::uint64_t pass_until_ = 0;   ///< pass: runs below this pass, the next `window` probe
   std::uint64_t next_pass_ = first_pass;
   std::size_t capacity_ = first_capacity;
+  std::size_t budget_run_ = 0;  ///< the longest run budget_ was computed for
+  std::size_t budget_ = ring;   ///< planned_requests_per_key over it, within [first_capacity, ring]
 };
 
 }  // namespace refpool::detail

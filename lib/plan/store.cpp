@@ -19,9 +19,10 @@ plan_store& plan_store::of(cache_state& cache) {
 
 bool plan_store::adopt(key_state& key, recording* made, std::vector<plan*>& plans) noexcept {
   std::vector<recording*> now;  // owned: become plans
-  std::vector<recording*> dropped;  // at most two: room made first, so that no branch throws
+  // At most the pending ones and two: room made first, so that no branch throws.
+  std::vector<recording*> dropped;
   try {
-    dropped.reserve(2);
+    dropped.reserve(repeat_detector::ring + 2);
   } catch (...) {
     delete made;  // a plan is an optimisation
     return false;
@@ -51,8 +52,9 @@ bool plan_store::adopt(key_state& key, recording* made, std::vector<plan*>& plan
     } else {
       try {
         key.pending.reserve(key.pending.size() + 1);
-        if (key.pending.size() >= key.repeats.capacity()) {
-          dropped.push_back(key.pending.front());  // the oldest never came again
+        // The oldest never came again (more than one where the capacity shrank: longer runs).
+        while (key.pending.size() >= key.repeats.capacity()) {
+          dropped.push_back(key.pending.front());
           key.pending.erase(key.pending.begin());
           rerecorded = true;
         }
@@ -117,7 +119,9 @@ bool plan_store::add_plan(key_state& key, plan* made) noexcept {
       if (same != key.plans.end()) {
         drop(key, static_cast<std::size_t>(same - key.plans.begin()), dropped);  // stale: replaced
         rerecorded = true;
-      } else if (key.plans.size() >= key.repeats.capacity()) {
+      }
+      // Beyond its capacity (more than one where the capacity shrank: longer runs).
+      while (key.plans.size() >= key.repeats.capacity()) {
         const auto oldest = std::min_element(key.last_used.begin(), key.last_used.end());
         drop(key, static_cast<std::size_t>(oldest - key.last_used.begin()), dropped);
         rerecorded = true;

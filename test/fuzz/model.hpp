@@ -245,7 +245,7 @@ class model {
   void enter_pass(int c, int key);
   void track(model_run& r, int run, std::uint64_t gid, const model_request& request, std::uint64_t at);
   void advance(model_run& r, std::uint64_t to);
-  bool adopt(int c, int key, int made);
+  unsigned adopt(int c, int key, int made);  // plans (or pending recordings) it replaced or dropped
   bool add_plan(int c, int key, int made);
   void grow_and_install(int c, int key, int made, int old, std::size_t needed);
   void move_to_own_arena(int c, int key);

@@ -143,14 +143,16 @@ void model::finish_run(int run) {
     enter_pass(r.cache, r.key);
     return;
   }
-  bool rerecorded = false;
+  unsigned rerecorded = 0;  // plans (or pending recordings) its recording replaced or dropped
   if (made >= 0) {
     plan_totals.recordings += 1;
     rerecorded = adopt(r.cache, r.key, made);
   }
   if (r.busy_other_key) move_to_own_arena(r.cache, r.key);
   model_key& key = c.plans.keys[static_cast<std::size_t>(runs[static_cast<std::size_t>(run)].key)];
-  key.rerecordings = (key.rerecordings << 1 | (rerecorded ? 1u : 0u)) & ((1u << thrash_window) - 1);
+  // One bit a run, or one a re-recording (a run that turns its pending recordings into plans may drop several).
+  const unsigned n = std::min<unsigned>(rerecorded, thrash_window);
+  key.rerecordings = (key.rerecordings << std::max(n, 1u) | ((1u << n) - 1)) & ((1u << thrash_window) - 1);
   if (static_cast<unsigned>(std::popcount(key.rerecordings)) >= thrash_rerecordings) {
     key.paused_until = key.runs + key.next_pause;
     key.next_pause = std::min(key.next_pause * 2, longest_pause);
@@ -172,6 +174,11 @@ void model::finish_run(int run) {
 // Returns 1 (passes), 2 (learns again), 3 (grew, learning) or 0.
 int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, bool replayed) {
   model_key& k = store.keys[static_cast<std::size_t>(key)];
+  // The key's budget: 2^18 planned requests over its longest run, 16 to 64 plans. It holds from
+  // now on: a key whose runs became longer since it grew keeps fewer.
+  const std::size_t budget =
+      std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(k.longest_run, 1), 16, 64);
+  k.capacity = std::min(k.capacity, budget);
   bool repeated = replayed;
   std::size_t far = 0;
   if (!replayed && fp != 0) {
@@ -200,8 +207,6 @@ int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, b
       count += k.far[i] != 0 ? 1 : 0;
       farthest = std::max(farthest, k.far[i]);
     }
-    const std::size_t budget = std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(k.longest_run, 1),
-                                                       16, 64);
     const std::size_t to = std::min(std::bit_ceil(farthest), budget);
     return count >= 4 && to >= farthest && to > k.capacity ? to : 0;
   };
@@ -284,7 +289,7 @@ void model::drop_plan(model_plan_store& store, int key, std::size_t i) {
 
 // A run's recording: a plan at once if the key has one of its sequence; pending if new; if
 // pending already, it and the key's pending recordings become plans, largest first.
-bool model::adopt(int ci, int key, int made) {
+unsigned model::adopt(int ci, int key, int made) {
   model_plan_store& store = caches[static_cast<std::size_t>(ci)].plans;
   model_key& k = store.keys[static_cast<std::size_t>(key)];
   if (store.closed) return false;
@@ -298,10 +303,10 @@ bool model::adopt(int ci, int key, int made) {
   if (std::any_of(k.plans.begin(), k.plans.end(), same)) return add_plan(ci, key, made);
   auto again = std::find_if(k.pending.begin(), k.pending.end(), same);
   if (again == k.pending.end()) {
-    bool rerecorded = false;
-    if (k.pending.size() >= k.capacity) {
+    unsigned rerecorded = 0;
+    while (k.pending.size() >= k.capacity) {  // more than one where the capacity shrank
       k.pending.erase(k.pending.begin());
-      rerecorded = true;
+      rerecorded = 1;  // one, as refpool counts a run's pending drops
     }
     k.pending.push_back(made);
     model_trace("plan {} pending for key {}", made, key);
@@ -315,8 +320,8 @@ bool model::adopt(int ci, int key, int made) {
     return plans[static_cast<std::size_t>(a)].bytes_needed > plans[static_cast<std::size_t>(b)].bytes_needed;
   });
   model_trace("key {} repeats: {} recordings become plans", key, now.size());
-  bool rerecorded = false;
-  for (int p : now) rerecorded = add_plan(ci, key, p) || rerecorded;
+  unsigned rerecorded = 0;
+  for (int p : now) rerecorded += add_plan(ci, key, p) ? 1 : 0;
   return rerecorded;
 }
 
@@ -334,7 +339,8 @@ bool model::add_plan(int ci, int key, int made) {
     if (same != k.plans.end()) {
       drop_plan(store, key, static_cast<std::size_t>(same - k.plans.begin()));
       rerecorded = true;
-    } else if (k.plans.size() >= k.capacity) {
+    }
+    while (k.plans.size() >= k.capacity) {  // more than one where the capacity shrank
       drop_plan(
           store, key,
           static_cast<std::size_t>(std::min_element(k.last_used.begin(), k.last_used.end()) - k.last_used.begin()));

@@ -544,3 +544,44 @@ TEST_CASE("a key whose runs are long keeps no more plans than 2^18 planned reque
   CHECK(stats.plan_pass_entries == 1);
   CHECK(stats.plans == 0);
 }
+
+TEST_CASE("a key whose runs grow long after its capacity grew keeps no more plans than 2^18 planned requests",
+          "[plan][policy]") {
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  // 24 short shapes in turn: the key keeps 32 plans (the budget allows 64 for 6-request runs).
+  std::size_t run = 0;
+  for (; run < 24 * 5; ++run) serve_step(cache, be, novel_sizes(run % 24));
+  REQUIRE(cache.stats().plans == 24);
+  REQUIRE(cache.stats().plan_pass_entries == 0);
+  // Then the same loop of 24 shapes with 12,000 requests a run: the budget allows 2^18 / 12,000 =
+  // 21 plans of them (about 66 MiB of host memory), so the 24 long sequences cannot all be plans.
+  const auto long_step = [&](std::size_t shape) {
+    step st(cache, {.plan = "serve"});
+    for (std::size_t j = 0; j < 12000; ++j) auto r = cache.allocate(be, j == 0 ? 4096 * (100 + shape) : 256);
+  };
+  for (std::size_t i = 0; i < 24 * 4; ++i) long_step(i % 24);
+  const auto stats = cache.stats();
+  CHECK(stats.plans * 12000 <= (std::size_t{1} << 18));
+}
+
+TEST_CASE("24 request shapes in random order (serving): the steady state calls no driver, as a plain step's",
+          "[plan][policy]") {
+  // Unlike in turn, about half of the runs repeat one of the last 16: the key never passes and keeps
+  // 16 plans. Each run whose shape comes again turns the pending ones into plans, dropping as many
+  // (an arena growth, the plain path's memory given back): those re-recordings pause the key.
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  std::mt19937 random(24);
+  for (std::size_t run = 0; run < 24 * 40; ++run) serve_step(cache, be, novel_sizes(random() % 24));
+  const auto allocations = be.allocation_count();
+  const auto before = cache.stats();
+  for (std::size_t run = 0; run < 24 * 40; ++run) serve_step(cache, be, novel_sizes(random() % 24));
+  const auto stats = cache.stats();
+  CHECK(stats.plan_pass_entries == 0);
+  CHECK(stats.plan_pauses > before.plan_pauses);
+  // A paused key's runs replay its plans or take the plain cache; only the runs after a pause
+  // (64, 128, ... runs, doubling) record, and may call the driver (unpaused: 513 calls here).
+  CHECK(be.allocation_count() - allocations <= 24 * 40 / 32);
+  CHECK(stats.plan_hits - before.plan_hits >= 24 * 40 * 6 / 2);  // the 16 plans replay throughout
+}
