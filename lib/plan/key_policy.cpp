@@ -147,12 +147,10 @@ void plan_store::end_run(plan_run* run, key_state* key, run_outcome outcome) noe
       auto it = std::find(key->plans.begin(), key->plans.end(), outcome.used);
       if (it != key->plans.end()) key->last_used[static_cast<std::size_t>(it - key->plans.begin())] = ++clock_;
     }
-    const std::size_t capacity = key->repeats.capacity();
     const auto change =
         key->repeats.observe(key->runs, outcome.fingerprint, outcome.used != nullptr, key->longest_run);
     passing = change == repeat_detector::change::enter_pass;
     pass_entries_ += passing ? 1 : 0;
-    capacity_growths_ += key->repeats.capacity() > capacity ? 1 : 0;
     if (change == repeat_detector::change::learn_again || change == repeat_detector::change::grow) {
       // Its traffic changed since it passed, or its loop is longer than it kept: a pause from
       // before (against re-recording the sequences it could not keep) would keep it from

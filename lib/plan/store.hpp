@@ -116,11 +116,6 @@ class plan_store final : public cache_extension {
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
   void reset_peaks() noexcept override;
-  /// Times a key's capacity grew (repeat_detector::change::grow, or learning again with more).
-  [[nodiscard]] std::uint64_t capacity_growths() const noexcept {
-    std::lock_guard guard(mutex_);
-    return capacity_growths_;
-  }
 
  private:
   struct arena_group {
@@ -162,8 +157,7 @@ class plan_store final : public cache_extension {
   std::vector<arena_group> groups_;
   std::vector<plan_run*> active_;  // runs begun and not ended (their counters are live)
   std::uint64_t hits_ = 0, misses_ = 0, recordings_ = 0, evictions_ = 0, pauses_ = 0, unrecorded_runs_ = 0,
-                busy_runs_ = 0, replacements_ = 0, pass_runs_ = 0, probe_runs_ = 0, pass_entries_ = 0,
-                capacity_growths_ = 0;
+                busy_runs_ = 0, replacements_ = 0, pass_runs_ = 0, probe_runs_ = 0, pass_entries_ = 0;
 };
 
 }  // namespace refpool::detail
