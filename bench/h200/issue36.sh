@@ -4,8 +4,8 @@
 #   capture   the two serving traces with PyTorch's memory history (bench/h200/serving_traces.sh:
 #             24 shapes recurring in turn, and no shape twice), written xz-compressed under $OUT
 #   traces    bench/trace_replay --cuda, every row, side by side: the training traces, the serving
-#             trace as 24 shapes in turn and with no shape twice (the captured ones as well when
-#             capture ran first), 1200 iterations so that the no-repeat policy's probe windows count
+#             trace as 24 shapes in turn and with no shape twice, and the captured serving traces
+#             (this run's when capture ran first, else bench/traces'), 1200 iterations so that the no-repeat policy's probe windows count
 #   generate  GPT-2 generation with a KV cache in real PyTorch, random batch and prompt per request,
 #             200 measured requests, PyTorch's allocator against refpool.torch.install()
 #   varlen    GPT-2 training with 13 sequence lengths in real PyTorch, the same two modes
@@ -45,7 +45,8 @@ for part in "$@"; do
       replay serving bench/traces/gpt2_serving.csv.xz
       replay serving_24_shapes --iterations 1200 --variants 2 --sequences 24 bench/traces/gpt2_serving.csv.xz
       replay serving_no_shape_twice --iterations 1200 --fresh bench/traces/gpt2_serving.csv.xz
-      for captured in "$out"/gpt2_serving_recurring.csv.xz "$out"/gpt2_serving_distinct.csv.xz; do
+      for name in gpt2_serving_recurring gpt2_serving_distinct; do  # this run's capture, else the kept one
+        captured=$out/$name.csv.xz; [ -f "$captured" ] || captured=bench/traces/$name.csv.xz
         [ -f "$captured" ] || continue
         replay "$(basename "$captured" .csv.xz)" --iterations 1200 "$captured"
       done ;;
