@@ -36,15 +36,19 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   far_[next_] = static_cast<std::uint8_t>(far);
   next_ = (next_ + 1) % ring;
   repeats_ = repeats_ << 1 | (repeated ? 1u : 0u);
+  far_repeats_ = far_repeats_ << 1 | (far != 0 ? 1u : 0u);
   runs_in_mode_ += 1;
   const bool few = static_cast<unsigned>(std::popcount(repeats_)) < min_repeats;
   if (!passing_) {
-    if (runs_in_mode_ < window || !few) return change::none;
+    if (runs_in_mode_ < window) return change::none;
+    // Far repeats grow the capacity whether or not near ones are many: a loop that partly
+    // repeats nearby (24 shapes in random order) replays what it keeps and could keep more.
     if (const std::size_t grown = capacity_for_far_repeats(); grown != 0) {
       capacity_ = grown;
       runs_in_mode_ = 0;
       return change::grow;
     }
+    if (!few) return change::none;
     passing_ = true;
     runs_in_mode_ = 0;
     pass_until_ = runs + next_pass_;
@@ -52,15 +56,13 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
   }
   if (runs < pass_until_ + window) return change::none;  // passing, or probing
   // The probe window ended: the last `window` runs were its probes.
-  if (few) {
-    const std::size_t grown = capacity_for_far_repeats();
-    if (grown == 0) {
-      next_pass_ = std::min(2 * next_pass_, longest_pass);
-      pass_until_ = runs + next_pass_;
-      return change::none;
-    }
-    capacity_ = grown;
+  const std::size_t grown = capacity_for_far_repeats();
+  if (few && grown == 0) {
+    next_pass_ = std::min(2 * next_pass_, longest_pass);
+    pass_until_ = runs + next_pass_;
+    return change::none;
   }
+  capacity_ = std::max(capacity_, grown);
   passing_ = false;
   runs_in_mode_ = 0;
   next_pass_ = first_pass;
@@ -68,16 +70,19 @@ repeat_detector::change repeat_detector::observe(std::uint64_t runs, std::uint64
 }
 
 std::size_t repeat_detector::capacity_for_far_repeats() const noexcept {
-  unsigned count = 0;
+  if (static_cast<unsigned>(std::popcount(far_repeats_)) < min_repeats) return 0;  // most runs end here
   std::size_t farthest = 0;
+  for (std::size_t back = 1; back <= window; ++back) farthest = std::max<std::size_t>(farthest, far_[(next_ + ring - back) % ring]);
+  // A power of two (fewer growths) that reaches the farthest, or as far as the budget allows,
+  // where it makes `min_repeats` of them near.
+  const std::size_t grown = std::min(std::bit_ceil(farthest), budget_);
+  if (grown <= capacity_) return 0;
+  unsigned reached = 0;
   for (std::size_t back = 1; back <= window; ++back) {
     const std::size_t d = far_[(next_ + ring - back) % ring];
-    count += d != 0 ? 1 : 0;
-    farthest = std::max(farthest, d);
+    reached += d != 0 && d <= grown ? 1 : 0;
   }
-  // A power of two (fewer growths), where the budget allows one that reaches the farthest.
-  const std::size_t grown = std::min(std::bit_ceil(farthest), budget_);
-  return count >= min_repeats && grown >= farthest && grown > capacity_ ? grown : 0;
+  return reached >= min_repeats ? grown : 0;
 }
 
 // ---- runs -----------------------------------------------------------------------------------

@@ -69,8 +69,8 @@ class repeat_detector {
   change observe(std::uint64_t runs, std::uint64_t fp, bool replayed, std::size_t longest_run) noexcept;
 
  private:
-  /// At the end of a window with too few repeats: the capacity that would make the window's far
-  /// repeats (`min_repeats` or more, further than the capacity) near ones; 0 when none would.
+  /// At the end of a window: a larger capacity, within the budget, that would make `min_repeats`
+  /// or more of the window's far repeats near ones; 0 when none would.
   [[nodiscard]] std::size_t capacity_for_far_repeats() const noexcept;
 
   std::array<std::uint64_t, ring> fingerprints_{};  ///< a ring: the last `ring` runs', newest at next_ - 1
@@ -78,7 +78,8 @@ class repeat_detector {
   /// was further than the capacity then (0: nearer, or not at all).
   std::array<std::uint8_t, ring> far_{};
   std::size_t next_ = 0;
-  std::uint32_t repeats_ = 0;  ///< bit i: the run i runs ago repeated (the last 32 runs)
+  std::uint32_t repeats_ = 0;      ///< bit i: the run i runs ago repeated (the last 32 runs)
+  std::uint32_t far_repeats_ = 0;  ///< bit i: the run i runs ago was a far repeat
   std::uint64_t runs_in_mode_ = 0;
   bool passing_ = false;
   std::uint64_t pass_until_ = 0;   ///< pass: runs below this pass, the next `window` probe

@@ -77,7 +77,6 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
     bool busy = false;            ///< another run held the arena of the plan that matched
     bool busy_other_key = false;  ///< ... a run of another key
     bool asked = false;           ///< a request came past the inlined replay (served or not)
-    bool diverged = false;        ///< it left a replay: plain now (if so) for only part of it
   };
 
   block* serve(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);

@@ -62,8 +62,8 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.replayed_peak = cursor_.replayed_peak();
   out.requests = end;
   out.probed = was == mode::probe;
-  // A probe, or a run plain from its first request (paused, busy): every size it asked for was hashed.
-  const bool hashed = out.probed || (was == mode::plain && !mode_.diverged);
+  // A probe, or a plain run (paused, busy, or diverged unrecorded): every size it asked for was hashed.
+  const bool hashed = out.probed || was == mode::plain;
   if (hashed) out.fingerprint = recorder_.probe_fingerprint();
   if (complete) out.fingerprint = cursor_.current()->fingerprint();
   // A run asked for nothing: the empty sequence. One whose requests all failed saw no sequence of

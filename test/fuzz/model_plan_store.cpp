@@ -118,7 +118,7 @@ void model::finish_run(int run) {
   // sequence). Unknown otherwise (a learning run whose requests all failed among them).
   std::vector<std::size_t> sizes;
   bool hashed = end == 0 && !r.asked;
-  if (was == mode::probe || (was == mode::plain && !r.diverged && end != 0)) {  // a plain run: from its start
+  if (was == mode::probe || (was == mode::plain && end != 0)) {  // a plain run, hashed from its start
     sizes = r.probed;
     hashed = true;
   }
@@ -166,11 +166,12 @@ void model::finish_run(int run) {
 
 // A run repeated when it replayed a plan to its end or its fingerprint is one of the last
 // `capacity` runs' (16 at first); one that came further back (up to 64 runs) is a far repeat.
-// Learning, a key whose last 32 runs (all in learn) repeated fewer than 4 times passes for 64 runs,
-// unless 4 or more of them were far repeats and a capacity that reaches the farthest (a power of
-// two, at most 64 and 2^18 planned requests over its longest run) is larger: then it keeps that
-// many plans and learns on. Passing, 32 probes follow; 4 repeats among them (or far repeats, as
-// above) and it learns again, else it passes twice as long (up to 4096 runs) and probes again.
+// Learning, after 32 runs in learn: if 4 or more of the last 32 were far repeats within a larger
+// capacity (the power of two that reaches the farthest, at most 64 and 2^18 planned requests over
+// its longest run), it keeps that many plans and learns on; else if they repeated fewer than 4
+// times it passes for 64 runs. Passing, 32 probes follow; 4 repeats among them (or far repeats,
+// as above, which also grow it) and it learns again, else it passes twice as long (up to 4096
+// runs) and probes again.
 // Returns 1 (passes), 2 (learns again), 3 (grew, learning) or 0.
 int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, bool replayed) {
   model_key& k = store.keys[static_cast<std::size_t>(key)];
@@ -200,25 +201,26 @@ int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, b
   k.runs_in_mode += 1;
   const std::size_t window = std::min<std::size_t>(32, k.repeated.size());
   const auto repeats = std::count(k.repeated.end() - static_cast<std::ptrdiff_t>(window), k.repeated.end(), true);
-  // The capacity the window's far repeats ask for, where it is larger than now (else 0).
+  // The capacity the window's far repeats ask for, where it is larger than now (else 0): the
+  // power of two that reaches the farthest, or the budget, if 4 of them come within it.
   const auto grown = [&]() -> std::size_t {
-    std::size_t count = 0, farthest = 0;
-    for (std::size_t i = k.far.size() - window; i < k.far.size(); ++i) {
-      count += k.far[i] != 0 ? 1 : 0;
-      farthest = std::max(farthest, k.far[i]);
-    }
+    std::size_t farthest = 0;
+    for (std::size_t i = k.far.size() - window; i < k.far.size(); ++i) farthest = std::max(farthest, k.far[i]);
     const std::size_t to = std::min(std::bit_ceil(farthest), budget);
-    return count >= 4 && to >= farthest && to > k.capacity ? to : 0;
+    const auto within = std::count_if(k.far.end() - static_cast<std::ptrdiff_t>(window), k.far.end(),
+                                      [&](std::size_t d) { return d != 0 && d <= to; });
+    return within >= 4 && to > k.capacity ? to : 0;
   };
   if (!k.passing) {
-    if (k.runs_in_mode < 32 || repeats >= 4) return 0;
-    if (const std::size_t to = grown(); to != 0) {
+    if (k.runs_in_mode < 32) return 0;
+    if (const std::size_t to = grown(); to != 0) {  // near repeats many or few
       model_trace("key {} keeps {} plans (was {})", key, to, k.capacity);
       k.capacity = to;
       k.runs_in_mode = 0;
       plan_totals.capacity_growths += 1;
       return 3;
     }
+    if (repeats >= 4) return 0;
     k.passing = true;
     k.runs_in_mode = 0;
     k.pass_until = k.runs + k.next_pass;
@@ -228,13 +230,13 @@ int model::observe_repeats(model_plan_store& store, int key, std::uint64_t fp, b
     return 1;
   }
   if (k.runs < k.pass_until + 32) return 0;
-  if (repeats < 4) {
-    const std::size_t to = grown();
-    if (to == 0) {
-      k.next_pass = std::min<std::uint64_t>(2 * k.next_pass, 4096);
-      k.pass_until = k.runs + k.next_pass;
-      return 0;
-    }
+  const std::size_t to = grown();
+  if (repeats < 4 && to == 0) {
+    k.next_pass = std::min<std::uint64_t>(2 * k.next_pass, 4096);
+    k.pass_until = k.runs + k.next_pass;
+    return 0;
+  }
+  if (to != 0) {
     model_trace("key {} keeps {} plans (was {})", key, to, k.capacity);
     k.capacity = to;
     plan_totals.capacity_growths += 1;

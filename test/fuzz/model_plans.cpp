@@ -320,8 +320,9 @@ outcome model::run_acquire(int run, int lease, int backend, std::size_t bytes, v
     if (!switch_to(r, request, at)) {  // no plan of the key matches the run so far: it diverges
       r.misses += 1;
       r.replayed_to = at;
-      r.diverged = true;
       r.how = r.may_record ? mode::record : mode::plain;
+      if (r.how == mode::plain)  // hashed from its start: the requests so far are the plan's
+        for (std::uint64_t i = 0; i < at; ++i) r.probed.push_back(p.requests[i].bytes);
       plan_totals.divergences += 1;
     }
   } else if (r.how == mode::start) {

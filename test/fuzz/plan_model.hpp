@@ -162,7 +162,6 @@ struct model_run {
   std::uint64_t segment_from = 0, replayed_to = 0, position = 0;
   std::vector<model_tracked> tracked;
   std::vector<std::size_t> probed;  ///< probe or plain: the sizes asked for (served or not)
-  bool diverged = false;            ///< it left a replay (plain, if so, for part of it only)
   bool asked = false;               ///< a request came (served or not)
   std::size_t uncached_live = 0;
   std::uint64_t hits = 0, misses = 0;
