@@ -10,6 +10,9 @@ one allocator mode, unchanged.
   (PyTorch's test dependency) a minimal module; the tests themselves are never edited.
 - REFPOOL_PTESTS_RESULTS=PATH: each test's phases are appended there as JSON lines as they finish
   (by the controlling process), so a run stopped by its time budget keeps what it did.
+- Selection: where the test file's folder has SELECTION.txt (bench/h200/ptests_extract.py writes it),
+  only the tests it names run (file::class::def name; a parametrized def's instances all run), the
+  rest are deselected, so the copied test files stay whole and unchanged.
 - Order: tests that build TestMemPool's dummy allocator with check_vars=True run together, and
   those with check_vars=False together (first in refpool mode, which follows a torch-mode run that
   ended with them): torch.utils.cpp_extension.load_inline recompiles that extension (half a minute)
@@ -39,6 +42,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
+    kept, dropped = _select(items)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     groups = ("check_vars=True", "check_vars=False")
     if os.environ.get(MODE_ENV) == "refpool":
         groups = groups[::-1]
@@ -52,6 +59,26 @@ def pytest_collection_modifyitems(session, config, items):
         return next((i + 1 for i, text in enumerate(groups) if text in source), 0)
 
     items.sort(key=group)  # stable: the rest keep pytest's order
+
+
+def _select(items):
+    """(kept, deselected): the items SELECTION.txt beside their file names; all where there is none."""
+    selections, kept, dropped = {}, [], []
+    for item in items:
+        folder = os.path.dirname(str(item.fspath))
+        if folder not in selections:
+            path = os.path.join(folder, "SELECTION.txt")
+            selections[folder] = None
+            if os.path.isfile(path):
+                with open(path) as lines:
+                    selections[folder] = {line.strip() for line in lines if line.strip() and line[0] != "#"}
+        chosen = selections[folder]
+        cls = getattr(item, "cls", None)
+        # a parametrized test's instances keep their def's name (PyTorch wraps them with functools.wraps)
+        names = {item.name, getattr(getattr(item, "obj", None), "__name__", item.name)}
+        ids = {f"{os.path.basename(str(item.fspath))}::{cls.__name__ if cls else ''}::{n}" for n in names}
+        (kept if chosen is None or ids & chosen else dropped).append(item)
+    return kept, dropped
 
 
 def pytest_report_header(config):

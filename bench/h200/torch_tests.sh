@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 machine (device tool): PyTorch's own allocator tests with PyTorch's allocator and with
 # refpool installed, and the tests whose results differ (issue 37). The tests are PyTorch's, kept
-# out of this repository: the lead extracts them into .ptests/ (ignored by git) and carries it.
+# out of this repository: bench/h200/ptests_extract.py writes them into .ptests/ (ignored by git).
 #   run: bash bench/h200/torch_tests.sh      carry: .ptests .device-deps
 # One shot within TOTAL seconds (default 450 of the device's 480 a command): librefpool and
 # refpool's PyTorch hooks (and history library) build side by side, then
