@@ -12,7 +12,7 @@
 // automatic plans: segments alone); "cache ..." are plain scopes with the options named;
 // "planned" a planned scope under a key on the default row's cache.
 //
-// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--sequences N] [--fresh] [--concat R]
+// Usage: trace_replay [--cuda] [--iterations N] [--variants K] [--sequences N] [--shuffle S] [--fresh] [--concat R]
 //                     [--only LABEL] [--bounds] [--json FILE] TRACE.csv...
 //   --variants K  also replays each trace as K sequences (its sizes scaled by (K + v) / K for
 //                 v = 0..K-1, rounded up to 256 B) under one plan key: a loop with K distinct step
@@ -20,6 +20,9 @@
 //   --sequences N keeps the first N steps (after --variants): a loop of N distinct sequences, e.g.
 //                 --variants 2 --sequences 24 on the 16-request serving trace is 24 request shapes in
 //                 turn, more than a key's 16 plans (the shape of issue 36's H200 serving capture).
+//   --shuffle S   steps in random order (seed S, the same order in every row) instead of in turn:
+//                 serving traffic, where a request's shape is any of those seen (a loop that partly
+//                 repeats nearby).
 //   --fresh       no sequence ever comes twice: each iteration's largest request is 256 B larger than
 //                 in the iteration before (a stream of new shapes; peak live grows by at most
 //                 256 B x iterations).
@@ -42,6 +45,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -127,7 +131,7 @@ enum class request_path { scope, planned_scope, step };
 // One configuration: requests inside a plain scope, a planned scope, or a plain step (cache-level
 // requests), on a cache with `options`.
 result replay(const refpool::backend& be, const std::vector<step>& steps, int iterations,
-              refpool::cache_options options, request_path how, bool time_bounds, bool fresh) {
+              refpool::cache_options options, request_path how, bool time_bounds, bool fresh, unsigned shuffle) {
   result out;
   {
     refpool::alloc_cache cache{options};
@@ -139,8 +143,10 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     std::uint64_t allocations_at_steady = 0;
     const int warmup = static_cast<int>(3 * steps.size());  // every sequence seen three times
     step renamed;  // --fresh: this iteration's step, its largest request grown
+    std::mt19937 order(shuffle);  // --shuffle: every row draws the same steps
     for (int it = 0; it < iterations; ++it) {
-      const step* chosen = &steps[static_cast<std::size_t>(it) % steps.size()];
+      const std::size_t next = shuffle != 0 ? order() % steps.size() : static_cast<std::size_t>(it) % steps.size();
+      const step* chosen = &steps[next];
       if (fresh) {
         renamed = *chosen;
         auto largest = std::max_element(renamed.begin(), renamed.end(),
@@ -212,6 +218,7 @@ int main(int argc, char** argv) {
   int copies = 1;
   std::size_t sequence_count = 0;  // 0: all
   bool fresh = false;
+  unsigned shuffle = 0;  // 0: in turn
   std::string only;
   bool time_bounds = false;
   std::string json_path = "trace_replay.json";
@@ -223,6 +230,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sequences", sequence_count, "Keep the first N steps (after --variants), 0: all")
       ->capture_default_str();
+  app.add_option("--shuffle", shuffle, "Steps in random order, from this seed (0: in turn)")->capture_default_str();
   app.add_flag("--fresh", fresh, "No sequence ever comes twice (each iteration's largest request grows)");
   app.add_option("--concat", copies, "Copies of the trace one after another")->capture_default_str();
   app.add_flag("--bounds", time_bounds, "Time the step bounds (us a step)");
@@ -253,6 +261,7 @@ int main(int argc, char** argv) {
     if (variant_count > 1) name += fmt::format(" x{}", variant_count);
     if (copies > 1) name += fmt::format(" +{}", copies);
     if (sequence_count != 0) name += fmt::format(" /{}", steps.size());
+    if (shuffle != 0) name += " shuffled";
     if (fresh) name += " fresh";
     struct config {
       const char* label;
@@ -280,7 +289,7 @@ int main(int argc, char** argv) {
       // A fresh backend per run, so its counters describe this run alone.
       const refpool::backend be = use_cuda ? refpool::cuda::device(0) : refpool::make_host_backend();
       const std::size_t before = be.outstanding_bytes();
-      const result r = replay(be, steps, runs, c.options, c.how, time_bounds, fresh);
+      const result r = replay(be, steps, runs, c.options, c.how, time_bounds, fresh, shuffle);
       const std::size_t held = r.held_bytes - std::min(before, r.held_bytes);
       const std::size_t reserved = r.stats.peak_reserved_bytes;
       fmt::print("{:<20} {:<14} {:>8} {:>10.1f}MB {:>10.1f}MB {:>9.3f}x {:>10.1f} {:>12.2f} {:>14} {:>10} {:>10}\n",

@@ -44,6 +44,7 @@ for part in "$@"; do
       replay training bench/traces/gpt.csv.xz bench/traces/gpt_varlen.csv.xz bench/traces/resnet18.csv.xz
       replay serving bench/traces/gpt2_serving.csv.xz
       replay serving_24_shapes --iterations 1200 --variants 2 --sequences 24 bench/traces/gpt2_serving.csv.xz
+      replay serving_24_shapes_random --iterations 1200 --variants 2 --sequences 24 --shuffle 1 bench/traces/gpt2_serving.csv.xz
       replay serving_no_shape_twice --iterations 1200 --fresh bench/traces/gpt2_serving.csv.xz
       for name in gpt2_serving_recurring gpt2_serving_distinct; do  # this run's capture, else the kept one
         captured=$out/$name.csv.xz; [ -f "$captured" ] || captured=bench/traces/$name.csv.xz

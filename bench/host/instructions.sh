@@ -4,8 +4,9 @@
 # brackets them with callgrind's start and stop requests), so the count is exact and does not
 # depend on the machine's load. It includes the replay loop's own work (about 70 instructions).
 # Cases: the training traces, and the serving trace as 16 request shapes in turn (as captured), 24
-# shapes in turn (more than a key's 16 plans: --variants 2 --sequences 24) and a stream of shapes that
-# never comes twice (--fresh). ROWS and CASES (names below) narrow the table; TRACES adds trace files
+# shapes in turn (more than a key's 16 plans: --variants 2 --sequences 24), the same 24 in random order
+# (serving24r: --shuffle 1) and a stream of shapes that never comes twice (--fresh). ROWS and CASES
+# (names below) narrow the table; TRACES adds trace files
 # (each replayed as captured), e.g. the H200 serving captures.
 # Usage: [ROWS="default;plain step"] [CASES="gpt serving24"] bash bench/host/instructions.sh BUILD_DIR...
 #        (builds with -Dbenchmarks=enabled)
@@ -13,12 +14,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 t=$here/bench/traces
 IFS=';' read -ra rows <<< "${ROWS:-default;plain step;planned}"
-read -ra cases <<< "${CASES:-gpt gpt_varlen resnet18 serving16 serving24 servingfresh}"
+read -ra cases <<< "${CASES:-gpt gpt_varlen resnet18 serving16 serving24 serving24r servingfresh}"
 for f in ${TRACES:-}; do cases+=("$f"); done
 args_of() {
   case $1 in
     serving16) echo "$t/gpt2_serving.csv.xz" ;;
     serving24) echo "$t/gpt2_serving.csv.xz --variants 2 --sequences 24" ;;
+    serving24r) echo "$t/gpt2_serving.csv.xz --variants 2 --sequences 24 --shuffle 1" ;;
     servingfresh) echo "$t/gpt2_serving.csv.xz --fresh" ;;
     *.csv | *.csv.xz) echo "$1" ;;
     *) echo "$t/$1.csv.xz" ;;
