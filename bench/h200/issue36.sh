@@ -23,6 +23,14 @@ build() {
     -Dpython=enabled -Ddemo=disabled ${torch_dir:+-Dtorch_dir=$torch_dir} >"$out/build.txt" 2>&1 &&
     ninja -C /tmp/b bench/trace_replay python/librefpool.so >>"$out/build.txt" 2>&1
 }
+# refpool's PyTorch hooks, built beside librefpool where a part runs PyTorch: compiled at the first
+# install() otherwise, inside the timed-out benchmark process (a minute or more on a fresh machine).
+export REFPOOL_TORCH_HOOKS_DIR=${REFPOOL_TORCH_HOOKS_DIR:-/tmp/refpool-hooks} TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}
+hooks_job=
+case " $* " in *" generate "* | *" varlen "*)
+  PYTHONPATH=$PWD/python python3 bench/h200/torch_build.py --status "$out/build-status.txt" >"$out/build-hooks.txt" 2>&1 &
+  hooks_job=$! ;;
+esac
 if [ "${1:-}" = capture ]; then  # the GPU captures while the CPUs build
   build & build_job=$!
   OUT=$out timeout 240 bash bench/h200/serving_traces.sh 2>&1 | tail -4
@@ -52,10 +60,11 @@ for part in "$@"; do
         replay "$(basename "$captured" .csv.xz)" --iterations 1200 "$captured"
       done ;;
     generate | varlen)
+      [ -n "$hooks_job" ] && { wait "$hooks_job" || { echo "hooks did not build:"; tail -12 "$out/build-hooks.txt"; }; hooks_job=; }
       name=gpt2_generate extra=(--warmup 8 --steps 200)
       [ $part = varlen ] && name=gpt2_train_varlen extra=()
-      timeout 400 python3 bench/frameworks/run_all.py --library "$lib" --rounds 1 --modes own,refpool \
-        "${extra[@]}" --only $name --timeout 200 --out "$out/$part.json" >"$out/$part.txt" 2>&1
+      timeout 450 python3 bench/frameworks/run_all.py --library "$lib" --rounds 1 --modes own,refpool \
+        "${extra[@]}" --only $name --timeout 300 --out "$out/$part.json" >"$out/$part.txt" 2>&1
       tail -6 "$out/$part.txt" ;;
     *) echo "unknown part $part (capture must come first)"; exit 2 ;;
   esac
