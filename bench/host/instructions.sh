@@ -8,7 +8,7 @@
 # (serving24r: --shuffle 1) and a stream of shapes that never comes twice (--fresh). ROWS and CASES
 # (names below) narrow the table; TRACES adds trace files
 # (each replayed as captured), e.g. the H200 serving captures.
-# Usage: [ROWS="default;plain step"] [CASES="gpt serving24"] bash bench/host/instructions.sh BUILD_DIR...
+# Usage: [ROWS="default;plain step"] [CASES="gpt serving24"] [ITERATIONS=12] bash bench/host/instructions.sh BUILD_DIR...
 #        (builds with -Dbenchmarks=enabled)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,7 +35,7 @@ for c in "${cases[@]}"; do
     for b in "$@"; do
       # shellcheck disable=SC2046  # the case's arguments are words
       out=$(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/dev/null \
-        "$b/bench/trace_replay" --json /dev/null --only "$row" --iterations 12 $(args_of "$c") 2>&1)
+        "$b/bench/trace_replay" --json /dev/null --only "$row" --iterations "${ITERATIONS:-12}" $(args_of "$c") 2>&1)
       ir=$(echo "$out" | awk '/Collected/ { print $4 }')
       # The result line: requests measured last, steady driver calls two before.
       line=$(echo "$out" | grep '\.csv' | grep -v trace_replay | tail -n 1)
