@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <string>
@@ -98,9 +99,26 @@ void drop_route(void* context) { delete static_cast<route*>(context); }
 
 int accept_none(void*, void*) { return 0; }
 
-// refpool's free of a block, now or after record_stream's streams are done.
-void free_deferred(void* ptr) {
+// refpool's free of a block whose free was counted.
+void free_to_refpool(void* ptr) {
   if (api.free(ptr) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+}
+
+// A free record_stream defers, counted before any thread can give the block back: no longer
+// allocated, still active. Runs under the deferred frees' mutex: reports, never throws.
+void count_deferred_free(void* ptr, int device, std::size_t size) {
+  try {
+    refpool_torch::count_free(ptr, device, size, true);
+  } catch (const std::exception& e) {  // the profiler's report; the count is made
+    std::fprintf(stderr, "refpool: counting a deferred free: %s\n", e.what());
+  }
+}
+
+// A deferred free whose streams are done: the block is inactive (before refpool may hand it out
+// again, so its next request counts after), then refpool's.
+void free_deferred(void* ptr, int device, std::size_t size) {
+  refpool_torch::count_inactive(device, size);
+  free_to_refpool(ptr);
 }
 
 // A checkpoint restore on this thread (refpool_torch_hooks_restore): its one request, made through
@@ -219,19 +237,19 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   if (ptr == nullptr) return;
   if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->free(ptr, size, device, stream);
   refpool_torch::untrack_pool_allocation(ptr);
-  refpool_torch::count_free(ptr, device, size);
   std::vector<void*> uses;
-  try {
+  try {  // deferred: counted by defer_free (count_deferred_free), the block still active
     uses = refpool_torch::take_stream_uses(ptr);
-    if (!uses.empty() && refpool_torch::defer_free(ptr, device, stream, uses)) return;
+    if (!uses.empty() && refpool_torch::defer_free(ptr, device, size, stream, uses, count_deferred_free)) return;
   } catch (const std::exception& e) {  // a CUDA error recording the events (or no memory): free now, ordered
     std::fprintf(stderr, "refpool: record_stream's deferred free: %s\n", e.what());
   }
-  // Not deferred (a stream captures, or the events could not be recorded): refpool orders the next
-  // user's stream after these.
+  // Not deferred (no other stream, a stream captures, or the events could not be recorded): freed
+  // and inactive now; refpool orders the next user's stream after the recorded ones.
+  refpool_torch::count_free(ptr, device, size, false);
   for (void* used_on : uses)
     if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
-  free_deferred(ptr);
+  free_to_refpool(ptr);
 }
 
 /// set_record_stream_fn: Tensor.record_stream. The block's free waits for `stream`'s work then

@@ -39,9 +39,11 @@ void remember_memory_fraction(int device, double fraction);
 double memory_fraction(int device);
 
 // A request served or freed: counted, and shown to PyTorch's profiler while it records memory
-// (_torch_hooks_stats.cpp).
+// (_torch_hooks_stats.cpp). A free that record_stream defers leaves its block active (`still_active`)
+// until count_inactive, when the block goes back to refpool.
 void count_alloc(void* ptr, int device, std::size_t size);
-void count_free(void* ptr, int device, std::size_t size);
+void count_free(void* ptr, int device, std::size_t size, bool still_active);
+void count_inactive(int device, std::size_t size);
 // A request refpool could not serve: counts it (num_ooms), shows it to the tracker and to PyTorch's
 // out-of-memory observers (device, bytes, the device's cap: its memory fraction of the total or the
 // total, its free bytes), and returns the start of PyTorch's message ("CUDA out of memory. Tried to
@@ -58,19 +60,23 @@ void untrack_pool_allocation(void* ptr);  // nothing if ptr is no pool's
 // Frees deferred by Tensor.record_stream, as PyTorch's allocator defers them
 // (_torch_hooks_deferred.cpp). Streams are cudaStream_t. record_stream notes a use; the free hook
 // takes a block's uses and, for uses on streams other than its allocation's (none capturing), defers
-// its free until events recorded on them complete: then `free_now` (refpool's free) runs. Requests
-// free the completed ones while any are pending; empty_cache and a retry after out of memory wait
-// for all of them. A CUDA error checking an event keeps its block pending and is thrown (c10::Error)
-// once the completed ones are freed.
+// its free until events recorded on them complete: `counted` counts the free (the block still
+// active) before any thread can give the block back, and once the events are done `free_now`
+// (refpool's free, counting the block inactive) runs with the block's device and size, once a block.
+// Requests free the completed ones while any are pending; empty_cache and a retry after out of
+// memory wait for all of them. A CUDA error checking an event keeps its block pending and is thrown
+// (c10::Error) once the completed ones are freed.
+using deferred_fn = void (*)(void* ptr, int device, std::size_t size);
 void note_stream_use(void* ptr, void* stream);
 std::vector<void*> take_stream_uses(void* ptr);  // empty (one atomic load, mostly) when ptr was not recorded
 // A block refpool just served has no use to note yet: a note for its address is stale (record_stream
 // on memory refpool never served, as PyTorch's allocator ignores it) and goes. One atomic load when no
 // noted address hashes where ptr does.
 void forget_stream_uses(void* ptr);
-bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& uses);  // true: deferred
+bool defer_free(void* ptr, int device, std::size_t size, void* allocated_on, std::vector<void*>& uses,
+                deferred_fn counted);  // true: deferred
 bool frees_pending();
-void free_completed(void (*free_now)(void*));
-void free_all_pending(void (*free_now)(void*));
+void free_completed(deferred_fn free_now);
+void free_all_pending(deferred_fn free_now);
 
 }  // namespace refpool_torch

@@ -2,7 +2,9 @@
 // library, built against the PyTorch in use: _torch_hooks.py). A tensor recorded on another stream
 // goes back to refpool only when an event recorded on that stream at its free has completed, so
 // no request gets its bytes while the other stream may still use them, and the stream that takes
-// them next gets no wait on work it never depended on.
+// them next gets no wait on work it never depended on. Meanwhile the block is freed but still active
+// in PyTorch's statistics: its pending record keeps its device and size, for free_now to count it
+// inactive once it goes back.
 //
 // Why here and not in librefpool: refpool's own record_stream orders the next user's stream after
 // the recorded ones (an event and a wait on the device), hands the same address out at once, and
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <mutex>
@@ -41,6 +44,8 @@ struct recorded_event {
 
 struct pending_free {
   void* ptr;
+  int device;  // the block's, and its size as requested: what free_now counts inactive
+  std::size_t size;
   std::vector<recorded_event> events;  // one for each other stream that used the bytes
 };
 
@@ -121,7 +126,7 @@ recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
 // are checked outside the mutex, so that frees and record_stream on other threads go on meanwhile.
 // A CUDA error keeps its block pending (its streams' use of it is unknown) and is thrown after the
 // others went to refpool; nothing here throws before, so no block is lost or freed twice.
-void free_pending(bool wait, void (*free_now)(void*)) {
+void free_pending(bool wait, deferred_fn free_now) {
   deferred_frees& s = state();
   std::unique_lock releasing(s.releasing, std::defer_lock);
   if (wait)
@@ -151,7 +156,7 @@ void free_pending(bool wait, void (*free_now)(void*)) {
     for (auto p = done; p != taken.end(); ++p)
       for (const recorded_event& e : p->events) s.idle_events[e.device].push_back(e.event);
   }
-  for (auto p = done; p != taken.end(); ++p) free_now(p->ptr);
+  for (auto p = done; p != taken.end(); ++p) free_now(p->ptr, p->device, p->size);
   s.pending_count.fetch_sub(static_cast<std::size_t>(taken.end() - done), std::memory_order_relaxed);
   releasing.unlock();
   C10_CUDA_CHECK(failure);
@@ -190,7 +195,8 @@ void forget_stream_uses(void* ptr) {
   if (s.uses.erase(ptr) != 0) noted.fetch_sub(1, std::memory_order_relaxed);
 }
 
-bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& uses) {
+bool defer_free(void* ptr, int device, std::size_t size, void* allocated_on, std::vector<void*>& uses,
+                deferred_fn counted) {
   // PyTorch ignores a record on the allocation's own stream.
   uses.erase(std::remove(uses.begin(), uses.end(), allocated_on), uses.end());
   if (uses.empty()) return false;
@@ -198,7 +204,7 @@ bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& u
   if (capturing(allocated_on) || std::any_of(uses.begin(), uses.end(), capturing)) return false;
   deferred_frees& s = state();
   std::lock_guard lock(s.mutex);
-  pending_free p{ptr, {}};
+  pending_free p{ptr, device, size, {}};
   try {
     p.events.reserve(uses.size());
     for (void* stream : uses) p.events.push_back(record_use(s, static_cast<cudaStream_t>(stream), device));
@@ -208,13 +214,15 @@ bool defer_free(void* ptr, int device, void* allocated_on, std::vector<void*>& u
     throw;
   }
   s.pending_count.fetch_add(1, std::memory_order_relaxed);
+  // Under the mutex, so no thread takes the block back (counting it inactive) before its free is counted.
+  counted(ptr, device, size);
   return true;
 }
 
 bool frees_pending() { return state().pending_count.load(std::memory_order_relaxed) != 0; }
 
-void free_completed(void (*free_now)(void*)) { free_pending(false, free_now); }
+void free_completed(deferred_fn free_now) { free_pending(false, free_now); }
 
-void free_all_pending(void (*free_now)(void*)) { free_pending(true, free_now); }
+void free_all_pending(deferred_fn free_now) { free_pending(true, free_now); }
 
 }  // namespace refpool_torch

@@ -1,10 +1,10 @@
 // What the hooks tell PyTorch about requests beyond serving them: each request counted into the
 // device's statistics (_torch_hooks_counters.cpp: torch.cuda.memory_stats() keys allocation.*,
-// allocated_bytes.*, active*, requested_bytes.* and num_ooms; refpool/_torch_stats.py reads them
-// and adds refpool's counters for reserved memory) and shown to PyTorch's profiler while it
-// records memory (torch.profiler's profile_memory), as PyTorch's allocator reports them; refpool's
-// reserved bytes are not known here and are reported as 0. Out of memory: the count, the
-// profiler, the tracker, the observers and the start of PyTorch's message.
+// allocated_bytes.*, requested_bytes.*, active.*, active_bytes.* and num_ooms;
+// refpool/_torch_stats.py reads them and adds refpool's counters for reserved memory) and shown to
+// PyTorch's profiler while it records memory (torch.profiler's profile_memory), as PyTorch's
+// allocator reports them; refpool's reserved bytes are not known here and are reported as 0. Out of
+// memory: the count, the profiler, the tracker, the observers and the start of PyTorch's message.
 //
 // Cost per request: the device's uncontended counter mutex (_torch_hooks_counters.hpp says why
 // not atomics), one relaxed load and, while install() is in force, the profiler's thread-local
@@ -72,13 +72,18 @@ void count_alloc(void* ptr, int device, std::size_t size) {
                                      cuda_device(device));
 }
 
-void count_free(void* ptr, int device, std::size_t size) {
+void count_free(void* ptr, int device, std::size_t size, bool still_active) {
   device_counters* c = counters_of(device);
   if (c == nullptr) return;
-  const std::int64_t allocated = c->on_free(size);
+  const std::int64_t allocated = c->on_free(size, still_active);
   if (profiling())
     c10::reportMemoryUsageToProfiler(ptr, -static_cast<std::int64_t>(size), static_cast<std::size_t>(allocated), 0,
                                      cuda_device(device));
+}
+
+// Not shown to the profiler: PyTorch reports a block at its free, deferred or not.
+void count_inactive(int device, std::size_t size) {
+  if (device_counters* c = counters_of(device)) c->on_inactive(size);
 }
 
 std::string out_of_memory(int device, std::size_t size) {

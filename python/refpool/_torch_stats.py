@@ -12,14 +12,11 @@ from . import allocator
 
 CLASSES = ("all", "small_pool", "large_pool")
 FIELDS = ("current", "peak", "allocated", "freed")
-# What refpool's hooks count ([kind][class][field], then num_ooms: _torch_hooks_stats.cpp's layout).
-HOOK_KINDS = ("allocation", "allocated_bytes", "requested_bytes")
+# What refpool's hooks count ([kind][class][field], then num_ooms: _torch_hooks_counters.hpp's layout).
+# active differs from allocation while record_stream defers a free: the block is active until its
+# streams' events complete, as in PyTorch.
+HOOK_KINDS = ("allocation", "allocated_bytes", "requested_bytes", "active", "active_bytes")
 HOOK_STAT_COUNT = len(HOOK_KINDS) * len(CLASSES) * len(FIELDS) + 1
-# PyTorch keys given another's value here: active == allocated. Not exact while record_stream
-# defers frees (_torch_hooks_deferred.cpp): PyTorch counts a block waiting for its streams' events as
-# active and no longer allocated; refpool's hooks count it as neither (the difference lasts until
-# the events complete).
-ALIASES = {"active": "allocation", "active_bytes": "allocated_bytes"}
 # refpool counters that are totals since the start (reset_accumulated_memory_stats keeps a baseline).
 ACCUMULATED = ("oom_retries", "backend_allocations", "segment_grows", "uncached_allocations", "backend_frees",
                "segment_trims", "reserved_allocated_bytes", "reserved_freed_bytes")
@@ -61,28 +58,23 @@ def hook_values_to_keys(values):
             for field in FIELDS:
                 result[f"{kind}.{cls}.{field}"] = int(values[i])
                 i += 1
-    _add_aliases(result)
     result["num_ooms"] = int(values[i])
     return result
 
 
-def _add_aliases(result):
-    for alias, kind in ALIASES.items():
-        result.update({alias + key[len(kind):]: value for key, value in result.items() if key.startswith(kind + ".")})
-
-
 def counters_to_allocation_keys(summed):
     """The per-allocation keys from refpool's counters alone (refpool's hooks not loaded): the
-    figures for all sizes, under `all` and `large_pool`; no totals."""
-    per_kind = {"allocation": (summed.get("live_blocks", 0), summed.get("live_blocks", 0)),
-                "allocated_bytes": (summed.get("allocated_bytes", 0), summed.get("peak_allocated_bytes", 0)),
-                "requested_bytes": (summed.get("allocated_bytes", 0), summed.get("peak_allocated_bytes", 0))}
+    figures for all sizes, under `all` and `large_pool`; no totals. Without the hooks no free is
+    deferred: active is allocated."""
+    blocks = (summed.get("live_blocks", 0), summed.get("live_blocks", 0))
+    block_bytes = (summed.get("allocated_bytes", 0), summed.get("peak_allocated_bytes", 0))
+    per_kind = {"allocation": blocks, "allocated_bytes": block_bytes, "requested_bytes": block_bytes,
+                "active": blocks, "active_bytes": block_bytes}
     result = {}
     for kind, (current, peak) in per_kind.items():
         for cls, (now, top) in (("all", (current, peak)), ("large_pool", (current, peak)), ("small_pool", (0, 0))):
             result.update({f"{kind}.{cls}.current": now, f"{kind}.{cls}.peak": max(top, now),
                            f"{kind}.{cls}.allocated": 0, f"{kind}.{cls}.freed": 0})
-    _add_aliases(result)
     result["num_ooms"] = summed.get("ooms", 0)
     return result
 

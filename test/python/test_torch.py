@@ -612,6 +612,45 @@ def test_record_stream_defers_the_free_until_the_stream_is_done():
     assert result["oom_retry"] == "served", result
 
 
+def test_record_stream_keeps_a_deferred_block_active_not_allocated_until_its_stream_is_done():
+    # PyTorch's meaning: a block whose free record_stream defers is no longer allocated at `del`, but
+    # active until its stream's event completes and it goes back (at the next request). Before the
+    # fix active was allocated (an alias), so the block was counted as neither meanwhile.
+    result = child_json("""
+        import json, torch, refpool.torch
+        refpool.torch.install()
+        n = 1 << 22
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        x = torch.empty(n, device="cuda")
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)  # about 50 ms
+            x.fill_(1.0)  # the late writer
+        x.record_stream(side)
+        keys = ("allocated_bytes.all.current", "active_bytes.all.current", "allocation.all.current",
+                "active.all.current", "active_bytes.large_pool.peak", "allocated_bytes.large_pool.peak")
+        def stats():
+            s = torch.cuda.memory_stats()
+            return {k: s[k] for k in keys}
+        out = {"before": stats()}
+        del x
+        out["pending"] = stats()  # memory_stats allocates nothing: the free is still deferred
+        side.synchronize()
+        y = torch.empty(16, device="cuda")  # the request gives the completed free back first
+        out["done"] = stats()
+        print(json.dumps(out))
+    """)
+    block = 4 << 22  # x's bytes: a multiple of 512
+    before, pending, done = result["before"], result["pending"], result["done"]
+    assert before["active_bytes.all.current"] == before["allocated_bytes.all.current"] >= block, result
+    assert pending["allocated_bytes.all.current"] == before["allocated_bytes.all.current"] - block, result
+    assert pending["active_bytes.all.current"] == pending["allocated_bytes.all.current"] + block, result
+    assert pending["active.all.current"] == pending["allocation.all.current"] + 1, result
+    assert pending["active_bytes.large_pool.peak"] == pending["allocated_bytes.large_pool.peak"], result
+    assert done["active_bytes.all.current"] == done["allocated_bytes.all.current"], result
+    assert done["active.all.current"] == done["allocation.all.current"], result
+
+
 def refpool_messages(stderr):
     """What refpool's hooks reported on stderr (a free that could not go as it should)."""
     return [line for line in stderr.splitlines() if line.startswith("refpool")]

@@ -102,22 +102,28 @@ def fake_torch(freed=None):
     return module(cuda=cuda, accelerator=accelerator, _C=c, Tensor=module(record_stream=placeholder))
 
 
-def hook_values(allocations, block_bytes, requested_bytes, ooms=0):
-    """The hooks' counters for `allocations` live small allocations (totals equal to the current values)."""
+def hook_values(allocations, block_bytes, requested_bytes, ooms=0, active=None, active_bytes=None):
+    """The hooks' counters for `allocations` live small allocations (totals equal to the current values),
+    and `active` blocks of `active_bytes` (as many as allocated unless given: no free deferred)."""
     values = []
-    for current in (allocations, block_bytes, requested_bytes):
+    active = allocations if active is None else active
+    active_bytes = block_bytes if active_bytes is None else active_bytes
+    for current in (allocations, block_bytes, requested_bytes, active, active_bytes):
         for cls in ("all", "small_pool", "large_pool"):
             now = current if cls != "large_pool" else 0
             values += [now, now, now, 0]  # current, peak, allocated, freed
     return values + [ooms]
 
 
-def test_hook_counters_become_pytorchs_keys_with_active_as_allocated():
+def test_hook_counters_become_pytorchs_keys_active_its_own():
     keys = _torch_stats.hook_values_to_keys(hook_values(3, 1536, 1000, ooms=2))
     assert keys["allocation.all.current"] == keys["active.all.current"] == 3
     assert keys["allocated_bytes.small_pool.peak"] == keys["active_bytes.small_pool.peak"] == 1536
     assert keys["requested_bytes.all.allocated"] == 1000 and keys["allocated_bytes.large_pool.current"] == 0
     assert keys["num_ooms"] == 2
+    keys = _torch_stats.hook_values_to_keys(hook_values(3, 1536, 1000, active=4, active_bytes=2048))
+    assert keys["allocation.all.current"] == 3 and keys["active.all.current"] == 4  # a free deferred
+    assert keys["allocated_bytes.all.peak"] == 1536 and keys["active_bytes.all.peak"] == 2048
     with pytest.raises(ValueError, match="counters"):
         _torch_stats.hook_values_to_keys([0] * 5)
 
@@ -483,16 +489,23 @@ COUNTER_DRIVER = r"""
 #include <thread>
 #include <vector>
 
-extern "C" long long count_request(int device, unsigned long long size, int alloc) {
+enum { freed, served, deferred, back };  // a deferred free: freed, still active, until back (inactive)
+extern "C" long long count_request(int device, unsigned long long size, int what) {
   refpool_torch::device_counters* c = refpool_torch::counters_of(device);
-  return c == nullptr ? -1 : alloc != 0 ? c->on_alloc(size) : c->on_free(size);
+  if (c == nullptr) return -1;
+  switch (what) {
+    case served: return c->on_alloc(size);
+    case deferred: return c->on_free(size, true);
+    case back: c->on_inactive(size); return 0;
+    default: return c->on_free(size);
+  }
 }
 extern "C" void count_oom(int device) { refpool_torch::counters_of(device)->on_oom(); }
 extern "C" void set_fraction(int device, double f) { refpool_torch::remember_memory_fraction(device, f); }
 
 // `threads` threads, `rounds` times: each makes `burst` requests of its own size (thread t: t+1
 // small blocks, or t+1 MiB and a byte, large, on odd rounds), all wait until every one has, then
-// free them, and wait again.
+// free them (every other one deferred), wait, take the deferred ones back, and wait again.
 extern "C" void race(int device, int threads, int rounds, int burst) {
   std::atomic<int> arrived{0};
   auto wait_for = [&](int target) { arrived.fetch_add(1); while (arrived.load() < target) std::this_thread::yield(); };
@@ -501,10 +514,12 @@ extern "C" void race(int device, int threads, int rounds, int burst) {
     pool.emplace_back([=, &wait_for] {
       for (int r = 0; r < rounds; ++r) {
         const unsigned long long size = r % 2 == 0 ? 512ULL * (t + 1) : (1ULL << 20) * (t + 1) + 1;
-        for (int i = 0; i < burst; ++i) count_request(device, size, 1);
-        wait_for((2 * r + 1) * threads);
-        for (int i = 0; i < burst; ++i) count_request(device, size, 0);
-        wait_for((2 * r + 2) * threads);
+        for (int i = 0; i < burst; ++i) count_request(device, size, served);
+        wait_for((3 * r + 1) * threads);
+        for (int i = 0; i < burst; ++i) count_request(device, size, i % 2 == 0 ? freed : deferred);
+        wait_for((3 * r + 2) * threads);
+        for (int i = 1; i < burst; i += 2) count_request(device, size, back);
+        wait_for((3 * r + 3) * threads);
       }
     });
   for (auto& t : pool) t.join();
@@ -597,6 +612,51 @@ def test_hook_counters_are_exact_with_threads_racing(counters):
     assert keys["allocated_bytes.large_pool.peak"] == keys["allocated_bytes.all.peak"] == large_blocks
     assert keys["requested_bytes.large_pool.peak"] == burst * sum((1 << 20) * (t + 1) + 1 for t in range(threads))
     assert keys["requested_bytes.all.allocated"] == keys["requested_bytes.all.freed"]
+    # Deferred frees leave blocks active between the barriers: active peaks as allocation, and ends at 0.
+    assert keys["active.all.current"] == keys["active_bytes.all.current"] == 0
+    assert keys["active.all.peak"] == threads * burst and keys["active_bytes.all.peak"] == large_blocks
+    assert keys["active.all.allocated"] == keys["active.all.freed"] == threads * rounds * burst
+    assert keys["active_bytes.small_pool.freed"] == keys["allocated_bytes.small_pool.freed"]
+
+
+def test_hook_counters_keep_a_deferred_free_active_until_it_is_back(counters):
+    # PyTorch's meaning: a block whose recorded streams are busy at its free is no longer allocated,
+    # but active until their events complete and it goes back to the allocator.
+    freed, served, deferred, back = range(4)
+    small, large = 100, 3 * (1 << 20) + 1
+    large_block = 3 * (1 << 20) + 512
+    counters.count_request(3, small, served)
+    counters.count_request(3, large, served)
+    assert counters.count_request(3, large, deferred) == 512  # allocated_bytes.all.current
+    keys = counted(counters, 3)
+    assert keys["allocation.all.current"] == 1 and keys["active.all.current"] == 2
+    assert keys["allocated_bytes.all.current"] == 512 and keys["active_bytes.all.current"] == 512 + large_block
+    assert keys["allocation.large_pool.freed"] == 1 and keys["active.large_pool.freed"] == 0
+    assert keys["requested_bytes.all.current"] == small
+    counters.count_request(3, small, served)  # while the large block is pending
+    keys = counted(counters, 3)
+    assert keys["allocation.all.peak"] == 2 and keys["active.all.peak"] == 3
+    assert keys["allocated_bytes.all.peak"] == 512 + large_block
+    assert keys["active_bytes.all.peak"] == 1024 + large_block and keys["active_bytes.small_pool.peak"] == 1024
+
+    counters.refpool_torch_hooks_reset_accumulated_stats(3)
+    keys = counted(counters, 3)
+    assert all(keys[f"{kind}.{cls}.{field}"] == 0 for kind in ("active", "active_bytes")
+               for cls in ("all", "small_pool", "large_pool") for field in ("allocated", "freed"))
+    counters.count_request(3, large, back)  # its events completed: back to refpool
+    keys = counted(counters, 3)
+    assert keys["allocation.all.current"] == keys["active.all.current"] == 2
+    assert keys["allocated_bytes.all.current"] == keys["active_bytes.all.current"] == 1024
+    assert keys["active.large_pool.freed"] == 1 and keys["active_bytes.large_pool.freed"] == large_block
+    assert keys["allocation.large_pool.freed"] == 0  # its free was counted before the reset
+    assert keys["active.all.peak"] == 3  # peaks stay until reset_peak_memory_stats
+    counters.refpool_torch_hooks_reset_peak_stats(3)
+    keys = counted(counters, 3)
+    assert keys["active.all.peak"] == 2 and keys["active_bytes.all.peak"] == 1024
+    counters.count_request(3, small, freed)  # not deferred: inactive at once
+    keys = counted(counters, 3)
+    assert keys["allocation.all.current"] == keys["active.all.current"] == 1
+    assert keys["active_bytes.small_pool.freed"] == keys["allocated_bytes.small_pool.freed"] == 512
 
 
 def test_hook_counters_memory_fraction_and_devices_out_of_range(counters):

@@ -4,8 +4,10 @@
 // here: events complete after a set number of queries, fail on demand, and refuse a stream of
 // another device, as CUDA does. The real runtime and PyTorch run these paths in
 // test/python/test_torch.py on a GPU; this test keeps their bookkeeping (every block back to
-// refpool exactly once, never before its events) checked in CI (the plain build: CI's sanitizer
-// builds leave CUDA out; built by hand with -fsanitize=thread or address,undefined it is clean).
+// refpool exactly once, never before its events, with its device and size; its free counted once,
+// before it goes back, into the hooks' real counters: active until it is back) checked in CI (the
+// plain build: CI's sanitizer builds leave CUDA out; built by hand with -fsanitize=thread or
+// address,undefined it is clean).
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -21,6 +23,7 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 #include "_torch_hooks.hpp"
+#include "_torch_hooks_counters.hpp"
 
 // ---- the fake runtime --------------------------------------------------------------------------
 
@@ -91,46 +94,108 @@ namespace c10::cuda {
 bool hasPrimaryContext(DeviceIndex) { return true; }
 }  // namespace c10::cuda
 
-// ---- refpool's side: which blocks it holds -------------------------------------------------------
+// ---- refpool's side: which blocks it holds, and the hooks' counters -------------------------------
 
 namespace {
 
-std::mutex blocks_mutex;
-// block -> held by a tensor (or pending), false: back in refpool. Never destroyed, as the blocks
-// and the hooks' state: they outlive static destruction, when a leak check runs.
-std::unordered_map<void*, bool>& served = *new std::unordered_map<void*, bool>;
-std::atomic<int> double_frees{0};
+struct block_state {
+  bool taken = false;     // held by a tensor (or pending); false: back in refpool
+  bool deferred = false;  // its free deferred, and counted, not yet back
+  std::size_t size = 0;   // of its request, as the hooks see it
+  int device = 0;
+};
 
+std::mutex blocks_mutex;
+// Never destroyed, as the blocks and the hooks' state: they outlive static destruction, when a
+// leak check runs.
+std::unordered_map<void*, block_state>& served = *new std::unordered_map<void*, block_state>;
+std::atomic<int> double_frees{0};
+std::atomic<int> miscounted{0};  // a deferred free counted twice, or a block back uncounted or with others' figures
+refpool_torch::device_counters& counters = *new refpool_torch::device_counters;  // device 0's; 1's share it
+
+// refpool's free (the hooks' free_to_refpool).
+void give_back(block_state& b) {
+  if (!b.taken) ++double_frees;
+  b.taken = false;
+}
+
+// The free hook's path for a free it does not defer: counted freed and inactive, then back.
 void free_now(void* block) {
   std::lock_guard guard(blocks_mutex);
-  if (!served[block]) ++double_frees;
-  served[block] = false;
+  block_state& b = served[block];
+  counters.on_free(b.size, false);
+  give_back(b);
+}
+
+// defer_free's `counted` (the hooks' count_deferred_free): freed, still active.
+void count_deferred(void* block, int device, std::size_t size) {
+  std::lock_guard guard(blocks_mutex);
+  block_state& b = served[block];
+  if (!b.taken || b.deferred || b.size != size || b.device != device) ++miscounted;
+  b.deferred = true;
+  counters.on_free(size, true);
+}
+
+// free_completed's and free_all_pending's `free_now` (the hooks' free_deferred): inactive, then back.
+void free_deferred(void* block, int device, std::size_t size) {
+  std::lock_guard guard(blocks_mutex);
+  block_state& b = served[block];
+  if (!b.deferred || b.size != size || b.device != device) ++miscounted;
+  b.deferred = false;
+  counters.on_inactive(size);
+  give_back(b);
 }
 
 bool held(void* block) {
   std::lock_guard guard(blocks_mutex);
-  return served[block];
+  return served[block].taken;
 }
 
-// A block for a new tensor: one refpool holds, or a new one. Blocks live for the process.
-void* serve(std::mt19937& random) {
+// A block for a new tensor of `size` bytes on `device`: one refpool holds, or a new one. Blocks live
+// for the process. Counted allocated and active.
+void* serve(std::mt19937& random, std::size_t size = 1000, int device = 0) {
   std::lock_guard guard(blocks_mutex);
-  for (auto& [block, taken] : served)
-    if (!taken && random() % 2 == 0) {
-      taken = true;
-      return block;
+  void* block = nullptr;
+  for (auto& [address, b] : served)
+    if (!b.taken && random() % 2 == 0) {
+      block = address;
+      break;
     }
-  void* block = new std::uint64_t[2];
-  served[block] = true;
+  if (block == nullptr) block = new std::uint64_t[2];
+  served[block] = {true, false, size, device};
+  counters.on_alloc(size);
   return block;
+}
+
+std::int64_t counted(refpool_torch::device_counters::kind kind,
+                     refpool_torch::device_counters::field field = refpool_torch::device_counters::current) {
+  using c = refpool_torch::device_counters;
+  std::int64_t values[c::values];
+  counters.read(values, c::values);
+  return values[(kind * c::classes + c::all_classes) * c::fields + field];
+}
+
+// Active blocks beyond the allocated ones: the deferred frees not yet back.
+std::int64_t active_not_allocated() {
+  using c = refpool_torch::device_counters;
+  return counted(c::active) - counted(c::allocation);
 }
 
 CUstream_st compute{0}, side{0}, other_device{1};
 
-// The free hook's path: the block's recorded streams, then deferred or freed now.
+// The free hook's path: the block's recorded streams, then deferred (and counted by defer_free) or
+// freed now.
 void free_hook(void* block, cudaStream_t allocated_on) {
+  std::size_t size = 0;
+  int device = 0;
+  {
+    std::lock_guard guard(blocks_mutex);
+    size = served[block].size;
+    device = served[block].device;
+  }
   std::vector<void*> uses = refpool_torch::take_stream_uses(block);
-  if (uses.empty() || !refpool_torch::defer_free(block, 0, allocated_on, uses)) free_now(block);
+  if (uses.empty() || !refpool_torch::defer_free(block, device, size, allocated_on, uses, count_deferred))
+    free_now(block);
 }
 
 // A tensor's life as the hooks see it: served on `compute` (the malloc hook forgets any note for
@@ -145,8 +210,9 @@ void* record_and_free(std::mt19937& random, cudaStream_t used_on) {
 
 void drain() {
   failures_on = false;
-  refpool_torch::free_all_pending(free_now);
+  refpool_torch::free_all_pending(free_deferred);
   REQUIRE_FALSE(refpool_torch::frees_pending());
+  CHECK(active_not_allocated() == 0);
 }
 
 }  // namespace
@@ -157,12 +223,47 @@ TEST_CASE("a block recorded on another stream goes back to refpool once its even
   next_queries = 2;
   void* block = record_and_free(random, &side);
   CHECK(refpool_torch::frees_pending());
-  refpool_torch::free_completed(free_now);  // not ready
-  refpool_torch::free_completed(free_now);  // not ready
+  CHECK(active_not_allocated() == 1);
+  refpool_torch::free_completed(free_deferred);  // not ready
+  refpool_torch::free_completed(free_deferred);  // not ready
   CHECK(held(block));
-  refpool_torch::free_completed(free_now);
+  CHECK(active_not_allocated() == 1);
+  refpool_torch::free_completed(free_deferred);
   CHECK_FALSE(held(block));
   CHECK_FALSE(refpool_torch::frees_pending());
+  CHECK(active_not_allocated() == 0);
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+}
+
+TEST_CASE("a deferred free: no longer allocated at the free, active until it is back, with its device and size",
+          "[torch][record_stream][counters]") {
+  using c = refpool_torch::device_counters;
+  std::mt19937 random(6);
+  next_queries = 1;
+  const std::int64_t bytes = counted(c::active_bytes), allocated = counted(c::allocated_bytes);
+  const std::int64_t active_freed = counted(c::active, c::freed), freed = counted(c::allocation, c::freed);
+  void* small = serve(random, 100, 0);
+  void* large = serve(random, (std::size_t{3} << 20) + 1, 1);  // device 1's free: its event on side's device 0
+  refpool_torch::forget_stream_uses(small);
+  refpool_torch::forget_stream_uses(large);
+  refpool_torch::note_stream_use(small, &side);
+  refpool_torch::note_stream_use(large, &side);
+  free_hook(small, &compute);
+  free_hook(large, &compute);
+  CHECK(counted(c::allocated_bytes) == allocated);  // both freed
+  CHECK(counted(c::allocation, c::freed) == freed + 2);
+  CHECK(counted(c::active_bytes) == bytes + 512 + (3 << 20) + 512);  // both still active
+  CHECK(counted(c::active, c::freed) == active_freed);
+  CHECK(counted(c::active_bytes, c::peak) >= counted(c::active_bytes));
+  refpool_torch::free_completed(free_deferred);  // not ready
+  CHECK(active_not_allocated() == 2);
+  refpool_torch::free_completed(free_deferred);
+  CHECK_FALSE(held(small));
+  CHECK_FALSE(held(large));
+  CHECK(counted(c::active_bytes) == bytes);
+  CHECK(counted(c::active, c::freed) == active_freed + 2);
+  CHECK(miscounted == 0);  // free_deferred got each block's own device and size
   CHECK(double_frees == 0);
 }
 
@@ -172,13 +273,17 @@ TEST_CASE("a record on the allocation's own stream defers nothing; empty_cache's
   next_queries = 1000;
   void* own = record_and_free(random, &compute);
   CHECK_FALSE(held(own));
+  CHECK(active_not_allocated() == 0);  // inactive at once
   std::vector<void*> blocks;
   for (int i = 0; i < 5; ++i) blocks.push_back(record_and_free(random, &side));
-  refpool_torch::free_completed(free_now);
+  refpool_torch::free_completed(free_deferred);
   for (void* b : blocks) CHECK(held(b));
-  refpool_torch::free_all_pending(free_now);  // synchronizes
+  CHECK(active_not_allocated() == 5);
+  refpool_torch::free_all_pending(free_deferred);  // synchronizes
   for (void* b : blocks) CHECK_FALSE(held(b));
+  CHECK(active_not_allocated() == 0);
   CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
 }
 
 TEST_CASE("a note for memory refpool did not serve is forgotten when refpool serves that address",
@@ -190,7 +295,8 @@ TEST_CASE("a note for memory refpool did not serve is forgotten when refpool ser
   refpool_torch::note_stream_use(block, &side);
   block = [&] {  // refpool serves the address again (the malloc hook forgets its note)
     std::lock_guard guard(blocks_mutex);
-    served[block] = true;
+    served[block] = {true, false, 1000, 0};
+    counters.on_alloc(1000);
     return block;
   }();
   refpool_torch::forget_stream_uses(block);
@@ -220,14 +326,16 @@ TEST_CASE("a failing event keeps its block pending, and the completed ones still
   for (int i = 0; i < 200; ++i) blocks.push_back(record_and_free(random, &side));
   int thrown = 0;
   for (int i = 0; i < 10; ++i) try {
-      refpool_torch::free_completed(free_now);
+      refpool_torch::free_completed(free_deferred);
     } catch (const std::exception&) {
       ++thrown;
     }
   CHECK(thrown > 0);  // about a fifth of the events fail while they are not ready
+  CHECK(active_not_allocated() > 0);  // the failed ones, still pending, still active
   drain();
   for (void* b : blocks) CHECK_FALSE(held(b));
   CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
 }
 
 TEST_CASE("frees, records and polls from many threads: every block back exactly once", "[torch][record_stream][threads]") {
@@ -241,10 +349,10 @@ TEST_CASE("frees, records and polls from many threads: every block back exactly 
     threads.emplace_back([&, t] {
       std::mt19937 random(static_cast<unsigned>(100 + t));
       for (int i = 0; i < 3000; ++i) {
-        void* block = serve(random);
+        void* block = serve(random, 1 + random() % (std::size_t{2} << 20), static_cast<int>(random() % 2));
         try {
           if (refpool_torch::frees_pending())
-            (random() % 50 == 0 ? refpool_torch::free_all_pending : refpool_torch::free_completed)(free_now);
+            (random() % 50 == 0 ? refpool_torch::free_all_pending : refpool_torch::free_completed)(free_deferred);
         } catch (const std::exception&) {
           ++thrown;
         }
@@ -262,8 +370,13 @@ TEST_CASE("frees, records and polls from many threads: every block back exactly 
     });
   for (std::thread& t : threads) t.join();
   drain();
+  using c = refpool_torch::device_counters;
+  CHECK(counted(c::active) == counted(c::allocation));
+  CHECK(counted(c::active_bytes) == counted(c::allocated_bytes));
+  CHECK(counted(c::active, c::freed) == counted(c::allocation, c::freed));
   std::lock_guard guard(blocks_mutex);
-  for (const auto& [block, taken] : served) CHECK_FALSE(taken);
+  for (const auto& [block, b] : served) CHECK_FALSE(b.taken);
   CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
   if (!failing) CHECK(thrown == 0);
 }
