@@ -106,17 +106,19 @@ void free_to_refpool(void* ptr) {
 
 // A free record_stream defers, counted before any thread can give the block back: no longer
 // allocated, still active. Runs under the deferred frees' mutex: reports, never throws.
-void count_deferred_free(void* ptr, int device, std::size_t size) {
+void count_deferred_free(void* ptr, int device, std::size_t size) noexcept {
   try {
     refpool_torch::count_free(ptr, device, size, true);
   } catch (const std::exception& e) {  // the profiler's report; the count is made
     std::fprintf(stderr, "refpool: counting a deferred free: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "refpool: counting a deferred free: unknown exception\n");
   }
 }
 
 // A deferred free whose streams are done: the block is inactive (before refpool may hand it out
 // again, so its next request counts after), then refpool's.
-void free_deferred(void* ptr, int device, std::size_t size) {
+void free_deferred(void* ptr, int device, std::size_t size) noexcept {
   refpool_torch::count_inactive(device, size);
   free_to_refpool(ptr);
 }

@@ -66,7 +66,9 @@ void untrack_pool_allocation(void* ptr);  // nothing if ptr is no pool's
 // Requests free the completed ones while any are pending; empty_cache and a retry after out of
 // memory wait for all of them. A CUDA error checking an event keeps its block pending and is thrown
 // (c10::Error) once the completed ones are freed.
-using deferred_fn = void (*)(void* ptr, int device, std::size_t size);
+// noexcept: `counted` runs once the block is pending (a throw would have the caller free it again)
+// and `free_now` on blocks already taken from the pending list (a throw would lose the rest).
+using deferred_fn = void (*)(void* ptr, int device, std::size_t size) noexcept;
 void note_stream_use(void* ptr, void* stream);
 std::vector<void*> take_stream_uses(void* ptr);  // empty (one atomic load, mostly) when ptr was not recorded
 // A block refpool just served has no use to note yet: a note for its address is stale (record_stream

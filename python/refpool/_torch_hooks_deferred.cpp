@@ -125,7 +125,8 @@ recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
 // Gives refpool the pending frees whose events have completed (`wait`: waits for each first). Events
 // are checked outside the mutex, so that frees and record_stream on other threads go on meanwhile.
 // A CUDA error keeps its block pending (its streams' use of it is unknown) and is thrown after the
-// others went to refpool; nothing here throws before, so no block is lost or freed twice.
+// others went to refpool; nothing here throws before (short of host memory running out while the
+// kept ones go back to the list), so no block is lost or freed twice.
 void free_pending(bool wait, deferred_fn free_now) {
   deferred_frees& s = state();
   std::unique_lock releasing(s.releasing, std::defer_lock);

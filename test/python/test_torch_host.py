@@ -160,6 +160,40 @@ def test_memory_stats_has_every_key_pytorchs_summary_reads_with_refpools_figures
         _torch_stats.use_hooks(None)
 
 
+# Every key torch.cuda.memory_stats() has with PyTorch's caching allocator (torch/csrc/cuda/Module.cpp's
+# memoryStats, flattened by torch.cuda.memory_stats).
+PYTORCH_KEYS = ([f"{m}.{c}.{f}" for m in ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                                          "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+                 for c in ("all", "small_pool", "large_pool") for f in ("current", "peak", "allocated", "freed")]
+                + [f"{m}.{f}" for m in ("oversize_allocations", "oversize_segments")
+                   for f in ("current", "peak", "allocated", "freed")]
+                + ["num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams", "num_device_alloc",
+                   "num_device_free"])
+
+
+def test_every_pytorch_key_has_a_value_with_and_without_the_hooks_and_active_is_allocated_without():
+    held = [allocator.malloc(n, 0) for n in (1000, 3 << 20)]
+    try:
+        _torch_stats.use_hooks(None)  # no hooks: no free is deferred, so active is allocated
+        without = _torch_stats.memory_stats(0)
+        missing = [k for k in PYTORCH_KEYS if not isinstance(without.get(k), int)]
+        assert not missing, missing
+        assert without["active.all.current"] >= 2
+        for cls in ("all", "small_pool", "large_pool"):
+            for field in ("current", "peak", "allocated", "freed"):
+                assert without[f"active.{cls}.{field}"] == without[f"allocation.{cls}.{field}"]
+                assert without[f"active_bytes.{cls}.{field}"] == without[f"allocated_bytes.{cls}.{field}"]
+        _torch_stats.use_hooks(FakeHooks(hook_values(2, 1024, 1000, active=3, active_bytes=1536)))
+        with_hooks = _torch_stats.memory_stats(0)
+        missing = [k for k in PYTORCH_KEYS if not isinstance(with_hooks.get(k), int)]
+        assert not missing, missing
+        assert with_hooks["active.all.current"] == 3 and with_hooks["allocation.all.current"] == 2
+    finally:
+        _torch_stats.use_hooks(None)
+        for p in held:
+            allocator.free(p)
+
+
 def test_reset_accumulated_restarts_totals_and_event_counts_from_zero():
     torch = fake_torch()
     hooks = FakeHooks()

@@ -5,9 +5,8 @@
 // another device, as CUDA does. The real runtime and PyTorch run these paths in
 // test/python/test_torch.py on a GPU; this test keeps their bookkeeping (every block back to
 // refpool exactly once, never before its events, with its device and size; its free counted once,
-// before it goes back, into the hooks' real counters: active until it is back) checked in CI (the
-// plain build: CI's sanitizer builds leave CUDA out; built by hand with -fsanitize=thread or
-// address,undefined it is clean).
+// before it goes back, into the hooks' real counters: active until it is back) checked in CI's
+// plain, ASan and TSan builds, wherever CUDA's runtime header is found (test/meson.build).
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -18,6 +17,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -41,6 +41,7 @@ thread_local int current_device = 0;
 std::atomic<int> next_queries{0};  // queries_left of the next recorded event; < 0: random 0..3
 std::atomic<bool> failures_on{false};
 std::atomic<int> events_made{0};
+std::atomic<int> failing_queries{0};  // the next this many queries and synchronizations fail, ready or not
 
 int random_below(int n) {
   thread_local std::mt19937 random(std::random_device{}());
@@ -77,10 +78,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (failing_queries.fetch_sub(1) > 0) return cudaErrorLaunchFailure;
+  failing_queries = 0;
   if (failures_on && event->poisoned && event->queries_left > 0) return cudaErrorLaunchFailure;
   return event->queries_left.fetch_sub(1) > 0 ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (failing_queries.fetch_sub(1) > 0) return cudaErrorLaunchFailure;
+  failing_queries = 0;
   if (failures_on && event->poisoned && event->queries_left > 0) return cudaErrorLaunchFailure;
   event->queries_left = 0;
   return cudaSuccess;
@@ -128,7 +133,7 @@ void free_now(void* block) {
 }
 
 // defer_free's `counted` (the hooks' count_deferred_free): freed, still active.
-void count_deferred(void* block, int device, std::size_t size) {
+void count_deferred(void* block, int device, std::size_t size) noexcept {
   std::lock_guard guard(blocks_mutex);
   block_state& b = served[block];
   if (!b.taken || b.deferred || b.size != size || b.device != device) ++miscounted;
@@ -137,7 +142,7 @@ void count_deferred(void* block, int device, std::size_t size) {
 }
 
 // free_completed's and free_all_pending's `free_now` (the hooks' free_deferred): inactive, then back.
-void free_deferred(void* block, int device, std::size_t size) {
+void free_deferred(void* block, int device, std::size_t size) noexcept {
   std::lock_guard guard(blocks_mutex);
   block_state& b = served[block];
   if (!b.deferred || b.size != size || b.device != device) ++miscounted;
@@ -379,4 +384,64 @@ TEST_CASE("frees, records and polls from many threads: every block back exactly 
   CHECK(double_frees == 0);
   CHECK(miscounted == 0);
   if (!failing) CHECK(thrown == 0);
+}
+
+// A hostile review of the active counts (each deferred free counted freed once, then inactive once).
+
+// A `counted` that threw once the block was pending had the free hook free the block at once as
+// well (a double free, found with a throwing callback): the callbacks cannot throw now.
+static_assert(std::is_nothrow_invocable_v<refpool_torch::deferred_fn, void*, int, std::size_t>);
+
+TEST_CASE("an event query that fails, then succeeds: the block stays active, then is counted inactive once",
+          "[torch][record_stream][counters]") {
+  using c = refpool_torch::device_counters;
+  std::mt19937 random(8);
+  next_queries = 0;  // complete at once, but the queries fail first
+  const std::int64_t active_freed = counted(c::active, c::freed);
+  void* block = record_and_free(random, &side);
+  failing_queries = 2;
+  CHECK_THROWS(refpool_torch::free_completed(free_deferred));
+  CHECK(held(block));
+  CHECK(active_not_allocated() == 1);
+  CHECK_THROWS(refpool_torch::free_all_pending(free_deferred));  // empty_cache: raised, still pending
+  CHECK(held(block));
+  CHECK(active_not_allocated() == 1);
+  refpool_torch::free_completed(free_deferred);
+  CHECK_FALSE(held(block));
+  CHECK_FALSE(refpool_torch::frees_pending());
+  CHECK(active_not_allocated() == 0);
+  CHECK(counted(c::active, c::freed) == active_freed + 1);
+  refpool_torch::free_all_pending(free_deferred);  // nothing left to count
+  CHECK(counted(c::active, c::freed) == active_freed + 1);
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+}
+
+TEST_CASE("empty_cache on one thread, polls on another, frees on a third: each block inactive once",
+          "[torch][record_stream][counters][threads]") {
+  using c = refpool_torch::device_counters;
+  next_queries = -1;
+  failures_on = false;
+  const std::int64_t active_freed = counted(c::active, c::freed), freed = counted(c::allocation, c::freed);
+  std::atomic<bool> freeing{true};
+  constexpr int frees = 4000;
+  std::thread emptying([&] {
+    while (freeing) refpool_torch::free_all_pending(free_deferred);
+  });
+  std::thread polling([&] {
+    while (freeing) refpool_torch::free_completed(free_deferred);
+  });
+  std::thread freeing_thread([&] {
+    std::mt19937 random(9);
+    for (int i = 0; i < frees; ++i) record_and_free(random, i % 3 == 0 ? &compute : &side);
+    freeing = false;
+  });
+  freeing_thread.join();
+  emptying.join();
+  polling.join();
+  drain();
+  CHECK(counted(c::allocation, c::freed) == freed + frees);
+  CHECK(counted(c::active, c::freed) == active_freed + frees);
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
 }
