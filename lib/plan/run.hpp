@@ -85,6 +85,9 @@ class plan_run final : public ref_counted<plan_run>, public request_router, publ
   block* serve_slow(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
   void begin_with(const planned_request& request);
   void diverge();
+  /// A run that replayed and cannot record (its key paused) is hashed from its start: its
+  /// requests so far were its plan's (switches keep only plans that match the run so far).
+  void hash_replayed() noexcept;
   block* fallback(slot* lease, backend_state& backend, std::size_t bytes, stream_ref stream);
   void track(block* b, const planned_request& request, std::uint64_t at) noexcept;
   run_outcome finish_locked(std::vector<plan*>& started_with) noexcept;

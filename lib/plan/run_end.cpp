@@ -62,8 +62,12 @@ run_outcome plan_run::finish_locked(std::vector<plan*>& started_with) noexcept {
   out.replayed_peak = cursor_.replayed_peak();
   out.requests = end;
   out.probed = was == mode::probe;
-  // A probe, or a plain run (paused, busy, or diverged unrecorded): every size it asked for was hashed.
-  const bool hashed = out.probed || was == mode::plain;
+  // A probe, or a plain run (paused, busy, or diverged unrecorded): every size it asked for was
+  // hashed. A paused run that ended short of its plan is hashed too, as the plan's requests so far
+  // (a loop of sequences that are prefixes of one another: its runs end short of the one replayed).
+  const bool short_unrecorded = was == mode::replay && !complete && !mode_.may_record;
+  if (short_unrecorded) hash_replayed();
+  const bool hashed = out.probed || was == mode::plain || short_unrecorded;
   if (hashed) out.fingerprint = recorder_.probe_fingerprint();
   if (complete) out.fingerprint = cursor_.current()->fingerprint();
   // A run asked for nothing: the empty sequence. One whose requests all failed saw no sequence of

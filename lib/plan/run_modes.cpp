@@ -39,15 +39,17 @@ void plan_run::begin_with(const planned_request& request) {
 
 void plan_run::diverge() {
   misses.store(misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (!mode_.may_record) {
-    // Plain from here, and hashed as a plain run is: the requests so far are the plan's, so the
-    // detector still learns whether the whole sequence came before (a paused key's runs mostly
-    // begin as replays, and a loop that partly repeats nearby grows on them).
-    const plan& replayed = *cursor_.current();
-    for (std::uint64_t p = 0, end = cursor_.position(); p < end; ++p) recorder_.probed(replayed.request(p).key.bytes);
-  }
+  // Plain from here, and hashed as a plain run is, so the detector still learns whether the whole
+  // sequence came before (a paused key's runs mostly begin as replays, and a loop that partly
+  // repeats nearby grows on them).
+  if (!mode_.may_record) hash_replayed();
   cursor_.stop();
   mode_.now = mode_.may_record ? mode::record : mode::plain;
+}
+
+void plan_run::hash_replayed() noexcept {
+  const plan& replayed = *cursor_.current();
+  for (std::uint64_t p = 0, end = cursor_.position(); p < end; ++p) recorder_.probed(replayed.request(p).key.bytes);
 }
 
 }  // namespace refpool::detail

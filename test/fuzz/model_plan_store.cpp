@@ -122,6 +122,10 @@ void model::finish_run(int run) {
     sizes = r.probed;
     hashed = true;
   }
+  if (was == mode::replay && !complete && !r.may_record && end != 0) {  // paused, short: the plan's so far
+    for (std::uint64_t q = 0; q < end; ++q) sizes.push_back(plans[static_cast<std::size_t>(r.current)].requests[q].bytes);
+    hashed = true;
+  }
   if (complete || made >= 0) {
     for (const model_request& q : plans[static_cast<std::size_t>(complete ? r.current : made)].requests)
       sizes.push_back(q.bytes);

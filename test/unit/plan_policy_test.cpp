@@ -613,3 +613,124 @@ TEST_CASE("24 request shapes in random order (serving): the key grows to keep th
   // those a live region of the plan left overlaps.
   CHECK(stats.plan_hits - before.plan_hits >= 24 * 40 * 6 * 3 / 4);
 }
+
+// ---- far repeats among many near ones, and paused runs that replayed -------------------------------
+
+namespace {
+
+// What a key's steady state cost: the stats before and after, and the driver calls between them
+// (backend allocations and segment growths).
+struct steady_state {
+  cache_stats before, after;
+  std::uint64_t driver_calls = 0;
+};
+
+// `warm` runs, then `measured` runs, of `sizes_of(run)` under key "serve", on a cache with segments.
+template <class Sizes>
+steady_state serve_steady(std::size_t warm, std::size_t measured, Sizes sizes_of) {
+  const backend be = make_host_backend();
+  cache_options options;
+  options.segments = segment_policy::on;
+  alloc_cache cache{options};
+  std::size_t run = 0;
+  for (; run < warm; ++run) serve_step(cache, be, sizes_of(run));
+  steady_state out;
+  const auto allocations = be.allocation_count();
+  out.before = cache.stats();
+  for (; run < warm + measured; ++run) serve_step(cache, be, sizes_of(run));
+  out.after = cache.stats();
+  out.driver_calls = be.allocation_count() - allocations + out.after.segment_grows - out.before.segment_grows;
+  return out;
+}
+
+// The `k`-th of sequences that are prefixes of one another: k + 3 requests of 4, 8, 12 KiB in turn.
+std::vector<std::size_t> prefix_sizes(std::size_t k) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t j = 0; j < k + 3; ++j) sizes.push_back(4096 * (1 + j % 3));
+  return sizes;
+}
+
+}  // namespace
+
+TEST_CASE("24 shapes in random order, each a prefix of the next: the key neither passes nor calls the driver",
+          "[plan][policy]") {
+  // A run starts on the most recently used plan, so most runs end short of it or switch at its
+  // end. Paused, a run that ended short was unhashed (no repeat), so the key passed and learnt
+  // again 11 times in these 960 runs, recording 112 plans and calling the driver 6 times. Hashed
+  // as the plan's requests so far (as a diverged paused run is), it sees its repeats.
+  std::mt19937 random(24);
+  std::vector<std::size_t> order(24 * 80);
+  for (auto& k : order) k = random() % 24;
+  const auto [before, stats, driver_calls] =
+      serve_steady(24 * 40, 24 * 40, [&](std::size_t run) { return prefix_sizes(order[run]); });
+  CHECK(stats.plan_pass_entries == 0);
+  CHECK(stats.plans >= 16);
+  CHECK(stats.plan_recordings - before.plan_recordings <= 24 * 40 / 64);
+  CHECK(driver_calls == 0);
+}
+
+TEST_CASE("a few hot shapes among shapes that come twice only, 40 runs apart: growth costs no driver call",
+          "[plan][policy]") {
+  // Every other run one of 4 hot shapes (near repeats, many); between them a shape that comes
+  // again once, 40 runs later, and never after: far repeats, which grow the key to 64 plans
+  // although none of those shapes replays later (before 45ed99f: 16 plans, paused, no recording).
+  // The growth holds more host memory and records now and then; it must stay cheap.
+  std::mt19937 random(4);
+  std::vector<std::size_t> order(2 * 800 * 5);
+  for (std::size_t run = 0; run < order.size(); ++run) {
+    const std::size_t slot = run / 2;  // in each 40 slots, 20 shapes come, then the same 20 again
+    order[run] = run % 2 == 0 ? random() % 4 : 100 + (slot % 40 < 20 ? slot : slot - 20) % 600;
+  }
+  const auto [before, stats, driver_calls] =
+      serve_steady(800 * 5, 800 * 5, [&](std::size_t run) { return novel_sizes(order[run]); });
+  CHECK(stats.plan_pass_entries == 0);
+  CHECK(stats.plans <= 64);
+  CHECK(stats.plan_recordings - before.plan_recordings <= 800 * 5 / 64);  // 38
+  CHECK(stats.plan_hits - before.plan_hits >= 800 * 5 / 2 * 6);  // the hot shapes replay
+  CHECK(driver_calls == 0);
+}
+
+TEST_CASE("72 shapes in random order: the key keeps 64 plans, records rarely and calls no driver", "[plan][policy]") {
+  // About 6 runs in 32 repeat one of the last 16 and most of the others one further back. Before
+  // 45ed99f the key went into pass and out again: 124 recordings, 8 pauses and 2 driver calls here.
+  std::mt19937 random(72);
+  std::vector<std::size_t> order(72 * 160);
+  for (auto& k : order) k = random() % 72;
+  const auto [before, stats, driver_calls] =
+      serve_steady(72 * 80, 72 * 80, [&](std::size_t run) { return novel_sizes(order[run]); });
+  CHECK(stats.plans <= 64);
+  CHECK(stats.plan_recordings - before.plan_recordings <= 72 * 80 / 64);
+  CHECK(driver_calls == 0);
+}
+
+TEST_CASE("a stream where no shape comes twice still passes at once and calls no driver", "[plan][policy]") {
+  const auto [before, stats, driver_calls] = serve_steady(32, 600, [&](std::size_t run) { return novel_sizes(run); });
+  CHECK(stats.plan_pass_entries == 1);
+  CHECK(stats.plan_recordings == 0);
+  CHECK(stats.plan_probe_runs <= 3 * 32);
+  CHECK(driver_calls == 0);
+}
+
+TEST_CASE("24 long shapes in random order grow the key no further than 2^18 planned requests", "[plan][policy]") {
+  // Near repeats are many (random order); the far ones grow the key to the budget at most: 29
+  // plans of 9,000 requests (all 24 shapes kept), 21 of 12,000 (too few far repeats come within 21
+  // runs here: it keeps 16).
+  const auto most_plans = [](std::size_t requests) {
+    const backend be = make_host_backend();
+    alloc_cache cache{cache_options{}};
+    std::mt19937 random(29);
+    std::size_t most = 0;
+    for (std::size_t run = 0; run < 24 * 16; ++run) {
+      const std::size_t shape = random() % 24;
+      {
+        step st(cache, {.plan = "long"});
+        for (std::size_t j = 0; j < requests; ++j) auto r = cache.allocate(be, j == 0 ? 4096 * (1 + shape) : 256);
+      }
+      most = std::max<std::size_t>(most, cache.stats().plans);
+    }
+    CHECK(cache.stats().plan_pass_entries == 0);
+    return most;
+  };
+  CHECK(most_plans(9000) == 24);
+  CHECK(most_plans(12000) * 12000 <= (std::size_t{1} << 18));
+}
