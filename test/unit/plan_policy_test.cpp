@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <latch>
 #include <memory>
 #include <random>
 #include <semaphore>
@@ -733,4 +734,63 @@ TEST_CASE("24 long shapes in random order grow the key no further than 2^18 plan
   };
   CHECK(most_plans(9000) == 24);
   CHECK(most_plans(12000) * 12000 <= (std::size_t{1} << 18));
+}
+
+TEST_CASE("two threads run scopes and a shared step of one paused key whose runs leave replays",
+          "[plan][policy][threads]") {
+  // Scopes of one key on two threads at once (one replays, the other is busy: plain and hashed),
+  // shapes that are prefixes of one another (runs that end short, switch and diverge, paused or
+  // not), and steps whose requests come from both threads (diverging under the serving lock).
+  // Every buffer is stamped and checked: no byte has two owners; under TSan, no race.
+  const backend be = make_host_backend();
+  alloc_cache cache{cache_options{}};
+  std::atomic<int> wrong{0};
+  // In a scope, allocate(be, ...) (the thread's scope); in a step, cache.allocate (the step's).
+  const auto use = [&](std::size_t bytes, unsigned char value, std::vector<std::pair<data_ref, unsigned char>>& held,
+                       bool in_scope = false) {
+    data_ref r = in_scope ? allocate(be, bytes) : cache.allocate(be, bytes);
+    std::memset(r.data(), value, r.bytes());
+    held.emplace_back(std::move(r), value);
+  };
+  const auto check = [&](const std::vector<std::pair<data_ref, unsigned char>>& held) {
+    for (const auto& [r, value] : held) {
+      const auto* p = static_cast<const unsigned char*>(r.data());
+      for (std::size_t i = 0; i < r.bytes(); ++i) wrong.fetch_add(p[i] != value ? 1 : 0);
+    }
+  };
+  std::latch both(2);
+  const auto scopes = [&](unsigned seed) {
+    std::mt19937 random(seed);
+    both.arrive_and_wait();
+    for (int run = 0; run < 1000; ++run) {
+      scope s(cache, {.plan = "shared"});
+      std::vector<std::pair<data_ref, unsigned char>> held;
+      const auto sizes = prefix_sizes(random() % 24);
+      for (std::size_t j = 0; j < sizes.size(); ++j) use(sizes[j], static_cast<unsigned char>(seed * 16 + j), held, true);
+      check(held);
+    }
+  };
+  std::thread other(scopes, 1);
+  scopes(2);
+  other.join();
+  std::mt19937 random(3);
+  for (int run = 0; run < 200; ++run) {
+    step st(cache, {.plan = "shared-step"});
+    const auto sizes = prefix_sizes(random() % 24);
+    std::vector<std::pair<data_ref, unsigned char>> mine, theirs;
+    std::thread helper([&] {
+      for (std::size_t j = 1; j < sizes.size(); j += 2) use(sizes[j], static_cast<unsigned char>(100 + j), theirs);
+    });
+    for (std::size_t j = 0; j < sizes.size(); j += 2) use(sizes[j], static_cast<unsigned char>(j + 1), mine);
+    helper.join();
+    check(mine);
+    check(theirs);
+  }
+  CHECK(wrong.load() == 0);
+  const auto stats = cache.stats();
+  INFO("pass entries " << stats.plan_pass_entries << " pass runs " << stats.plan_pass_runs << " plans " << stats.plans << " pauses " << stats.plan_pauses << " busy " << stats.plan_busy_runs << " unrecorded " << stats.plan_unrecorded_runs
+                 << " misses " << stats.plan_misses << " hits " << stats.plan_hits);
+  CHECK(stats.plans <= 2 * 64);
+  CHECK(stats.escapes == 0);
+  CHECK(stats.plan_unrecorded_runs > 0);  // runs of a paused key
 }
