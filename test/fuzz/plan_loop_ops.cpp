@@ -72,7 +72,7 @@ void session::op_plan_sweep(int t) {
   if (frames_[t].size() >= max_depth) return;
   const std::uint8_t code = in_.byte();
   const int c = code & 1;
-  if ((code >> 1) % 16 == 15) return plan_stream(t, c, (code >> 5) % 2 == 0);  // one sweep in 16
+  if ((code >> 1) % 16 == 15) return plan_stream(t, c, (code >> 5) % 2 == 0, code >> 6 == 3);  // one sweep in 16
   const std::size_t n = 17 + in_.below(8);
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < n; ++i) order.push_back(i);
@@ -112,8 +112,9 @@ void session::op_plan_sweep(int t) {
 // Half the streams begin with two nested scopes of the key open on the other thread, recording
 // one sequence, and end them after the pass entry: they must add no plan (nor an arena) to a
 // key in pass. A quarter of the long ones ask for one size each that no backend holds for 64 runs
-// after the new sequences (the probe window among them): failed probes are no repeats.
-void session::plan_stream(int t, int c, bool as_step) {
+// after the new sequences (the probe window among them): failed probes are no repeats. A quarter
+// end with shapes in random order under a key of their own (plan_shapes).
+void session::plan_stream(int t, int c, bool as_step, bool then_shapes) {
   if (as_step && open_steps_[c]) return;
   // Pass at run 32 at the latest, for 64 runs, then 32 probes: by run 128 the repeating sequences
   // have been probed, and two rounds of them later they replay.
@@ -151,6 +152,27 @@ void session::plan_stream(int t, int c, bool as_step) {
     if (late && i == 35) close_late_scopes(other, late_live);
   }
   if (late && !late_live.empty()) close_late_scopes(other, late_live);
+  if (then_shapes) plan_shapes(t, c, as_step, cycle % 2 == 0);
+}
+
+// 24 shapes in random order under key "shapes": near repeats many, the others further back, so
+// the key grows to keep them all while its re-recordings pause it. With `prefixes` each shape is
+// a prefix of the next (runs end short of the plan they replay, or switch at its end), else they
+// share first requests (runs switch plans or diverge). Paused, such runs are hashed as their
+// plan's requests so far: what grows the key (and keeps it from passing).
+void session::plan_shapes(int t, int c, bool as_step, bool prefixes) {
+  trace("thread {}: 24 shapes ({}) in random order on cache {}", t, prefixes ? "prefixes" : "shared first requests", c);
+  for (std::size_t run = 0; run < 24 * 16 && steps_ < max_operations; ++run) {
+    const std::size_t shape = splitmix(seed_ ^ (0x5A7E5 + run)) % 24;
+    std::vector<std::size_t> sizes;
+    if (prefixes) {
+      for (std::size_t j = 0; j < shape + 3; ++j) sizes.push_back(64 * (530 + j % 3));
+    } else {
+      for (std::size_t j = 0, d = shape; j < 6; ++j, d /= 3) sizes.push_back(64 * (540 + d % 3));
+    }
+    stream_run(t, c, as_step, sizes, "shapes");
+    if (run % 16 == 15) check_all();
+  }
 }
 
 // A quarter of the other long streams begin with a loop that replays one sequence in every three
@@ -217,8 +239,7 @@ void session::open_key_scope(int t, int c, const std::string& key, const char* w
 
 // One run of a plan stream: its requests, released at its end (the last one after it, now and then:
 // an escape).
-void session::stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes) {
-  static const std::string key = "stream";
+void session::stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes, const std::string& key) {
   if (as_step) {
     std::unique_ptr<rp::step> made;
     expect(on(t, [&] { made = std::make_unique<rp::step>(*cache_[c], rp::scope_options{0, key}); }),

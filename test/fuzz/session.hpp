@@ -340,8 +340,10 @@ class session {
   void op_repeat(int t);
   void op_planned_loop(int t);
   void op_plan_sweep(int t);
-  void plan_stream(int t, int c, bool as_step);
-  void stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes);
+  void plan_stream(int t, int c, bool as_step, bool then_shapes);
+  void plan_shapes(int t, int c, bool as_step, bool prefixes);
+  void stream_run(int t, int c, bool as_step, const std::vector<std::size_t>& sizes,
+                  const std::string& key = "stream");
   void pause_long(int t, int c, bool as_step);
   void open_key_scope(int t, int c, const std::string& key, const char* what);
   void open_late_scope(int u, int c, std::vector<std::pair<rp::data_ref, std::uint64_t>>& live);
