@@ -674,7 +674,7 @@ TEST_CASE("a few hot shapes among shapes that come twice only, 40 runs apart: gr
           "[plan][policy]") {
   // Every other run one of 4 hot shapes (near repeats, many); between them a shape that comes
   // again once, 40 runs later, and never after: far repeats, which grow the key to 64 plans
-  // although none of those shapes replays later (before 45ed99f: 16 plans, paused, no recording).
+  // although none of those shapes replays later (when far repeats grew a key only among few near ones: 16 plans, paused, no recording).
   // The growth holds more host memory and records now and then; it must stay cheap.
   std::mt19937 random(4);
   std::vector<std::size_t> order(2 * 800 * 5);
@@ -692,8 +692,9 @@ TEST_CASE("a few hot shapes among shapes that come twice only, 40 runs apart: gr
 }
 
 TEST_CASE("72 shapes in random order: the key keeps 64 plans, records rarely and calls no driver", "[plan][policy]") {
-  // About 6 runs in 32 repeat one of the last 16 and most of the others one further back. Before
-  // 45ed99f the key went into pass and out again: 124 recordings, 8 pauses and 2 driver calls here.
+  // About 6 runs in 32 repeat one of the last 16 and most of the others one further back. When far
+  // repeats grew a key only among few near ones, it went into pass and out again: 124 recordings,
+  // 8 pauses and 2 driver calls here.
   std::mt19937 random(72);
   std::vector<std::size_t> order(72 * 160);
   for (auto& k : order) k = random() % 72;
