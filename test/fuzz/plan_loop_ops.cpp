@@ -162,7 +162,7 @@ void session::plan_stream(int t, int c, bool as_step, bool then_shapes) {
 // plan's requests so far: what grows the key (and keeps it from passing).
 void session::plan_shapes(int t, int c, bool as_step, bool prefixes) {
   trace("thread {}: 24 shapes ({}) in random order on cache {}", t, prefixes ? "prefixes" : "shared first requests", c);
-  for (std::size_t run = 0; run < 24 * 16 && steps_ < max_operations; ++run) {
+  for (std::size_t run = 0; run < 24 * 8 && steps_ < max_operations; ++run) {
     const std::size_t shape = splitmix(seed_ ^ (0x5A7E5 + run)) % 24;
     std::vector<std::size_t> sizes;
     if (prefixes) {
