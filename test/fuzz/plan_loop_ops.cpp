@@ -166,9 +166,9 @@ void session::plan_shapes(int t, int c, bool as_step, bool prefixes) {
     const std::size_t shape = splitmix(seed_ ^ (0x5A7E5 + run)) % 24;
     std::vector<std::size_t> sizes;
     if (prefixes) {
-      for (std::size_t j = 0; j < shape + 3; ++j) sizes.push_back(64 * (530 + j % 3));
+      for (std::size_t j = 0; j < shape + 3; ++j) sizes.push_back(256 * (1 + j % 3));
     } else {
-      for (std::size_t j = 0, d = shape; j < 6; ++j, d /= 3) sizes.push_back(64 * (540 + d % 3));
+      for (std::size_t j = 0, d = shape; j < 6; ++j, d /= 3) sizes.push_back(256 * (4 + d % 3));
     }
     stream_run(t, c, as_step, sizes, "shapes");
     if (run % 16 == 15) check_all();
