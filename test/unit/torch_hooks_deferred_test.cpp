@@ -213,6 +213,19 @@ void* record_and_free(std::mt19937& random, cudaStream_t used_on) {
   return block;
 }
 
+// A deferred block still pending: kept from refpool, counted active and not allocated.
+void check_pending(void* block) {
+  CHECK(held(block));
+  CHECK(active_not_allocated() == 1);
+}
+
+// The block went back to refpool, counted inactive, and nothing is pending any more.
+void check_given_back(void* block) {
+  CHECK_FALSE(held(block));
+  CHECK_FALSE(refpool_torch::frees_pending());
+  CHECK(active_not_allocated() == 0);
+}
+
 void drain() {
   failures_on = false;
   refpool_torch::free_all_pending(free_deferred);
@@ -231,12 +244,9 @@ TEST_CASE("a block recorded on another stream goes back to refpool once its even
   CHECK(active_not_allocated() == 1);
   refpool_torch::free_completed(free_deferred);  // not ready
   refpool_torch::free_completed(free_deferred);  // not ready
-  CHECK(held(block));
-  CHECK(active_not_allocated() == 1);
+  check_pending(block);
   refpool_torch::free_completed(free_deferred);
-  CHECK_FALSE(held(block));
-  CHECK_FALSE(refpool_torch::frees_pending());
-  CHECK(active_not_allocated() == 0);
+  check_given_back(block);
   CHECK(double_frees == 0);
   CHECK(miscounted == 0);
 }
@@ -401,15 +411,11 @@ TEST_CASE("an event query that fails, then succeeds: the block stays active, the
   void* block = record_and_free(random, &side);
   failing_queries = 2;
   CHECK_THROWS(refpool_torch::free_completed(free_deferred));
-  CHECK(held(block));
-  CHECK(active_not_allocated() == 1);
+  check_pending(block);
   CHECK_THROWS(refpool_torch::free_all_pending(free_deferred));  // empty_cache: raised, still pending
-  CHECK(held(block));
-  CHECK(active_not_allocated() == 1);
+  check_pending(block);
   refpool_torch::free_completed(free_deferred);
-  CHECK_FALSE(held(block));
-  CHECK_FALSE(refpool_torch::frees_pending());
-  CHECK(active_not_allocated() == 0);
+  check_given_back(block);
   CHECK(counted(c::active, c::freed) == active_freed + 1);
   refpool_torch::free_all_pending(free_deferred);  // nothing left to count
   CHECK(counted(c::active, c::freed) == active_freed + 1);
