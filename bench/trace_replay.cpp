@@ -22,7 +22,8 @@
 //                 turn, more than a key's 16 plans (the shape of issue 36's H200 serving capture).
 //   --shuffle S   steps in random order (seed S, the same order in every row) instead of in turn:
 //                 serving traffic, where a request's shape is any of those seen (a loop that partly
-//                 repeats nearby).
+//                 repeats nearby). The warm-up (3 x the steps) then sees each step about three
+//                 times, not exactly: the first measured runs may still record (and call the driver).
 //   --fresh       no sequence ever comes twice: each iteration's largest request is 256 B larger than
 //                 in the iteration before (a stream of new shapes; peak live grows by at most
 //                 256 B x iterations).
