@@ -120,9 +120,8 @@ class cache_state : public ref_counted<cache_state> {
   /// used on `stream`, with nothing pending; null otherwise (then acquire() does the request).
   /// Caller owns `s`. Sets neither `requested` nor the handle count.
   inline block* try_hit(slot& s, const block_key& key, stream_ref stream) noexcept;
-  /// A live block for `key` and `stream`, from `s`'s idle blocks, another slot's, or the backend
-  /// (reclaiming idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the
-  /// handle count and `requested`.
+  /// A live block for `key` and `stream`, from `s`'s idle blocks, another slot's, or the backend (reclaiming
+  /// idle blocks and retrying once on out-of-memory). Caller owns `s`. Sets the handle count and `requested`.
   block* acquire(slot& s, backend_state& backend, const block_key& key, std::size_t bytes, stream_ref stream);
   /// Puts a released block back idle in the common case: on the slot's own thread, nothing
   /// pending, no idle limit. False: not done (put_back_cached does it).
