@@ -14,7 +14,7 @@ kind may: a public header's pairing with its implementation, where a lower floor
 (a handle it holds, a struct it fills) whose out-of-line functions are defined above; each such include
 is listed in PAIRINGS with the reason. Every other include that runs up is a failure, and so is a room
 that defines members of a class declared in another room's header (the core implementing a public
-header, for example).
+header, for example). A lib/ file over MAX_FILE_LINES lines is a failure too (small files, one purpose).
 
 Prints the rooms, the arrows between them (one per ordered pair of rooms) and those that run up, and exits
 1 on a failure, or when PAIRINGS lists an include that no longer exists (so the list only shrinks).
@@ -92,6 +92,8 @@ CLASS = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:class|struct)\s+(?:REFPOOL_AP
 MEMBER = re.compile(r"^(?!\s|//|#|}|{)[^(=;]*?\b(\w+)::~?\w+\s*\(")
 
 
+MAX_FILE_LINES = 350  # no lib/ file longer (issue 36)
+
 def room_of_lib(path):
     """The room of a file of lib/ (a path relative to lib/)."""
     head, _, rest = path.partition("/")
@@ -136,6 +138,8 @@ def main():
         room = room_of_lib(f)
         with open(os.path.join(ROOT, "lib", f), encoding="utf-8") as text:
             lines = text.read().splitlines()
+        if len(lines) > MAX_FILE_LINES:  # small files with one purpose (issue 36's limit)
+            problems.append(f"lib/{f} has {len(lines)} lines, over {MAX_FILE_LINES}: split it by purpose")
         for line in lines:
             m = INCLUDE.match(line)
             if not m:
