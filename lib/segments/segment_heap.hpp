@@ -201,8 +201,10 @@ class segment_heap {
   [[nodiscard]] std::optional<std::size_t> offset_in(const range& r, std::size_t bytes, placement where) const noexcept;
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
   void prepare_carve(pool_state& pool);
-  /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth.
-  std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where);
+  /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth
+  /// (for a span: in the span half, span_floor).
+  std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where,
+                                      bool for_span = false);
   /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it
   /// (and clears a span's flag).
   std::size_t free_range(range* r, const stream_set& used_on) noexcept;
@@ -230,18 +232,26 @@ class segment_heap {
 
   // Growth (segment_growth.cpp): a free range (in the index) able to hold `bytes`, or null
   // when the backend is out of memory.
-  range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream);
+  range* grow(pool_state& pool, pool_id id, std::size_t bytes, placement where, stream_ref stream, bool for_span);
+  /// Spans grow from the middle of a virtual-memory reservation up, pieces from its base: a yielded
+  /// span's bytes then lie between holes, so a piece they cannot hold commits what they lack, next to
+  /// them, not the whole piece (docs/segments.md, "Spans"). An offset, in whole granules.
+  [[nodiscard]] static std::size_t span_floor(std::size_t reserved, std::size_t granularity) noexcept;
   struct vm_growth {
     range* grown = nullptr;         ///< null: out of memory, or no address space (below)
     bool no_address_space = false;  ///< the reservation was refused
   };
-  vm_growth new_vm_segment(pool_state& pool, pool_id id, std::size_t reserve, std::size_t commit, bool growable);
-  range* new_growable_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream);
+  /// The first commit goes at offset `at` (a multiple of the granularity).
+  vm_growth new_vm_segment(pool_state& pool, pool_id id, std::size_t reserve, std::size_t commit, bool growable,
+                           std::size_t at = 0);
+  range* new_growable_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream, bool for_span);
   /// options_.reserve_bytes in whole granules of vm_ (which is set): what a growable segment
   /// reserves until the backend refuses it.
   [[nodiscard]] std::size_t full_reservation() const noexcept;
   range* new_plain_segment(pool_state& pool, pool_id id, std::size_t bytes, stream_ref stream);
-  range* adopt(pool_state& pool, pool_id id, std::unique_ptr<segment> seg, std::unique_ptr<range> whole) noexcept;
+  /// Makes `seg` the pool's, with one free range over its commit at offset `at`.
+  range* adopt(pool_state& pool, pool_id id, std::unique_ptr<segment> seg, std::unique_ptr<range> whole,
+               std::size_t at = 0) noexcept;
 
   // Holes (segment_holes.cpp): uncommitted address space of a virtual-memory segment between
   // commits or after the last one, with the ranges around it.
@@ -254,8 +264,10 @@ class segment_heap {
     std::size_t commit_bytes;  ///< what the request needs committed there
     bool growable_tail;        ///< the tail of the pool's growable segment: it grows by steps
   };
-  [[nodiscard]] std::optional<hole> best_hole(pool_id id, std::size_t bytes, placement where) const;
-  void consider_holes(const segment& seg, std::size_t bytes, placement where, std::optional<hole>& best) const;
+  /// `for_span`: only commits at or above each segment's span_floor.
+  [[nodiscard]] std::optional<hole> best_hole(pool_id id, std::size_t bytes, placement where, bool for_span) const;
+  void consider_holes(const segment& seg, std::size_t bytes, placement where, bool for_span,
+                      std::optional<hole>& best) const;
   range* fill_hole(pool_state& pool, const hole& h);
 
   // Trim (segment_trim.cpp).

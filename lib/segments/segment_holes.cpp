@@ -12,20 +12,31 @@
 
 namespace refpool::detail {
 
-std::optional<segment_heap::hole> segment_heap::best_hole(pool_id id, std::size_t bytes, placement where) const {
+std::size_t segment_heap::span_floor(std::size_t reserved, std::size_t granularity) noexcept {
+  return reserved / 2 / granularity * granularity;
+}
+
+std::optional<segment_heap::hole> segment_heap::best_hole(pool_id id, std::size_t bytes, placement where,
+                                                          bool for_span) const {
   std::optional<hole> best;
   for (const auto& seg : segments_)
-    if (seg->pool == id && seg->virtual_memory()) consider_holes(*seg, bytes, where, best);
+    if (seg->pool == id && seg->virtual_memory()) consider_holes(*seg, bytes, where, for_span, best);
   return best;
 }
 
-void segment_heap::consider_holes(const segment& seg, std::size_t bytes, placement where,
+void segment_heap::consider_holes(const segment& seg, std::size_t bytes, placement where, bool for_span,
                                   std::optional<hole>& best) const {
   const std::size_t g = seg.vm.granularity();
   const bool growable = pools_[static_cast<std::size_t>(seg.pool)].growable == &seg;
+  const std::size_t floor = span_floor(seg.reserved, g);
   const auto consider = [&](std::size_t start, std::size_t end, range* prev, range* next) {
-    const std::size_t room = end - start;
-    const std::size_t before = prev != nullptr && prev->free ? prev->bytes : 0;
+    // A span commits at or above the floor: a hole that starts below it is used from the floor on,
+    // apart from the range before it.
+    if (for_span && end <= floor) return;
+    const bool clipped = for_span && start < floor;
+    const std::size_t from = clipped ? floor : start;
+    const std::size_t room = end - from;
+    const std::size_t before = !clipped && prev != nullptr && prev->free ? prev->bytes : 0;
     const std::size_t after = next != nullptr && next->free ? next->bytes : 0;
     std::size_t at = 0;
     std::size_t need = std::numeric_limits<std::size_t>::max();
@@ -36,20 +47,21 @@ void segment_heap::consider_holes(const segment& seg, std::size_t bytes, placeme
       }
     };
     if (where == placement::one_physical_allocation) {
-      if (round_up(bytes, g) <= room) option(start, round_up(bytes, g));  // one commit holds the piece
+      if (round_up(bytes, g) <= room) option(from, round_up(bytes, g));  // one commit holds the piece
     } else {
       // At the hole's start, joined to the free range before it; at its end, joined to the one
       // after it; or the whole hole, joining both.
-      if (before + room >= bytes) option(start, round_up(bytes - std::min(bytes, before), g));
+      if (before + room >= bytes) option(from, round_up(bytes - std::min(bytes, before), g));
       if (after != 0 && after + room >= bytes) {
         const std::size_t c = round_up(bytes - std::min(bytes, after), g);
         option(end - c, c);
       }
-      if (before + room + after >= bytes) option(start, room);
+      if (before + room + after >= bytes) option(from, room);
     }
     if (need == std::numeric_limits<std::size_t>::max()) return;
     // The smallest commit wins; on a tie a hole inside a segment before the growable one's tail.
-    const bool tail = growable && end == seg.reserved;
+    // Pieces grow by steps at the tail, and up to the span half where spans are placed.
+    const bool tail = growable && (end == seg.reserved || (start < floor && end >= floor));
     if (best && (need > best->commit_bytes || (need == best->commit_bytes && (tail || !best->growable_tail)))) return;
     best = hole{const_cast<segment*>(&seg), start, end, prev, next, at, need, tail};
   };

@@ -21,7 +21,7 @@ std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t by
   spans_.records.reserve(spans_.records.size() + 1);  // records first: nothing below throws once the piece is taken
   auto made = std::make_unique<segment_span>();
   prepare_carve(pool);
-  const auto c = carve_rounded(pool, n, stream, placement::anywhere);
+  const auto c = carve_rounded(pool, n, stream, placement::anywhere, true);
   if (!c) return std::nullopt;
   made->id = spans_.next_id++;
   place_span(*made, *c);
@@ -62,7 +62,7 @@ std::optional<span_hold> segment_heap::hold_span(segment_span& s, stream_ref str
   std::optional<carved> c;
   if (segment* seg = segment_of(s.home); seg != nullptr && seg->pool == id) c = carve_at(*seg, s.home, s.bytes, stream);
   const bool moved = !c;
-  if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere);
+  if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere, true);
   if (!c) return std::nullopt;
   place_span(s, *c);
   ++(moved ? events_.span_moves : events_.span_returns);
