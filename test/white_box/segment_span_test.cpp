@@ -375,3 +375,58 @@ TEST_CASE("the Nth backend call of a span's life fails, for every N: consistent,
   }
   CHECK(n > 2);  // the scenario reached the backend several times
 }
+
+TEST_CASE("spans grow apart from pieces: a piece larger than a yielded span commits only what it lacks, beside it",
+          "[segments][spans]") {
+  heap_fixture f;
+  segment_heap heap(f.be, span_options());
+  segment_span& s = must_carve_span(heap, 8 * MiB);
+  const auto low = must_carve(heap, 4 * MiB);  // from the segment's base, not right after the span
+  CHECK(addr(low) + low.bytes < s.home);
+  heap.idle_span(s, {});
+  const std::size_t committed = heap.stats().committed_bytes;
+  // 10 MiB: the span's 8 MiB yielded, and 2 MiB committed beside them (at the span's tail, it
+  // would have been 10 MiB more: the span's bytes hemmed in by the piece after it).
+  const auto big = must_carve(heap, 10 * MiB);
+  CHECK(s.now == state::yielded);
+  CHECK((addr(big) < s.home + s.bytes && s.home < addr(big) + big.bytes));
+  CHECK(heap.stats().committed_bytes - committed == 2 * MiB);
+  heap.check();
+  heap.give_back(big, {});
+  heap.give_back(low, {});
+  const auto again = heap.hold_span(s, {});  // its home is free: back there
+  REQUIRE(again.has_value());
+  CHECK_FALSE(again->moved);
+  heap.check();
+  heap.give_back_span(&s, {});
+  heap.free_all();
+  CHECK(f.tracker->held() == 0);
+}
+
+TEST_CASE("a span that must grow gives the free commits back first: the two are not held at once",
+          "[segments][spans]") {
+  heap_fixture f;
+  segment_heap heap(f.be, span_options());
+  const auto freed = must_carve(heap, 6 * MiB);
+  const auto pin = must_carve(heap, 2 * MiB);  // keeps the freed bytes from the tail
+  heap.give_back(freed, {});
+  CHECK(heap.stats().free_bytes == 6 * MiB);
+  // 8 MiB fits no free range: the 6 free MiB are decommitted before the span commits its own.
+  segment_span& s = must_carve_span(heap, 8 * MiB);
+  auto st = heap.stats();
+  CHECK(st.committed_bytes == 2 * MiB + 8 * MiB);
+  CHECK(st.free_bytes == 0);
+  CHECK(st.events.decommits == 1);
+  heap.check();
+  // Where a free range holds it, a span takes it as a piece would: no backend call.
+  heap.give_back_span(&s, {});
+  const std::size_t commits = f.tracker->commits();
+  segment_span& fits = must_carve_span(heap, 4 * MiB);
+  CHECK(f.tracker->commits() == commits);
+  CHECK(heap.stats().events.decommits == 1);
+  heap.give_back_span(&fits, {});
+  heap.give_back(pin, {});
+  heap.check();
+  heap.free_all();
+  CHECK(f.tracker->held() == 0);
+}
