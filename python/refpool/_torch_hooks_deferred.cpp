@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -55,7 +56,9 @@ struct deferred_frees {
   // for all of them (empty_cache, out of memory) then also waits for those another thread holds.
   std::mutex releasing;
   std::unordered_map<void*, std::vector<cudaStream_t>> uses;  // record_stream's streams, by block
-  std::vector<pending_free> pending;
+  // A list: free_pending moves its entries out and back by splicing, which never allocates, so
+  // running out of host memory there loses no block.
+  std::list<pending_free> pending;
   std::unordered_map<int, std::vector<cudaEvent_t>> idle_events;  // by device: events to record again
   // How many recorded blocks hash to each slot (note_slot): a request or free whose slot holds none
   // takes no lock, however many others are noted (a long-lived tensor recorded once, say).
@@ -122,11 +125,21 @@ recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
   return recorded;
 }
 
+// An event of a block that went back, idle again for the next record; destroyed where host memory
+// runs out for the list. With the mutex held.
+void recycle_event(deferred_frees& s, const recorded_event& e) noexcept {
+  try {
+    s.idle_events[e.device].push_back(e.event);
+  } catch (...) {
+    (void)cudaEventDestroy(e.event);
+  }
+}
+
 // Gives refpool the pending frees whose events have completed (`wait`: waits for each first). Events
 // are checked outside the mutex, so that frees and record_stream on other threads go on meanwhile.
 // A CUDA error keeps its block pending (its streams' use of it is unknown) and is thrown after the
-// others went to refpool; nothing here throws before (short of host memory running out while the
-// kept ones go back to the list), so no block is lost or freed twice.
+// others went to refpool. Entries move between lists by splicing and nothing else allocates, so no
+// block is lost or freed twice, whatever fails.
 void free_pending(bool wait, deferred_fn free_now) {
   deferred_frees& s = state();
   std::unique_lock releasing(s.releasing, std::defer_lock);
@@ -134,10 +147,10 @@ void free_pending(bool wait, deferred_fn free_now) {
     releasing.lock();
   else if (!releasing.try_lock())
     return;  // another thread is checking them now
-  std::vector<pending_free> taken;
+  std::list<pending_free> kept;
   {
     std::lock_guard guard(s.mutex);
-    taken.swap(s.pending);
+    kept.splice(kept.end(), s.pending);
   }
   cudaError_t failure = cudaSuccess;
   auto in_use = [&](const pending_free& p) noexcept {
@@ -150,15 +163,20 @@ void free_pending(bool wait, deferred_fn free_now) {
     }
     return false;
   };
-  const auto done = std::partition(taken.begin(), taken.end(), in_use);  // swaps only: never throws
+  std::list<pending_free> done;
+  for (auto p = kept.begin(); p != kept.end();) {
+    const auto next = std::next(p);
+    if (!in_use(*p)) done.splice(done.end(), kept, p);
+    p = next;
+  }
   {
     std::lock_guard guard(s.mutex);
-    s.pending.insert(s.pending.end(), std::make_move_iterator(taken.begin()), std::make_move_iterator(done));
-    for (auto p = done; p != taken.end(); ++p)
-      for (const recorded_event& e : p->events) s.idle_events[e.device].push_back(e.event);
+    s.pending.splice(s.pending.end(), kept);
+    for (const pending_free& p : done)
+      for (const recorded_event& e : p.events) recycle_event(s, e);
   }
-  for (auto p = done; p != taken.end(); ++p) free_now(p->ptr, p->device, p->size);
-  s.pending_count.fetch_sub(static_cast<std::size_t>(taken.end() - done), std::memory_order_relaxed);
+  for (const pending_free& p : done) free_now(p.ptr, p.device, p.size);
+  s.pending_count.fetch_sub(done.size(), std::memory_order_relaxed);
   releasing.unlock();
   C10_CUDA_CHECK(failure);
 }
@@ -211,7 +229,7 @@ bool defer_free(void* ptr, int device, std::size_t size, void* allocated_on, std
     for (void* stream : uses) p.events.push_back(record_use(s, static_cast<cudaStream_t>(stream), device));
     s.pending.push_back(std::move(p));  // strong guarantee: p is whole if this throws
   } catch (...) {  // the caller frees the block now: the events recorded so far are idle again
-    for (const recorded_event& e : p.events) s.idle_events[e.device].push_back(e.event);
+    for (const recorded_event& e : p.events) recycle_event(s, e);
     throw;
   }
   s.pending_count.fetch_add(1, std::memory_order_relaxed);

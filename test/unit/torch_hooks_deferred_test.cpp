@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -24,6 +26,28 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include "_torch_hooks.hpp"
 #include "_torch_hooks_counters.hpp"
+
+// ---- host memory that runs out on demand ----------------------------------------------------------
+
+namespace {
+thread_local int allocations_until_failure = -1;  // the next this many succeed, then one fails; < 0: none fails
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  if (allocations_until_failure == 0) {
+    allocations_until_failure = -1;
+    throw std::bad_alloc();
+  }
+  if (allocations_until_failure > 0) --allocations_until_failure;
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+// All four through malloc and free, so that ASan sees one kind of allocation.
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 // ---- the fake runtime --------------------------------------------------------------------------
 
@@ -41,6 +65,7 @@ thread_local int current_device = 0;
 std::atomic<int> next_queries{0};  // queries_left of the next recorded event; < 0: random 0..3
 std::atomic<bool> failures_on{false};
 std::atomic<int> events_made{0};
+std::atomic<int> events_destroyed{0};
 std::atomic<int> failing_queries{0};  // the next this many queries and synchronizations fail, ready or not
 
 int random_below(int n) {
@@ -67,6 +92,11 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   *event = new CUevent_st;  // never destroyed: the hooks keep their events for the process
   (*event)->device = current_device;
   ++events_made;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {  // where host memory ran out to keep it idle
+  delete event;
+  ++events_destroyed;
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
@@ -448,6 +478,29 @@ TEST_CASE("empty_cache on one thread, polls on another, frees on a third: each b
   drain();
   CHECK(counted(c::allocation, c::freed) == freed + frees);
   CHECK(counted(c::active, c::freed) == active_freed + frees);
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+}
+
+TEST_CASE("host memory running out while pending frees go back loses no block and frees none twice",
+          "[torch][record_stream]") {
+  std::mt19937 random(9);
+  next_queries = 1;  // each event is not ready at its first query: every poll keeps some, gives back others
+  failures_on = false;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(record_and_free(random, &side));
+  // The Nth allocation inside a poll fails, for every N until a poll makes fewer.
+  for (int n = 0; n < 40; ++n) {
+    allocations_until_failure = n;
+    try {
+      refpool_torch::free_completed(free_deferred);
+    } catch (const std::bad_alloc&) {
+    }
+    allocations_until_failure = -1;
+    blocks.push_back(record_and_free(random, &side));
+  }
+  drain();
+  for (void* b : blocks) CHECK_FALSE(held(b));
   CHECK(double_frees == 0);
   CHECK(miscounted == 0);
 }
