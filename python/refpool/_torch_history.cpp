@@ -58,6 +58,8 @@ struct live_block {
   std::uintptr_t stream;
   refpool_torch::pool_name pool;
   traceback frames;
+  bool pending_free = false;  // freed, waiting for record_stream's streams (free_completed ends it)
+  traceback free_frames;      // the free's, for its free_completed
 };
 
 struct history {
@@ -109,7 +111,9 @@ void on_alloc(void* ptr, std::size_t size, int device, void* stream, refpool_tor
   }
 }
 
-void on_free(void* ptr, std::size_t size, int device, void* stream) {
+// A free: the block stays live, pending, until on_free_completed (at once, or when a free that
+// record_stream deferred completes).
+void on_free_requested(void* ptr, std::size_t size, int device, void* stream) {
   const settings s = current_settings();
   traceback frames = gather(s.when >= when_all, s.cpp);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
@@ -117,11 +121,30 @@ void on_free(void* ptr, std::size_t size, int device, void* stream) {
   try {
     history& h = state();
     std::lock_guard lock(h.mutex);
-    h.live.erase(addr);
-    // refpool makes a freed block reusable at once (stream order permitting): requested and
-    // completed together.
-    record(h, s, free_requested, addr, size, device, on, frames);
-    record(h, s, free_completed, addr, size, device, on, frames);
+    if (const auto it = h.live.find(addr); it != h.live.end()) {
+      it->second.pending_free = true;
+      it->second.free_frames = frames;
+    }
+    record(h, s, free_requested, addr, size, device, on, std::move(frames));
+  } catch (const std::exception&) {}
+}
+
+// With the free's frames, gathering none: a deferred free completes while the hooks give pending
+// frees back, which a thread holding the GIL may be waiting for.
+void on_free_completed(void* ptr, std::size_t size, int device) {
+  const settings s = current_settings();
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  try {
+    history& h = state();
+    std::lock_guard lock(h.mutex);
+    const auto it = h.live.find(addr);
+    if (it == h.live.end()) {  // allocated before recording began
+      record(h, s, free_completed, addr, size, device, 0, nullptr);
+      return;
+    }
+    const live_block b = std::move(it->second);
+    h.live.erase(it);
+    record(h, s, free_completed, addr, b.size, b.device, b.stream, b.free_frames);
   } catch (const std::exception&) {}
 }
 
@@ -147,7 +170,7 @@ void on_empty_cache() {
   } catch (const std::exception&) {}
 }
 
-const refpool_torch::tracker history_tracker{on_alloc, on_free, on_oom, on_empty_cache};
+const refpool_torch::tracker history_tracker{on_alloc, on_free_requested, on_free_completed, on_oom, on_empty_cache};
 
 // ---- the dump: JSON, built outside the mutex (symbolizing Python frames takes the GIL) ----------
 
@@ -261,7 +284,8 @@ char* refpool_torch_history_dump() {
       if (i != 0) out += ',';
       out += "{\"addr\":" + std::to_string(addr) + ",\"size\":" + std::to_string(b.size) +
              ",\"device\":" + std::to_string(b.device) + ",\"stream\":" + std::to_string(b.stream) + ",\"pool\":[" +
-             std::to_string(b.pool.first) + "," + std::to_string(b.pool.second) + "],\"frames\":";
+             std::to_string(b.pool.first) + "," + std::to_string(b.pool.second) +
+             "],\"pending_free\":" + (b.pending_free ? "true" : "false") + ",\"frames\":";
       append_frames(out, symbols, block_index[i]);
       out += '}';
     }

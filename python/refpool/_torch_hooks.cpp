@@ -120,6 +120,7 @@ void count_deferred_free(void* ptr, int device, std::size_t size) noexcept {
 // again, so its next request counts after), then refpool's.
 void free_deferred(void* ptr, int device, std::size_t size) noexcept {
   refpool_torch::count_inactive(device, size);
+  if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->free_completed(ptr, size, device);
   free_to_refpool(ptr);
 }
 
@@ -237,7 +238,9 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
 /// PyTorch's free_fn: called from deleters, where an exception would end the process.
 void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStream_t stream) {
   if (ptr == nullptr) return;
-  if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->free(ptr, size, device, stream);
+  // Requested before a deferral can complete it on another thread; completed below if not deferred.
+  const refpool_torch::tracker* t = refpool_torch::current_tracker();
+  if (t != nullptr) t->free_requested(ptr, size, device, stream);
   refpool_torch::untrack_pool_allocation(ptr);
   std::vector<void*> uses;
   try {  // deferred: counted by defer_free (count_deferred_free), the block still active
@@ -249,6 +252,7 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   // Not deferred (no other stream, a stream captures, or the events could not be recorded): freed
   // and inactive now; refpool orders the next user's stream after the recorded ones.
   refpool_torch::count_free(ptr, device, size, false);
+  if (t != nullptr) t->free_completed(ptr, size, device);
   for (void* used_on : uses)
     if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
   free_to_refpool(ptr);

@@ -22,7 +22,10 @@ struct pool_name {
 // history is recorded, and null otherwise: the hooks then pay one atomic load per request.
 struct tracker {
   void (*alloc)(void* ptr, std::size_t size, int device, void* stream, pool_name pool);
-  void (*free)(void* ptr, std::size_t size, int device, void* stream);
+  // A free, then its block back to refpool: at once, or when a free that record_stream deferred
+  // completes (its block meanwhile "active_pending_free" in a snapshot).
+  void (*free_requested)(void* ptr, std::size_t size, int device, void* stream);
+  void (*free_completed)(void* ptr, std::size_t size, int device);
   void (*oom)(std::size_t size, int device, std::size_t device_free);
   void (*empty_cache)();
 };

@@ -10,7 +10,8 @@ allocator's cache and each private pool's), `segments` are refpool's segments: l
 pieces and free bytes "inactive" blocks, each idle buffer of a cache without segments a segment of
 its own; a live allocation no map lists (a plain buffer: no segments) is a segment of its own, one
 "active_allocated" block, as is every allocation where there is no map (the allocation log alone).
-`device_traces` has the recorded actions per device."""
+A freed block whose free record_stream deferred (history only) is "active_pending_free" until its
+streams are done. `device_traces` has the recorded actions per device."""
 import bisect
 import os
 
@@ -31,13 +32,14 @@ def log_path(conf=None):
     return None
 
 
-def segment(address, size, device, stream, pool=(0, 0), frames=()):
-    """PyTorch's segment dict for one live allocation of `size` requested bytes."""
+def segment(address, size, device, stream, pool=(0, 0), frames=(), pending_free=False):
+    """PyTorch's segment dict for one live allocation of `size` requested bytes (`pending_free`: freed,
+    its free deferred by record_stream: active, not allocated)."""
     block_size = -(-size // GRANULE) * GRANULE
-    block = {"address": address, "size": block_size, "requested_size": size, "state": "active_allocated",
-             "frames": list(frames)}
-    return {"device": device, "address": address, "total_size": block_size, "allocated_size": block_size,
-            "active_size": block_size, "requested_size": size, "stream": stream,
+    block = {"address": address, "size": block_size, "requested_size": size, "frames": list(frames),
+             "state": "active_pending_free" if pending_free else "active_allocated"}
+    return {"device": device, "address": address, "total_size": block_size,
+            "allocated_size": 0 if pending_free else block_size, "active_size": block_size, "requested_size": size, "stream": stream,
             "segment_type": "large" if size > LARGE else "small", "segment_pool_id": tuple(pool),
             "is_expandable": False, "frames": [], "blocks": [block]}
 
@@ -67,7 +69,7 @@ def from_map(mapped, pool, known):
 
 def _segment_of_run(run, mapped, pool, segment_type, known):
     blocks = []
-    allocated = requested = 0
+    allocated = active = requested = 0
     stream = None
     for r in run:
         if r.state not in ("live", "span_held"):  # idle, free, an idle arena: cached bytes
@@ -84,12 +86,14 @@ def _segment_of_run(run, mapped, pool, segment_type, known):
         asked = record["requested_size"] if record else r.bytes
         if record and stream is None:
             stream = record["stream"]
-        blocks.append({"address": r.address, "size": r.bytes, "requested_size": asked, "state": "active_allocated",
+        state = record["blocks"][0]["state"] if record else "active_allocated"
+        blocks.append({"address": r.address, "size": r.bytes, "requested_size": asked, "state": state,
                        "frames": record["blocks"][0]["frames"] if record else []})
-        allocated += r.bytes
+        allocated += r.bytes if state == "active_allocated" else 0
+        active += r.bytes
         requested += asked
     return {"device": mapped.device, "address": run[0].address, "total_size": sum(r.bytes for r in run),
-            "allocated_size": allocated, "active_size": allocated, "requested_size": requested,
+            "allocated_size": allocated, "active_size": active, "requested_size": requested,
             "stream": stream or 0, "segment_type": segment_type, "segment_pool_id": tuple(pool),
             "is_expandable": mapped.expandable, "frames": [], "blocks": blocks}
 
@@ -109,7 +113,7 @@ def build(history=None, pool_allocations=(), log_events=None, devices=1, pool=No
         for block in history["live"]:
             known = live.get(block["addr"], {}).get("segment_pool_id", tuple(block["pool"]))
             live[block["addr"]] = segment(block["addr"], block["size"], block["device"], block["stream"], known,
-                                          block["frames"])
+                                          block["frames"], block.get("pending_free", False))
         for recorded in history["trace"]:
             _trace_of(traces, recorded["device"]).append(trace_entry(recorded))
     elif log_events is not None:

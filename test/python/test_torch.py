@@ -651,6 +651,39 @@ def test_record_stream_keeps_a_deferred_block_active_not_allocated_until_its_str
     assert done["active.all.current"] == done["allocation.all.current"], result
 
 
+def test_record_stream_shows_a_deferred_free_as_active_pending_free_in_history_and_snapshot():
+    # PyTorch's snapshot: a freed block whose stream is not done is "active_pending_free", and its
+    # trace has free_requested at `del`, free_completed only when the block goes back.
+    result = child_json("""
+        import json, torch, refpool.torch
+        refpool.torch.install()
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        x = torch.empty(1 << 22, device="cuda")
+        address = x.data_ptr()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)  # about 50 ms
+            x.fill_(1.0)
+        x.record_stream(side)
+        del x
+        def states():
+            snap = torch.cuda.memory._snapshot()
+            blocks = [b["state"] for s in snap["segments"] for b in s["blocks"] if b["address"] == address]
+            actions = [e["action"] for t in snap["device_traces"] for e in t if e.get("addr") == address]
+            return {"blocks": blocks, "actions": actions}
+        out = {"pending": states()}
+        side.synchronize()
+        y = torch.empty(16, device="cuda")  # the request gives the completed free back first
+        out["done"] = states()
+        print(json.dumps(out))
+    """)
+    assert result["pending"]["blocks"] == ["active_pending_free"], result
+    assert result["pending"]["actions"] == ["alloc", "free_requested"], result
+    assert "active_pending_free" not in result["done"]["blocks"], result
+    assert result["done"]["actions"] == ["alloc", "free_requested", "free_completed"], result
+
+
 def refpool_messages(stderr):
     """What refpool's hooks reported on stderr (a free that could not go as it should)."""
     return [line for line in stderr.splitlines() if line.startswith("refpool")]

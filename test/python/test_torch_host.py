@@ -336,8 +336,10 @@ def check_segment_sums(segments):
         blocks = s["blocks"]
         assert sum(b["size"] for b in blocks) == s["total_size"]
         assert [b["address"] for b in blocks] == sorted(b["address"] for b in blocks)
-        active = [b for b in blocks if b["state"] == "active_allocated"]
-        assert s["allocated_size"] == s["active_size"] == sum(b["size"] for b in active)
+        allocated = [b for b in blocks if b["state"] == "active_allocated"]
+        active = [b for b in blocks if b["state"] in ("active_allocated", "active_pending_free")]
+        assert s["allocated_size"] == sum(b["size"] for b in allocated)
+        assert s["active_size"] == sum(b["size"] for b in active)
         assert s["requested_size"] == sum(b["requested_size"] for b in active)
         # PyTorch's free blocks coalesce: its snapshots never show two inactive blocks side by side,
         # and tests compare block counts across a checkpoint restore (TestBlockStateAbsorption).
@@ -374,6 +376,34 @@ def test_snapshot_shows_refpools_segments_with_live_and_idle_blocks():
         allocator.empty_cache()
     after = blocks_by_address(replacements.memory_snapshot(mempool_id=(0, 0)))
     assert all(after[a]["state"] == "inactive" for a in (kept, large) if a in after)
+
+
+def test_a_free_record_stream_deferred_is_active_pending_free_until_its_streams_are_done():
+    # The history library marks a freed block whose free waits for record_stream's streams; refpool
+    # still holds it (live in its map). PyTorch shows it active, not allocated.
+    frames = [{"filename": "serve.py", "name": "decode", "line": 9}]
+    replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
+    kept, pending = allocator.malloc(1000), allocator.malloc(3000)
+    try:
+        live = [{"addr": kept, "size": 1000, "device": 0, "stream": 0, "pool": [0, 0], "frames": frames},
+                {"addr": pending, "size": 3000, "device": 0, "stream": 0, "pool": [0, 0], "frames": frames,
+                 "pending_free": True}]
+        snap = _torch_snapshot.build({"trace": [], "live": live}, devices=1, maps=replacements.memory_maps())
+        check_segment_sums(snap["segments"])
+        blocks = blocks_by_address(snap["segments"])
+        assert blocks[kept]["state"] == "active_allocated"
+        assert blocks[pending]["state"] == "active_pending_free" and blocks[pending]["requested_size"] == 3000
+        holding = [s for s in snap["segments"] if pending in {b["address"] for b in s["blocks"]}][0]
+        assert holding["active_size"] - holding["allocated_size"] == blocks[pending]["size"]
+        # Without a map (one segment per allocation): the same state, allocated 0.
+        alone = [s for s in _torch_snapshot.build({"trace": [], "live": live}, devices=1)["segments"]
+                 if s["address"] == pending][0]
+        assert alone["blocks"][0]["state"] == "active_pending_free"
+        assert (alone["allocated_size"], alone["active_size"]) == (0, alone["total_size"])
+    finally:
+        allocator.free(kept)
+        allocator.free(pending)
+        allocator.empty_cache()
 
 
 def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
