@@ -249,3 +249,60 @@ TEST_CASE("span_floor edge cases: a span over half the reservation, a halved res
   CHECK(f.tracker->held() == 0);
   CHECK(f.be.outstanding_bytes() == 0);
 }
+
+TEST_CASE("the Nth backend call fails while spans grow past free commits, for every N: consistent, nothing leaked",
+          "[segments][spans][faults]") {
+  using how = fault_schedule::failure;
+  const auto failure = GENERATE(how::out_of_memory, how::backend_error);
+  std::uint64_t n = 1;
+  for (;; ++n) {
+    heap_fixture f;
+    bool injected = false;
+    {
+      segment_heap heap(f.be, span_options());
+      const auto freed = must_carve(heap, 6 * MiB);
+      const auto pin = must_carve(heap, 2 * MiB);
+      heap.give_back(freed, {});
+      f.failing->arm(n, 1, failure);
+      std::vector<segment_span*> spans;
+      std::vector<segment_heap::piece> pieces;
+      const auto attempt = [&](auto&& call) {
+        try {
+          call();
+        } catch (const backend_error&) {
+        }
+        heap.check();
+      };
+      attempt([&] {
+        if (auto c = heap.carve_span(8 * MiB, {})) spans.push_back(c->span);
+      });
+      attempt([&] {
+        if (auto c = heap.carve(5 * MiB, {})) pieces.push_back(c->p);
+      });
+      for (segment_span* s : spans) heap.idle_span(*s, {});
+      attempt([&] {
+        if (auto c = heap.carve(7 * MiB, {})) pieces.push_back(c->p);  // may yield the span
+      });
+      attempt([&] {
+        if (auto c = heap.carve_span(12 * MiB, {})) spans.push_back(c->span);
+      });
+      for (segment_span* s : spans)
+        attempt([&] {
+          if (s->now != segment_span::state::held) (void)heap.hold_span(*s, {});
+        });
+      for (const auto& p : pieces) heap.give_back(p, {});
+      heap.give_back(pin, {});
+      for (segment_span* s : spans) heap.give_back_span(s, {});
+      heap.check();
+      injected = f.failing->injected() != 0;
+      heap.free_all();
+    }
+    INFO("call " << n);
+    CHECK(f.tracker->held() == 0);
+    CHECK(f.tracker->reserved() == 0);
+    CHECK(f.tracker->bad_releases() == 0);
+    CHECK(f.be.outstanding_bytes() == 0);
+    if (!injected) break;
+  }
+  CHECK(n > 3);
+}
