@@ -9,11 +9,13 @@
 #include <refpool/error.hpp>
 
 #include "support/fault_injection.hpp"
+#include "support/forwarding_resource.hpp"
 #include "white_box/segment_fixture.hpp"
 
 using namespace refpool;
 using detail::segment_heap;
 using detail::segment_span;
+using detail::stream_set;
 using refpool::test::addr;
 using refpool::test::heap_fixture;
 using refpool::test::MiB;
@@ -48,6 +50,23 @@ struct heap_image {
     return committed == o.committed && reserved == o.reserved && free == o.free && segments == o.segments &&
            commits == o.commits && range_addresses == o.range_addresses;
   }
+};
+
+/// Host memory with virtual memory whose reservations a test refuses (the heap falls back to
+/// backend allocations) and stream orders it refuses (as during a graph capture).
+class refusing_host final : public test::forwarding_resource {
+ public:
+  refusing_host() : vm_(*upstream_->address_space()) {}
+  virtual_memory* address_space() noexcept override { return &vm_; }
+  void order_streams(stream_ref producer, stream_ref consumer) override {
+    if (refuse_orders) throw stream_order_unavailable("refusing_host: orders refused (a graph capture)", 900);
+    upstream_->order_streams(producer, consumer);
+  }
+  fault_schedule& schedule() { return vm_.schedule(); }
+  bool refuse_orders = false;
+
+ private:
+  failing_virtual_memory vm_;
 };
 
 }  // namespace
@@ -305,4 +324,40 @@ TEST_CASE("the Nth backend call fails while spans grow past free commits, for ev
     if (!injected) break;
   }
   CHECK(n > 3);
+}
+
+TEST_CASE("a span's trim that fails midway (unordered streams): consistent, the span placed",
+          "[segments][spans][faults]") {
+  auto host = std::make_shared<refusing_host>();
+  backend be(host);
+  REQUIRE(be.underlying().address_space() != nullptr);
+  {
+    segment_heap heap(be, span_options());
+    REQUIRE(heap.uses_virtual_memory());
+    // Every reservation refused: two pieces in backend allocations of their own (20 and 18 MiB).
+    host->schedule().arm_only(fault_schedule::reservations, 1, 1000);
+    const auto one = must_carve(heap, 4 * MiB);
+    const auto two = must_carve(heap, 18 * MiB);
+    host->schedule().disarm();
+    REQUIRE(heap.stats().segments == 2);
+    REQUIRE(one.segment != two.segment);
+    heap.give_back(one, stream_set(test::stream(1)));  // one stream: freed without an order
+    stream_set both(test::stream(1));
+    both.add(test::stream(2));
+    heap.give_back(two, both);  // two streams: freeing it orders them, which is refused
+    host->refuse_orders = true;
+    // 24 MiB fits neither: the trim frees the first segment, throws at the second, and the span grows.
+    auto made = heap.carve_span(24 * MiB, test::stream(3));
+    REQUIRE(made.has_value());
+    heap.check();
+    CHECK(heap.stats().segments == 2);  // the one that could not go, and the span's
+    CHECK(heap.stats().free_bytes >= 18 * MiB);  // the second, kept
+    host->refuse_orders = false;
+    heap.give_back_span(made->span, {});
+    heap.trim(0);
+    heap.check();
+    CHECK(heap.stats().segments == 0);
+    heap.free_all();
+  }
+  CHECK(be.outstanding_bytes() == 0);
 }
