@@ -60,8 +60,10 @@ void segment_heap::consider_holes(const segment& seg, std::size_t bytes, placeme
     }
     if (need == std::numeric_limits<std::size_t>::max()) return;
     // The smallest commit wins; on a tie a hole inside a segment before the growable one's tail.
-    // Pieces grow by steps at the tail, and up to the span half where spans are placed.
-    const bool tail = growable && (end == seg.reserved || (start < floor && end >= floor));
+    // Pieces grow by steps at the tail, and up to a span placed in the span half (only there: a
+    // hole trim made across the middle of a heap without spans commits what is needed, as before).
+    const bool tail =
+        growable && (end == seg.reserved || (start < floor && end >= floor && next != nullptr && next->span));
     if (best && (need > best->commit_bytes || (need == best->commit_bytes && (tail || !best->growable_tail)))) return;
     best = hole{const_cast<segment*>(&seg), start, end, prev, next, at, need, tail};
   };
