@@ -167,22 +167,13 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
 }
 
 std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool, std::size_t n, stream_ref stream,
-                                                                placement where, bool for_span) {
+                                                                placement where, bool for_span, bool may_grow) {
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   // Before the pool grows: the bytes of idle spans (docs/segments.md, "One memory space").
   if (!spans_.records.empty())
     if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
+  if (!may_grow) return std::nullopt;
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
-  if (for_span && vm_ != nullptr) {
-    // Free commits no fit took go back first, up to what the span commits, so that the two are not
-    // held at once (the span commits apart from them: span_floor). Only where the pool grows
-    // anyway, so a steady state with no growth decommits nothing. A failed trim keeps them.
-    const std::size_t free = totals_.committed - totals_.used;
-    try {
-      trim(free - std::min(free, n));
-    } catch (...) {
-    }
-  }
   range* r = grow(pool, id, n, where, stream, for_span);
   if (r == nullptr) return std::nullopt;
   const auto offset = offset_in(*r, n, where);

@@ -132,17 +132,18 @@ class segment_heap {
     stream_set waits;
   };
   /// A new span of at least `bytes` for `stream`, held: placed as carve places a piece (best fit,
-  /// then idle spans of the pool yielded, then growth). nullopt: out of memory. Throws as carve.
-  /// The record is the caller's to use until give_back_span.
-  [[nodiscard]] std::optional<span_carved> carve_span(std::size_t bytes, stream_ref stream);
+  /// then idle spans of the pool yielded, then growth in the upper half of a virtual-memory
+  /// reservation, span_floor). nullopt: out of memory, or, without `may_grow`, no room without
+  /// growth. Throws as carve. The record is the caller's to use until give_back_span.
+  [[nodiscard]] std::optional<span_carved> carve_span(std::size_t bytes, stream_ref stream, bool may_grow = true);
   /// The owner of held span `s` uses none of its bytes now (held -> idle): the heap may yield it
   /// when a pool would grow, or at yield_idle_spans. `used_on`: every stream that may still use them.
   void idle_span(segment_span& s, const stream_set& used_on) noexcept;
   /// The owner uses `s` again (idle or yielded -> held; held stays held). A yielded span is placed
   /// again: at its home address when the bytes there are free or uncommitted (the holes are
-  /// committed), else as carve_span places one (`moved`: a new address). nullopt: out of memory,
-  /// and it stays yielded. Throws as carve.
-  [[nodiscard]] std::optional<span_hold> hold_span(segment_span& s, stream_ref stream);
+  /// committed), else as carve_span places one (`moved`: a new address). nullopt: out of memory
+  /// (or, without `may_grow`, no room elsewhere without growth), and it stays yielded. Throws as carve.
+  [[nodiscard]] std::optional<span_hold> hold_span(segment_span& s, stream_ref stream, bool may_grow = true);
   /// Grows held span `s` to at least `bytes` where it is, for use on `stream`: the bytes after it
   /// must be free or uncommitted (the holes are committed), in its size class. Returns the streams
   /// the holder must wait for, or
@@ -202,9 +203,9 @@ class segment_heap {
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
   void prepare_carve(pool_state& pool);
   /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth
-  /// (for a span: in the span half, span_floor).
+  /// (for a span: in the span half, span_floor; none unless `may_grow`: nullopt then).
   std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where,
-                                      bool for_span = false);
+                                      bool for_span = false, bool may_grow = true);
   /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it
   /// (and clears a span's flag).
   std::size_t free_range(range* r, const stream_set& used_on) noexcept;

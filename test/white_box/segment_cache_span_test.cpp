@@ -179,3 +179,47 @@ TEST_CASE("segment source: a span held again at home keeps its address; extend g
   check_books(cache, f.be, 3 * MiB);
   state.spans().give_back_span(be, *s, {});
 }
+
+TEST_CASE("segment source: a span that must grow gives the heap's free bytes back first, not held beside it",
+          "[segments][cache][spans]") {
+  heap_fixture f;
+  alloc_cache cache{segments_on(true)};
+  detail::cache_state& state = detail::access::state(cache);
+  detail::backend_state& be = *detail::access::state(f.be);
+  data_ref pin;
+  {
+    scope sc(cache);
+    const data_ref freed = allocate(f.be, 6 * MiB);
+    pin = allocate(f.be, 2 * MiB);  // escapes: keeps the freed bytes from the segment's tail
+  }
+  state.return_idle(be);  // the 6 MiB: free bytes of the heap, still committed
+  const cache_stats before = cache.stats();
+  REQUIRE(before.segment_free_bytes == 6 * MiB);
+  // 8 MiB fits no free range: the 6 free MiB go back before the span commits its own.
+  const std::optional<detail::segment_span*> s = state.spans().carve_span(be, 8 * MiB, {});
+  REQUIRE(s);
+  const cache_stats st = cache.stats();
+  CHECK(st.segment_free_bytes == 0);
+  CHECK(st.reserved_bytes == before.reserved_bytes - 6 * MiB + 8 * MiB);
+  CHECK(st.peak_reserved_bytes == std::max(before.peak_reserved_bytes, st.reserved_bytes));
+  check_books(cache, f.be, 8 * MiB);
+  // Yielded, its home taken by a live piece: held again elsewhere, the free bytes trimmed first.
+  state.spans().idle_span(be, **s, {});
+  data_ref over;
+  {
+    scope sc(cache);
+    over = allocate(f.be, 8 * MiB);  // the span's bytes, yielded
+  }
+  CHECK((*s)->now == detail::segment_span::state::yielded);
+  const std::optional<bool> moved = state.spans().hold_span(be, **s, {});
+  REQUIRE(moved);
+  CHECK(*moved);
+  CHECK(cache.stats().segment_free_bytes == 0);
+  fill(**s, 4);
+  check_books(cache, f.be, 8 * MiB);
+  state.spans().give_back_span(be, *s, {});
+  over = {};
+  pin = {};
+  cache.reclaim(0);
+  CHECK(f.be.outstanding_bytes() == 0);
+}

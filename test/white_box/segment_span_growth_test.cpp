@@ -1,6 +1,7 @@
-// Spans that grow in the upper half of a reservation (span_floor) and the trim a span's growth does
-// first (segment_heap::carve_rounded): the heap's contract for failed calls, how much the trim gives
-// back, and heaps with no spans, which must grow as they did before spans had a half of their own.
+// Spans that grow in the upper half of a reservation (span_floor): the heap's contract for failed
+// calls, that the heap itself gives no free commits back for a span (the cache trims before it lets
+// a span grow: segment_source::trim_before_span_growth), and heaps with no spans, which must grow as
+// they did before spans had a half of their own.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -71,7 +72,7 @@ class refusing_host final : public test::forwarding_resource {
 
 }  // namespace
 
-TEST_CASE("a span whose growth fails after the free commits went back leaves the heap as it was",
+TEST_CASE("a span whose growth fails leaves the heap as it was, its free commits too",
           "[segments][spans][faults]") {
   using how = fault_schedule::failure;
   const auto failure = GENERATE(how::out_of_memory, how::backend_error);
@@ -127,7 +128,7 @@ TEST_CASE("a yielded span held again elsewhere, out of memory, leaves the heap's
   CHECK(f.tracker->held() == 0);
 }
 
-TEST_CASE("a span that must grow gives back free commits up to its size, not whole free segments beyond it",
+TEST_CASE("a span that must grow gives back no free commits in the heap, whole free segments least of all",
           "[segments][spans]") {
   heap_fixture f;
   segment_heap heap(f.be, span_options());
@@ -138,8 +139,8 @@ TEST_CASE("a span that must grow gives back free commits up to its size, not who
   const auto before = heap.stats();
   REQUIRE(before.free_bytes >= 40 * MiB);
   REQUIRE(before.segments == 1);
-  // A large span of 4 MiB: nothing of the large pool fits it, so it grows, trimming first "up to
-  // what the span commits" (carve_rounded): at most 4 MiB of the free commits go.
+  // A large span of 4 MiB: nothing of the large pool fits it, so it grows; the small pool's free
+  // segment stays (a trim before a span's growth is the cache's, of free bytes it decides on).
   auto made = heap.carve_span(4 * MiB, {});
   REQUIRE(made.has_value());
   const auto after = heap.stats();
@@ -326,7 +327,7 @@ TEST_CASE("the Nth backend call fails while spans grow past free commits, for ev
   CHECK(n > 3);
 }
 
-TEST_CASE("a span's trim that fails midway (unordered streams): consistent, the span placed",
+TEST_CASE("a span that must grow orders no stream of the free segments it leaves alone",
           "[segments][spans][faults]") {
   auto host = std::make_shared<refusing_host>();
   backend be(host);
@@ -346,12 +347,13 @@ TEST_CASE("a span's trim that fails midway (unordered streams): consistent, the 
     both.add(test::stream(2));
     heap.give_back(two, both);  // two streams: freeing it orders them, which is refused
     host->refuse_orders = true;
-    // 24 MiB fits neither: the trim frees the first segment, throws at the second, and the span grows.
+    // 24 MiB fits neither: the span grows; freeing the segments would order their streams, which
+    // is refused, and the heap does not try (nothing to trim at a carve).
     auto made = heap.carve_span(24 * MiB, test::stream(3));
     REQUIRE(made.has_value());
     heap.check();
-    CHECK(heap.stats().segments == 2);  // the one that could not go, and the span's
-    CHECK(heap.stats().free_bytes >= 18 * MiB);  // the second, kept
+    CHECK(heap.stats().segments == 3);  // both free segments kept, and the span's
+    CHECK(heap.stats().free_bytes >= 22 * MiB);
     host->refuse_orders = false;
     heap.give_back_span(made->span, {});
     heap.trim(0);

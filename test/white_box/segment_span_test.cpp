@@ -403,28 +403,31 @@ TEST_CASE("spans grow apart from pieces: a piece larger than a yielded span comm
   CHECK(f.tracker->held() == 0);
 }
 
-TEST_CASE("a span that must grow gives the free commits back first: the two are not held at once",
+TEST_CASE("without may_grow a span that needs growth is not placed and nothing changes; with it, it grows apart",
           "[segments][spans]") {
   heap_fixture f;
   segment_heap heap(f.be, span_options());
   const auto freed = must_carve(heap, 6 * MiB);
   const auto pin = must_carve(heap, 2 * MiB);  // keeps the freed bytes from the tail
   heap.give_back(freed, {});
-  CHECK(heap.stats().free_bytes == 6 * MiB);
-  // 8 MiB fits no free range: the 6 free MiB are decommitted before the span commits its own.
-  segment_span& s = must_carve_span(heap, 8 * MiB);
-  auto st = heap.stats();
-  CHECK(st.committed_bytes == 2 * MiB + 8 * MiB);
-  CHECK(st.free_bytes == 0);
-  CHECK(st.events.decommits == 1);
-  heap.check();
-  // Where a free range holds it, a span takes it as a piece would: no backend call.
-  heap.give_back_span(&s, {});
+  const auto before = heap.stats();
   const std::size_t commits = f.tracker->commits();
-  segment_span& fits = must_carve_span(heap, 4 * MiB);
+  // 8 MiB fits no free range: without growth, no span and no backend call (the cache then gives
+  // the free bytes back and asks again: segment_source::carve_span).
+  CHECK_FALSE(heap.carve_span(8 * MiB, {}, false).has_value());
   CHECK(f.tracker->commits() == commits);
-  CHECK(heap.stats().events.decommits == 1);
+  CHECK(heap.stats().free_bytes == before.free_bytes);
+  CHECK(heap.spans().empty());
+  // The heap itself trims nothing: the span commits its own bytes, apart from the free ones.
+  segment_span& s = must_carve_span(heap, 8 * MiB);
+  CHECK(heap.stats().committed_bytes == before.committed_bytes + 8 * MiB);
+  CHECK(s.home >= addr(pin) + pin.bytes);
+  heap.check();
+  // Where a free range holds it, a span takes it as a piece would, with or without growth.
+  segment_span& fits = *heap.carve_span(4 * MiB, {}, false)->span;
+  CHECK(fits.home == addr(freed));
   heap.give_back_span(&fits, {});
+  heap.give_back_span(&s, {});
   heap.give_back(pin, {});
   heap.check();
   heap.free_all();
