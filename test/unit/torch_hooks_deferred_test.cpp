@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -66,6 +67,7 @@ std::atomic<int> next_queries{0};  // queries_left of the next recorded event; <
 std::atomic<bool> failures_on{false};
 std::atomic<int> events_made{0};
 std::atomic<int> events_destroyed{0};
+std::array<std::atomic<int>, 16> events_alive_on{};  // by device: made, not destroyed (idle, recorded or lost)
 std::atomic<int> failing_queries{0};  // the next this many queries and synchronizations fail, ready or not
 
 int random_below(int n) {
@@ -92,9 +94,11 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   *event = new CUevent_st;  // never destroyed: the hooks keep their events for the process
   (*event)->device = current_device;
   ++events_made;
+  ++events_alive_on[current_device];
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {  // where host memory ran out to keep it idle
+  --events_alive_on[event->device];
   delete event;
   ++events_destroyed;
   return cudaSuccess;
@@ -503,4 +507,127 @@ TEST_CASE("host memory running out while pending frees go back loses no block an
   for (void* b : blocks) CHECK_FALSE(held(b));
   CHECK(double_frees == 0);
   CHECK(miscounted == 0);
+}
+
+// ---- a hostile review of host memory running out (allocations_until_failure) --------------------
+
+namespace {
+
+// The free hook's path as _torch_hooks.cpp takes it, with the `n`th allocation of this thread from
+// taking the block's streams on failing: an exception there frees the block now.
+void free_hook_running_out(void* block, cudaStream_t allocated_on, int n) {
+  std::size_t size = 0;
+  int device = 0;
+  {
+    std::lock_guard guard(blocks_mutex);
+    size = served[block].size;
+    device = served[block].device;
+  }
+  bool deferred = false;
+  allocations_until_failure = n;
+  try {
+    std::vector<void*> uses = refpool_torch::take_stream_uses(block);
+    deferred = !uses.empty() && refpool_torch::defer_free(block, device, size, allocated_on, uses, count_deferred);
+  } catch (const std::exception&) {
+  }
+  allocations_until_failure = -1;
+  if (!deferred) free_now(block);
+}
+
+// A block of `device` recorded on `used_on` and freed, its free deferred (events far from ready).
+void* defer_one(std::mt19937& random, int device, cudaStream_t used_on) {
+  void* block = serve(random, 1000, device);
+  refpool_torch::forget_stream_uses(block);
+  refpool_torch::note_stream_use(block, used_on);
+  free_hook(block, &compute);
+  return block;
+}
+
+// How many idle events `device` holds: blocks deferred on `stream` (of that device) until the hooks
+// make a new event. Those blocks stay pending, in `blocks`.
+int idle_events(std::mt19937& random, int device, cudaStream_t stream, std::vector<void*>& blocks) {
+  next_queries = 1000;
+  const int made = events_made;
+  for (int idle = 0;; ++idle) {
+    blocks.push_back(defer_one(random, device, stream));
+    if (events_made != made) return idle;
+  }
+}
+
+// Every event the hooks made and did not destroy is idle again once nothing is pending: none lost.
+void check_no_event_lost(std::mt19937& random) {
+  drain();
+  const int alive[2] = {events_alive_on[0], events_alive_on[1]};
+  std::vector<void*> blocks;
+  CHECK(idle_events(random, 0, &side, blocks) == alive[0]);
+  CHECK(idle_events(random, 1, &other_device, blocks) == alive[1]);
+  drain();
+  for (void* b : blocks) CHECK_FALSE(held(b));
+}
+
+}  // namespace
+
+TEST_CASE("host memory running out where a refused record puts its event back loses no event",
+          "[torch][record_stream][events]") {
+  // A block of device d recorded on side (device 0's stream): d's record is refused first and its
+  // event put back into d's idle list, then device 0's is recorded. Each allocation of the free in
+  // turn fails, each time for a device whose idle list has never held an event (putting one back
+  // allocates): after that, d's event is idle again (or destroyed), so d's next free makes none.
+  std::mt19937 random(12);
+  next_queries = 1000;
+  failures_on = false;
+  for (int n = 0; n < 10; ++n) {
+    const int device = 3 + n;  // no other case uses devices above 1
+    CAPTURE(n);
+    void* block = serve(random, 1000, device);
+    refpool_torch::forget_stream_uses(block);
+    refpool_torch::note_stream_use(block, &side);
+    free_hook_running_out(block, &compute, n);
+    drain();
+    CHECK_FALSE(held(block));
+    block = defer_one(random, device, &side);
+    drain();
+    CHECK_FALSE(held(block));
+    CHECK(events_alive_on[device] <= 1);  // d's one event: never a second while the first is lost
+  }
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+}
+
+TEST_CASE("host memory running out on several threads at once while frees defer, poll and wait: no block or event lost",
+          "[torch][record_stream][events][threads]") {
+  using c = refpool_torch::device_counters;
+  next_queries = -1;
+  failures_on = false;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t] {
+      std::mt19937 random(static_cast<unsigned>(200 + t));
+      for (int i = 0; i < 2000; ++i) {
+        const int device = static_cast<int>(random() % 2);
+        void* block = serve(random, 1 + random() % 4096, device);
+        refpool_torch::forget_stream_uses(block);
+        refpool_torch::note_stream_use(block, random() % 4 == 0 ? &other_device : &side);
+        if (random() % 2 == 0) refpool_torch::note_stream_use(block, device == 0 ? &other_device : &side);
+        free_hook_running_out(block, &compute, static_cast<int>(random() % 8));
+        allocations_until_failure = static_cast<int>(random() % 6);
+        try {
+          (random() % 20 == 0 ? refpool_torch::free_all_pending : refpool_torch::free_completed)(free_deferred);
+        } catch (const std::exception&) {
+        }
+        allocations_until_failure = -1;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  drain();
+  CHECK(counted(c::active) == counted(c::allocation));
+  CHECK(counted(c::active, c::freed) == counted(c::allocation, c::freed));
+  {
+    std::lock_guard guard(blocks_mutex);
+    for (const auto& [block, b] : served) CHECK_FALSE(b.taken);
+  }
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+  std::mt19937 random(13);
+  check_no_event_lost(random);
 }
