@@ -462,6 +462,23 @@ def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
     check_segment_sums(snap["segments"][:3])
 
 
+def test_an_arena_whose_first_allocation_waits_for_record_stream_is_still_allocated():
+    # A hostile review of active_pending_free: a plan's arena (span_held) is one block for all the
+    # allocations inside it. The one at its start freed, its free deferred by record_stream, while
+    # another inside is live: the arena is still allocated, not pending as that first allocation is.
+    from refpool.memory_map import Range, Segment
+    arena = Segment(1 << 20, 1 << 21, 1 << 21, 0, "device", "large", True,
+                    [Range(1 << 20, 1 << 20, "span_held"), Range(2 << 20, 1 << 20, "free")])
+    live = [{"addr": 1 << 20, "size": 100, "device": 0, "stream": 0, "pool": [0, 0], "frames": [],
+             "pending_free": True},
+            {"addr": (1 << 20) + 4096, "size": 100, "device": 0, "stream": 0, "pool": [0, 0], "frames": []}]
+    snap = _torch_snapshot.build({"trace": [], "live": live}, maps=[((0, 0), [arena])])
+    check_segment_sums(snap["segments"])
+    (held,) = snap["segments"]
+    assert [b["state"] for b in held["blocks"]] == ["active_allocated", "inactive"]
+    assert held["allocated_size"] == held["active_size"] == 1 << 20
+
+
 def test_snapshot_drops_allocations_a_map_shows_freed_since_the_history():
     # The history is dumped (or the log read) before the maps are taken: an allocation freed in
     # between is live in the history and an idle piece or free bytes in the map. The map is newer:
