@@ -89,6 +89,16 @@ cudaEvent_t take_event(deferred_frees& s, int device) {
   return e;
 }
 
+// An event no record keeps (its block went back, or CUDA refused it), idle again for the next
+// record; destroyed where host memory runs out for the list. With the mutex held.
+void recycle_event(deferred_frees& s, const recorded_event& e) noexcept {
+  try {
+    s.idle_events[e.device].push_back(e.event);
+  } catch (...) {
+    (void)cudaEventDestroy(e.event);
+  }
+}
+
 // Records an event of `device` on `stream`; false (the event idle again) where CUDA refuses, as it
 // does for a stream of another device. With the mutex held.
 bool record_on(deferred_frees& s, cudaStream_t stream, int device, recorded_event& out, cudaError_t& refused) {
@@ -100,7 +110,7 @@ bool record_on(deferred_frees& s, cudaStream_t stream, int device, recorded_even
     return true;
   }
   (void)cudaGetLastError();
-  s.idle_events[device].push_back(e);
+  recycle_event(s, {e, device});  // the list may grow: out of host memory, destroyed, never lost
   return false;
 }
 
@@ -123,16 +133,6 @@ recorded_event record_use(deferred_frees& s, cudaStream_t stream, int device) {
         return recorded;
   C10_CUDA_CHECK(first_refusal);  // throws: no device's event records on this stream
   return recorded;
-}
-
-// An event of a block that went back, idle again for the next record; destroyed where host memory
-// runs out for the list. With the mutex held.
-void recycle_event(deferred_frees& s, const recorded_event& e) noexcept {
-  try {
-    s.idle_events[e.device].push_back(e.event);
-  } catch (...) {
-    (void)cudaEventDestroy(e.event);
-  }
 }
 
 // Gives refpool the pending frees whose events have completed (`wait`: waits for each first). Events
