@@ -80,13 +80,16 @@ def _segment_of_run(run, mapped, pool, segment_type, known):
                                "frames": []})
             continue
         record = known.pop(r.address, None)
+        inside = [record] if record else []
         if r.state == "span_held":  # a plan's arena: the allocations inside it are its block's
             for address in [a for a in known if r.address <= a < r.address + r.bytes]:
-                del known[address]
+                inside.append(known.pop(address))
         asked = record["requested_size"] if record else r.bytes
         if record and stream is None:
             stream = record["stream"]
-        state = record["blocks"][0]["state"] if record else "active_allocated"
+        # Pending only where every allocation it holds waits for record_stream's streams.
+        pending = inside and all(i["blocks"][0]["state"] == "active_pending_free" for i in inside)
+        state = "active_pending_free" if pending else "active_allocated"
         blocks.append({"address": r.address, "size": r.bytes, "requested_size": asked, "state": state,
                        "frames": record["blocks"][0]["frames"] if record else []})
         allocated += r.bytes if state == "active_allocated" else 0
