@@ -631,3 +631,26 @@ TEST_CASE("host memory running out on several threads at once while frees defer,
   std::mt19937 random(13);
   check_no_event_lost(random);
 }
+
+TEST_CASE("host memory running out at each allocation of a free recorded on streams of both devices: no block or event lost",
+          "[torch][record_stream][events]") {
+  // Device 0's block recorded on side and on other_device: other_device's record is refused on
+  // device 0 first (its event put back), then made on device 1. Each allocation in turn fails.
+  std::mt19937 random(14);
+  next_queries = 1000;
+  failures_on = false;
+  for (int n = 0; n < 16; ++n) {
+    CAPTURE(n);
+    void* block = serve(random, 1000, 0);
+    refpool_torch::forget_stream_uses(block);
+    refpool_torch::note_stream_use(block, &other_device);
+    refpool_torch::note_stream_use(block, &side);
+    free_hook_running_out(block, &compute, n);
+    refpool_torch::free_completed(free_deferred);  // not ready: kept
+    drain();
+    CHECK_FALSE(held(block));
+    check_no_event_lost(random);
+  }
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+}
