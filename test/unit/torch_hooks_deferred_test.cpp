@@ -514,8 +514,10 @@ TEST_CASE("host memory running out while pending frees go back loses no block an
 namespace {
 
 // The free hook's path as _torch_hooks.cpp takes it, with the `n`th allocation of this thread from
-// taking the block's streams on failing: an exception there frees the block now.
-void free_hook_running_out(void* block, cudaStream_t allocated_on, int n) {
+// taking the block's streams on failing: an exception there frees the block now, ordered after the
+// streams it has in `uses` (refpool's record_stream). Returns whether the free was deferred or has
+// the streams to order.
+bool free_hook_running_out(void* block, cudaStream_t allocated_on, int n) {
   std::size_t size = 0;
   int device = 0;
   {
@@ -524,14 +526,16 @@ void free_hook_running_out(void* block, cudaStream_t allocated_on, int n) {
     device = served[block].device;
   }
   bool deferred = false;
+  std::vector<void*> uses;
   allocations_until_failure = n;
   try {
-    std::vector<void*> uses = refpool_torch::take_stream_uses(block);
+    uses = refpool_torch::take_stream_uses(block);
     deferred = !uses.empty() && refpool_torch::defer_free(block, device, size, allocated_on, uses, count_deferred);
   } catch (const std::exception&) {
   }
   allocations_until_failure = -1;
   if (!deferred) free_now(block);
+  return deferred || !uses.empty();
 }
 
 // A block of `device` recorded on `used_on` and freed, its free deferred (events far from ready).
@@ -650,6 +654,27 @@ TEST_CASE("host memory running out at each allocation of a free recorded on stre
     drain();
     CHECK_FALSE(held(block));
     check_no_event_lost(random);
+  }
+  CHECK(double_frees == 0);
+  CHECK(miscounted == 0);
+}
+
+TEST_CASE("host memory running out while a free takes its recorded streams: the free is deferred or ordered, never neither",
+          "[torch][record_stream]") {
+  // The free hook frees a block at once where deferring it throws, and then orders the next user
+  // after the streams it took (refpool's record_stream). Taking them must not be what runs out:
+  // the block would go back with no order after a stream that may still use it.
+  std::mt19937 random(15);
+  next_queries = 1000;
+  failures_on = false;
+  for (int n = 0; n < 8; ++n) {
+    CAPTURE(n);
+    void* block = serve(random, 1000, 0);
+    refpool_torch::forget_stream_uses(block);
+    refpool_torch::note_stream_use(block, &side);
+    CHECK(free_hook_running_out(block, &compute, n));
+    drain();
+    CHECK_FALSE(held(block));
   }
   CHECK(double_frees == 0);
   CHECK(miscounted == 0);
