@@ -55,7 +55,9 @@ struct deferred_frees {
   // Held by the one thread that takes pending frees and gives them to refpool: a caller that waits
   // for all of them (empty_cache, out of memory) then also waits for those another thread holds.
   std::mutex releasing;
-  std::unordered_map<void*, std::vector<cudaStream_t>> uses;  // record_stream's streams, by block
+  // record_stream's streams, by block: as the free hook takes them, moved out without allocating
+  // (out of host memory, a free that cannot defer still has its streams to order).
+  std::unordered_map<void*, std::vector<void*>> uses;
   // A list: free_pending moves its entries out and back by splicing, which never allocates, so
   // running out of host memory there loses no block.
   std::list<pending_free> pending;
@@ -183,13 +185,12 @@ void free_pending(bool wait, deferred_fn free_now) {
 
 }  // namespace
 
-void note_stream_use(void* ptr, void* used_on) {
-  const auto stream = static_cast<cudaStream_t>(used_on);
+void note_stream_use(void* ptr, void* stream) {
   deferred_frees& s = state();
   std::lock_guard guard(s.mutex);
   const auto [it, first] = s.uses.try_emplace(ptr);
   if (first) s.noted[note_slot(ptr)].fetch_add(1, std::memory_order_relaxed);
-  std::vector<cudaStream_t>& streams = it->second;
+  std::vector<void*>& streams = it->second;
   if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
 }
 
@@ -200,7 +201,7 @@ std::vector<void*> take_stream_uses(void* ptr) {
   std::lock_guard guard(s.mutex);
   const auto it = s.uses.find(ptr);
   if (it == s.uses.end()) return {};
-  std::vector<void*> streams(it->second.begin(), it->second.end());
+  std::vector<void*> streams = std::move(it->second);
   s.uses.erase(it);
   noted.fetch_sub(1, std::memory_order_relaxed);
   return streams;
