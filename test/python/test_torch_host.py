@@ -441,6 +441,44 @@ def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
     assert replacements.memory_snapshot(mempool_id=pool) == []
 
 
+def test_a_pools_block_whose_free_waits_for_record_stream_stays_in_its_pools_snapshot():
+    # A hostile review of active_pending_free in a private pool: the free hook untracks the pool's
+    # allocation at the free, before it is deferred, so only the history (its pool recorded at the
+    # allocation) and the pool's map (refpool still holds it) know it: the pool's snapshot shows it
+    # active_pending_free, and the allocator cache's does not show it.
+    lib = refpool._library.lib()
+    capturing = 0x4000
+    pool = (0, 738)
+    accepts = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+        lambda context, stream: int(stream == capturing))
+    lib.call("refpool_allocator_begin_pool", 0, refpool._types.PoolId(*pool), ctypes.cast(accepts, ctypes.c_void_p),
+             None, None)
+    replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
+    kept = pending = None
+    try:
+        kept, pending = allocator.malloc(1000, stream=capturing), allocator.malloc(3000, stream=capturing)
+        replacements.hooks.pool_rows = [(kept, 1000, 0, capturing, *pool)]  # pending: untracked at its free
+        live = [{"addr": kept, "size": 1000, "device": 0, "stream": capturing, "pool": list(pool), "frames": []},
+                {"addr": pending, "size": 3000, "device": 0, "stream": capturing, "pool": list(pool), "frames": [],
+                 "pending_free": True}]
+        replacements.history = types.SimpleNamespace(recording=True, dump=lambda: {"trace": [], "live": live})
+        segments = replacements.memory_snapshot(mempool_id=pool)
+        check_segment_sums(segments)
+        blocks = blocks_by_address(segments)
+        assert blocks[kept]["state"] == "active_allocated" and blocks[kept]["requested_size"] == 1000
+        assert blocks[pending]["state"] == "active_pending_free" and blocks[pending]["requested_size"] == 3000
+        assert all(s["segment_pool_id"] == pool for s in segments)
+        assert pending not in blocks_by_address(replacements.memory_snapshot(mempool_id=(0, 0)))
+    finally:
+        replacements.history = None
+        for address in (kept, pending):
+            if address is not None:
+                allocator.free(address)
+        lib.call("refpool_allocator_end_pool", 0, refpool._types.PoolId(*pool))
+        lib.call("refpool_allocator_release_pool", 0, refpool._types.PoolId(*pool))
+        allocator.empty_cache()
+
+
 def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
     # A map with a plan's arena holding two allocations, and a live allocation no map lists (a plain
     # buffer of a cache without segments): the arena is one block, the plain buffer a segment of its own.
