@@ -8,7 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <refpool/refpool.hpp>
 
@@ -223,3 +228,105 @@ TEST_CASE("segment source: a span that must grow gives the heap's free bytes bac
   cache.reclaim(0);
   CHECK(f.be.outstanding_bytes() == 0);
 }
+
+/// Runs `cycle` 20 times (warm-up: sequences recorded, plans made, the heap settled; with
+/// `empty_cache`, every free byte given back after the fourth, as torch.cuda.empty_cache() does),
+/// then 12 more, and checks that the 12 made no backend call (segment grows and trims, allocations,
+/// commits and decommits), with the books right after each.
+template <class Cycle>
+void check_steady_cycles_make_no_driver_calls(heap_fixture& f, alloc_cache& cache, bool empty_cache, Cycle cycle) {
+  for (unsigned char i = 0; i < 20; ++i) {
+    cycle(i);
+    if (empty_cache && i == 3) cache.reclaim(0);
+  }
+  const cache_stats settled = cache.stats();
+  REQUIRE(settled.plans >= 1);
+  const std::uint64_t allocations = f.be.allocation_count();
+  const std::size_t commits = f.tracker->commits();
+  const std::size_t decommits = f.tracker->decommits();
+  const auto moves = [&] { return detail::access::state(cache).spans().span_events().span_moves; };
+  const auto moves_settled = moves();
+  std::string log;
+  for (unsigned char i = 0; i < 12; ++i) {
+    cycle(static_cast<unsigned char>(20 + 4 * i));
+    const cache_stats st = cache.stats();
+    std::ostringstream line;
+    line << "cycle " << int(i) << ": grows " << st.segment_grows - settled.segment_grows << ", trims "
+         << st.segment_trims - settled.segment_trims << ", commits " << f.tracker->commits() - commits
+         << ", decommits " << f.tracker->decommits() - decommits << ", arena moves "
+         << moves() - moves_settled << ", reserved " << st.reserved_bytes / MiB << " MiB\n";
+    log += line.str();
+    CHECK(st.reserved_bytes == f.be.outstanding_bytes());
+    CHECK(st.reserved_bytes == st.held_bytes + st.segment_free_bytes + st.arena_bytes);
+  }
+  const cache_stats st = cache.stats();
+  INFO(log);
+  CHECK(st.plan_hits > settled.plan_hits);
+  CHECK(st.segment_grows == settled.segment_grows);
+  CHECK(st.segment_trims == settled.segment_trims);
+  CHECK(f.be.allocation_count() == allocations);
+  CHECK(f.tracker->commits() == commits);
+  CHECK(f.tracker->decommits() == decommits);
+  detail::access::state(cache).check_segments();
+}
+
+/// A step under `key` of buffers of `sizes`, all live at once, each filled with `value`.
+void filled_step(alloc_cache& cache, const backend& be, std::string_view key, std::initializer_list<std::size_t> sizes,
+                 unsigned char value) {
+  scope_options o;
+  o.plan = key;
+  step s(cache, o);
+  std::vector<data_ref> live;
+  for (std::size_t bytes : sizes) {
+    live.push_back(cache.allocate(be, bytes));
+    std::memset(live.back().data(), value, live.back().bytes());
+  }
+}
+
+// A steady loop of a replayed step and a plain run between replays: a temporary buffer, and one that
+// lives into the next step (a step's output kept for the next one: a loss, say). The plain buffers
+// take the yielded span's bytes, so the next replay may find its home taken and move. Once the loop
+// has come round, every byte it needs is committed: a steady state never decommits (docs/segments.md,
+// "Spans apart from pieces"), nor commits, even after a reclaim of every free byte (empty_cache).
+TEST_CASE("segment source: a steady loop of replays and plain buffers kept across steps makes no driver calls",
+          "[segments][cache][spans][plan]") {
+  const auto [temp_bytes, kept_bytes] = GENERATE(table<std::size_t, std::size_t>(
+      {{0, 6 * MiB}, {0, 12 * MiB}, {0, 20 * MiB}, {30 * MiB, 6 * MiB}, {30 * MiB, 14 * MiB}, {30 * MiB, 22 * MiB}}));
+  const bool empty_cache = GENERATE(false, true);
+  CAPTURE(temp_bytes, kept_bytes, empty_cache);
+  heap_fixture f;
+  alloc_cache cache{segments_on(true)};
+  data_ref kept;
+  check_steady_cycles_make_no_driver_calls(f, cache, empty_cache, [&](unsigned char value) {
+    filled_step(cache, f.be, "k", {24 * MiB, 12 * MiB}, value);
+    data_ref temp;  // outside any step: the plain path
+    if (temp_bytes != 0) temp = cache.allocate(f.be, temp_bytes);
+    data_ref next = cache.allocate(f.be, kept_bytes);
+    std::memset(next.data(), value + 1, next.bytes());
+    kept = std::move(next);  // the previous one goes idle
+  });
+}
+
+// The same with two keys, whose arenas' spans are idle while the other replays.
+TEST_CASE("segment source: a steady loop of two keys' replays and plain buffers kept across steps makes no driver "
+          "calls",
+          "[segments][cache][spans][plan]") {
+  const auto [temp_bytes, kept_bytes] =
+      GENERATE(table<std::size_t, std::size_t>({{0, 4 * MiB}, {0, 12 * MiB}, {30 * MiB, 6 * MiB}, {30 * MiB, 14 * MiB}}));
+  CAPTURE(temp_bytes, kept_bytes);
+  heap_fixture f;
+  alloc_cache cache{segments_on(true)};
+  const bool empty_cache = GENERATE(false, true);
+  CAPTURE(empty_cache);
+  data_ref kept;
+  check_steady_cycles_make_no_driver_calls(f, cache, empty_cache, [&](unsigned char value) {
+    filled_step(cache, f.be, "a", {16 * MiB, 8 * MiB}, value);
+    data_ref temp;
+    if (temp_bytes != 0) temp = cache.allocate(f.be, temp_bytes);
+    data_ref next = cache.allocate(f.be, kept_bytes);
+    std::memset(next.data(), value + 1, next.bytes());
+    kept = std::move(next);
+    filled_step(cache, f.be, "b", {10 * MiB, 6 * MiB}, value + 2);
+  });
+}
+
