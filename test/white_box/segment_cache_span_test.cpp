@@ -5,14 +5,18 @@
 // segment_cache_test (test 'segment-cache').
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <refpool/refpool.hpp>
@@ -330,3 +334,168 @@ TEST_CASE("segment source: a steady loop of two keys' replays and plain buffers 
   });
 }
 
+
+// Threads: planned scopes under four keys (each with two shapes, so their arenas' spans are held,
+// idled, yielded, moved, extended and replaced) beside plain buffers that grow and shrink, kept
+// across iterations, and reclaims, on a heap with 2 MiB granules. The trim before a span's growth
+// runs without the heap's lock between its two phases: whatever another thread carves, yields or
+// gives back meanwhile, no buffer is given bytes another live one holds (stamps), and the books add
+// up at the end.
+TEST_CASE("segment source: arenas of several keys on several threads beside plain buffers and reclaims",
+          "[segments][cache][spans][plan][threads]") {
+  heap_fixture f(std::size_t{1} << 32);
+  alloc_cache cache{segments_on(true)};
+  const int rounds = std::getenv("REFPOOL_SEGMENT_STRESS_OPS") != nullptr
+                         ? std::max(20, std::atoi(std::getenv("REFPOOL_SEGMENT_STRESS_OPS")) / 100)
+                         : 60;
+  std::atomic<std::uint64_t> broken{0};
+  std::atomic<std::uint64_t> stamps{1};
+  struct stamped {
+    data_ref ref;
+    std::uint64_t stamp = 0;
+  };
+  const auto write = [](stamped& s) {
+    auto* words = static_cast<std::uint64_t*>(s.ref.data());
+    for (std::size_t i = 0; i < s.ref.bytes() / 8; i += 509) words[i] = s.stamp + i;
+  };
+  const auto intact = [](const stamped& s) {
+    const auto* words = static_cast<const std::uint64_t*>(s.ref.data());
+    for (std::size_t i = 0; i < s.ref.bytes() / 8; i += 509)
+      if (words[i] != s.stamp + i) return false;
+    return true;
+  };
+  const auto fresh = [&](std::size_t bytes) {  // through the thread's scope, if any
+    stamped s{allocate(f.be, bytes), stamps.fetch_add(1)};
+    write(s);
+    return s;
+  };
+  std::vector<std::thread> threads;
+  for (int key = 0; key < 4; ++key) {
+    threads.emplace_back([&, key] {
+      const std::string name = "key" + std::to_string(key);
+      stamped carried;  // one buffer escapes into the next iteration now and then
+      for (int i = 0; i < rounds; ++i) {
+        scope_options o;
+        o.plan = name;
+        scope sc(cache, o);
+        const std::size_t base = (2 + key) * MiB + ((i / 7) % 2) * 3 * MiB;  // two shapes, then a larger one
+        std::vector<stamped> live;
+        live.push_back(fresh(base));
+        live.push_back(fresh(base / 2 + 512 * KiB));
+        live.pop_back();
+        live.push_back(fresh(MiB + 512 * key));
+        if (i % 5 == key) {
+          if (carried.ref && !intact(carried)) broken.fetch_add(1);
+          carried = fresh(3 * MiB);
+        }
+        for (const stamped& s : live)
+          if (!intact(s)) broken.fetch_add(1);
+      }
+      if (carried.ref && !intact(carried)) broken.fetch_add(1);
+    });
+  }
+  threads.emplace_back([&] {  // plain buffers that grow and shrink, some kept a while
+    scope sc(cache);
+    std::vector<stamped> kept;
+    for (int i = 0; i < rounds * 3; ++i) {
+      const std::size_t bytes = ((i * 7) % 23 + 1) * MiB;
+      kept.push_back(fresh(bytes));
+      if (kept.size() > 3) {
+        if (!intact(kept.front())) broken.fetch_add(1);
+        kept.erase(kept.begin());
+      }
+      if (i % 11 == 0) cache.reclaim(i % 22 == 0 ? 0 : 8 * MiB);
+    }
+    for (const stamped& s : kept)
+      if (!intact(s)) broken.fetch_add(1);
+  });
+  for (auto& t : threads) t.join();
+  CHECK(broken.load() == 0);
+  const cache_stats st = cache.stats();
+  const detail::segment_heap_events events = detail::access::state(cache).spans().span_events();
+  INFO("plan hits " << st.plan_hits << ", span yields " << events.span_yields << ", moves " << events.span_moves
+                    << ", returns " << events.span_returns << ", arena growths " << st.arena_growths
+                    << ", replacements " << st.arena_replacements << ", segment grows " << st.segment_grows
+                    << ", trims " << st.segment_trims);
+  CHECK(st.plan_hits > 0);
+  detail::access::state(cache).check_segments();
+  CHECK(st.reserved_bytes == f.be.outstanding_bytes());
+  CHECK(st.reserved_bytes == st.held_bytes + st.segment_free_bytes + st.arena_bytes);
+  CHECK(st.reserved_allocated_bytes - st.reserved_freed_bytes == st.reserved_bytes);
+}
+
+// The two phases of a span's placement under faults: the Nth backend call from the hold (or carve)
+// on fails, out of memory or with a backend error, for every N the call makes. Whatever phase it
+// hits (the commit of a home's holes, the growth after the trim, the retry after the ladder's
+// reclaim), the span is held or stays yielded (a carve: made or not), no live buffer is touched,
+// and the books add up; with the faults gone it is placed.
+TEST_CASE("segment source: a span's hold and carve with the Nth backend call failing, in either phase",
+          "[segments][cache][spans][oom]") {
+  using failure = failing_resource::failure;
+  const failure how = GENERATE(failure::out_of_memory, failure::backend_error);
+  const bool carve = GENERATE(false, true);
+  CAPTURE(how == failure::backend_error, carve);
+  for (std::uint64_t n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    heap_fixture f;
+    alloc_cache cache{segments_on(true)};
+    detail::cache_state& state = detail::access::state(cache);
+    detail::segment_source& spans = state.spans();
+    detail::backend_state& be = *detail::access::state(f.be);
+    data_ref pin;
+    data_ref over;
+    std::optional<detail::segment_span*> s = spans.carve_span(be, 8 * MiB, {});
+    REQUIRE(s);
+    spans.idle_span(be, **s, {});
+    {
+      scope sc(cache);
+      const data_ref freed = allocate(f.be, 6 * MiB);
+      over = allocate(f.be, 8 * MiB);  // the yielded span's bytes, live
+      pin = allocate(f.be, 2 * MiB);
+    }
+    std::memset(over.data(), 0x5A, over.bytes());
+    REQUIRE((*s)->now == detail::segment_span::state::yielded);
+    if (carve) {
+      spans.give_back_span(be, *s, {});
+      s.reset();
+    }
+    f.failing->arm(n, 1, how);
+    std::optional<bool> moved;
+    bool threw = false;
+    try {
+      if (carve) {
+        s = spans.carve_span(be, 8 * MiB, {});
+        if (s) moved = true;
+      } else {
+        moved = spans.hold_span(be, **s, {});
+      }
+    } catch (const backend_error&) {
+      threw = true;
+    }
+    f.failing->disarm();
+    CHECK((threw ? how == failure::backend_error : true));
+    if (moved) {
+      CHECK((*s)->now == detail::segment_span::state::held);
+      fill(**s, 4);
+    } else if (!carve) {
+      CHECK((*s)->now == detail::segment_span::state::yielded);
+    }
+    check_books(cache, f.be, moved ? (*s)->bytes : 0);
+    if (!moved) {
+      if (carve)
+        s = spans.carve_span(be, 8 * MiB, {});
+      else
+        REQUIRE(spans.hold_span(be, **s, {}));
+      REQUIRE(s);
+      fill(**s, 6);
+      check_books(cache, f.be, (*s)->bytes);
+    }
+    const auto* p = static_cast<const unsigned char*>(over.data());
+    CHECK(std::all_of(p, p + over.bytes(), [](unsigned char v) { return v == 0x5A; }));
+    spans.give_back_span(be, *s, {});
+    over = {};
+    pin = {};
+    cache.reclaim(0);
+    CHECK(f.be.outstanding_bytes() == 0);
+  }
+}
