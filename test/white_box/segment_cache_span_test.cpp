@@ -499,3 +499,46 @@ TEST_CASE("segment source: a span's hold and carve with the Nth backend call fai
     CHECK(f.be.outstanding_bytes() == 0);
   }
 }
+
+// Another key's idle span does not pay for a hold that grows anyway: a hold whose home a live
+// buffer took, with too few free bytes, yields idle spans looking for room (none is enough), then
+// trims and grows. The idle span it yielded for nothing must not lose its commit to that trim: its
+// next hold would commit it again (a driver call for a span nobody needed).
+TEST_CASE("segment source: a hold that must grow leaves other idle spans' bytes committed",
+          "[segments][cache][spans]") {
+  heap_fixture f;
+  alloc_cache cache{segments_on(true)};
+  detail::cache_state& state = detail::access::state(cache);
+  detail::segment_source& spans = state.spans();
+  detail::backend_state& be = *detail::access::state(f.be);
+  const std::optional<detail::segment_span*> a = spans.carve_span(be, 8 * MiB, {});
+  const std::optional<detail::segment_span*> b = spans.carve_span(be, 4 * MiB, {});
+  REQUIRE(a);
+  REQUIRE(b);
+  spans.idle_span(be, **a, {});  // the older idle span: a plain buffer takes its bytes first
+  spans.idle_span(be, **b, {});
+  data_ref over;
+  {
+    scope sc(cache);
+    over = allocate(f.be, 8 * MiB);
+  }
+  REQUIRE((*a)->now == detail::segment_span::state::yielded);
+  REQUIRE((*b)->now == detail::segment_span::state::idle);
+  const std::optional<bool> moved = spans.hold_span(be, **a, {});  // grows: 4 idle MiB are no room for 8
+  REQUIRE(moved);
+  CHECK(*moved);
+  fill(**a, 1);
+  check_books(cache, f.be, 8 * MiB + ((*b)->placed() ? 4 * MiB : 0));
+  const std::size_t commits = f.tracker->commits();
+  const std::size_t decommits = f.tracker->decommits();
+  REQUIRE(spans.hold_span(be, **b, {}));
+  fill(**b, 2);
+  CHECK(f.tracker->commits() == commits);
+  CHECK(f.tracker->decommits() == decommits);
+  check_books(cache, f.be, 12 * MiB);
+  spans.give_back_span(be, *a, {});
+  spans.give_back_span(be, *b, {});
+  over = {};
+  cache.reclaim(0);
+  CHECK(f.be.outstanding_bytes() == 0);
+}
