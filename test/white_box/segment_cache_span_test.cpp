@@ -542,3 +542,45 @@ TEST_CASE("segment source: a hold that must grow leaves other idle spans' bytes 
   cache.reclaim(0);
   CHECK(f.be.outstanding_bytes() == 0);
 }
+
+// A large span's growth has no use for the small pool's free bytes (small pieces and spans never
+// share a segment): the trim before it leaves them, so that the plain path's small buffers, given
+// back to the heap by the hold (return_idle), find them again with no driver call.
+TEST_CASE("segment source: a span that must grow leaves the small pool's free bytes committed",
+          "[segments][cache][spans]") {
+  heap_fixture f;
+  alloc_cache cache{segments_on(true)};
+  detail::cache_state& state = detail::access::state(cache);
+  detail::segment_source& spans = state.spans();
+  detail::backend_state& be = *detail::access::state(f.be);
+  const auto small_buffers = [&] {
+    scope sc(cache);
+    std::vector<data_ref> live;
+    for (int i = 0; i < 24; ++i) live.push_back(allocate(f.be, 64 * KiB));
+  };
+  small_buffers();  // idle in the cache: the hold below gives them back to the heap
+  const std::optional<detail::segment_span*> s = spans.carve_span(be, 8 * MiB, {});
+  REQUIRE(s);
+  spans.idle_span(be, **s, {});
+  data_ref over;
+  {
+    scope sc(cache);
+    over = allocate(f.be, 8 * MiB);  // the yielded span's bytes
+  }
+  small_buffers();  // idle again
+  REQUIRE((*s)->now == detail::segment_span::state::yielded);
+  const std::optional<bool> moved = spans.hold_span(be, **s, {});  // its home is taken: it grows
+  REQUIRE(moved);
+  CHECK(*moved);
+  check_books(cache, f.be, 8 * MiB);
+  const std::size_t commits = f.tracker->commits();
+  const std::uint64_t allocations = f.be.allocation_count();
+  small_buffers();
+  CHECK(f.tracker->commits() == commits);
+  CHECK(f.be.allocation_count() == allocations);
+  check_books(cache, f.be, 8 * MiB);
+  spans.give_back_span(be, *s, {});
+  over = {};
+  cache.reclaim(0);
+  CHECK(f.be.outstanding_bytes() == 0);
+}
