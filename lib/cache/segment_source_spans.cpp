@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <refpool/error.hpp>
+
 #include "cache/cache_state.hpp"
 #include "cache/segment_source.hpp"
 
@@ -46,14 +48,21 @@ std::optional<heap_use> segment_source::find_heap(const backend_state& backend) 
   return std::nullopt;
 }
 
-// A span the heap can place only by growing: the heap's free bytes go back first, so that the
-// span is not committed beside the bytes it replaces (it grows apart from them: span_floor). As
-// before an arena's first placement; a failed trim only keeps more memory. Heaps without virtual
-// memory (spans alone) keep their free segments for a later trim, as before spans grew apart.
-void segment_source::trim_before_span_growth(backend_state& backend, const cache_heap& h) noexcept {
+// A span the heap can place only by growing: the heap's free bytes in its pool go back first, so
+// that the span is not committed beside the bytes it replaces (it grows apart from them:
+// span_floor). The other pool's are no room for it: they stay for its pieces. A failed trim only
+// keeps more memory. Heaps without virtual memory (spans alone) keep their free segments for a
+// later trim, as before spans grew apart.
+void segment_source::trim_before_span_growth(cache_heap& h, std::size_t bytes) noexcept {
   if (!h.heap.uses_virtual_memory()) return;
+  std::lock_guard lock(h.mutex);
+  const committed_change change(reserved_, h);
   try {
-    trim(0, &backend, true);
+    h.heap.trim_pool_of_span(bytes);
+  } catch (const stream_order_unavailable&) {
+    // A segment's streams cannot be ordered now (a graph capture): it stays, for a later trim.
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "refpool: trimming the segments of {} failed: {}\n", h.backend->res().name(), e.what());
   } catch (...) {
   }
 }
@@ -70,7 +79,7 @@ std::optional<segment_span*> segment_source::carve_span(backend_state& backend, 
   };
   auto c = carve(false);
   if (!c) {
-    trim_before_span_growth(backend, *h);
+    trim_before_span_growth(*h, bytes);
     std::size_t freed = 0;
     c = cache_.retry_once(backend, freed, [&] { return carve(true); });
   }
@@ -113,7 +122,7 @@ std::optional<bool> segment_source::hold_span(backend_state& backend, segment_sp
     };
     held = hold(false);
     if (!held) {
-      trim_before_span_growth(backend, *h);
+      trim_before_span_growth(*h, s.bytes);
       std::size_t freed = 0;
       held = cache_.retry_once(backend, freed, [&] { return hold(true); });
     }

@@ -100,6 +100,9 @@ class segment_heap {
   /// bytes given back. Throws only what resource::order_streams throws, or std::bad_alloc for a
   /// range record, each before changing anything for that segment or range.
   std::size_t trim(std::size_t keep_bytes = 0);
+  /// trim(0) in the pool a span of `bytes` is placed in only: before a span grows, the other
+  /// pool's free bytes are no room for it, and stay for its pieces. Throws as trim.
+  std::size_t trim_pool_of_span(std::size_t bytes);
   /// Frees every segment to the backend. Throws `invalid_argument` (and changes nothing) if a piece or a span is out.
   void free_all();
   /// Forgets the streams of all free ranges and idle spans: call after waiting for all work on the device.
@@ -273,7 +276,9 @@ class segment_heap {
 
   // Trim (segment_trim.cpp).
   std::size_t free_segment(segment& seg);
-  std::size_t decommit_free_commits(std::size_t keep_bytes);
+  /// trim's work, in pool `only` when set.
+  std::size_t trim_in(std::size_t keep_bytes, std::optional<pool_id> only);
+  std::size_t decommit_free_commits(std::size_t keep_bytes, std::optional<pool_id> only);
   std::size_t decommit_inside(range& r, std::size_t keep_bytes);
   void drop_segment(segment& seg) noexcept;
 
