@@ -36,9 +36,6 @@ class segment_source final : public block_source {
   block* make(slot& s, backend_state& backend, const block_key& key, std::size_t requested, stream_ref stream) override;
   std::size_t take_back(block* b) noexcept override;
   std::size_t trim(std::size_t keep, const backend_state* only, bool quiet) override;
-  /// Gives `h`'s free bytes in the pool of a span of `bytes` back before it grows
-  /// (segment_source_spans.cpp).
-  void trim_before_span_growth(cache_heap& h, std::size_t bytes) noexcept;
   void close() noexcept override;
   void add_counters(cache_stats& out) const override;
 

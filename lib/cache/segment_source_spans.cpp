@@ -7,8 +7,6 @@
 
 #include <fmt/format.h>
 
-#include <refpool/error.hpp>
-
 #include "cache/cache_state.hpp"
 #include "cache/segment_source.hpp"
 
@@ -48,41 +46,17 @@ std::optional<heap_use> segment_source::find_heap(const backend_state& backend) 
   return std::nullopt;
 }
 
-// A span the heap can place only by growing: the heap's free bytes in its pool go back first, so
-// that the span is not committed beside the bytes it replaces (it grows apart from them:
-// span_floor). The other pool's are no room for it: they stay for its pieces. A failed trim only
-// keeps more memory. Heaps without virtual memory (spans alone) keep their free segments for a
-// later trim, as before spans grew apart.
-void segment_source::trim_before_span_growth(cache_heap& h, std::size_t bytes) noexcept {
-  if (!h.heap.uses_virtual_memory()) return;
-  std::lock_guard lock(h.mutex);
-  const committed_change change(reserved_, h);
-  try {
-    h.heap.trim_pool_of_span(bytes);
-  } catch (const stream_order_unavailable&) {
-    // A segment's streams cannot be ordered now (a graph capture): it stays, for a later trim.
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "refpool: trimming the segments of {} failed: {}\n", h.backend->res().name(), e.what());
-  } catch (...) {
-  }
-}
-
 std::optional<segment_span*> segment_source::carve_span(backend_state& backend, std::size_t bytes, stream_ref stream) {
   if (!heap_options(backend)) return std::nullopt;
   heap_use h = use_heap(backend);
-  const auto carve = [&](bool may_grow) {
+  std::size_t freed = 0;
+  const auto c = cache_.retry_once(backend, freed, [&] {
     std::lock_guard lock(h->mutex);
     const committed_change change(reserved_, *h);
-    auto made = h->heap.carve_span(bytes, stream, may_grow);
+    auto made = h->heap.carve_span(bytes, stream);
     if (made) made->span->owner_tag = &*h;  // its heap outlives it (a heap with a span is never dropped)
     return made;
-  };
-  auto c = carve(false);
-  if (!c) {
-    trim_before_span_growth(*h, bytes);
-    std::size_t freed = 0;
-    c = cache_.retry_once(backend, freed, [&] { return carve(true); });
-  }
+  });
   if (!c) return std::nullopt;
   try {
     wait_for_piece(*h, c->waits, stream);
@@ -111,21 +85,15 @@ std::optional<bool> segment_source::hold_span(backend_state& backend, segment_sp
   }
   if (!held) {
     // Yielded: the cache's idle pieces of the backend go back to the heap first, without a trim,
-    // so that its home is free again and the heap's committed bytes stay for it (not where the
-    // cache keeps whole blocks: they are no bytes of this heap, and would only go to the backend).
-    // Only where it must grow elsewhere are the free bytes trimmed first.
+    // so that its home is free again and the heap's committed bytes stay for it. Not where the
+    // cache keeps whole blocks: they are no bytes of this heap, and would only go to the backend.
     if (piece_unit(backend, cache_.segments()) != 1) cache_.return_idle(backend);
-    const auto hold = [&](bool may_grow) {
+    std::size_t freed = 0;
+    held = cache_.retry_once(backend, freed, [&] {
       std::lock_guard lock(h->mutex);
       const committed_change change(reserved_, *h);
-      return h->heap.hold_span(s, stream, may_grow);  // home again commits its holes: committed bytes change
-    };
-    held = hold(false);
-    if (!held) {
-      trim_before_span_growth(*h, s.bytes);
-      std::size_t freed = 0;
-      held = cache_.retry_once(backend, freed, [&] { return hold(true); });
-    }
+      return h->heap.hold_span(s, stream);  // home again commits its holes: committed bytes change
+    });
   }
   if (!held) return std::nullopt;
   try {

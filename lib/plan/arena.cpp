@@ -72,12 +72,13 @@ bool arena::take() {
   segment_source& spans = source_.spans();
   backend_state& backend = *memory_.backend;
   const std::size_t needed = memory_.needed.load(std::memory_order_relaxed);
-  if (memory_.span == nullptr) {
-    // Its first placement: the plain path's idle memory goes first (the recording runs' escapes
-    // are released by then), so that the two are not held at once.
-    source_.reclaim_idle(backend);
-    return place_new_span(needed);
-  }
+  // Its first placement, or the first claim after a plan joined: the plain path's idle memory goes
+  // first (the recording runs' escapes are released by then, and runs served plainly since may have
+  // grown it), so that the two are not held at once when the span must move or grow. Once a join,
+  // so a steady state of replays beside plain runs never trims here.
+  const bool joined = reclaim_before_take_.exchange(false, std::memory_order_relaxed);
+  if (memory_.span == nullptr || joined) source_.reclaim_idle(backend);
+  if (memory_.span == nullptr) return place_new_span(needed);
   const std::optional<bool> moved = spans.hold_span(backend, *memory_.span, memory_.stream);
   if (!moved) return false;
   span_held_ = true;

@@ -64,6 +64,9 @@ class arena : public ref_counted<arena> {
   /// plans need (a new span when no room is after it and nothing pins the old one). False: out
   /// of memory (the run is served by the plain cache). Caller holds the claim.
   [[nodiscard]] bool take();
+  /// A plan joined: the next take first gives the plain path's idle memory of the backend back,
+  /// which the runs before it may have grown since (docs/segments.md, "Spans apart from pieces").
+  void reclaim_before_next_take() noexcept { reclaim_before_take_.store(true, std::memory_order_relaxed); }
   /// The claimer's run ended and no region of it is live: the heap may yield its bytes.
   void idle() noexcept;
   /// The last pinned region of a finished run went (plan::put back of a region whose plan it
@@ -141,6 +144,7 @@ class arena : public ref_counted<arena> {
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};
+  std::atomic<bool> reclaim_before_take_{false};
 
   spinlock waits_lock_;
   std::vector<stream_ref> waits_;

@@ -165,6 +165,7 @@ void plan_store::install(key_state& key, plan* made) noexcept {
   key.plans.push_back(made);  // room was reserved
   key.last_used.push_back(++clock_);
   key.reclaim_at_replay = true;
+  made->memory().reclaim_before_next_take();
   recordings_ += 1;
 }
 

@@ -167,12 +167,11 @@ std::optional<segment_heap::carved> segment_heap::carve(std::size_t bytes, strea
 }
 
 std::optional<segment_heap::carved> segment_heap::carve_rounded(pool_state& pool, std::size_t n, stream_ref stream,
-                                                                placement where, bool for_span, bool may_grow) {
+                                                                placement where, bool for_span) {
   if (const auto f = find_fit(pool, n, where)) return take(pool, *f, n, stream);
   // Before the pool grows: the bytes of idle spans (docs/segments.md, "One memory space").
   if (!spans_.records.empty())
     if (const auto f = yield_until_fit(pool, n, where)) return take(pool, *f, n, stream);
-  if (!may_grow) return std::nullopt;
   const pool_id id = n <= options_.small_max ? pool_id::small : pool_id::large;
   range* r = grow(pool, id, n, where, stream, for_span);
   if (r == nullptr) return std::nullopt;

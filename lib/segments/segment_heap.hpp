@@ -100,9 +100,6 @@ class segment_heap {
   /// bytes given back. Throws only what resource::order_streams throws, or std::bad_alloc for a
   /// range record, each before changing anything for that segment or range.
   std::size_t trim(std::size_t keep_bytes = 0);
-  /// trim(0) in the pool a span of `bytes` is placed in only: before a span grows, the other
-  /// pool's free bytes are no room for it, and stay for its pieces. Throws as trim.
-  std::size_t trim_pool_of_span(std::size_t bytes);
   /// Frees every segment to the backend. Throws `invalid_argument` (and changes nothing) if a piece or a span is out.
   void free_all();
   /// Forgets the streams of all free ranges and idle spans: call after waiting for all work on the device.
@@ -136,17 +133,17 @@ class segment_heap {
   };
   /// A new span of at least `bytes` for `stream`, held: placed as carve places a piece (best fit,
   /// then idle spans of the pool yielded, then growth in the upper half of a virtual-memory
-  /// reservation, span_floor). nullopt: out of memory, or, without `may_grow`, no room without
-  /// growth. Throws as carve. The record is the caller's to use until give_back_span.
-  [[nodiscard]] std::optional<span_carved> carve_span(std::size_t bytes, stream_ref stream, bool may_grow = true);
+  /// reservation, span_floor). nullopt: out of memory. Throws as carve. The record is the caller's
+  /// to use until give_back_span.
+  [[nodiscard]] std::optional<span_carved> carve_span(std::size_t bytes, stream_ref stream);
   /// The owner of held span `s` uses none of its bytes now (held -> idle): the heap may yield it
   /// when a pool would grow, or at yield_idle_spans. `used_on`: every stream that may still use them.
   void idle_span(segment_span& s, const stream_set& used_on) noexcept;
   /// The owner uses `s` again (idle or yielded -> held; held stays held). A yielded span is placed
   /// again: at its home address when the bytes there are free or uncommitted (the holes are
-  /// committed), else as carve_span places one (`moved`: a new address). nullopt: out of memory
-  /// (or, without `may_grow`, no room elsewhere without growth), and it stays yielded. Throws as carve.
-  [[nodiscard]] std::optional<span_hold> hold_span(segment_span& s, stream_ref stream, bool may_grow = true);
+  /// committed), else as carve_span places one (`moved`: a new address). nullopt: out of memory,
+  /// and it stays yielded. Throws as carve.
+  [[nodiscard]] std::optional<span_hold> hold_span(segment_span& s, stream_ref stream);
   /// Grows held span `s` to at least `bytes` where it is, for use on `stream`: the bytes after it
   /// must be free or uncommitted (the holes are committed), in its size class. Returns the streams
   /// the holder must wait for, or
@@ -206,9 +203,9 @@ class segment_heap {
   carved take(pool_state& pool, fit f, std::size_t bytes, stream_ref stream) noexcept;
   void prepare_carve(pool_state& pool);
   /// carve's work after rounding: a free range, else yielded idle spans of the pool, else growth
-  /// (for a span: in the span half, span_floor; none unless `may_grow`: nullopt then).
+  /// (for a span: in the span half, span_floor).
   std::optional<carved> carve_rounded(pool_state& pool, std::size_t bytes, stream_ref stream, placement where,
-                                      bool for_span = false, bool may_grow = true);
+                                      bool for_span = false);
   /// Makes `r` free (joined with free neighbours, indexed) with `used_on`; the caller uncounts it
   /// (and clears a span's flag).
   std::size_t free_range(range* r, const stream_set& used_on) noexcept;
@@ -276,9 +273,7 @@ class segment_heap {
 
   // Trim (segment_trim.cpp).
   std::size_t free_segment(segment& seg);
-  /// trim's work, in pool `only` when set.
-  std::size_t trim_in(std::size_t keep_bytes, std::optional<pool_id> only);
-  std::size_t decommit_free_commits(std::size_t keep_bytes, std::optional<pool_id> only);
+  std::size_t decommit_free_commits(std::size_t keep_bytes);
   std::size_t decommit_inside(range& r, std::size_t keep_bytes);
   void drop_segment(segment& seg) noexcept;
 

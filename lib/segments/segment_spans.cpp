@@ -15,14 +15,13 @@
 
 namespace refpool::detail {
 
-std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t bytes, stream_ref stream,
-                                                                  bool may_grow) {
+std::optional<segment_heap::span_carved> segment_heap::carve_span(std::size_t bytes, stream_ref stream) {
   const std::size_t n = piece_bytes(bytes);
   pool_state& pool = pool_for(n);
   spans_.records.reserve(spans_.records.size() + 1);  // records first: nothing below throws once the piece is taken
   auto made = std::make_unique<segment_span>();
   prepare_carve(pool);
-  const auto c = carve_rounded(pool, n, stream, placement::anywhere, true, may_grow);
+  const auto c = carve_rounded(pool, n, stream, placement::anywhere, true);
   if (!c) return std::nullopt;
   made->id = spans_.next_id++;
   place_span(*made, *c);
@@ -48,7 +47,7 @@ void segment_heap::idle_span(segment_span& s, const stream_set& used_on) noexcep
   s.idle_since = ++tick_;
 }
 
-std::optional<span_hold> segment_heap::hold_span(segment_span& s, stream_ref stream, bool may_grow) {
+std::optional<span_hold> segment_heap::hold_span(segment_span& s, stream_ref stream) {
   if (s.now == segment_span::state::held) return span_hold{};
   if (s.now == segment_span::state::idle) {
     span_hold h{false, s.used_on.without(stream)};
@@ -63,7 +62,7 @@ std::optional<span_hold> segment_heap::hold_span(segment_span& s, stream_ref str
   std::optional<carved> c;
   if (segment* seg = segment_of(s.home); seg != nullptr && seg->pool == id) c = carve_at(*seg, s.home, s.bytes, stream);
   const bool moved = !c;
-  if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere, true, may_grow);
+  if (moved) c = carve_rounded(pool, s.bytes, stream, placement::anywhere, true);
   if (!c) return std::nullopt;
   place_span(s, *c);
   ++(moved ? events_.span_moves : events_.span_returns);

@@ -16,38 +16,27 @@
 namespace refpool::detail {
 
 std::size_t segment_heap::trim(std::size_t keep_bytes) {
-  const std::size_t given = trim_in(keep_bytes, std::nullopt);
+  std::size_t given = 0;
+  while (totals_.committed - totals_.used > keep_bytes) {
+    segment* whole = nullptr;
+    for (const auto& seg : segments_)
+      if (seg->pieces == 0 && (whole == nullptr || seg->last_use < whole->last_use)) whole = seg.get();
+    if (whole == nullptr) break;
+    given += free_segment(*whole);
+  }
+  if (totals_.committed - totals_.used > keep_bytes) given += decommit_free_commits(keep_bytes);
   // Either it met `keep_bytes`, or nothing it could give back is left (check() verifies that).
   fully_trimmed_ = keep_bytes == 0 || totals_.committed - totals_.used > keep_bytes;
   return given;
 }
 
-std::size_t segment_heap::trim_pool_of_span(std::size_t bytes) {
-  const std::size_t n = piece_bytes(bytes);
-  return trim_in(0, n <= options_.small_max ? pool_id::small : pool_id::large);
-}
-
-std::size_t segment_heap::trim_in(std::size_t keep_bytes, std::optional<pool_id> only) {
-  std::size_t given = 0;
-  while (totals_.committed - totals_.used > keep_bytes) {
-    segment* whole = nullptr;
-    for (const auto& seg : segments_)
-      if (seg->pieces == 0 && (!only || seg->pool == *only) && (whole == nullptr || seg->last_use < whole->last_use))
-        whole = seg.get();
-    if (whole == nullptr) break;
-    given += free_segment(*whole);
-  }
-  if (totals_.committed - totals_.used > keep_bytes) given += decommit_free_commits(keep_bytes, only);
-  return given;
-}
-
-std::size_t segment_heap::decommit_free_commits(std::size_t keep_bytes, std::optional<pool_id> only) {
+std::size_t segment_heap::decommit_free_commits(std::size_t keep_bytes) {
   if (vm_ == nullptr) return 0;
   // Only a free range of a granule or more can hold a whole commit.
   std::vector<range*> candidates;
   for (const pool_state& pool : pools_)
     for (auto it = pool.free.lower_bound(vm_->granularity()); it != pool.free.end(); ++it)
-      if ((*it)->owner->virtual_memory() && (!only || (*it)->owner->pool == *only)) candidates.push_back(*it);
+      if ((*it)->owner->virtual_memory()) candidates.push_back(*it);
   // The least recently used segment first, and in it the highest address first (the lower
   // addresses, which best fit prefers, stay committed longest).
   std::sort(candidates.begin(), candidates.end(), [](const range* a, const range* b) {

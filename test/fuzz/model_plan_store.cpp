@@ -280,6 +280,7 @@ void model::install(model_plan_store& store, int key, int plan) {
   k.plans.push_back(plan);
   k.last_used.push_back(++store.clock);
   k.reclaim_at_replay = true;
+  arenas[static_cast<std::size_t>(plans[static_cast<std::size_t>(plan)].arena)].reclaim_before_take = true;
   plans[static_cast<std::size_t>(plan)].in_store = true;
   store.recordings += 1;
 }

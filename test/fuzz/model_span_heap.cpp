@@ -17,6 +17,7 @@
 // - A free segment goes to the backend at a trim, after its streams other than its first are
 //   ordered before that one.
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -339,8 +340,12 @@ bool model::arena_unpinned(int arena) const {
 bool model::take_arena(int arena) {
   model_arena& a0 = arenas[static_cast<std::size_t>(arena)];
   const int ci = a0.cache;
-  if (a0.span == model_arena::span_state::none || a0.span == model_arena::span_state::gone) {
-    free_idle(ci, 0, a0.backend, caches[static_cast<std::size_t>(ci)].reclaimed);  // its first placement
+  const bool placed_before = a0.span != model_arena::span_state::none && a0.span != model_arena::span_state::gone;
+  // Its first placement, or its first claim after a plan joined: the plain path's idle memory first.
+  if (!placed_before || std::exchange(a0.reclaim_before_take, false))
+    free_idle(ci, 0, a0.backend, caches[static_cast<std::size_t>(ci)].reclaimed);
+  if (!placed_before) {
+    arenas[static_cast<std::size_t>(arena)].reclaim_before_take = false;
     return carve_with_retry(ci, arena, round_piece(a0.needed), true);
   }
   model_span_heap& h = span_heap(ci, a0.backend);

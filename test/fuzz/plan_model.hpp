@@ -83,6 +83,7 @@ struct model_arena {
   std::vector<void*> used_on;     ///< idle: the streams its bytes may still be used on
   bool memory = false;            ///< its span is placed (held or idle) in its heap
   bool retired = false;   ///< replaced: no run claims it any more
+  bool reclaim_before_take = false;  ///< a plan joined: its next claim gives the plain path's idle memory back first
   bool in_group = false;  ///< a store's arena for its (backend, stream, key) now
   int claimed_by = -1;    ///< the run that holds it
   int claimed_key = -1;   ///< that run's key (the last claimer's)

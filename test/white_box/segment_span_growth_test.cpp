@@ -1,7 +1,7 @@
 // Spans that grow in the upper half of a reservation (span_floor): the heap's contract for failed
-// calls, that the heap itself gives no free commits back for a span (the cache trims before it lets
-// a span grow: segment_source::trim_before_span_growth), and heaps with no spans, which must grow as
-// they did before spans had a half of their own.
+// calls, that the heap itself gives no free commits back for a span (the plan layer gives the plain
+// path's idle memory back before an arena's first claim after a plan joined: arena::take), and heaps
+// with no spans, which must grow as they did before spans had a half of their own.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -140,7 +140,7 @@ TEST_CASE("a span that must grow gives back no free commits in the heap, whole f
   REQUIRE(before.free_bytes >= 40 * MiB);
   REQUIRE(before.segments == 1);
   // A large span of 4 MiB: nothing of the large pool fits it, so it grows; the small pool's free
-  // segment stays (a trim before a span's growth is the cache's, of free bytes it decides on).
+  // segment stays (what the plain path holds idle goes back where the plan layer decides: arena::take).
   auto made = heap.carve_span(4 * MiB, {});
   REQUIRE(made.has_value());
   const auto after = heap.stats();
