@@ -50,7 +50,7 @@ TEST_CASE("random spans and pieces against a model", "[segments][spans][model]")
   // What the runs reached, over every seed: each path this test claims to check.
   std::size_t yields = 0, yields_seen = 0, home_again = 0, extended = 0, waits_checked = 0, failures = 0;
   for (const bool vm : {true, false}) {
-    for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+    for (std::uint64_t seed = 1; seed <= 3; ++seed) {
       INFO((vm ? "virtual memory" : "backend allocations") << ", seed " << seed);
       heap_fixture f(192 * MiB);
       segment_heap heap(f.be, vm ? test::vm_options(96 * MiB, SIZE_MAX) : test::plain_options());
@@ -180,8 +180,10 @@ TEST_CASE("random spans and pieces against a model", "[segments][spans][model]")
   }
   INFO("yields " << yields << ", held again after one " << yields_seen << " (" << home_again << " at home), grown "
                  << extended << ", waits checked " << waits_checked << ", failures " << failures);
-  // Scaled to the run's length (about 13 yields, 4 spans held again after one, 1.5 of them at home and
-  // 3.5 grown in place every 100 operations, over the four runs).
+  // Scaled to the run's length (about 20 yields, 4-6 spans held again after one, 1.7 of them at home
+  // and 5-9 grown in place every 100 operations, over the six runs). Three seeds, not two, since spans
+  // grow apart from pieces: a piece larger than a yielded span now takes its bytes and commits
+  // beside them, so fewer spans find their home free (two seeds at 300 operations: 2 homes).
   CHECK(yields > static_cast<std::size_t>(ops) / 15);
   CHECK(yields_seen > static_cast<std::size_t>(ops) / 50);
   CHECK(home_again > static_cast<std::size_t>(ops) / 150);
