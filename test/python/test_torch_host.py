@@ -3,6 +3,7 @@ torch (memory_stats and the functions on it, the resets, the memory fraction, ou
 observers, snapshots, CUDA graph trees' pool calls), run against a fake `torch` namespace and a fake
 of the compiled hooks' counters, over the real framework allocator on the host runtime. The same
 behaviours run against real PyTorch on a GPU in test_torch.py."""
+import contextlib
 import ctypes
 import types
 
@@ -406,19 +407,31 @@ def test_a_free_record_stream_deferred_is_active_pending_free_until_its_streams_
         allocator.empty_cache()
 
 
-def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
-    # PyTorch's test_mempool_emptycache_multithread in this project's words, on the host: a request
-    # routed to a private pool, freed, then empty_cache while the pool is in use: the pool keeps its
-    # memory, so its snapshot (memory_snapshot(mempool_id)) has one segment, and its blocks are idle.
+@contextlib.contextmanager
+def private_pool(pool):
+    """The allocator routes requests on a stream it yields (a fake capturing stream) to private pool
+    `pool` (as a CUDA graph capture does); ended and released after, and the cache emptied."""
     lib = refpool._library.lib()
     capturing = 0x4000
-    pool = (0, 737)
     accepts = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
         lambda context, stream: int(stream == capturing))
     lib.call("refpool_allocator_begin_pool", 0, refpool._types.PoolId(*pool), ctypes.cast(accepts, ctypes.c_void_p),
              None, None)
-    replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
     try:
+        yield capturing
+    finally:
+        lib.call("refpool_allocator_end_pool", 0, refpool._types.PoolId(*pool))
+        lib.call("refpool_allocator_release_pool", 0, refpool._types.PoolId(*pool))
+        allocator.empty_cache()
+
+
+def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
+    # PyTorch's test_mempool_emptycache_multithread in this project's words, on the host: a request
+    # routed to a private pool, freed, then empty_cache while the pool is in use: the pool keeps its
+    # memory, so its snapshot (memory_snapshot(mempool_id)) has one segment, and its blocks are idle.
+    pool = (0, 737)
+    with private_pool(pool) as capturing:
+        replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
         address = allocator.malloc(4 * 4, stream=capturing)
         replacements.hooks.pool_rows = [(address, 16, 0, capturing, *pool)]  # what the hooks' table would say
         live = replacements.memory_snapshot(mempool_id=pool)
@@ -434,10 +447,6 @@ def test_a_pools_snapshot_keeps_its_segment_through_empty_cache():
         check_segment_sums(after)
         assert blocks_by_address(after)[address]["state"] == "inactive"
         assert all(b["state"] == "inactive" for b in after[0]["blocks"])
-    finally:
-        lib.call("refpool_allocator_end_pool", 0, refpool._types.PoolId(*pool))
-        lib.call("refpool_allocator_release_pool", 0, refpool._types.PoolId(*pool))
-        allocator.empty_cache()
     assert replacements.memory_snapshot(mempool_id=pool) == []
 
 
@@ -446,37 +455,27 @@ def test_a_pools_block_whose_free_waits_for_record_stream_stays_in_its_pools_sna
     # allocation at the free, before it is deferred, so only the history (its pool recorded at the
     # allocation) and the pool's map (refpool still holds it) know it: the pool's snapshot shows it
     # active_pending_free, and the allocator cache's does not show it.
-    lib = refpool._library.lib()
-    capturing = 0x4000
     pool = (0, 738)
-    accepts = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
-        lambda context, stream: int(stream == capturing))
-    lib.call("refpool_allocator_begin_pool", 0, refpool._types.PoolId(*pool), ctypes.cast(accepts, ctypes.c_void_p),
-             None, None)
-    replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
-    kept = pending = None
-    try:
+    with private_pool(pool) as capturing:
+        replacements = _torch_memory_api.patch(fake_torch(), FakeHooks())
         kept, pending = allocator.malloc(1000, stream=capturing), allocator.malloc(3000, stream=capturing)
-        replacements.hooks.pool_rows = [(kept, 1000, 0, capturing, *pool)]  # pending: untracked at its free
-        live = [{"addr": kept, "size": 1000, "device": 0, "stream": capturing, "pool": list(pool), "frames": []},
-                {"addr": pending, "size": 3000, "device": 0, "stream": capturing, "pool": list(pool), "frames": [],
-                 "pending_free": True}]
-        replacements.history = types.SimpleNamespace(recording=True, dump=lambda: {"trace": [], "live": live})
-        segments = replacements.memory_snapshot(mempool_id=pool)
-        check_segment_sums(segments)
-        blocks = blocks_by_address(segments)
-        assert blocks[kept]["state"] == "active_allocated" and blocks[kept]["requested_size"] == 1000
-        assert blocks[pending]["state"] == "active_pending_free" and blocks[pending]["requested_size"] == 3000
-        assert all(s["segment_pool_id"] == pool for s in segments)
-        assert pending not in blocks_by_address(replacements.memory_snapshot(mempool_id=(0, 0)))
-    finally:
-        replacements.history = None
-        for address in (kept, pending):
-            if address is not None:
-                allocator.free(address)
-        lib.call("refpool_allocator_end_pool", 0, refpool._types.PoolId(*pool))
-        lib.call("refpool_allocator_release_pool", 0, refpool._types.PoolId(*pool))
-        allocator.empty_cache()
+        try:
+            replacements.hooks.pool_rows = [(kept, 1000, 0, capturing, *pool)]  # pending: untracked at its free
+            live = [{"addr": kept, "size": 1000, "device": 0, "stream": capturing, "pool": list(pool), "frames": []},
+                    {"addr": pending, "size": 3000, "device": 0, "stream": capturing, "pool": list(pool), "frames": [],
+                     "pending_free": True}]
+            replacements.history = types.SimpleNamespace(recording=True, dump=lambda: {"trace": [], "live": live})
+            segments = replacements.memory_snapshot(mempool_id=pool)
+            check_segment_sums(segments)
+            blocks = blocks_by_address(segments)
+            assert blocks[kept]["state"] == "active_allocated" and blocks[kept]["requested_size"] == 1000
+            assert blocks[pending]["state"] == "active_pending_free" and blocks[pending]["requested_size"] == 3000
+            assert all(s["segment_pool_id"] == pool for s in segments)
+            assert pending not in blocks_by_address(replacements.memory_snapshot(mempool_id=(0, 0)))
+        finally:
+            replacements.history = None
+            allocator.free(kept)
+            allocator.free(pending)
 
 
 def test_snapshot_from_maps_keeps_unlisted_allocations_and_folds_arenas():
