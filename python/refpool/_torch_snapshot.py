@@ -39,7 +39,8 @@ def segment(address, size, device, stream, pool=(0, 0), frames=(), pending_free=
     block = {"address": address, "size": block_size, "requested_size": size, "frames": list(frames),
              "state": "active_pending_free" if pending_free else "active_allocated"}
     return {"device": device, "address": address, "total_size": block_size,
-            "allocated_size": 0 if pending_free else block_size, "active_size": block_size, "requested_size": size, "stream": stream,
+            "allocated_size": 0 if pending_free else block_size, "active_size": block_size,
+            "requested_size": size, "stream": stream,
             "segment_type": "large" if size > LARGE else "small", "segment_pool_id": tuple(pool),
             "is_expandable": False, "frames": [], "blocks": [block]}
 

@@ -342,12 +342,9 @@ bool model::take_arena(int arena) {
   const int ci = a0.cache;
   const bool placed_before = a0.span != model_arena::span_state::none && a0.span != model_arena::span_state::gone;
   // Its first placement, or its first claim after a plan joined: the plain path's idle memory first.
-  if (!placed_before || std::exchange(a0.reclaim_before_take, false))
-    free_idle(ci, 0, a0.backend, caches[static_cast<std::size_t>(ci)].reclaimed);
-  if (!placed_before) {
-    arenas[static_cast<std::size_t>(arena)].reclaim_before_take = false;
-    return carve_with_retry(ci, arena, round_piece(a0.needed), true);
-  }
+  const bool joined = std::exchange(a0.reclaim_before_take, false);
+  if (!placed_before || joined) free_idle(ci, 0, a0.backend, caches[static_cast<std::size_t>(ci)].reclaimed);
+  if (!placed_before) return carve_with_retry(ci, arena, round_piece(a0.needed), true);
   model_span_heap& h = span_heap(ci, a0.backend);
   if (a0.span == model_arena::span_state::idle) {
     model_arena& a = arenas[static_cast<std::size_t>(arena)];

@@ -61,6 +61,10 @@ inline detail::segment_heap_options vm_options(std::size_t reserve = 64 * MiB, s
   return o;
 }
 
+/// The span tests' heap: virtual memory, 256 MiB reserved a pool (span_floor: 128 MiB), no
+/// segments of their own.
+inline detail::segment_heap_options span_options() { return vm_options(256 * MiB, SIZE_MAX); }
+
 inline stream_ref stream(std::uintptr_t n) { return stream_ref{reinterpret_cast<void*>(n)}; }
 
 inline std::uintptr_t addr(const detail::segment_heap::piece& p) { return reinterpret_cast<std::uintptr_t>(p.address); }

@@ -20,11 +20,9 @@ using detail::stream_set;
 using refpool::test::addr;
 using refpool::test::heap_fixture;
 using refpool::test::MiB;
+using refpool::test::span_options;
 
 namespace {
-
-/// Virtual memory, 256 MiB reserved a pool (span_floor: 128 MiB), no segments of their own.
-detail::segment_heap_options span_options() { return refpool::test::vm_options(256 * MiB, SIZE_MAX); }
 
 segment_heap::piece must_carve(segment_heap& heap, std::size_t bytes) {
   auto c = heap.carve(bytes, {});

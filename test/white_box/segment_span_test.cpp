@@ -24,15 +24,13 @@ using refpool::test::heap_fixture;
 using refpool::test::KiB;
 using refpool::test::MiB;
 using refpool::test::plain_options;
+using refpool::test::span_options;
 using refpool::test::stamp;
 using refpool::test::stamped;
 using refpool::test::stream;
 using state = segment_span::state;
 
 namespace {
-
-/// Virtual memory, 256 MiB reserved a pool, no segments of their own.
-detail::segment_heap_options span_options() { return refpool::test::vm_options(256 * MiB, SIZE_MAX); }
 
 segment_heap::piece must_carve(segment_heap& heap, std::size_t bytes, stream_ref s = {}) {
   auto c = heap.carve(bytes, s);
