@@ -506,8 +506,7 @@ TEST_CASE("host memory running out while pending frees go back loses no block an
     allocations_until_failure = n;
     try {
       refpool_torch::free_completed(free_deferred);
-    } catch (const std::bad_alloc&) {
-    }
+    } catch (const std::bad_alloc&) {}
     allocations_until_failure = -1;
     blocks.push_back(record_and_free(random, &side));
   }
@@ -539,8 +538,7 @@ bool free_hook_running_out(void* block, cudaStream_t allocated_on, int n) {
   try {
     uses = refpool_torch::take_stream_uses(block);
     deferred = !uses.empty() && refpool_torch::defer_free(block, device, size, allocated_on, uses, count_deferred);
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   allocations_until_failure = -1;
   if (!deferred) free_now(block);
   return deferred || !uses.empty();
@@ -625,8 +623,7 @@ TEST_CASE("host memory running out on several threads at once while frees defer,
         allocations_until_failure = static_cast<int>(random() % 6);
         try {
           (random() % 20 == 0 ? refpool_torch::free_all_pending : refpool_torch::free_completed)(free_deferred);
-        } catch (const std::exception&) {
-        }
+        } catch (const std::exception&) {}
         allocations_until_failure = -1;
       }
     });
@@ -644,8 +641,9 @@ TEST_CASE("host memory running out on several threads at once while frees defer,
   check_no_event_lost(random);
 }
 
-TEST_CASE("host memory running out at each allocation of a free recorded on streams of both devices: no block or event lost",
-          "[torch][record_stream][events]") {
+TEST_CASE(
+    "host memory running out at each allocation of a free recorded on streams of both devices: no block or event lost",
+    "[torch][record_stream][events]") {
   // Device 0's block recorded on side and on other_device: other_device's record is refused on
   // device 0 first (its event put back), then made on device 1. Each allocation in turn fails.
   std::mt19937 random(14);
@@ -667,8 +665,9 @@ TEST_CASE("host memory running out at each allocation of a free recorded on stre
   CHECK(miscounted == 0);
 }
 
-TEST_CASE("host memory running out while a free takes its recorded streams: the free is deferred or ordered, never neither",
-          "[torch][record_stream]") {
+TEST_CASE(
+    "host memory running out while a free takes its recorded streams: the free is deferred or ordered, never neither",
+    "[torch][record_stream]") {
   // The free hook frees a block at once where deferring it throws, and then orders the next user
   // after the streams it took (refpool's record_stream). Taking them must not be what runs out:
   // the block would go back with no order after a stream that may still use it.

@@ -189,7 +189,6 @@ TEST_CASE("segment source: a span held again at home keeps its address; extend g
   state.spans().give_back_span(be, *s, {});
 }
 
-
 /// Runs `cycle` 32 times (warm-up: sequences recorded, plans made, the heap settled; with
 /// `empty_cache`, every free byte given back after the fourth, as torch.cuda.empty_cache() does;
 /// a span that moves commits only what it lacks beside its old bytes, so the heap may settle by
@@ -215,9 +214,9 @@ void check_steady_cycles_make_no_driver_calls(heap_fixture& f, alloc_cache& cach
     const cache_stats st = cache.stats();
     std::ostringstream line;
     line << "cycle " << int(i) << ": grows " << st.segment_grows - settled.segment_grows << ", trims "
-         << st.segment_trims - settled.segment_trims << ", commits " << f.tracker->commits() - commits
-         << ", decommits " << f.tracker->decommits() - decommits << ", arena moves "
-         << moves() - moves_settled << ", reserved " << st.reserved_bytes / MiB << " MiB\n";
+         << st.segment_trims - settled.segment_trims << ", commits " << f.tracker->commits() - commits << ", decommits "
+         << f.tracker->decommits() - decommits << ", arena moves " << moves() - moves_settled << ", reserved "
+         << st.reserved_bytes / MiB << " MiB\n";
     log += line.str();
     CHECK(st.reserved_bytes == f.be.outstanding_bytes());
     CHECK(st.reserved_bytes == st.held_bytes + st.segment_free_bytes + st.arena_bytes);
@@ -271,11 +270,12 @@ TEST_CASE("segment source: a steady loop of replays and plain buffers kept acros
 }
 
 // The same with two keys, whose arenas' spans are idle while the other replays.
-TEST_CASE("segment source: a steady loop of two keys' replays and plain buffers kept across steps makes no driver "
-          "calls",
-          "[segments][cache][spans][plan]") {
-  const auto [temp_bytes, kept_bytes] =
-      GENERATE(table<std::size_t, std::size_t>({{0, 4 * MiB}, {0, 12 * MiB}, {30 * MiB, 6 * MiB}, {30 * MiB, 14 * MiB}}));
+TEST_CASE(
+    "segment source: a steady loop of two keys' replays and plain buffers kept across steps makes no driver "
+    "calls",
+    "[segments][cache][spans][plan]") {
+  const auto [temp_bytes, kept_bytes] = GENERATE(
+      table<std::size_t, std::size_t>({{0, 4 * MiB}, {0, 12 * MiB}, {30 * MiB, 6 * MiB}, {30 * MiB, 14 * MiB}}));
   CAPTURE(temp_bytes, kept_bytes);
   heap_fixture f;
   alloc_cache cache{segments_on(true)};
@@ -292,7 +292,6 @@ TEST_CASE("segment source: a steady loop of two keys' replays and plain buffers 
     filled_step(cache, f.be, "b", {10 * MiB, 6 * MiB}, value + 2);
   });
 }
-
 
 // Threads: planned scopes under four keys (each with two shapes, so their arenas' spans are held,
 // idled, yielded, moved, extended and replaced) beside plain buffers that grow and shrink, kept

@@ -70,8 +70,7 @@ class refusing_host final : public test::forwarding_resource {
 
 }  // namespace
 
-TEST_CASE("a span whose growth fails leaves the heap as it was, its free commits too",
-          "[segments][spans][faults]") {
+TEST_CASE("a span whose growth fails leaves the heap as it was, its free commits too", "[segments][spans][faults]") {
   using how = fault_schedule::failure;
   const auto failure = GENERATE(how::out_of_memory, how::backend_error);
   heap_fixture f;
@@ -287,8 +286,7 @@ TEST_CASE("the Nth backend call fails while spans grow past free commits, for ev
       const auto attempt = [&](auto&& call) {
         try {
           call();
-        } catch (const backend_error&) {
-        }
+        } catch (const backend_error&) {}
         heap.check();
       };
       attempt([&] {
@@ -325,8 +323,7 @@ TEST_CASE("the Nth backend call fails while spans grow past free commits, for ev
   CHECK(n > 3);
 }
 
-TEST_CASE("a span that must grow orders no stream of the free segments it leaves alone",
-          "[segments][spans][faults]") {
+TEST_CASE("a span that must grow orders no stream of the free segments it leaves alone", "[segments][spans][faults]") {
   auto host = std::make_shared<refusing_host>();
   backend be(host);
   REQUIRE(be.underlying().address_space() != nullptr);
