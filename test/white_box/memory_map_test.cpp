@@ -386,15 +386,19 @@ TEST_CASE("memory map: taken while planned steps hold, idle and replace their ar
   std::atomic<std::size_t> spans_seen{0};
   std::atomic<std::size_t> maps_taken{0};
   std::thread stepper([&] {
+    std::size_t replays_waited = 0;
     for (std::size_t s = 0; s < 400; ++s) {
       step st(cache, {.plan = "train"});
+      const std::uint64_t hits_before = cache.stats().plan_hits;
       const std::size_t grow = s / 100;  // a longer run every 100 steps: a new plan, a larger arena
       std::vector<data_ref> held;
       for (std::size_t i = 0; i < 6 + grow; ++i) held.push_back(cache.allocate(be, (i + 1) * 48 * KiB));
       std::memset(held.back().data(), 7, held.back().bytes());
-      // Replays holding their arena wait for two maps: on a busy machine the run could end before
-      // any map is taken.
-      if (s >= 2 && s < 5) {
+      // The first three replays holding their arena wait for two maps: on a busy machine the run
+      // could end before any map is taken. Which step replays first depends on the plain thread
+      // (its requests belong to the step too, so early runs may diverge), hence the hit count.
+      if (replays_waited < 3 && cache.stats().plan_hits > hits_before) {
+        ++replays_waited;
         const std::size_t from = maps_taken.load();
         for (int waited = 0; maps_taken.load() < from + 2 && waited < 2000; ++waited)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
