@@ -147,7 +147,7 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     std::uint64_t allocations_at_steady = 0;
     std::uint64_t allocations_at_half = 0;
     const int warmup = static_cast<int>(3 * steps.size());  // every sequence seen three times
-    const int half = warmup + (iterations - warmup) / 2;     // "late allocs" count from here
+    const int half = warmup + (iterations - warmup) / 2;    // "late allocs" count from here
     step renamed;  // --fresh: this iteration's step, its largest request grown
     std::mt19937 order(shuffle);  // --shuffle: every row draws the same steps
     for (int it = 0; it < iterations; ++it) {
@@ -254,9 +254,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   refpool::bench::json_rows json;
-  fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14} {:>12} {:>10} {:>10}\n", "trace",
-             "refpool", "requests", "peak live", "peak resvd", "resvd/live", "ns/req", "bounds us", "steady allocs",
-             "late allocs", "plan hits", "measured");
+  fmt::print("{:<20} {:<14} {:>8} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14} {:>12} {:>10} {:>10}\n", "trace", "refpool",
+             "requests", "peak live", "peak resvd", "resvd/live", "ns/req", "bounds us", "steady allocs", "late allocs",
+             "plan hits", "measured");
   for (const std::string& path : traces) {
     auto steps = concatenated(variants(read_trace(path), variant_count), copies);
     if (sequence_count != 0 && sequence_count < steps.size()) steps.resize(sequence_count);
