@@ -493,7 +493,7 @@ TEST_CASE("segment source: a hold that must grow takes an idle span's bytes besi
   fill(**a, 1);
   CHECK((*b)->now == detail::segment_span::state::yielded);  // its bytes went to a's growth
   CHECK((*a)->home == b_home);
-  CHECK(f.tracker->commits() == commits + 1);  // the 4 MiB b's bytes lacked
+  CHECK(f.tracker->commits() == commits + 1);       // the 4 MiB b's bytes lacked
   CHECK(cache.stats().reserved_bytes == 16 * MiB);  // over and a: nothing reserved but what they hold
   check_books(cache, f.be, 8 * MiB);
   REQUIRE(spans.hold_span(be, **b, {}));
