@@ -7,7 +7,8 @@
 # shapes in turn (more than a key's 16 plans: --variants 2 --sequences 24), the same 24 in random order
 # (serving24r: --shuffle 1) and a stream of shapes that never comes twice (--fresh). ROWS and CASES
 # (names below) narrow the table; TRACES adds trace files
-# (each replayed as captured), e.g. the H200 serving captures.
+# (each replayed as captured), e.g. the H200 serving captures. "calls" are the steady state's driver
+# calls, "late" those of its second half (trace_replay's "late allocs").
 # Usage: [ROWS="default;plain step"] [CASES="gpt serving24"] [ITERATIONS=12] bash bench/host/instructions.sh BUILD_DIR...
 #        (builds with -Dbenchmarks=enabled)
 set -euo pipefail
@@ -27,7 +28,7 @@ args_of() {
   esac
 }
 printf '%-16s %-11s' case row
-for b in "$@"; do printf ' %14s %7s' "$(basename "$b")" calls; done
+for b in "$@"; do printf ' %14s %7s %5s' "$(basename "$b")" calls late; done
 echo
 for c in "${cases[@]}"; do
   for row in "${rows[@]}"; do
@@ -37,11 +38,12 @@ for c in "${cases[@]}"; do
       out=$(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/dev/null \
         "$b/bench/trace_replay" --json /dev/null --only "$row" --iterations "${ITERATIONS:-12}" $(args_of "$c") 2>&1)
       ir=$(echo "$out" | awk '/Collected/ { print $4 }')
-      # The result line: requests measured last, steady driver calls two before.
+      # The result line: requests measured last, then plan hits, late and steady driver calls.
       line=$(echo "$out" | grep '\.csv' | grep -v trace_replay | tail -n 1)
       requests=$(echo "$line" | awk '{ print $NF }')
-      calls=$(echo "$line" | awk '{ print $(NF-2) }')
-      awk -v ir="$ir" -v n="$requests" -v d="$calls" 'BEGIN { printf " %14.1f %7s", ir / n, d }'
+      calls=$(echo "$line" | awk '{ print $(NF-3) }')
+      late=$(echo "$line" | awk '{ print $(NF-2) }')
+      awk -v ir="$ir" -v n="$requests" -v d="$calls" -v l="$late" 'BEGIN { printf " %14.1f %7s %5s", ir / n, d, l }'
     done
     echo
   done
