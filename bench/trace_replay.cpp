@@ -148,6 +148,8 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     std::uint64_t allocations_at_half = 0;
     const int warmup = static_cast<int>(3 * steps.size());  // every sequence seen three times
     const int half = warmup + (iterations - warmup) / 2;    // "late allocs" count from here
+    // Driver calls so far: block allocations and calls that grew segments (commits, segment allocations).
+    const auto driver_calls = [&] { return be.allocation_count() + cache.stats().segment_grows; };
     step renamed;  // --fresh: this iteration's step, its largest request grown
     std::mt19937 order(shuffle);  // --shuffle: every row draws the same steps
     for (int it = 0; it < iterations; ++it) {
@@ -164,12 +166,12 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
       }
       const step& st = *chosen;
       if (it == warmup) {
-        allocations_at_steady = be.allocation_count() + cache.stats().segment_grows;
+        allocations_at_steady = driver_calls();
         bound_seconds = 0;
         REFPOOL_BENCH_COUNT_ON();
       }
       // Outside the timed part; under callgrind a stats() call once a run is noise.
-      if (it == half) allocations_at_half = be.allocation_count() + cache.stats().segment_grows;
+      if (it == half) allocations_at_half = driver_calls();
       const double start = thread_seconds();
       {
         std::optional<refpool::scope> in_scope;
@@ -207,9 +209,9 @@ result replay(const refpool::backend& be, const std::vector<step>& steps, int it
     out.measured_steps = measured_steps;
     out.steady_requests = requests;
     out.stats = cache.stats();
-    // Driver calls: block allocations and calls that grew segments (commits, segment allocations).
-    out.steady_driver_allocations = be.allocation_count() + out.stats.segment_grows - allocations_at_steady;
-    out.late_driver_allocations = be.allocation_count() + out.stats.segment_grows - allocations_at_half;
+    const std::uint64_t calls = driver_calls();
+    out.steady_driver_allocations = calls - allocations_at_steady;
+    out.late_driver_allocations = calls - allocations_at_half;
     out.held_bytes = be.outstanding_bytes();
   }
   return out;
