@@ -11,6 +11,8 @@
 #             of each mode does not resolve 5% (three runs gave 0.960-1.045 on the median):
 #             ROUNDS=2 STEPS=120 interleaves two rounds of 120 (about 1.2x the time of one of 200)
 #   varlen    GPT-2 training with 13 sequence lengths in real PyTorch, the same two modes
+#   fresh     the no-shape-twice rows `default` and `plain step` alone, each in its own process,
+#             alternated three times (whether the `traces` part's gap between them is the row order)
 # Usage: bash bench/h200/issue36.sh PART...   (all four take about 7 minutes)
 set -uo pipefail
 start=$SECONDS
@@ -60,6 +62,12 @@ for part in "$@"; do
         captured=$out/$name.csv.xz; [ -f "$captured" ] || captured=bench/traces/$name.csv.xz
         [ -f "$captured" ] || continue
         replay "$(basename "$captured" .csv.xz)" --iterations 1200 "$captured"
+      done ;;
+    fresh)
+      for round in 1 2 3; do
+        for row in 'plain step' default; do
+          replay "fresh_${round}_${row// /_}" --iterations 1200 --fresh --only "$row" bench/traces/gpt2_serving.csv.xz | grep -v '^trace'
+        done
       done ;;
     generate | varlen)
       [ -n "$hooks_job" ] && { wait "$hooks_job" || { echo "hooks did not build:"; tail -12 "$out/build-hooks.txt"; }; hooks_job=; }
