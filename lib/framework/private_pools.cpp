@@ -88,6 +88,7 @@ void private_pools::release(int device, id pool_id) {
 
 std::size_t private_pools::drop_freeable() {
   std::vector<std::shared_ptr<alloc_cache>> freed;  // destroyed outside the lock: they free idle memory
+  std::vector<std::shared_ptr<alloc_cache>> held;   // buffers still held: reclaimed, kept listed
   {
     std::lock_guard guard(mutex_);
     // While a route is in force a graph may be captured, and it may use memory a released pool
@@ -99,11 +100,22 @@ std::size_t private_pools::drop_freeable() {
         ++it;
         continue;
       }
+      // No route and no use: nothing can allocate from it now, so its live blocks only fall.
+      if (it->second.cache->stats().live_blocks > 0) {
+        // As PyTorch's allocator keeps a released graph pool until its last block is freed: the
+        // bytes its buffers hold stay in its stats, memory_reserved() and snapshots.
+        held.push_back(it->second.cache);
+        ++it;
+        continue;
+      }
       freed.push_back(std::move(it->second.cache));
       it = pools_.erase(it);
     }
   }
-  return freed.size();
+  std::size_t gave_back = freed.size();
+  for (const auto& cache : held)
+    if (cache->reclaim(0) > 0) ++gave_back;
+  return gave_back;
 }
 
 private_pools::target private_pools::route(int device, void* stream) {

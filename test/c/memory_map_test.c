@@ -231,9 +231,10 @@ static int accept_all(void* context, void* stream) {
 }
 
 /* The framework allocator (host runtime): a private pool's cache through a handle taken while the
- * pool was in use. Released and emptied, the pool leaves the allocator, but the handle keeps its
- * cache open: its map lists the buffer still held, then that buffer idle once freed; with the
- * handle gone the pool's cache closes, and a buffer freed after that goes back to the backend. */
+ * pool was in use. Released and emptied while its buffers are held, the pool stays in the
+ * allocator (PyTorch's allocator keeps a graph pool until its last block is freed), and its map
+ * lists the buffer held and the one freed since, idle. Once both are freed, empty_cache drops the
+ * pool from the allocator, and the handle keeps its cache open until it is destroyed. */
 static void test_released_pool(void) {
   refpool_allocator_options options;
   OK(refpool_allocator_options_init(&options, sizeof options));
@@ -254,8 +255,9 @@ static void test_released_pool(void) {
   CHECK(pthread_create(&thread, NULL, map_until_stopped, &m) == 0);
   OK(refpool_allocator_release_pool(0, pool));
   OK(refpool_allocator_empty_cache());
-  refpool_cache gone = {0};
-  EXPECT(refpool_allocator_pool_cache(pool, &gone), REFPOOL_ERROR_INVALID_ARGUMENT); /* left the allocator */
+  refpool_cache still = {0};
+  OK(refpool_allocator_pool_cache(pool, &still)); /* its buffers are held: it stays */
+  OK(refpool_cache_destroy(still));
   OK(refpool_free(freed));
   while (atomic_load(&m.maps) < 100) sched_yield();
   atomic_store(&m.stop, 1);
@@ -265,8 +267,13 @@ static void test_released_pool(void) {
   CHECK(range_at(held) != NULL && range_at(held)->state == REFPOOL_RANGE_LIVE);
   CHECK(range_at(freed) != NULL && range_at(freed)->state == REFPOOL_RANGE_IDLE);
   CHECK(bytes_in(REFPOOL_RANGE_LIVE) == stat(m.cache, "live_bytes"));
-  OK(refpool_cache_destroy(m.cache)); /* the last owner of the pool's cache: it closes */
   OK(refpool_free(held));
+  OK(refpool_allocator_empty_cache());
+  refpool_cache gone = {0};
+  EXPECT(refpool_allocator_pool_cache(pool, &gone), REFPOOL_ERROR_INVALID_ARGUMENT); /* left the allocator */
+  take_map(m.cache); /* the handle keeps the pool's cache open */
+  CHECK(bytes_in(REFPOOL_RANGE_LIVE) == 0 && stat(m.cache, "live_bytes") == 0);
+  OK(refpool_cache_destroy(m.cache)); /* the last owner of the pool's cache: it closes */
 }
 
 int main(void) {
