@@ -296,6 +296,10 @@ void model::close_cache(int ci) {
   }
   for (model_slot& s : c.slots)
     if (!s.orphaned) s.erased = true;
+  // The arenas its closed store let go went with the cache's state, and their heaps' free segments
+  // with them. The loop above follows those frees only while idle blocks are left: with none (or
+  // after the last), the next call the model expects (another cache's close) would meet them first.
+  settle_arenas(false);
   // Its heaps of spans give their free segments back (the rest goes with the last span).
   for (int b = 0; b < backends; ++b) trim_span_heap(ci, b, 0);
 }
