@@ -222,7 +222,8 @@ static void test_take_across_pools_and_lifetimes(void) {
   size_t pools = 0;
   refpool_pool_id ids[4];
   OK(refpool_allocator_pool_ids(ids, 4, &pools));
-  CHECK(pools == 2); /* the second pool stays while its taken buffer is held, as PyTorch's */
+  /* The second pool stays while its taken buffer is held, as PyTorch's. */
+  CHECK(pools == 2);
   if (out != NULL) memset(out, 0x67, 8 * KIB); /* still the caller's memory */
   OK(refpool_free(theirs));
   OK(refpool_allocator_empty_cache()); /* empty now: dropped, its memory back to the driver */
