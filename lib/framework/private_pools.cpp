@@ -88,7 +88,7 @@ void private_pools::release(int device, id pool_id) {
 
 std::size_t private_pools::drop_freeable() {
   std::vector<std::shared_ptr<alloc_cache>> freed;  // destroyed outside the lock: they free idle memory
-  std::vector<std::shared_ptr<alloc_cache>> held;   // buffers still held: reclaimed, kept listed
+  std::size_t gave_back = 0;
   {
     std::lock_guard guard(mutex_);
     // While a route is in force a graph may be captured, and it may use memory a released pool
@@ -103,8 +103,10 @@ std::size_t private_pools::drop_freeable() {
       // No route and no use: nothing can allocate from it now, so its live blocks only fall.
       if (it->second.cache->stats().live_blocks > 0) {
         // As PyTorch's allocator keeps a released graph pool until its last block is freed: the
-        // bytes its buffers hold stay in its stats, memory_reserved() and snapshots.
-        held.push_back(it->second.cache);
+        // bytes its buffers hold stay in its stats, memory_reserved() and snapshots. Reclaimed under
+        // the lock: the pool stays listed, and a begin made meanwhile would route requests to it,
+        // whose freed buffers its graphs replay into (as PyTorch holds its lock over this too).
+        if (it->second.cache->reclaim(0) > 0) ++gave_back;
         ++it;
         continue;
       }
@@ -112,10 +114,7 @@ std::size_t private_pools::drop_freeable() {
       it = pools_.erase(it);
     }
   }
-  std::size_t gave_back = freed.size();
-  for (const auto& cache : held)
-    if (cache->reclaim(0) > 0) ++gave_back;
-  return gave_back;
+  return gave_back + freed.size();
 }
 
 private_pools::target private_pools::route(int device, void* stream) {
