@@ -59,10 +59,13 @@ void* framework_allocator::take_in_pool(int device, private_pools::id pool, void
                                         stream_ref stream) {
   const std::string where =
       fmt::format("refpool_allocator_pool_take in private pool ({}, {})", pool.first, pool.second);
-  const private_pools::target found = pools_.find(pool, device);
-  if (found.cache == nullptr) throw invalid_argument(fmt::format("refpool: {}: there is no such pool", where));
-  if (!found.be) throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
-  return to_pointer(take_idle_at(*found.cache, found.be, address, bytes, stream, where));
+  // Under the pools' lock: empty_cache drops a released pool only while none of its buffers is
+  // held, so it must not come between the look and the take.
+  return pools_.with_pool(pool, device, [&](const private_pools::target& found) {
+    if (found.cache == nullptr) throw invalid_argument(fmt::format("refpool: {}: there is no such pool", where));
+    if (!found.be) throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
+    return to_pointer(take_idle_at(*found.cache, found.be, address, bytes, stream, where));
+  });
 }
 
 const backend& framework_allocator::make_backend(int device) {

@@ -100,7 +100,8 @@ std::size_t private_pools::drop_freeable() {
         ++it;
         continue;
       }
-      // No route and no use: nothing can allocate from it now, so its live blocks only fall.
+      // No route and no use: no request reaches it now, and a take into it waits for this lock,
+      // so its live blocks only fall.
       if (it->second.cache->stats().live_blocks > 0) {
         // As PyTorch's allocator keeps a released graph pool until its last block is freed: the
         // bytes its buffers hold stay in its stats, memory_reserved() and snapshots. Reclaimed under
@@ -130,8 +131,7 @@ private_pools::target private_pools::route(int device, void* stream) {
   return {};
 }
 
-private_pools::target private_pools::find(id pool_id, int device) {
-  std::lock_guard guard(mutex_);
+private_pools::target private_pools::find_locked(id pool_id, int device) const {
   auto found = pools_.find(pool_id);
   if (found == pools_.end()) return {};
   auto be = found->second.backends.find(device);

@@ -58,9 +58,16 @@ class private_pools {
   };
   [[nodiscard]] target route(int device, void* stream);
 
-  /// Pool `pool`'s cache with its backend of `device` (null when the pool never served the
-  /// device); empty if no such pool.
-  [[nodiscard]] target find(id pool, int device);
+  /// Calls `use(target)` with pool `pool`'s cache and its backend of `device` (null when the pool
+  /// never served the device; both empty if no such pool) under the pools' lock, and returns what
+  /// it returns. For a take into a pool (refpool_allocator_pool_take): drop_freeable must not come
+  /// between its look and its take, or it drops the pool (no buffer held yet) while the taken
+  /// buffer is held. Lock order: the pools' lock, then a cache's (as drop_freeable's).
+  template <class Use>
+  auto with_pool(id pool, int device, Use&& use) {
+    std::lock_guard guard(mutex_);
+    return use(find_locked(pool, device));
+  }
 
   [[nodiscard]] std::vector<id> ids();
   /// The pool's cache, or null.
@@ -79,6 +86,8 @@ class private_pools {
     void* context;
     void (*drop)(void*);
   };
+
+  target find_locked(id pool, int device) const;
 
   std::mutex mutex_;
   std::map<id, pool> pools_;
