@@ -100,9 +100,10 @@ std::size_t private_pools::drop_freeable() {
         ++it;
         continue;
       }
-      // No route and no use: no request reaches it now, and a take into it waits for this lock,
-      // so its live blocks only fall.
-      if (it->second.cache->stats().live_blocks > 0) {
+      // No route and no use: no request reaches it now, and a take into it waits for this lock.
+      // Every buffer held counts: its blocks, and what a step opened on its cache served from the
+      // backend (warm-up) or from a plan's arena.
+      if (it->second.cache->stats().allocated_bytes > 0) {
         // As PyTorch's allocator keeps a released graph pool until its last block is freed: the
         // bytes its buffers hold stay in its stats, memory_reserved() and snapshots. Reclaimed under
         // the lock: the pool stays listed, and a begin made meanwhile would route requests to it,

@@ -1,9 +1,10 @@
 /* Released private pools kept while their buffers are held (refpool_allocator_release_pool), raced
  * from other threads: buffers freed, pools begun again, takes made and stats read while
- * empty_cache runs, and the device limit once a kept pool's buffers are freed. Through the C API
- * on the host runtime (a process of its own: the framework allocator is process-wide); meant for
- * the sanitizer builds too. Threads count their own failures (c_checks.h's count is not atomic).
- * Prints each failed check and exits 1 if any failed. */
+ * empty_cache runs; the device limit once a kept pool's buffers are freed; and buffers that a step
+ * on a pool's cache serves from outside its blocks. Through the C API on the host runtime (a
+ * process of its own: the framework allocator is process-wide); meant for the sanitizer builds
+ * too. Threads count their own failures (c_checks.h's count is not atomic). Prints each failed
+ * check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
 #include "c_checks.h"
@@ -269,6 +270,42 @@ static void test_limit_after_kept_pool_freed(refpool_cache main_cache) {
   CHECK(!listed(pool));
 }
 
+/* ---- buffers a pool's cache serves outside its blocks ------------------------------------------- */
+
+/* A step opened on a pool's cache (refpool_step_begin on its handle) serves the requests routed
+ * to the pool: a warm-up step from the backend (uncached_live_bytes), a planned one from its arena
+ * (plan_live_bytes). Those buffers are the pool's as much as its blocks: released, the pool stays
+ * while they are held, as it does for a held block. */
+static void test_step_buffers_keep_the_pool(int planned) {
+  const refpool_pool_id pool = {600, (uint64_t)planned + 1};
+  CHECK(begin(pool));
+  refpool_cache cache = {0};
+  OK(refpool_allocator_pool_cache(pool, &cache));
+  refpool_scope_options options = {0};
+  options.uncached_warmup_entries = planned ? 0 : 1;
+  options.plan = planned ? "hostile" : NULL;
+  void* held = NULL;
+  for (int run = 0; run < (planned ? 4 : 1); ++run) { /* a plan is made once a sequence repeats */
+    refpool_step step = {0};
+    OK(refpool_step_begin(cache, &options, sizeof options, &step));
+    if (held != NULL) OK(refpool_free(held));
+    held = alloc(16 * KIB, routed);
+    OK(refpool_step_end(step));
+  }
+  CHECK(stat(cache, "live_bytes") == 0); /* none of it in the pool's blocks */
+  CHECK(stat(cache, planned ? "plan_live_bytes" : "uncached_live_bytes") == 16 * KIB);
+  OK(refpool_cache_destroy(cache));
+  OK(refpool_allocator_end_pool(0, pool));
+  OK(refpool_allocator_release_pool(0, pool));
+  OK(refpool_allocator_empty_cache());
+  CHECK(listed(pool)); /* its buffer is held */
+  if (listed(pool)) CHECK(pool_stat(pool, "allocated_bytes") == 16 * KIB);
+  memset(held, 3, 16 * KIB);
+  OK(refpool_free(held));
+  OK(refpool_allocator_empty_cache());
+  CHECK(!listed(pool));
+}
+
 /* ---- stats and listings under traffic ---------------------------------------------------------- */
 
 struct traffic {
@@ -359,6 +396,8 @@ int main(void) {
   test_take_race_empty_cache(0);
   test_take_race_empty_cache(1);
   test_limit_after_kept_pool_freed(main_cache);
+  test_step_buffers_keep_the_pool(0);
+  test_step_buffers_keep_the_pool(1);
   test_stats_under_traffic();
   OK(refpool_allocator_empty_cache());
   CHECK(stat(main_cache, "live_bytes") == 0 && stat(main_cache, "held_bytes") == 0);
