@@ -108,7 +108,14 @@ std::size_t private_pools::drop_freeable() {
         // bytes its buffers hold stay in its stats, memory_reserved() and snapshots. Reclaimed under
         // the lock: the pool stays listed, and a begin made meanwhile would route requests to it,
         // whose freed buffers its graphs replay into (as PyTorch holds its lock over this too).
-        if (it->second.cache->reclaim(0) > 0) ++gave_back;
+        try {
+          if (it->second.cache->reclaim(0) > 0) ++gave_back;
+        } catch (const std::exception& e) {
+          // Less memory back (a driver error ordering a segment's streams), as on a cache's own
+          // out-of-memory path: the other pools still go, and a request out of memory still retries.
+          fmt::print(stderr, "refpool: giving back the idle memory of released {} failed: {}\n", name_of(it->first),
+                     e.what());
+        }
         ++it;
         continue;
       }

@@ -29,7 +29,8 @@
 // (gcnArchName, "gfx90a:sramecc+:xnack-"), REFPOOL_FAKE_HIP_STICKY (0/1), REFPOOL_FAKE_HIP_VMM (0
 // hides virtual memory support), REFPOOL_FAKE_HIP_FATAL (1: violations abort). A test makes the
 // virtual-memory calls (hipMemAddressReserve, hipMemCreate, hipMemMap, hipMemSetAccess,
-// hipMemUnmap, hipMemRelease, hipMemAddressFree) fail on command: control::fail_calls.
+// hipMemUnmap, hipMemRelease, hipMemAddressFree) and hipEventRecord (the ordering of two streams)
+// fail on command: control::fail_calls.
 #define __HIP_DISABLE_CPP_FUNCTIONS__
 #include <hip/hip_runtime_api.h>
 #include <sys/mman.h>
@@ -693,6 +694,7 @@ FAKE_API hipError_t hipEventDestroy(hipEvent_t event) {
 
 FAKE_API hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) {
   entry e("hipEventRecord");
+  if (const hipError_t fault = e.injected(); fault != hipSuccess) return e.done(fault, stream);
   if (e.s.events.count(event) == 0 || !e.stream_ok(stream)) return e.done(hipErrorInvalidHandle, stream);
   if (const hipError_t broken = e.capture_broken(stream); broken != hipSuccess) return e.done(broken, stream);
   auto* ev = reinterpret_cast<event_object*>(event);

@@ -1,8 +1,8 @@
-// Released private pools kept while their buffers are held (private_pools::drop_freeable), raced
-// with a route begun again on one of them, on the fake HIP runtime: its hook on hipFree opens the
-// moment between drop_freeable's look at the pools and its reclaim of those it keeps. A process of
-// its own: the framework allocator is process-wide, here with whole blocks (segments off), whose
-// frees reach the runtime with no lock of refpool held.
+// Released private pools kept while their buffers are held (private_pools::drop_freeable), on the
+// fake HIP runtime: raced with a route begun again on one of them (the fake's hook on hipFree opens
+// the moment between drop_freeable's look at the pools and its reclaim of those it keeps), and a
+// kept pool whose reclaim fails. Each case is a process of its own (its meson test names its tag):
+// the framework allocator is process-wide, and each case configures it.
 #define __HIP_DISABLE_CPP_FUNCTIONS__
 #include <hip/hip_runtime_api.h>
 
@@ -90,10 +90,12 @@ void begin_from_another_thread() {
 
 }  // namespace
 
-TEST_CASE("a released pool begun again while empty_cache reclaims the kept pools keeps what it got since", "[hip-7]") {
+TEST_CASE("a released pool begun again while empty_cache reclaims the kept pools keeps what it got since",
+          "[hip-7][whole-blocks]") {
   // empty_cache looks at the pools under their lock and keeps a released pool whose buffer is held;
   // reclaimed after the lock was let go, a pool begun again meanwhile lost the memory freed into it
-  // under its new route (a graph captured then replays into that memory).
+  // under its new route (a graph captured then replays into that memory). Whole blocks (segments
+  // off): their frees reach the runtime with no lock of refpool held.
   refpool_allocator_options options;
   REQUIRE(refpool_allocator_options_init(&options, sizeof options) == REFPOOL_OK);
   options.runtime = REFPOOL_RUNTIME_HIP;
@@ -133,6 +135,69 @@ TEST_CASE("a released pool begun again while empty_cache reclaims the kept pools
   REQUIRE(refpool_allocator_release_pool(0, second) == REFPOOL_OK);
   REQUIRE(refpool_free(held_first) == REFPOOL_OK);
   REQUIRE(refpool_free(held_second) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  CHECK(live_pools() == 0);
+  CHECK(fake().device_bytes_in_use(0) == 0);
+  CHECK(fake().violations().empty());
+}
+
+namespace {
+// A route that accepts requests on either of two streams (`context`: hipStream_t[2]).
+int either_stream(void* context, void* stream) {
+  const auto* streams = static_cast<hipStream_t*>(context);
+  return stream == streams[0] || stream == streams[1] ? 1 : 0;
+}
+}  // namespace
+
+TEST_CASE("a kept pool whose reclaim fails neither fails the request out of memory nor keeps the others",
+          "[hip-7][segments-no-vm]") {
+  // A request out of memory drops the released pools and is made again. A pool kept for a buffer
+  // still held is reclaimed instead, and a reclaim may fail (here the event that orders a freed
+  // segment's two streams, as a driver error would); before the kept pools, a drop never failed.
+  // That failure must not end the drop: the pools after it still go, and the request is made again,
+  // as the cache's own out-of-memory path trims quietly. Segments without virtual memory (the
+  // fake's REFPOOL_FAKE_HIP_VMM=0): a free segment used on two streams is ordered before its free.
+  refpool_allocator_options options;
+  REQUIRE(refpool_allocator_options_init(&options, sizeof options) == REFPOOL_OK);
+  options.runtime = REFPOOL_RUNTIME_HIP;
+  refpool_cache_options cache_options;
+  REQUIRE(refpool_cache_options_init(&cache_options, sizeof cache_options) == REFPOOL_OK);
+  cache_options.segments = REFPOOL_SEGMENTS_ON;
+  REQUIRE(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options) == REFPOOL_OK);
+  void* loaded = nullptr;
+  REQUIRE(refpool_allocator_alloc(256, 0, nullptr, &loaded) == REFPOOL_OK);
+  REQUIRE(refpool_free(loaded) == REFPOOL_OK);
+  app_stream s1;
+  app_stream s2;
+  fake().clear_violations();
+  REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
+  // The kept pool: a large buffer held (a segment of its own), two small ones of one segment, used
+  // on two streams and freed.
+  const refpool_pool_id kept{1, 2};
+  hipStream_t both[2] = {s1.handle, s2.handle};
+  REQUIRE(refpool_allocator_begin_pool(0, kept, either_stream, both, nullptr) == REFPOOL_OK);
+  void* held = allocate(std::size_t{4} << 20, s1.handle);
+  void* on_first = allocate(4096, s1.handle);
+  void* on_second = allocate(4096, s2.handle);
+  REQUIRE(refpool_free(on_first) == REFPOOL_OK);
+  REQUIRE(refpool_free(on_second) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_end_pool(0, kept) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_release_pool(0, kept) == REFPOOL_OK);
+  // A released pool with nothing held, listed after it: its segment is what the request needs.
+  const refpool_pool_id emptied{2, 2};
+  void* idle = released_pool_holding(emptied, s1.handle, 0);
+  REQUIRE(refpool_free(idle) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_set_device_limit(0, fake().device_bytes_in_use(0)) == REFPOOL_OK);
+  fake().fail_calls("hipEventRecord", hipErrorInvalidValue, 1);
+  void* request = nullptr;
+  const refpool_status got = refpool_allocator_alloc(4096, 0, s1.handle, &request);
+  fake().fail_calls("hipEventRecord", hipSuccess, 0);
+  INFO("last error: " << refpool_last_error());
+  CHECK(got == REFPOOL_OK);
+  CHECK(live_pools() == 1);  // the kept pool, its buffer held
+  if (request != nullptr) REQUIRE(refpool_free(request) == REFPOOL_OK);
+  REQUIRE(refpool_allocator_set_device_limit(0, SIZE_MAX) == REFPOOL_OK);
+  REQUIRE(refpool_free(held) == REFPOOL_OK);
   REQUIRE(refpool_allocator_empty_cache() == REFPOOL_OK);
   CHECK(live_pools() == 0);
   CHECK(fake().device_bytes_in_use(0) == 0);
