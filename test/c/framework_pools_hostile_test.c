@@ -7,7 +7,7 @@
  * check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
-#include "c_checks.h"
+#include "framework_checks.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -28,20 +28,6 @@ static int begin(refpool_pool_id pool) {
   return refpool_allocator_begin_pool(0, pool, accepts, (void*)routed_context, NULL) == REFPOOL_OK;
 }
 
-static void* alloc(size_t bytes, void* stream) {
-  void* p = NULL;
-  OK(refpool_allocator_alloc(bytes, 0, stream, &p));
-  CHECK(p != NULL);
-  if (p != NULL) memset(p, 0x5A, bytes); /* host memory: really there */
-  return p;
-}
-
-static size_t live_pools(void) {
-  size_t count = 99;
-  OK(refpool_allocator_pool_ids(NULL, 0, &count));
-  return count;
-}
-
 static int listed(refpool_pool_id pool) {
   refpool_cache cache = {0};
   if (refpool_allocator_pool_cache(pool, &cache) != REFPOOL_OK) return 0;
@@ -50,19 +36,6 @@ static int listed(refpool_pool_id pool) {
 }
 
 /* Counter `name` of `pool`'s cache, or UINT64_MAX when the pool is not listed. Thread-safe. */
-static uint64_t pool_stat(refpool_pool_id pool, const char* name) {
-  refpool_cache cache = {0};
-  if (refpool_allocator_pool_cache(pool, &cache) != REFPOOL_OK) return UINT64_MAX;
-  uint64_t values[128];
-  size_t count = 0;
-  uint64_t value = UINT64_MAX;
-  if (refpool_cache_get_stat_values(cache, values, 128, &count) == REFPOOL_OK)
-    for (size_t i = 0; i < count && i < 128; ++i)
-      if (strcmp(refpool_stat_name(i), name) == 0) value = values[i];
-  (void)refpool_cache_destroy(cache);
-  return value;
-}
-
 /* ---- buffers of a released pool freed on another thread while empty_cache runs ---------------- */
 
 #define HELD 16

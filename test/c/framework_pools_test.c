@@ -6,7 +6,7 @@
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
-#include "c_checks.h"
+#include "framework_checks.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -20,28 +20,6 @@ static int captures(void* context, void* stream) { return stream == *(void* cons
 static void drop(void* context) {
   (void)context;
   ++drops;
-}
-
-static uint64_t pool_stat(refpool_pool_id pool, const char* name) {
-  refpool_cache cache = {0};
-  OK(refpool_allocator_pool_cache(pool, &cache));
-  const uint64_t value = stat(cache, name);
-  OK(refpool_cache_destroy(cache)); /* the handle only */
-  return value;
-}
-
-static void* alloc(size_t bytes, void* stream) {
-  void* p = NULL;
-  OK(refpool_allocator_alloc(bytes, 0, stream, &p));
-  CHECK(p != NULL);
-  if (p != NULL) memset(p, 0x5A, bytes); /* host memory: really there */
-  return p;
-}
-
-static size_t live_pools(void) {
-  size_t count = 99;
-  OK(refpool_allocator_pool_ids(NULL, 0, &count));
-  return count;
 }
 
 static void test_capture_into_a_pool(refpool_cache main_cache) {

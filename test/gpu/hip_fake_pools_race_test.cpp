@@ -88,6 +88,22 @@ void begin_from_another_thread() {
 }
 }  // namespace revive
 
+// The framework allocator on the fake HIP runtime with `segments`, the runtime loaded (as PyTorch's
+// first tensor loads it).
+void configure_hip_allocator(refpool_segment_policy segments) {
+  refpool_allocator_options options;
+  REQUIRE(refpool_allocator_options_init(&options, sizeof options) == REFPOOL_OK);
+  options.runtime = REFPOOL_RUNTIME_HIP;
+  refpool_cache_options cache_options;
+  REQUIRE(refpool_cache_options_init(&cache_options, sizeof cache_options) == REFPOOL_OK);
+  cache_options.segments = segments;
+  REQUIRE(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options) == REFPOOL_OK);
+  void* loaded = nullptr;
+  REQUIRE(refpool_allocator_alloc(256, 0, nullptr, &loaded) == REFPOOL_OK);
+  REQUIRE(refpool_free(loaded) == REFPOOL_OK);
+}
+
+
 }  // namespace
 
 TEST_CASE("a released pool begun again while empty_cache reclaims the kept pools keeps what it got since",
@@ -96,16 +112,7 @@ TEST_CASE("a released pool begun again while empty_cache reclaims the kept pools
   // reclaimed after the lock was let go, a pool begun again meanwhile lost the memory freed into it
   // under its new route (a graph captured then replays into that memory). Whole blocks (segments
   // off): their frees reach the runtime with no lock of refpool held.
-  refpool_allocator_options options;
-  REQUIRE(refpool_allocator_options_init(&options, sizeof options) == REFPOOL_OK);
-  options.runtime = REFPOOL_RUNTIME_HIP;
-  refpool_cache_options cache_options;
-  REQUIRE(refpool_cache_options_init(&cache_options, sizeof cache_options) == REFPOOL_OK);
-  cache_options.segments = REFPOOL_SEGMENTS_OFF;
-  REQUIRE(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options) == REFPOOL_OK);
-  void* loaded = nullptr;  // loads the runtime, as PyTorch's first tensor does
-  REQUIRE(refpool_allocator_alloc(256, 0, nullptr, &loaded) == REFPOOL_OK);
-  REQUIRE(refpool_free(loaded) == REFPOOL_OK);
+  configure_hip_allocator(REFPOOL_SEGMENTS_OFF);
   app_stream s;
   fake().clear_violations();
   // Two released pools, each with a buffer held (kept, not dropped); the first has idle memory,
@@ -157,16 +164,7 @@ TEST_CASE("a kept pool whose reclaim fails neither fails the request out of memo
   // That failure must not end the drop: the pools after it still go, and the request is made again,
   // as the cache's own out-of-memory path trims quietly. Segments without virtual memory (the
   // fake's REFPOOL_FAKE_HIP_VMM=0): a free segment used on two streams is ordered before its free.
-  refpool_allocator_options options;
-  REQUIRE(refpool_allocator_options_init(&options, sizeof options) == REFPOOL_OK);
-  options.runtime = REFPOOL_RUNTIME_HIP;
-  refpool_cache_options cache_options;
-  REQUIRE(refpool_cache_options_init(&cache_options, sizeof cache_options) == REFPOOL_OK);
-  cache_options.segments = REFPOOL_SEGMENTS_ON;
-  REQUIRE(refpool_allocator_configure(&options, sizeof options, &cache_options, sizeof cache_options) == REFPOOL_OK);
-  void* loaded = nullptr;
-  REQUIRE(refpool_allocator_alloc(256, 0, nullptr, &loaded) == REFPOOL_OK);
-  REQUIRE(refpool_free(loaded) == REFPOOL_OK);
+  configure_hip_allocator(REFPOOL_SEGMENTS_ON);
   app_stream s1;
   app_stream s2;
   fake().clear_violations();

@@ -1,0 +1,30 @@
+/* What the framework allocator's C tests share (host runtime, device 0): a request that fills its
+ * bytes, a private pool's counter by name, and how many pools the allocator lists. */
+#ifndef REFPOOL_TEST_C_FRAMEWORK_CHECKS_H
+#define REFPOOL_TEST_C_FRAMEWORK_CHECKS_H
+
+#include "c_checks.h"
+
+static inline void* alloc(size_t bytes, void* stream) {
+  void* p = NULL;
+  OK(refpool_allocator_alloc(bytes, 0, stream, &p));
+  CHECK(p != NULL);
+  if (p != NULL) memset(p, 0x5A, bytes); /* host memory: really there */
+  return p;
+}
+
+static inline uint64_t pool_stat(refpool_pool_id pool, const char* name) {
+  refpool_cache cache = {0};
+  OK(refpool_allocator_pool_cache(pool, &cache));
+  const uint64_t value = stat(cache, name);
+  OK(refpool_cache_destroy(cache)); /* the handle only */
+  return value;
+}
+
+static inline size_t live_pools(void) {
+  size_t count = 99;
+  OK(refpool_allocator_pool_ids(NULL, 0, &count));
+  return count;
+}
+
+#endif
