@@ -103,7 +103,6 @@ void configure_hip_allocator(refpool_segment_policy segments) {
   REQUIRE(refpool_free(loaded) == REFPOOL_OK);
 }
 
-
 }  // namespace
 
 TEST_CASE("a released pool begun again while empty_cache reclaims the kept pools keeps what it got since",
