@@ -66,18 +66,20 @@ class framework_allocator {
   std::shared_ptr<alloc_cache> cache();
 
   /// `bytes` for `stream` on `device`, as a pointer the pointer table keeps (refpool::free_pointer
-  /// frees it); nullptr for 0 bytes. Out of memory, the released private pools are dropped and the
-  /// request made once more (PyTorch's allocator frees a released graph pool's blocks before it
-  /// gives up). Throws as alloc_cache::allocate, and invalid_argument for a device outside 0 to
-  /// max_devices - 1.
+  /// frees it); nullptr for 0 bytes. Out of memory, the released private pools give their memory
+  /// back and the request is made once more (PyTorch's allocator frees a released graph pool's
+  /// blocks before it gives up). Throws as alloc_cache::allocate, and invalid_argument for a device
+  /// outside 0 to max_devices - 1.
   void* allocate(std::size_t bytes, int device, stream_ref stream) {
     if (bytes == 0) return nullptr;
     try {
       return allocate_now(bytes, device, stream);
     } catch (const out_of_memory&) {
-      if (pools_.drop_freeable() == 0) throw;
+      // Made again even when this call frees nothing: another thread's empty_cache may have given
+      // back what the request needs since its attempt (drop_freeable waits for one in progress).
+      (void)pools_.drop_freeable();
     }
-    return allocate_now(bytes, device, stream);  // again, after the released pools' memory went back
+    return allocate_now(bytes, device, stream);
   }
 
   /// Caps the bytes the allocator (its cache and private pools) holds from `device`.
