@@ -250,8 +250,7 @@ static atomic_int emptier_ready, emptier_go;
 static void* empty_cache_when_told(void* arg) {
   (void)arg;
   atomic_store(&emptier_ready, 1);
-  while (!atomic_load(&emptier_go)) {
-  }
+  while (!atomic_load(&emptier_go)) {}
   if (refpool_allocator_empty_cache() != REFPOOL_OK) fprintf(stderr, "empty_cache failed: %s\n", refpool_last_error());
   return NULL;
 }
