@@ -27,4 +27,15 @@ static inline size_t live_pools(void) {
   return count;
 }
 
+/* The framework allocator on the host runtime, caching exactly and never evicting for an idle
+ * limit; its cache's handle. */
+static inline refpool_cache configure_exact_host_allocator(void) {
+  refpool_cache_options cache_options = exact_cache_options();
+  cache_options.max_idle_bytes = SIZE_MAX;
+  configure_host_allocator(&cache_options);
+  refpool_cache main_cache = {0};
+  OK(refpool_allocator_cache(&main_cache));
+  return main_cache;
+}
+
 #endif

@@ -406,11 +406,7 @@ static void test_stats_under_traffic(void) {
 }
 
 int main(void) {
-  refpool_cache_options cache_options = exact_cache_options();
-  cache_options.max_idle_bytes = SIZE_MAX;
-  configure_host_allocator(&cache_options);
-  refpool_cache main_cache = {0};
-  OK(refpool_allocator_cache(&main_cache));
+  refpool_cache main_cache = configure_exact_host_allocator();
   test_frees_race_empty_cache();
   test_revive_race_empty_cache();
   test_take_race_empty_cache(0);

@@ -268,11 +268,7 @@ static void test_record_stream_by_pointer(void) {
 }
 
 int main(void) {
-  refpool_cache_options cache_options = exact_cache_options();
-  cache_options.max_idle_bytes = SIZE_MAX;
-  configure_host_allocator(&cache_options);
-  refpool_cache main_cache = {0};
-  OK(refpool_allocator_cache(&main_cache));
+  refpool_cache main_cache = configure_exact_host_allocator();
   test_capture_into_a_pool(main_cache);
   test_pool_misuse();
   test_nested_routes();
