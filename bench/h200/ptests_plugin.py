@@ -7,7 +7,9 @@ one allocator mode, unchanged.
 - Import shims: the test files may be newer than the installed PyTorch. A name they import from
   torch.* that this PyTorch lacks is given a stand-in (False for flags, () for architecture lists,
   else a decorator that skips the test saying which name is missing), and a missing `expecttest`
-  (PyTorch's test dependency) a minimal module; the tests themselves are never edited.
+  (PyTorch's test dependency) a minimal module; the tests themselves are never edited. Private
+  functions an older test file calls by a name this PyTorch changed (RENAMED) get that name back
+  as the function it became, in both modes alike.
 - REFPOOL_PTESTS_RESULTS=PATH: each test's phases are appended there as JSON lines as they finish
   (by the controlling process), so a run stopped by its time budget keeps what it did.
 - Selection: where the test file's folder has SELECTION.txt (bench/h200/ptests_extract.py writes it),
@@ -36,6 +38,7 @@ def pytest_configure(config):
         import refpool.torch
         refpool.torch.install(hooks=os.environ.get(HOOKS_ENV, "1") != "0")
     _shim_expecttest()
+    _shim_renamed()
     for path in config.args:
         if path.split("::")[0].endswith(".py") and os.path.isfile(path.split("::")[0]):
             _shim_imports(path.split("::")[0])
@@ -177,6 +180,25 @@ def _shim_imports(path):
                 except ImportError:
                     setattr(module, alias.name, _stand_in(module, alias.name))
                     print(f"ptests_plugin: {node.module}.{alias.name} is missing here: stand-in", file=sys.stderr)
+
+
+# Private functions of torch._C by the name older test files call them, and the function each became.
+# PyTorch 2.8 renamed the pair that routes a thread's requests to a private pool (2.6's
+# test_allocate_in_thread_to_pool calls the old names: without them its thread dies before it ends
+# its route, and the route stays open for the rest of the run).
+RENAMED = {"_cuda_beginAllocateCurrentStreamToPool": "_cuda_beginAllocateCurrentThreadToPool",
+           "_cuda_endAllocateCurrentStreamToPool": "_cuda_endAllocateToPool"}
+
+
+def _shim_renamed():
+    try:
+        import torch
+    except ImportError:
+        return
+    for old, new in RENAMED.items():
+        if not hasattr(torch._C, old) and hasattr(torch._C, new):
+            setattr(torch._C, old, getattr(torch._C, new))
+            print(f"ptests_plugin: torch._C.{old} is {new} in this PyTorch: stand-in", file=sys.stderr)
 
 
 def _shim_expecttest():
