@@ -611,8 +611,9 @@ REFPOOL_C_API refpool_status refpool_allocator_end_pool(int device, refpool_pool
 /// driver, and the pool is dropped once no buffer of it is held (until then it stays listed and
 /// counted, as in PyTorch's snapshots and memory_reserved()). PyTorch's allocator keeps a released
 /// graph pool's blocks the same way, and graphs rely on it: a graph captured later may still use a
-/// buffer the pool freed during the capture. A pool never begun, or released already, is ignored (PyTorch
-/// releases memory pools whose requests it never routed here). Never fails for a valid `device`.
+/// buffer the pool freed during the capture. A pool never begun, or released already, is ignored
+/// (PyTorch releases memory pools whose requests it never routed here). Never fails for a valid
+/// `device`.
 /// Errors: INVALID_ARGUMENT (an active route to the pool remains).
 REFPOOL_C_API refpool_status refpool_allocator_release_pool(int device, refpool_pool_id pool);
 

@@ -29,7 +29,7 @@ void framework_allocator::set_device_limit(int device, std::size_t bytes) {
 }
 
 void framework_allocator::empty_cache() {
-  (void)pools_.drop_freeable();
+  pools_.drop_freeable();
   std::shared_ptr<alloc_cache> made;
   {
     std::lock_guard guard(mutex_);

@@ -77,7 +77,7 @@ class framework_allocator {
     } catch (const out_of_memory&) {
       // Made again even when this call frees nothing: another thread's empty_cache may have given
       // back what the request needs since its attempt (drop_freeable waits for one in progress).
-      (void)pools_.drop_freeable();
+      pools_.drop_freeable();
     }
     return allocate_now(bytes, device, stream);
   }

@@ -86,15 +86,14 @@ void private_pools::release(int device, id pool_id) {
   if (found->second.uses > 0) found->second.uses -= 1;  // at 0 freeable: drop_freeable frees it
 }
 
-std::size_t private_pools::drop_freeable() {
+void private_pools::drop_freeable() {
   std::vector<std::shared_ptr<alloc_cache>> freed;  // destroyed outside the lock: they free idle memory
-  std::size_t gave_back = 0;
   {
     std::lock_guard guard(mutex_);
     // While a route is in force a graph may be captured, and it may use memory a released pool
     // got back during the capture (a freed graph output): PyTorch's allocator frees released
     // pools only while no capture is underway.
-    if (!active_.empty()) return 0;
+    if (!active_.empty()) return;
     for (auto it = pools_.begin(); it != pools_.end();) {
       if (it->second.uses > 0) {
         ++it;
@@ -109,7 +108,7 @@ std::size_t private_pools::drop_freeable() {
         // the lock: the pool stays listed, and a begin made meanwhile would route requests to it,
         // whose freed buffers its graphs replay into (as PyTorch holds its lock over this too).
         try {
-          if (it->second.cache->reclaim(0) > 0) ++gave_back;
+          (void)it->second.cache->reclaim(0);
         } catch (const std::exception& e) {
           // Less memory back (a driver error ordering a segment's streams), as on a cache's own
           // out-of-memory path: the other pools still go, and a request out of memory still retries.
@@ -123,7 +122,6 @@ std::size_t private_pools::drop_freeable() {
       it = pools_.erase(it);
     }
   }
-  return gave_back + freed.size();
 }
 
 private_pools::target private_pools::route(int device, void* stream) {

@@ -43,9 +43,8 @@ class private_pools {
   /// Frees the freeable pools (no use): their idle memory goes back, and those whose buffers are
   /// all freed are dropped; the others stay listed until a later call finds them empty (reclaimed
   /// under the pools' lock: a begin meanwhile would use them again). None while any route is in
-  /// force (a capture may use their freed memory). Returns how many pools were dropped or gave
-  /// memory back.
-  std::size_t drop_freeable();
+  /// force (a capture may use their freed memory).
+  void drop_freeable();
 
   /// True while a route is in force (relaxed: a request racing a begin may miss the new route,
   /// as a request made just before it would).
