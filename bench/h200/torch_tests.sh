@@ -41,11 +41,10 @@ fi
 grep -q "^history failed" "$out/build-status.txt" 2>/dev/null &&
   note="${note:+$note; }the memory-history library did not build (build-hooks.txt): history tests fail for that"
 
-# Tests of another PyTorch release call private functions by their names then (2.8 renamed
-# _cuda_endAllocateCurrentStreamToPool): which of them this PyTorch has.
-python3 -c 'import torch
-names = ["_cuda_beginAllocateCurrentStreamToPool", "_cuda_endAllocateCurrentStreamToPool",
-         "_cuda_beginAllocateToPool", "_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool"]
+# Tests of another PyTorch release call private functions by their names then: which of the names
+# ptests_plugin.py maps (RENAMED, old and new) this PyTorch has.
+PYTHONPATH=bench/h200 python3 -c 'import torch, ptests_plugin
+names = [n for pair in ptests_plugin.RENAMED.items() for n in pair]
 print("torch._C has:", ", ".join(n for n in names if hasattr(torch._C, n)) or "none",
       "| lacks:", ", ".join(n for n in names if not hasattr(torch._C, n)) or "none")' 2>&1 | tail -1
 budget=$((total - (SECONDS - start) - 20))  # 20 s: the table and the archive
