@@ -568,6 +568,18 @@ REFPOOL_C_API refpool_status refpool_allocator_set_device_limit(int device, size
 /// captured into them replay into those bytes. Errors: CONFIG.
 REFPOOL_C_API refpool_status refpool_allocator_empty_cache(void);
 
+/// Turns the framework allocator's caching off (`on` 0) or back on (nonzero; the default), as
+/// PyTorch's caching_allocator_enable does for its own: while off, each request that no private
+/// pool takes is the driver's own allocation, freed to the driver when it is given back, neither
+/// served nor counted by the cache (for tools that check each allocation, such as
+/// compute-sanitizer). Requests routed to private pools stay in their pools. A buffer keeps the
+/// way it was served, whatever the setting when it is freed. The device limit still counts both.
+/// Out of memory while off, the cache's idle memory goes back and the request is made once more.
+/// Any thread; requests already in flight may still see the old setting.
+REFPOOL_C_API void refpool_allocator_set_caching(int on);
+/// 1 while the framework allocator caches (the default), 0 after refpool_allocator_set_caching(0).
+REFPOOL_C_API int refpool_allocator_caching(void);
+
 /// Marks the buffer handed out at `ptr` as used on `stream` too (PyTorch's recordStream): its
 /// memory is handed out again for another stream only after the work `stream` has by then.
 /// Errors: INVALID_ARGUMENT (a pointer the allocator does not hold), USE_AFTER_FREE, BACKEND.

@@ -117,6 +117,10 @@ refpool_status refpool_allocator_release_pool(int device, refpool_pool_id pool) 
   return guarded([&] { framework_allocator::instance().pools().release(device, pool_id(pool)); });
 }
 
+void refpool_allocator_set_caching(int on) { framework_allocator::instance().set_caching(on != 0); }
+
+int refpool_allocator_caching(void) { return framework_allocator::instance().caching() ? 1 : 0; }
+
 int refpool_allocator_routing_to_pools(void) { return framework_allocator::instance().pools().routing() ? 1 : 0; }
 
 refpool_status refpool_allocator_pool_ids(refpool_pool_id* ids, size_t capacity, size_t* count) {

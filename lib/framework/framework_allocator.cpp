@@ -4,6 +4,7 @@
 
 #include <refpool/cuda.hpp>
 #include <refpool/hip.hpp>
+#include <refpool/scope.hpp>
 
 #include <fmt/format.h>
 
@@ -66,6 +67,24 @@ void* framework_allocator::take_in_pool(int device, private_pools::id pool, void
     if (!found.be) throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
     return to_pointer(take_idle_at(*found.cache, found.be, address, bytes, stream, where));
   });
+}
+
+void* framework_allocator::allocate_uncached(std::size_t bytes, int device, stream_ref stream) {
+  const backend& be = backend_for(device);
+  // Suspends a scope the calling thread may have open on a cache of its own: the request is the
+  // backend's, whatever the thread does around it.
+  const auto direct = [&] {
+    uncached_guard bypass;
+    return refpool::allocate(be, bytes, stream);
+  };
+  try {
+    return to_pointer(direct());
+  } catch (const out_of_memory&) {
+    // What the cache and the released pools hold idle (from before caching was turned off) goes
+    // back first: no request can use it now.
+    empty_cache();
+  }
+  return to_pointer(direct());
 }
 
 const backend& framework_allocator::make_backend(int device) {

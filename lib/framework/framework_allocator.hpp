@@ -82,6 +82,13 @@ class framework_allocator {
     return allocate_now(bytes, device, stream);
   }
 
+  /// Caching on (the default) or off (PyTorch's caching_allocator_enable): while off, a request
+  /// that no private pool takes is the backend's own allocation, freed when given back, and the
+  /// cache neither serves nor counts it. Requests routed to private pools stay theirs: a captured
+  /// graph replays into its pool's memory. Buffers keep the way they were served when it changes.
+  void set_caching(bool on) noexcept { uncached_.store(!on, std::memory_order_relaxed); }
+  [[nodiscard]] bool caching() const noexcept { return !uncached_.load(std::memory_order_relaxed); }
+
   /// Caps the bytes the allocator (its cache and private pools) holds from `device`.
   void set_device_limit(int device, std::size_t bytes);
   /// Frees the idle memory of the cache and of the released private pools (private_pools::drop_freeable).
@@ -105,6 +112,8 @@ class framework_allocator {
       if (private_pools::target pool = pools_.route(device, stream.handle); pool.cache != nullptr)
         return to_pointer(pool.cache->allocate(pool.be, bytes, stream));
     }
+    if (uncached_.load(std::memory_order_relaxed)) [[unlikely]]
+      return allocate_uncached(bytes, device, stream);
     alloc_cache* cache = made_.load(std::memory_order_acquire);
     if (cache == nullptr) cache = this->cache().get();
     return to_pointer(cache->allocate(backend_for(device), bytes, stream));
@@ -118,6 +127,7 @@ class framework_allocator {
     return make_backend(device);
   }
   const backend& make_backend(int device);
+  void* allocate_uncached(std::size_t bytes, int device, stream_ref stream);
 
   std::mutex mutex_;
   framework_config config_;  // its cache options count only when configured_
@@ -125,6 +135,7 @@ class framework_allocator {
   cache_options in_use_options_;  // the cache's, once made
   std::shared_ptr<alloc_cache> cache_;
   std::atomic<alloc_cache*> made_{nullptr};
+  std::atomic<bool> uncached_{false};  // set_caching(false)
   std::array<std::atomic<const backend*>, max_devices> backends_{};
   std::array<std::shared_ptr<byte_budget>, max_devices> budgets_{};  // under mutex_
   private_pools pools_;

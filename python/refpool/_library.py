@@ -102,6 +102,8 @@ SIGNATURES = {
     "refpool_allocator_end_pool": (c_int, [("device", c_int), ("pool", t.PoolId)]),
     "refpool_allocator_release_pool": (c_int, [("device", c_int), ("pool", t.PoolId)]),
     "refpool_allocator_routing_to_pools": (c_int, []),
+    "refpool_allocator_set_caching": (None, [("on", c_int)]),
+    "refpool_allocator_caching": (c_int, []),
     "refpool_allocator_pool_ids": (c_int, [("ids", POINTER(t.PoolId)), ("capacity", c_size_t), ("count", _size_p)]),
     "refpool_allocator_pool_cache": (c_int, [("pool", t.PoolId), ("out", _handle_p)]),
     "refpool_allocator_pool_take": (c_int, [("device", c_int), ("pool", t.PoolId), ("address", c_void_p),

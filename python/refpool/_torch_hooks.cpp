@@ -64,6 +64,7 @@ struct refpool_api {
   int (*release_pool)(int, pool_id);
   int (*routing_to_pools)();
   int (*pool_take)(int, pool_id, void*, std::size_t, void*, void**);
+  void (*set_caching)(int);
 };
 refpool_api api{};
 constexpr int api_size = sizeof(refpool_api) / sizeof(void*);
@@ -102,6 +103,13 @@ int accept_none(void*, void*) { return 0; }
 // refpool's free of a block whose free was counted.
 void free_to_refpool(void* ptr) {
   if (api.free(ptr) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+}
+
+// refpool's free, its next user ordered after the streams `uses` (record_stream) by refpool.
+void free_ordered(void* ptr, const std::vector<void*>& uses) {
+  for (void* used_on : uses)
+    if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
+  free_to_refpool(ptr);
 }
 
 // A free record_stream defers, counted before any thread can give the block back: no longer
@@ -205,6 +213,7 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
                    "CUDA out of memory. Tried to allocate more than 1EB memory.");
   void* out = nullptr;
   refpool_torch::pool_name pool;
+  const bool caching = refpool_torch::caching();
   const bool routing = api.routing_to_pools() != 0;
   // Frees record_stream deferred whose streams are done (not while a capture routes: its events
   // could not be queried then), as PyTorch's allocator does before each request.
@@ -229,6 +238,15 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
   }
   if (out != nullptr) {
     refpool_torch::forget_stream_uses(out);
+    if (!caching && pool.none()) {  // the driver's (caching_allocator_enable(False)): counted nowhere
+      try {
+        refpool_torch::note_uncounted(out);
+      } catch (...) {
+        free_to_refpool(out);
+        throw;
+      }
+      return out;
+    }
     refpool_torch::count_alloc(out, device, size);
     if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->alloc(out, size, device, stream, pool);
   }
@@ -238,6 +256,16 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
 /// PyTorch's free_fn: called from deleters, where an exception would end the process.
 void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStream_t stream) {
   if (ptr == nullptr) return;
+  if (refpool_torch::forget_uncounted(ptr)) {  // served while caching was off: counted nowhere, never deferred
+    std::vector<void*> uses;
+    try {
+      uses = refpool_torch::take_stream_uses(ptr);
+    } catch (const std::exception& e) {  // no memory for the list: ordered after its own stream only
+      std::fprintf(stderr, "refpool: record_stream's uses of a buffer served uncached: %s\n", e.what());
+    }
+    free_ordered(ptr, uses);
+    return;
+  }
   // Requested before a deferral can complete it on another thread; completed below if not deferred.
   const refpool_torch::tracker* t = refpool_torch::current_tracker();
   if (t != nullptr) t->free_requested(ptr, size, device, stream);
@@ -253,9 +281,7 @@ void refpool_torch_hooks_free(void* ptr, std::size_t size, int device, cudaStrea
   // and inactive now; refpool orders the next user's stream after the recorded ones.
   refpool_torch::count_free(ptr, device, size, false);
   if (t != nullptr) t->free_completed(ptr, size, device);
-  for (void* used_on : uses)
-    if (api.record_stream(ptr, used_on) != refpool_ok) std::fprintf(stderr, "%s\n", api.last_error());
-  free_to_refpool(ptr);
+  free_ordered(ptr, uses);
 }
 
 /// set_record_stream_fn: Tensor.record_stream. The block's free waits for `stream`'s work then
@@ -271,6 +297,14 @@ void refpool_torch_hooks_empty_cache() {
   if (refpool_torch::frees_pending()) refpool_torch::free_all_pending(free_deferred);
   if (const int status = api.empty_cache(); status != refpool_ok) fail(status, "empty_cache");
   if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->empty_cache();
+}
+
+/// torch.cuda.caching_allocator_enable(value) under install() (refpool/_torch_memory_api.py): off,
+/// requests no private pool takes are the driver's own allocations, counted nowhere, as with
+/// PyTorch's allocator (refpool_allocator_set_caching). The pluggable interface has no such hook.
+void refpool_torch_hooks_set_caching(int on) {
+  refpool_torch::set_caching(on != 0);
+  api.set_caching(on);
 }
 
 /// set_memory_fraction_fn: torch.cuda.set_per_process_memory_fraction(fraction, device) caps what

@@ -1,8 +1,11 @@
-// The hooks' per-device statistics (device_counters, _torch_hooks_counters.hpp) and memory
-// fractions, and the C functions refpool/_torch_stats.py reads them with. Torch-free, so the host
+// The hooks' per-device statistics (device_counters, _torch_hooks_counters.hpp), memory fractions
+// and the requests served uncounted while caching is off, and the C functions refpool/_torch_stats.py
+// reads them with. Torch-free, so the host
 // test builds this file on its own; _torch_hooks_stats.cpp counts into it and reports to PyTorch.
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_set>
 
 #include "_torch_hooks.hpp"
 #include "_torch_hooks_counters.hpp"
@@ -22,9 +25,41 @@ device_state* state_of(int device) {
   return device >= 0 && device < max_devices ? &devices[device] : nullptr;
 }
 
+// The requests served while caching was off, until their frees.
+struct uncounted_requests {
+  std::atomic<bool> caching{true};
+  std::atomic<std::size_t> count{0};  // lets frees skip the lock while none is remembered
+  std::mutex mutex;
+  std::unordered_set<void*> pointers;
+};
+
+uncounted_requests& uncounted() {
+  static auto* requests = new uncounted_requests;  // leaked, as the devices' state
+  return *requests;
+}
+
 }  // namespace
 
 namespace refpool_torch {
+
+bool caching() { return uncounted().caching.load(std::memory_order_relaxed); }
+
+void set_caching(bool on) { uncounted().caching.store(on, std::memory_order_relaxed); }
+
+void note_uncounted(void* ptr) {
+  uncounted_requests& u = uncounted();
+  std::lock_guard guard(u.mutex);
+  if (u.pointers.insert(ptr).second) u.count.fetch_add(1, std::memory_order_release);
+}
+
+bool forget_uncounted(void* ptr) {
+  uncounted_requests& u = uncounted();
+  if (u.count.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard guard(u.mutex);
+  if (u.pointers.erase(ptr) == 0) return false;
+  u.count.fetch_sub(1, std::memory_order_release);
+  return true;
+}
 
 device_counters* counters_of(int device) {
   device_state* d = state_of(device);

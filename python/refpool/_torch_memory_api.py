@@ -6,7 +6,7 @@ Replaced, in every module PyTorch defines or re-exports them from (torch.cuda, t
 torch.accelerator, torch.accelerator.memory, torch._C; functions there call each other through
 their module, so memory_allocated, max_memory_reserved, memory_summary & co. need no patch):
 memory_stats and its nested form, reset_peak_memory_stats, reset_accumulated_memory_stats,
-get_per_process_memory_fraction, get_memory_info, _record_memory_history, _snapshot,
+get_per_process_memory_fraction, caching_allocator_enable, get_memory_info, _record_memory_history, _snapshot,
 memory_snapshot, _set_memory_metadata, the out-of-memory observer, CUDA graph trees' pool calls
 (_torch_checkpoint), and MemPool with use_mem_pool (_torch_mempool). Each raises the error PyTorch's
 allocator would for bad arguments."""
@@ -68,6 +68,16 @@ class Replacements:
         # torch.accelerator's reaches the allocator PyTorch registered for CUDA at start-up, not the
         # pluggable one install() made current: torch.cuda's goes through the hooks.
         self.torch.cuda.empty_cache()
+
+    def caching_allocator_enable(self, value=True):
+        """torch.cuda.caching_allocator_enable (and torch._C._cuda_cudaCachingAllocator_enable): off,
+        each request no private pool takes is the driver's own allocation, counted nowhere, as with
+        PyTorch's allocator; the pluggable interface forwards no such call."""
+        on = bool(value)
+        if self.hooks is not None:
+            self.hooks.refpool_torch_hooks_set_caching(1 if on else 0)
+        else:
+            allocator.set_caching(on)
 
     def get_memory_info(self, device=None):
         return self.torch.cuda.mem_get_info(self.device_index(device))
@@ -218,7 +228,8 @@ class Replacements:
                 "get_per_process_memory_fraction": self.get_per_process_memory_fraction,
                 "_record_memory_history": self.record_memory_history, "_snapshot": self.snapshot,
                 "memory_snapshot": self.memory_snapshot, "_set_memory_metadata": self.set_memory_metadata,
-                "_get_memory_metadata": self.get_memory_metadata}
+                "_get_memory_metadata": self.get_memory_metadata,
+                "caching_allocator_enable": self.caching_allocator_enable}
         accelerator = {"memory_stats": self.memory_stats, "reset_peak_memory_stats": self.reset_peak_memory_stats,
                        "reset_accumulated_memory_stats": self.reset_accumulated_memory_stats,
                        "get_memory_info": self.get_memory_info, "empty_cache": self.empty_cache}
@@ -226,6 +237,7 @@ class Replacements:
              "_cuda_resetPeakMemoryStats": self.reset_peak_memory_stats,
              "_cuda_resetAccumulatedMemoryStats": self.reset_accumulated_memory_stats,
              "_cuda_getMemoryFraction": self.get_per_process_memory_fraction,
+             "_cuda_cudaCachingAllocator_enable": self.caching_allocator_enable,
              "_cuda_memorySnapshot": self.snapshot, "_cuda_setMemoryMetadata": self.set_memory_metadata,
              "_cuda_getMemoryMetadata": self.get_memory_metadata,
              "_cuda_isHistoryEnabled": self.is_history_enabled,

@@ -103,6 +103,22 @@ def empty_cache():
     lib().call("refpool_allocator_empty_cache")
 
 
+def set_caching(on):
+    """Turns the allocator's caching off (False) or back on (True, the default), as PyTorch's
+    torch.cuda.caching_allocator_enable does for its own: while off, each request no private pool
+    takes is the driver's own allocation, freed to the driver when given back, and the cache
+    neither serves nor counts it (for tools that check each allocation, such as compute-sanitizer).
+    A buffer keeps the way it was served."""
+    if type(on) is not bool:
+        raise TypeError(f"refpool: refpool.allocator.set_caching: on must be a bool, not {type(on).__name__}")
+    lib().fn("refpool_allocator_set_caching")(1 if on else 0)
+
+
+def caching():
+    """True while the allocator caches (the default), False after set_caching(False)."""
+    return lib().fn("refpool_allocator_caching")() != 0
+
+
 def record_stream(address, stream):
     """Marks the buffer at `address` (from this allocator) as used on `stream` too."""
     lib().call("refpool_allocator_record_stream", address, stream_pointer(stream))
@@ -157,5 +173,5 @@ def announced_capture(device=0):
 
 
 __all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
-           "set_device_limit", "empty_cache", "record_stream", "pool_ids", "pool_stats", "memory_map",
+           "set_device_limit", "empty_cache", "set_caching", "caching", "record_stream", "pool_ids", "pool_stats", "memory_map",
            "announced_capture"]

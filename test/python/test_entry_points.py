@@ -195,6 +195,34 @@ def test_pools_limit_and_empty_cache_from_python():
                       "ids_released": [[5, 0]], "ids_after": [], "refused": True}, result
 
 
+def test_caching_turned_off_and_on_from_python():
+    # refpool.allocator.set_caching (PyTorch's caching_allocator_enable under install(hooks=False)):
+    # off, requests bypass the cache and are freed to the runtime; its C half is c-framework-caching.
+    result = child_json("""
+        import json
+        import refpool
+        refpool.allocator.configure(runtime="host", conf="rounding:exact,max_idle_bytes:unlimited,segments:off")
+        refpool.allocator.free(refpool.allocator.malloc(4096))  # idle in the cache
+        result = {"default": refpool.allocator.caching()}
+        refpool.allocator.set_caching(False)
+        address = refpool.allocator.malloc(4096)
+        stats = refpool.allocator.stats()
+        result.update(off=refpool.allocator.caching(), hits=stats["hits"], live=stats["live_bytes"])
+        refpool.allocator.free(address)
+        result["held_after_free"] = refpool.allocator.stats()["held_bytes"]
+        refpool.allocator.set_caching(True)
+        refpool.allocator.free(refpool.allocator.malloc(4096))
+        result.update(on=refpool.allocator.caching(), hits_on=refpool.allocator.stats()["hits"])
+        try:
+            refpool.allocator.set_caching(0)
+        except TypeError as e:
+            result["refused"] = "must be a bool" in str(e)
+        print(json.dumps(result))
+    """)
+    assert result == {"default": True, "off": False, "hits": 0, "live": 0, "held_after_free": 4096, "on": True,
+                      "hits_on": 1, "refused": True}, result
+
+
 def test_captures_refpool_does_not_route_are_announced_and_counted():
     # refpool.allocator.announced_capture: what it waits for on a GPU is tested on the fake HIP
     # runtime (hip-fake-framework); here the counting and the errors of the C entry points.

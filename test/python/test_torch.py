@@ -835,6 +835,42 @@ def test_empty_cache_and_memory_fraction_go_through_the_hooks():
     assert result["allocated_matches"]
 
 
+def test_caching_allocator_enable_false_serves_from_the_driver_and_counts_nothing():
+    # As PyTorch's allocator: while off, requests are the driver's, freed to it, and counted nowhere;
+    # a tensor keeps the way it was served; a CUDA graph's requests stay in its pool.
+    result = child_json("""
+        import json, torch, refpool.torch
+        refpool.torch.install()
+        keep = torch.ones(1 << 20, device="cuda")  # cached, before
+        stats = lambda: (torch.cuda.memory_allocated(), torch.cuda.memory_stats()["requested_bytes.all.allocated"],
+                         torch.cuda.memory_reserved(), refpool.torch.memory_stats()["refpool.hits"])
+        before = stats()
+        torch.cuda.caching_allocator_enable(False)
+        x = torch.ones(3 << 20, device="cuda")
+        raw = torch.cuda.caching_allocator_alloc(1 << 20)
+        torch.cuda.caching_allocator_delete(raw)
+        during = stats()
+        del keep  # cached: back into refpool's cache while caching is off
+        s = torch.cuda.Stream()
+        x.record_stream(s)
+        g = torch.cuda.CUDAGraph()
+        static_in = torch.ones(1 << 16, device="cuda")
+        with torch.cuda.graph(g):
+            static_out = static_in * 2
+        g.replay()
+        torch.cuda.caching_allocator_enable(True)
+        del x  # uncached, freed while caching is on again
+        after = stats()
+        out = {"before": before, "during": during, "after": after, "graph": static_out.sum().item(),
+               "sum": float(static_in.sum().item())}
+        print(json.dumps(out))
+    """)
+    before, during, after = result["before"], result["during"], result["after"]
+    assert during == before, result  # nothing counted while off
+    assert after[0] == before[0] - (4 << 20) + (1 << 18), result  # keep went, static_out (the pool's) came
+    assert result["graph"] == 2 * result["sum"]
+
+
 def test_mem_pool_serves_chosen_regions_without_install(tmp_path):
     result = child_json("""
         import gc, json, torch, refpool, refpool.torch

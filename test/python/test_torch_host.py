@@ -68,6 +68,9 @@ class FakeHooks:
     def refpool_torch_hooks_set_tracker(self, pointer):
         self.calls.append(("tracker", pointer))
 
+    def refpool_torch_hooks_set_caching(self, on):
+        self.calls.append(("caching", on))
+
     def refpool_torch_hooks_pool_allocations(self, out, capacity):
         for i, row in enumerate(self.pool_rows[:capacity]):
             out[6 * i:6 * i + 6] = list(row)
@@ -84,7 +87,7 @@ def fake_torch(freed=None):
 
     names = ("memory_stats", "memory_stats_as_nested_dict", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
              "get_per_process_memory_fraction", "_record_memory_history", "_snapshot", "memory_snapshot",
-             "_set_memory_metadata", "empty_cache", "set_per_process_memory_fraction")
+             "_set_memory_metadata", "empty_cache", "set_per_process_memory_fraction", "caching_allocator_enable")
     cuda_memory = module(**{n: placeholder for n in names})
     def device_index(device, optional=False):  # as torch.cuda._utils: an int as it is, "cuda:N" as N
         return device if isinstance(device, int) else int(str(device).partition(":")[2] or 0)
@@ -99,6 +102,7 @@ def fake_torch(freed=None):
     c = module(_cuda_attach_out_of_memory_observer=placeholder, _cuda_checkPoolLiveAllocations=placeholder,
                _cuda_getCheckpointState=placeholder, _cuda_setCheckpointPoolState=placeholder,
                _cuda_memoryStats=placeholder, _cuda_isHistoryEnabled=placeholder,
+               _cuda_cudaCachingAllocator_enable=placeholder,
                _free_And_Remove_DeleterFn=(freed.append if freed is not None else placeholder))
     return module(cuda=cuda, accelerator=accelerator, _C=c, Tensor=module(record_stream=placeholder))
 
@@ -587,6 +591,31 @@ def test_graph_tree_pool_calls_check_liveness_and_restore_a_checkpoint():
         torch._C._cuda_setCheckpointPoolState(0, object(), [], [])
 
 
+def test_caching_allocator_enable_reaches_the_hooks():
+    # PyTorch's pluggable interface forwards no enable(): install() patches torch.cuda's function and
+    # the torch._C one it calls. The hooks' half (uncounted requests) is tested below, on the host.
+    torch = fake_torch()
+    hooks = FakeHooks()
+    _torch_memory_api.patch(torch, hooks)
+    torch.cuda.caching_allocator_enable(False)
+    torch.cuda.memory.caching_allocator_enable()
+    torch._C._cuda_cudaCachingAllocator_enable(0)
+    torch._C._cuda_cudaCachingAllocator_enable(True)
+    assert [c for c in hooks.calls if c[0] == "caching"] == [("caching", 0), ("caching", 1), ("caching", 0),
+                                                              ("caching", 1)]
+
+
+def test_caching_allocator_enable_without_hooks_reaches_the_allocator():
+    torch = fake_torch()
+    _torch_memory_api.patch(torch, None)
+    try:
+        torch.cuda.caching_allocator_enable(False)
+        assert refpool.allocator.caching() is False
+    finally:
+        torch.cuda.caching_allocator_enable(True)
+    assert refpool.allocator.caching() is True
+
+
 def test_without_hooks_install_replaces_empty_cache_and_refuses_what_is_lost():
     torch = fake_torch()
     _torch_memory_api.patch(torch, None)
@@ -619,6 +648,32 @@ extern "C" long long count_request(int device, unsigned long long size, int what
   }
 }
 extern "C" void count_oom(int device) { refpool_torch::counters_of(device)->on_oom(); }
+
+// Requests served while caching is off (caching_allocator_enable(False)): `threads` threads each
+// note `each` addresses of their own and forget them, twice each (the second must find none), while
+// another turns caching off and on. Returns the forgets that answered wrongly.
+extern "C" int uncounted_race(int threads, int each) {
+  std::atomic<int> wrong{0};
+  std::atomic<bool> done{false};
+  std::thread toggler([&] { for (int i = 0; !done.load(); ++i) refpool_torch::set_caching(i % 2 == 0); });
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      auto address = [t](int i) { return reinterpret_cast<void*>((std::uintptr_t(t + 1) << 32) | (std::uintptr_t(i + 1) << 4)); };
+      for (int i = 0; i < each; ++i) refpool_torch::note_uncounted(address(i));
+      for (int i = 0; i < each; ++i) wrong += refpool_torch::forget_uncounted(address(i)) ? 0 : 1;
+      for (int i = 0; i < each; ++i) wrong += refpool_torch::forget_uncounted(address(i)) ? 1 : 0;
+    });
+  for (auto& t : pool) t.join();
+  done = true;
+  toggler.join();
+  refpool_torch::set_caching(true);
+  return wrong.load() + (refpool_torch::caching() ? 0 : 1000);
+}
+extern "C" int note_and_forget(unsigned long long note, unsigned long long forget) {
+  refpool_torch::note_uncounted(reinterpret_cast<void*>(note));
+  return refpool_torch::forget_uncounted(reinterpret_cast<void*>(forget)) ? 1 : 0;
+}
 extern "C" void set_fraction(int device, double f) { refpool_torch::remember_memory_fraction(device, f); }
 
 // `threads` threads, `rounds` times: each makes `burst` requests of its own size (thread t: t+1
@@ -676,6 +731,8 @@ def counters(tmp_path_factory):
     library.count_request.restype, library.count_request.argtypes = ctypes.c_longlong, [
         ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int]
     library.count_oom.argtypes = [ctypes.c_int]
+    library.uncounted_race.argtypes = [ctypes.c_int, ctypes.c_int]
+    library.note_and_forget.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong]
     library.set_fraction.argtypes = [ctypes.c_int, ctypes.c_double]
     library.race.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return library
@@ -883,3 +940,17 @@ def test_every_function_the_hooks_import_is_declared_and_exported():
     library = refpool._library.lib()
     for name in _torch_hooks.IMPORTS:
         assert library.address(name), name
+
+
+def test_requests_served_while_caching_is_off_are_forgotten_once(counters):
+    # The hooks remember the requests they served uncounted (caching_allocator_enable(False)) until
+    # their frees: only those, each once, with threads racing and the setting flipping meanwhile.
+    assert counters.note_and_forget(0x10000, 0x20000) == 0  # another address: not one of them
+    assert counters.note_and_forget(0x20000, 0x10000) == 1
+    assert counters.note_and_forget(0x30000, 0x20000) == 1
+    assert counters.note_and_forget(0x40000, 0x30000) == 1
+    assert counters.note_and_forget(0x50000, 0x40000) == 1
+    assert counters.note_and_forget(0x50000, 0x50000) == 1  # noted twice, remembered once
+    assert counters.note_and_forget(0x60000, 0x50000) == 0
+    assert counters.note_and_forget(0x60000, 0x60000) == 1
+    assert counters.uncounted_race(4, 5000) == 0
