@@ -5,7 +5,8 @@
  * POSIX threads, which TSan follows; it does not follow C11's thrd_create here).
  * On the host runtime, a process of its own per mode (the framework allocator is process-wide):
  * "main" (whole blocks), "segments" (segment pieces), "configure" (configure after an uncached
- * request). Prints each failed check and exits 1 if any failed. */
+ * request), "no-caching" (run with REFPOOL_NO_CACHING=1). Prints each failed check and exits 1 if any
+ * failed. */
 #include <refpool/refpool.h>
 
 #include "framework_checks.h"
@@ -259,9 +260,38 @@ static int run_configure(void) {
   return finish("framework_caching_hostile_test configure");
 }
 
+/* REFPOOL_NO_CACHING=1 and the setting together: every request is the runtime's either way, the
+ * limit counts them all, and every byte comes back. */
+static int run_no_caching(void) {
+  refpool_cache_options options = exact_cache_options();
+  options.segments = REFPOOL_SEGMENTS_OFF;
+  configure_host_allocator(&options);
+  OK(refpool_allocator_set_device_limit(0, limit));
+  refpool_cache cache = {0};
+  OK(refpool_allocator_cache(&cache));
+  void* on = alloc(8 * kib, NULL);
+  CHECK(stat(cache, "live_bytes") == 0); /* bypassed by the environment */
+  refpool_allocator_set_caching(0);
+  void* off = alloc(24 * kib, NULL);
+  void* over = NULL;
+  EXPECT(refpool_allocator_alloc(kib, 0, NULL, &over), REFPOOL_ERROR_OUT_OF_MEMORY);
+  refpool_allocator_set_caching(1);
+  EXPECT(refpool_allocator_alloc(kib, 0, NULL, &over), REFPOOL_ERROR_OUT_OF_MEMORY);
+  OK(refpool_free(off));
+  OK(refpool_free(on));
+  CHECK(fits(limit));
+  refpool_allocator_set_caching(0);
+  CHECK(fits(limit));
+  refpool_allocator_set_caching(1);
+  CHECK(stat(cache, "held_bytes") == 0);
+  OK(refpool_cache_destroy(cache));
+  return finish("framework_caching_hostile_test no-caching");
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "main";
   if (strcmp(mode, "segments") == 0) return run_segments();
   if (strcmp(mode, "configure") == 0) return run_configure();
+  if (strcmp(mode, "no-caching") == 0) return run_no_caching();
   return run_main();
 }
