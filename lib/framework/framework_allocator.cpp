@@ -8,8 +8,11 @@
 
 #include <fmt/format.h>
 
+#include "access.hpp"
 #include "api/take_at.hpp"
 #include "byte_text.hpp"
+#include "cache/cache_state.hpp"
+#include "cache/segment_source.hpp"
 #include "cache/oom_text.hpp"
 #include "framework/pool_resource.hpp"
 
@@ -86,8 +89,15 @@ void* framework_allocator::allocate_uncached(std::size_t bytes, int device, stre
     return to_pointer(direct());
   } catch (const out_of_memory&) {
     // What the cache and the released pools hold idle (from before caching was turned off) goes
-    // back first: no request can use it now.
+    // back first: no request can use it now. That includes the arenas of the cache's plans that no
+    // run holds, which empty_cache keeps for the next run (the cache's own out-of-memory path
+    // yields them too).
     empty_cache();
+    if (alloc_cache* made = made_.load(std::memory_order_acquire)) {
+      segment_source& spans = access::state(*made).spans();
+      if (const backend_state* state = access::state(be); state != nullptr && spans.yield_idle_spans(*state) > 0)
+        (void)spans.trim(0, state, true);
+    }
   }
   try {
     return to_pointer(direct());
