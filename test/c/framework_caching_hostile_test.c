@@ -5,7 +5,8 @@
  * POSIX threads, which TSan follows; it does not follow C11's thrd_create here).
  * On the host runtime, a process of its own per mode (the framework allocator is process-wide):
  * "main" (whole blocks), "segments" (segment pieces), "configure" (configure after an uncached
- * request), "no-caching" (run with REFPOOL_NO_CACHING=1), "race-steps" (by hand: see run_race_steps).
+ * request), "no-caching" (run with REFPOOL_NO_CACHING=1), "race-steps" (steps in the race, round after
+ * round: see run_race_steps).
  * Prints each failed check and exits 1 if any failed. */
 #include <refpool/refpool.h>
 
@@ -13,6 +14,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <pthread.h>
@@ -341,19 +343,20 @@ static int run_no_caching(void) {
   return finish("framework_caching_hostile_test no-caching");
 }
 
-/* The race with steps on the framework cache too, round after round. Not registered with meson: it
- * reproduces a fault found in review that is not fixed (an arena of the steps' plans stays held
- * after every step ended and nothing is live: neither empty_cache, the cache's own out-of-memory
- * path nor later steps give it back). About one round in 60 to 150 under ASan; never seen in 250
- * rounds without the toggles. Stops at the first such round. */
-static int run_race_steps(void) {
+/* The race with steps on the framework cache too, `rounds` times in a row (argument 2; 40 by default,
+ * a few seconds). It found an arena of the steps' plans held for good after every step ended with
+ * nothing live (neither empty_cache, the cache's own out-of-memory path nor later steps gave it back):
+ * a run whose arena could not be taken went plain without idling the span a region had pinned, when
+ * that region went while the run held the claim (plan/run_modes.cpp). Before the fix about one
+ * round in 60 to 220 (ASan, TSan), none in 600 after; stops at the first such round. */
+static int run_race_steps(int rounds) {
   refpool_cache_options options = exact_cache_options();
   options.segments = REFPOOL_SEGMENTS_OFF;
   configure_host_allocator(&options);
   OK(refpool_allocator_set_device_limit(0, limit));
   refpool_cache cache = {0};
   OK(refpool_allocator_cache(&cache));
-  for (int round = 1; round <= 300; ++round) {
+  for (int round = 1; round <= rounds; ++round) {
     if (race(cache, 1)) continue;
     fprintf(stderr, "round %d: %s\nthe cache holds %llu arena bytes in %llu plans, %llu held, nothing live\n", round,
             refpool_last_error(), (unsigned long long)stat(cache, "arena_bytes"),
@@ -370,6 +373,6 @@ int main(int argc, char** argv) {
   if (strcmp(mode, "segments") == 0) return run_segments();
   if (strcmp(mode, "configure") == 0) return run_configure();
   if (strcmp(mode, "no-caching") == 0) return run_no_caching();
-  if (strcmp(mode, "race-steps") == 0) return run_race_steps();
+  if (strcmp(mode, "race-steps") == 0) return run_race_steps(argc > 2 ? atoi(argv[2]) : 40);
   return run_main();
 }
