@@ -346,9 +346,10 @@ static int run_no_caching(void) {
 /* The race with steps on the framework cache too, `rounds` times in a row (argument 2; 40 by default,
  * a few seconds). It found an arena of the steps' plans held for good after every step ended with
  * nothing live (neither empty_cache, the cache's own out-of-memory path nor later steps gave it back):
- * a run whose arena could not be taken went plain without idling the span a region had pinned, when
- * that region went while the run held the claim (plan/run_modes.cpp). Before the fix about one
- * round in 60 to 220 (ASan, TSan), none in 600 after; stops at the first such round. */
+ * a run that went plain when it could not take its arena (plan/run_modes.cpp), or a replay that
+ * ended with a region pinning its arena (plan/replay_cursor.cpp), left the span held when that
+ * region went while the run held the claim. Before the fixes about one round in 30 to 220 (ASan,
+ * TSan), none in 600 (ASan) and 250 (TSan) after; stops at the first such round. */
 static int run_race_steps(int rounds) {
   refpool_cache_options options = exact_cache_options();
   options.segments = REFPOOL_SEGMENTS_OFF;
