@@ -8,7 +8,12 @@
 
 #include <fmt/format.h>
 
+#include "access.hpp"
 #include "api/take_at.hpp"
+#include "byte_text.hpp"
+#include "cache/cache_state.hpp"
+#include "cache/segment_source.hpp"
+#include "cache/oom_text.hpp"
 #include "framework/pool_resource.hpp"
 
 namespace refpool::detail {
@@ -70,6 +75,9 @@ void* framework_allocator::take_in_pool(int device, private_pools::id pool, void
 }
 
 void* framework_allocator::allocate_uncached(std::size_t bytes, int device, stream_ref stream) {
+  // The first use fixes the configuration, as a cached request's does: a later configure is refused
+  // instead of changing the cache's options under a backend already made from the old ones.
+  if (made_.load(std::memory_order_acquire) == nullptr) (void)cache();
   const backend& be = backend_for(device);
   // Suspends a scope the calling thread may have open on a cache of its own: the request is the
   // backend's, whatever the thread does around it.
@@ -81,10 +89,30 @@ void* framework_allocator::allocate_uncached(std::size_t bytes, int device, stre
     return to_pointer(direct());
   } catch (const out_of_memory&) {
     // What the cache and the released pools hold idle (from before caching was turned off) goes
-    // back first: no request can use it now.
+    // back first: no request can use it now. That includes the arenas of the cache's plans that no
+    // run holds, which empty_cache keeps for the next run (the cache's own out-of-memory path
+    // yields them too).
     empty_cache();
+    if (alloc_cache* made = made_.load(std::memory_order_acquire)) {
+      segment_source& spans = access::state(*made).spans();
+      if (const backend_state* state = access::state(be); state != nullptr && spans.yield_idle_spans(*state) > 0)
+        (void)spans.trim(0, state, true);
+    }
   }
-  return to_pointer(direct());
+  try {
+    return to_pointer(direct());
+  } catch (const out_of_memory& e) {
+    // The backend's own message says "no cache to reclaim" and points at REFPOOL_NO_CACHING: not
+    // so here, where the caller turned caching off and the cache's idle memory went back.
+    throw out_of_memory(
+        fmt::format("refpool: out of memory: {} could not allocate {} {} with the framework allocator's caching "
+                    "off (refpool_allocator_set_caching(0); PyTorch's caching_allocator_enable(False)): the "
+                    "request went to the runtime, once more after the cache and the released private pools "
+                    "gave their idle memory back; the backend has {} outstanding. What to do: release buffers "
+                    "no longer needed, or raise the device limit if one is set (refpool_allocator_set_device_limit)",
+                    be.name(), scaled_bytes(bytes), memory_place(be.device()), scaled_bytes(be.outstanding_bytes())),
+        e.requested_bytes(), e.device());
+  }
 }
 
 const backend& framework_allocator::make_backend(int device) {

@@ -129,6 +129,9 @@ void replay_cursor::leave_arena() noexcept {
   // before the claim goes (an idle span must not be one another run holds again already).
   if (idle_at_end_) arena_->idle();
   arena_->unclaim();
+  // Pinned at the end: the last pinned region's release idles the span, unless it came while this
+  // run still held the claim (idle_if_unpinned found the arena claimed). Checked once more now.
+  if (!idle_at_end_) arena_->idle_if_unpinned();
 }
 
 std::size_t replay_cursor::replayed_peak() const noexcept {

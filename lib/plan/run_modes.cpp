@@ -26,6 +26,10 @@ void plan_run::begin_with(const planned_request& request) {
     }
     if (!usable) {
       a.unclaim();
+      // take() may leave the span held for a region that pins it; if that region went while this
+      // run held the claim, its release could not idle the span (idle_if_unpinned found the arena
+      // claimed), and no end of this run will: idled here, or held for good.
+      a.idle_if_unpinned();
       mode_.now = mode::plain;
       return;
     }
