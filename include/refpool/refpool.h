@@ -577,7 +577,8 @@ REFPOOL_C_API refpool_status refpool_allocator_empty_cache(void);
 /// Out of memory while off, the cache's idle memory goes back and the request is made once more.
 /// Any thread; requests already in flight may still see the old setting.
 REFPOOL_C_API void refpool_allocator_set_caching(int on);
-/// 1 while the framework allocator caches (the default), 0 after refpool_allocator_set_caching(0).
+/// 1 while the framework allocator caches (the default), 0 after refpool_allocator_set_caching(0)
+/// and under REFPOOL_NO_CACHING=on.
 REFPOOL_C_API int refpool_allocator_caching(void);
 
 /// Marks the buffer handed out at `ptr` as used on `stream` too (PyTorch's recordStream): its

@@ -10,6 +10,7 @@
 
 #include "access.hpp"
 #include "api/take_at.hpp"
+#include "config/env_config.hpp"
 #include "byte_text.hpp"
 #include "cache/cache_state.hpp"
 #include "cache/segment_source.hpp"
@@ -72,6 +73,17 @@ void* framework_allocator::take_in_pool(int device, private_pools::id pool, void
     if (!found.be) throw invalid_argument(fmt::format("refpool: {}: the pool never served device {}", where, device));
     return to_pointer(take_idle_at(*found.cache, found.be, address, bytes, stream, where));
   });
+}
+
+bool framework_allocator::no_caching_in_environment() noexcept {
+  static const bool bypassed = [] {
+    try {
+      return environment().no_caching;
+    } catch (...) {  // a bad REFPOOL_CONF: the first request says so; its cache is not made
+      return false;
+    }
+  }();
+  return bypassed;
 }
 
 void* framework_allocator::allocate_uncached(std::size_t bytes, int device, stream_ref stream) {

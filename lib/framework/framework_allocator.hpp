@@ -87,7 +87,10 @@ class framework_allocator {
   /// cache neither serves nor counts it. Requests routed to private pools stay theirs: a captured
   /// graph replays into its pool's memory. Buffers keep the way they were served when it changes.
   void set_caching(bool on) noexcept { uncached_.store(!on, std::memory_order_relaxed); }
-  [[nodiscard]] bool caching() const noexcept { return !uncached_.load(std::memory_order_relaxed); }
+  /// False after set_caching(false), and under REFPOOL_NO_CACHING=on (nothing caches then).
+  [[nodiscard]] bool caching() const noexcept {
+    return !uncached_.load(std::memory_order_relaxed) && !no_caching_in_environment();
+  }
 
   /// Caps the bytes the allocator (its cache and private pools) holds from `device`.
   void set_device_limit(int device, std::size_t bytes);
@@ -128,6 +131,7 @@ class framework_allocator {
   }
   const backend& make_backend(int device);
   void* allocate_uncached(std::size_t bytes, int device, stream_ref stream);
+  static bool no_caching_in_environment() noexcept;
 
   std::mutex mutex_;
   framework_config config_;  // its cache options count only when configured_

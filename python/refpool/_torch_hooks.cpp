@@ -64,7 +64,7 @@ struct refpool_api {
   int (*release_pool)(int, pool_id);
   int (*routing_to_pools)();
   int (*pool_take)(int, pool_id, void*, std::size_t, void*, void**);
-  void (*set_caching)(int);
+  int (*caching)();
 };
 refpool_api api{};
 constexpr int api_size = sizeof(refpool_api) / sizeof(void*);
@@ -213,7 +213,7 @@ void* refpool_torch_hooks_malloc(std::size_t size, int device, cudaStream_t stre
                    "CUDA out of memory. Tried to allocate more than 1EB memory.");
   void* out = nullptr;
   refpool_torch::pool_name pool;
-  const bool caching = refpool_torch::caching();
+  const bool caching = api.caching() != 0;  // librefpool's setting (a request racing a change may see either)
   const bool routing = api.routing_to_pools() != 0;
   // Frees record_stream deferred whose streams are done (not while a capture routes: its events
   // could not be queried then), as PyTorch's allocator does before each request.
@@ -297,14 +297,6 @@ void refpool_torch_hooks_empty_cache() {
   if (refpool_torch::frees_pending()) refpool_torch::free_all_pending(free_deferred);
   if (const int status = api.empty_cache(); status != refpool_ok) fail(status, "empty_cache");
   if (const refpool_torch::tracker* t = refpool_torch::current_tracker()) t->empty_cache();
-}
-
-/// torch.cuda.caching_allocator_enable(value) under install() (refpool/_torch_memory_api.py): off,
-/// requests no private pool takes are the driver's own allocations, counted nowhere, as with
-/// PyTorch's allocator (refpool_allocator_set_caching). The pluggable interface has no such hook.
-void refpool_torch_hooks_set_caching(int on) {
-  refpool_torch::set_caching(on != 0);
-  api.set_caching(on);
 }
 
 /// set_memory_fraction_fn: torch.cuda.set_per_process_memory_fraction(fraction, device) caps what

@@ -47,12 +47,10 @@ double memory_fraction(int device);
 void count_alloc(void* ptr, int device, std::size_t size);
 void count_free(void* ptr, int device, std::size_t size, bool still_active);
 void count_inactive(int device, std::size_t size);
-// torch.cuda.caching_allocator_enable(False) (_torch_hooks_counters.cpp, torch-free): while off,
-// requests no private pool takes are the driver's, and counted nowhere, as PyTorch's allocator
-// counts nothing then. A request served so is remembered until its free, which counts nothing
-// either, whatever the setting by then.
-bool caching();
-void set_caching(bool on);
+// Caching off (torch.cuda.caching_allocator_enable(False), refpool_allocator_set_caching(0), or
+// REFPOOL_NO_CACHING=on): requests no private pool takes are the driver's, and counted nowhere, as
+// PyTorch's allocator counts nothing then. Such a request is remembered until its free, which counts
+// nothing either, whatever the setting by then (_torch_hooks_counters.cpp, torch-free).
 void note_uncounted(void* ptr);
 bool forget_uncounted(void* ptr);  // true if ptr was remembered (then forgotten); one atomic load while none is
 // A request refpool could not serve: counts it (num_ooms), shows it to the tracker and to PyTorch's

@@ -41,7 +41,7 @@ FAILED_LOG = "build-failed.log"
 IMPORTS = ("refpool_allocator_alloc", "refpool_free", "refpool_last_error",
            "refpool_allocator_record_stream", "refpool_allocator_empty_cache", "refpool_allocator_set_device_limit",
            "refpool_allocator_begin_pool", "refpool_allocator_end_pool", "refpool_allocator_release_pool",
-           "refpool_allocator_routing_to_pools", "refpool_allocator_pool_take", "refpool_allocator_set_caching")
+           "refpool_allocator_routing_to_pools", "refpool_allocator_pool_take", "refpool_allocator_caching")
 
 MALLOC, FREE = "refpool_torch_hooks_malloc", "refpool_torch_hooks_free"
 # CUDAPluggableAllocator._allocator setter -> the hook it is given.
@@ -67,7 +67,6 @@ HOOK_SIGNATURES = {
     "refpool_torch_hooks_pool_allocations": (c_int64, [POINTER(c_uint64), c_int64]),
     "refpool_torch_hooks_hold_pool": (c_int, [c_int, c_uint64, c_uint64]),
     "refpool_torch_hooks_set_installed": (None, []),
-    "refpool_torch_hooks_set_caching": (None, [c_int]),
     "refpool_torch_hooks_restore": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_size_t, c_void_p, c_char_p,
                                             c_size_t]),
     "refpool_torch_hooks_storage_pointer": (c_void_p, [c_size_t]),

@@ -27,7 +27,6 @@ device_state* state_of(int device) {
 
 // The requests served while caching was off, until their frees.
 struct uncounted_requests {
-  std::atomic<bool> caching{true};
   std::atomic<std::size_t> count{0};  // lets frees skip the lock while none is remembered
   std::mutex mutex;
   std::unordered_set<void*> pointers;
@@ -41,10 +40,6 @@ uncounted_requests& uncounted() {
 }  // namespace
 
 namespace refpool_torch {
-
-bool caching() { return uncounted().caching.load(std::memory_order_relaxed); }
-
-void set_caching(bool on) { uncounted().caching.store(on, std::memory_order_relaxed); }
 
 void note_uncounted(void* ptr) {
   uncounted_requests& u = uncounted();

@@ -72,12 +72,9 @@ class Replacements:
     def caching_allocator_enable(self, value=True):
         """torch.cuda.caching_allocator_enable (and torch._C._cuda_cudaCachingAllocator_enable): off,
         each request no private pool takes is the driver's own allocation, counted nowhere, as with
-        PyTorch's allocator; the pluggable interface forwards no such call."""
-        on = bool(value)
-        if self.hooks is not None:
-            self.hooks.refpool_torch_hooks_set_caching(1 if on else 0)
-        else:
-            allocator.set_caching(on)
+        PyTorch's allocator; the pluggable interface forwards no such call. One setting, librefpool's:
+        refpool.allocator.set_caching changes the same, and the hooks read it for each request."""
+        allocator.set_caching(bool(value))
 
     def get_memory_info(self, device=None):
         return self.torch.cuda.mem_get_info(self.device_index(device))

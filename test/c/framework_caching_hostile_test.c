@@ -324,6 +324,7 @@ static int run_no_caching(void) {
   OK(refpool_allocator_set_device_limit(0, limit));
   refpool_cache cache = {0};
   OK(refpool_allocator_cache(&cache));
+  CHECK(refpool_allocator_caching() == 0); /* what the hooks read: nothing caches, nothing is counted */
   void* on = alloc(8 * kib, NULL);
   CHECK(stat(cache, "live_bytes") == 0); /* bypassed by the environment */
   refpool_allocator_set_caching(0);
@@ -338,6 +339,7 @@ static int run_no_caching(void) {
   refpool_allocator_set_caching(0);
   CHECK(fits(limit));
   refpool_allocator_set_caching(1);
+  CHECK(refpool_allocator_caching() == 0); /* turned on again, still bypassed by the environment */
   CHECK(stat(cache, "held_bytes") == 0);
   OK(refpool_cache_destroy(cache));
   return finish("framework_caching_hostile_test no-caching");
