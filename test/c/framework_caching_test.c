@@ -22,14 +22,6 @@ static int accept_all(void* context, void* stream) {
   return 1;
 }
 
-/* True when `bytes` can be allocated uncached now, and frees it again. */
-static int fits(size_t bytes) {
-  void* p = NULL;
-  const refpool_status status = refpool_allocator_alloc(bytes, 0, NULL, &p);
-  if (status == REFPOOL_OK) OK(refpool_free(p));
-  return status == REFPOOL_OK;
-}
-
 static void test_off_bypasses_the_cache(refpool_cache cache) {
   CHECK(refpool_allocator_caching() == 1);
   void* cached = alloc(8 * kib, NULL);
@@ -157,12 +149,7 @@ static void test_toggled_under_traffic(refpool_cache cache) {
 }
 
 int main(void) {
-  refpool_cache_options options = exact_cache_options();
-  options.segments = REFPOOL_SEGMENTS_OFF; /* whole blocks: held bytes are the requests' */
-  configure_host_allocator(&options);
-  OK(refpool_allocator_set_device_limit(0, limit));
-  refpool_cache cache = {0};
-  OK(refpool_allocator_cache(&cache));
+  refpool_cache cache = configure_limited_host_allocator(limit);
   test_off_bypasses_the_cache(cache);
   test_buffers_keep_how_they_were_served(cache);
   test_pools_keep_their_routes(cache);

@@ -1,5 +1,6 @@
 /* What the framework allocator's C tests share (host runtime, device 0): a request that fills its
- * bytes, a private pool's counter by name, and how many pools the allocator lists. */
+ * bytes, a private pool's counter by name, how many pools the allocator lists, the allocator
+ * configured exactly (with a device limit, or never evicting), and whether a request fits now. */
 #ifndef REFPOOL_TEST_C_FRAMEWORK_CHECKS_H
 #define REFPOOL_TEST_C_FRAMEWORK_CHECKS_H
 
@@ -36,6 +37,27 @@ static inline refpool_cache configure_exact_host_allocator(void) {
   refpool_cache main_cache = {0};
   OK(refpool_allocator_cache(&main_cache));
   return main_cache;
+}
+
+/* The framework allocator on the host runtime, exact sizes in whole blocks (held bytes are the
+ * requests'), its device 0 limited to `limit` bytes; its cache's handle. */
+static inline refpool_cache configure_limited_host_allocator(size_t limit) {
+  refpool_cache_options cache_options = exact_cache_options();
+  cache_options.segments = REFPOOL_SEGMENTS_OFF;
+  configure_host_allocator(&cache_options);
+  OK(refpool_allocator_set_device_limit(0, limit));
+  refpool_cache main_cache = {0};
+  OK(refpool_allocator_cache(&main_cache));
+  return main_cache;
+}
+
+/* True when `bytes` can be allocated on device 0 now (with the allocator's current setting), and
+ * frees it again. */
+static inline int fits(size_t bytes) {
+  void* p = NULL;
+  const refpool_status status = refpool_allocator_alloc(bytes, 0, NULL, &p);
+  if (status == REFPOOL_OK) OK(refpool_free(p));
+  return status == REFPOOL_OK;
 }
 
 #endif
