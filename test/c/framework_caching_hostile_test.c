@@ -243,7 +243,7 @@ static void test_race(refpool_cache cache) {
 }
 
 static int run_main(void) {
-  refpool_cache cache = configure_limited_host_allocator(limit);
+  refpool_cache cache = configure_limited_host_allocator(REFPOOL_SEGMENTS_OFF, limit);
   test_limit_counts_both_at_once(cache);
   test_out_of_memory_message_while_off();
   test_idle_plan_arenas_go_back_while_off(cache);
@@ -259,12 +259,7 @@ static int run_main(void) {
  * limit of a few segments: the host runtime's small segments are 2 MiB). */
 static int run_segments(void) {
   const size_t segment_limit = (size_t)8 << 20;
-  refpool_cache_options options = exact_cache_options();
-  options.segments = REFPOOL_SEGMENTS_ON;
-  configure_host_allocator(&options);
-  OK(refpool_allocator_set_device_limit(0, segment_limit));
-  refpool_cache cache = {0};
-  OK(refpool_allocator_cache(&cache));
+  refpool_cache cache = configure_limited_host_allocator(REFPOOL_SEGMENTS_ON, segment_limit);
   void* a = alloc(64 * kib, NULL);
   void* b = alloc(64 * kib, NULL);
   CHECK(stat(cache, "segment_bytes") > 0);
@@ -305,7 +300,7 @@ static int run_configure(void) {
 /* REFPOOL_NO_CACHING=1 and the setting together: every request is the runtime's either way, the
  * limit counts them all, and every byte comes back. */
 static int run_no_caching(void) {
-  refpool_cache cache = configure_limited_host_allocator(limit);
+  refpool_cache cache = configure_limited_host_allocator(REFPOOL_SEGMENTS_OFF, limit);
   CHECK(refpool_allocator_caching() == 0); /* what the hooks read: nothing caches, nothing is counted */
   void* on = alloc(8 * kib, NULL);
   CHECK(stat(cache, "live_bytes") == 0); /* bypassed by the environment */
@@ -335,7 +330,7 @@ static int run_no_caching(void) {
  * region went while the run held the claim. Before the fixes about one round in 30 to 220 (ASan,
  * TSan), none in 600 (ASan) and 250 (TSan) after; stops at the first such round. */
 static int run_race_steps(int rounds) {
-  refpool_cache cache = configure_limited_host_allocator(limit);
+  refpool_cache cache = configure_limited_host_allocator(REFPOOL_SEGMENTS_OFF, limit);
   for (int round = 1; round <= rounds; ++round) {
     if (race(cache, 1)) continue;
     fprintf(stderr, "round %d: %s\nthe cache holds %llu arena bytes in %llu plans, %llu held, nothing live\n", round,

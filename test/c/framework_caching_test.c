@@ -149,7 +149,7 @@ static void test_toggled_under_traffic(refpool_cache cache) {
 }
 
 int main(void) {
-  refpool_cache cache = configure_limited_host_allocator(limit);
+  refpool_cache cache = configure_limited_host_allocator(REFPOOL_SEGMENTS_OFF, limit);
   test_off_bypasses_the_cache(cache);
   test_buffers_keep_how_they_were_served(cache);
   test_pools_keep_their_routes(cache);

@@ -39,11 +39,11 @@ static inline refpool_cache configure_exact_host_allocator(void) {
   return main_cache;
 }
 
-/* The framework allocator on the host runtime, exact sizes in whole blocks (held bytes are the
- * requests'), its device 0 limited to `limit` bytes; its cache's handle. */
-static inline refpool_cache configure_limited_host_allocator(size_t limit) {
+/* The framework allocator on the host runtime, exact sizes, with `segments` (OFF: whole blocks, so
+ * held bytes are the requests'), its device 0 limited to `limit` bytes; its cache's handle. */
+static inline refpool_cache configure_limited_host_allocator(refpool_segment_policy segments, size_t limit) {
   refpool_cache_options cache_options = exact_cache_options();
-  cache_options.segments = REFPOOL_SEGMENTS_OFF;
+  cache_options.segments = segments;
   configure_host_allocator(&cache_options);
   OK(refpool_allocator_set_device_limit(0, limit));
   refpool_cache main_cache = {0};
