@@ -115,9 +115,16 @@ void arena::idle() noexcept {
 }
 
 void arena::idle_if_unpinned() noexcept {
-  if (!claim(this, nullptr)) return;  // a run holds it (its end idles it), or it was retired
-  if (unpinned()) idle();
-  unclaim();
+  // Wanted first, claimed after (and the claimant gives its claim up first, looks after: both
+  // seq_cst): either this claim succeeds or the claimant's unclaim sees the wish, so a release
+  // racing a claimant (a run that ended pinned, another release, the store) is never lost.
+  idle_wanted_.store(true, std::memory_order_seq_cst);
+  while (idle_wanted_.load(std::memory_order_seq_cst)) {
+    if (!claim(this, nullptr)) return;  // its claimant's unclaim checks (a retired arena: never needed)
+    idle_wanted_.store(false, std::memory_order_seq_cst);
+    if (unpinned()) idle();
+    release_claim();  // then again if a release wished for it meanwhile
+  }
 }
 
 void arena::add_plan(plan& p) {
@@ -145,7 +152,7 @@ stream_set arena::streams_in_use() noexcept {
 bool arena::claim(const void* run, const void* key) noexcept {
   if (retired()) return false;
   const void* none = nullptr;
-  if (!claimed_by_.compare_exchange_strong(none, run, std::memory_order_acquire, std::memory_order_relaxed))
+  if (!claimed_by_.compare_exchange_strong(none, run, std::memory_order_seq_cst))  // seq_cst: idle_if_unpinned
     return false;
   if (retired()) {  // retired while we claimed: give it back
     unclaim();

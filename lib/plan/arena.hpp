@@ -91,9 +91,12 @@ class arena : public ref_counted<arena> {
   /// Claims the arena for a run (a token unique to it) of key `key`; false when another run holds
   /// it or the arena was retired. The claimer owns `generation` until it unclaims.
   [[nodiscard]] bool claim(const void* run, const void* key) noexcept;
+  /// Gives the claim up; then runs the check a release left to it (idle_if_unpinned found the
+  /// arena claimed while this claimant held it, maybe after its own check).
   void unclaim() noexcept {
-    claimed_key_.store(nullptr, std::memory_order_relaxed);
-    claimed_by_.store(nullptr, std::memory_order_release);
+    release_claim();
+    if (idle_wanted_.load(std::memory_order_seq_cst)) [[unlikely]]
+      idle_if_unpinned();
   }
   /// The key of the run that holds the claim (a hint: read without a lock). Null when no run of
   /// a key holds it: the store's own claims (a growth, a replacement) name none, and a
@@ -135,6 +138,10 @@ class arena : public ref_counted<arena> {
   /// Caller holds memory_mutex_ and the claim, and it has no span.
   bool place_new_span(std::size_t bytes);
   void raise_needed(std::size_t bytes) noexcept;
+  void release_claim() noexcept {
+    claimed_key_.store(nullptr, std::memory_order_relaxed);
+    claimed_by_.store(nullptr, std::memory_order_seq_cst);  // before unclaim's look at idle_wanted_
+  }
 
   // Serialises changes to its span: claimers take it, the last reference gives it back.
   mutable std::mutex memory_mutex_;
@@ -144,6 +151,8 @@ class arena : public ref_counted<arena> {
   std::atomic<const void*> claimed_by_{nullptr};
   std::atomic<const void*> claimed_key_{nullptr};
   std::atomic<bool> retired_{false};
+  /// A release found the arena claimed: the claimant's unclaim checks for it (idle_if_unpinned).
+  std::atomic<bool> idle_wanted_{false};
   std::atomic<bool> reclaim_before_take_{false};
 
   spinlock waits_lock_;
