@@ -1,7 +1,7 @@
 // The hooks' per-device statistics (device_counters, _torch_hooks_counters.hpp), memory fractions
-// and the requests served uncounted while caching is off, and the C functions refpool/_torch_stats.py
-// reads them with. Torch-free, so the host
-// test builds this file on its own; _torch_hooks_stats.cpp counts into it and reports to PyTorch.
+// and the requests served uncounted while caching is off, and the C functions
+// refpool/_torch_stats.py reads them with. Torch-free, so the host test builds this file on its
+// own; _torch_hooks_stats.cpp counts into it and reports to PyTorch.
 #include <atomic>
 #include <cstdint>
 #include <mutex>

@@ -6,10 +6,10 @@ Replaced, in every module PyTorch defines or re-exports them from (torch.cuda, t
 torch.accelerator, torch.accelerator.memory, torch._C; functions there call each other through
 their module, so memory_allocated, max_memory_reserved, memory_summary & co. need no patch):
 memory_stats and its nested form, reset_peak_memory_stats, reset_accumulated_memory_stats,
-get_per_process_memory_fraction, caching_allocator_enable, get_memory_info, _record_memory_history, _snapshot,
-memory_snapshot, _set_memory_metadata, the out-of-memory observer, CUDA graph trees' pool calls
-(_torch_checkpoint), and MemPool with use_mem_pool (_torch_mempool). Each raises the error PyTorch's
-allocator would for bad arguments."""
+get_per_process_memory_fraction, caching_allocator_enable, get_memory_info,
+_record_memory_history, _snapshot, memory_snapshot, _set_memory_metadata, the out-of-memory
+observer, CUDA graph trees' pool calls (_torch_checkpoint), and MemPool with use_mem_pool
+(_torch_mempool). Each raises the error PyTorch's allocator would for bad arguments."""
 import ctypes
 import sys
 import threading

@@ -173,5 +173,5 @@ def announced_capture(device=0):
 
 
 __all__ = ["configure", "cache", "step", "stats", "summary", "reset_peaks", "reclaim", "malloc", "free",
-           "set_device_limit", "empty_cache", "set_caching", "caching", "record_stream", "pool_ids", "pool_stats", "memory_map",
-           "announced_capture"]
+           "set_device_limit", "empty_cache", "set_caching", "caching", "record_stream", "pool_ids", "pool_stats",
+           "memory_map", "announced_capture"]

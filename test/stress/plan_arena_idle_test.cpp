@@ -124,6 +124,15 @@ struct fixture {
     CHECK(broken == 0);
     CHECK(stuck == 0);
   }
+  /// `round()` 300 times (REFPOOL_HOSTILE_ROUNDS times more), each followed by check_budget_fits.
+  template <class Round>
+  void in_rounds(Round round) {
+    const int n = rounds(300);
+    for (int i = 0; i < n; ++i) {
+      round();
+      check_budget_fits(i);
+    }
+  }
   void check_budget_fits(int round) {
     try {
       data_ref all = cache->allocate(be, budget);
@@ -145,12 +154,10 @@ struct fixture {
 TEST_CASE("two pinned regions of one replay released on two threads at once", "[plan][hostile][arena-idle]") {
   fixture f;
   crew two(2);
-  const int n = rounds(300);
-  for (int round = 0; round < n; ++round) {
+  f.in_rounds([&] {
     std::vector<data_ref> escaped = f.escaping_run("pair", 1);
     two.run({[&] { f.release(escaped[0], 1); }, [&] { f.release(escaped[1], 2); }});
-    f.check_budget_fits(round);
-  }
+  });
   CHECK(f.cache->stats().escapes > 0);
   f.check_outcome();
 }
@@ -161,13 +168,11 @@ TEST_CASE("two pinned regions of one replay released on two threads at once", "[
 TEST_CASE("pinned regions released while a run of their key starts and ends elsewhere", "[plan][hostile][arena-idle]") {
   fixture f;
   crew three(3);
-  const int n = rounds(300);
-  for (int round = 0; round < n; ++round) {
+  f.in_rounds([&] {
     std::vector<data_ref> escaped = f.escaping_run("race", 1);
     three.run(
         {[&] { f.release(escaped[0], 1); }, [&] { f.release(escaped[1], 2); }, [&] { f.contained_run("race", 7); }});
-    f.check_budget_fits(round);
-  }
+  });
   f.check_outcome();
 }
 
@@ -177,13 +182,11 @@ TEST_CASE("pinned regions released while a run of their key starts and ends else
 TEST_CASE("a pinned region released while the next run of its key ends", "[plan][hostile][arena-idle]") {
   fixture f;
   crew two(2);
-  const int n = rounds(300);
-  for (int round = 0; round < n; ++round) {
+  f.in_rounds([&] {
     std::vector<data_ref> escaped = f.escaping_run("end", 1);
     f.release(escaped[1], 2);
     two.run({[&] { f.release(escaped[0], 1); }, [&] { f.contained_run("end", 9); }});
-    f.check_budget_fits(round);
-  }
+  });
   f.check_outcome();
 }
 
@@ -193,8 +196,7 @@ TEST_CASE("a pinned region released while the next run of its key ends", "[plan]
 TEST_CASE("sixteen pinned regions of one replay released by two threads in step", "[plan][hostile][arena-idle]") {
   fixture f;
   crew two(2);
-  const int n = rounds(300);
-  for (int round = 0; round < n; ++round) {
+  f.in_rounds([&] {
     std::vector<data_ref> escaped = f.escaping_run("many", 1, 16, 8 * kib);
     auto release_every_other = [&](std::size_t first) {
       for (std::size_t i = first; i < escaped.size(); i += 2) {
@@ -202,7 +204,6 @@ TEST_CASE("sixteen pinned regions of one replay released by two threads in step"
       }
     };
     two.run({[&] { release_every_other(0); }, [&] { release_every_other(1); }});
-    f.check_budget_fits(round);
-  }
+  });
   f.check_outcome();
 }
